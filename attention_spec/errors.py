@@ -1,0 +1,91 @@
+"""The error taxonomy shared by every implementation.
+
+Every error derives from :class:`AttentionError` (a ``ValueError``), carries a stable
+machine-readable ``code``, and says what was expected and what was given. The NumPy,
+PyTorch and JAX implementations raise exactly these objects, built by the same
+validation functions, so class, code and message are identical in all three.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AttentionError",
+    "ConfigError",
+    "DTypeError",
+    "DimensionMismatchError",
+    "MaskError",
+    "ERROR_CODES",
+]
+
+
+class AttentionError(ValueError):
+    """Base class of every error this project raises on bad input.
+
+    Attributes:
+        code: stable identifier of the rule that was broken (e.g. ``"heads_not_divisible"``).
+        expected: what the rule asked for, as text (shapes use the letters of SEMANTICS.md).
+        actual: what was given, as text.
+    """
+
+    def __init__(self, code: str, message: str, *, expected: str = "", actual: str = "") -> None:
+        super().__init__(message)
+        self.code = code
+        self.expected = expected
+        self.actual = actual
+
+    def __str__(self) -> str:
+        return f"[{self.code}] {self.args[0]}"
+
+    def __reduce__(self):  # keep pickling (pytest-xdist, multiprocessing) lossless
+        return (_rebuild, (type(self), self.code, self.args[0], self.expected, self.actual))
+
+
+def _rebuild(cls, code, message, expected, actual):
+    return cls(code, message, expected=expected, actual=actual)
+
+
+class DimensionMismatchError(AttentionError):
+    """Head counts, head dims, lengths or batch dims that do not fit together."""
+
+
+class MaskError(AttentionError):
+    """A mask or bias of the wrong dtype or a shape that does not broadcast to (..., H, L, S)."""
+
+
+class DTypeError(AttentionError):
+    """query/key/value dtypes that differ, or a dtype outside float64/32/16 and bfloat16."""
+
+
+class ConfigError(AttentionError):
+    """A keyword with an invalid value: scale, softcap, causal alignment, sizes."""
+
+
+#: Every code, the class that raises it, and one line on when. Tests and fixtures refer to
+#: this table; adding a rule means adding a row here.
+ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
+    "rank": (DimensionMismatchError, "query/key/value need at least 3 dims (..., heads, length, dim)"),
+    "heads_not_divisible": (DimensionMismatchError, "K key/value heads do not divide H query heads"),
+    "kv_heads_mismatch": (DimensionMismatchError, "key and value have different head counts"),
+    "kv_length_mismatch": (DimensionMismatchError, "key and value have different lengths S"),
+    "qk_head_dim_mismatch": (DimensionMismatchError, "query and key head dims D differ"),
+    "batch_not_broadcastable": (DimensionMismatchError, "leading batch dims do not broadcast"),
+    "d_model_not_divisible": (DimensionMismatchError, "d_model % n_heads != 0 and no head_dim given"),
+    "mask_dtype": (MaskError, "mask is not boolean"),
+    "mask_shape": (MaskError, "mask does not broadcast to (..., H, L, S)"),
+    "mask_kv_heads": (MaskError, "mask head axis has size K (neither 1 nor H)"),
+    "bias_dtype": (MaskError, "bias is not floating point"),
+    "bias_shape": (MaskError, "bias does not broadcast to (..., H, L, S)"),
+    "bias_kv_heads": (MaskError, "bias head axis has size K (neither 1 nor H)"),
+    "dtype_mismatch": (DTypeError, "query, key and value dtypes differ"),
+    "unsupported_dtype": (DTypeError, "dtype outside float64, float32, float16, bfloat16"),
+    "scale_not_finite": (ConfigError, "scale is not a finite real number"),
+    "softcap_not_positive": (ConfigError, "softcap is not a finite number > 0"),
+    "unknown_alignment": (ConfigError, "causal_alignment is not 'top_left' or 'bottom_right'"),
+    "non_positive_size": (ConfigError, "a size that must be positive is not"),
+}
+
+
+def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:
+    """Build the error of the class registered for ``code``."""
+    cls, _ = ERROR_CODES[code]
+    return cls(code, message, expected=expected, actual=actual)

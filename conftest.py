@@ -1,0 +1,1 @@
+"""Repository-root conftest: makes the top-level packages importable without installing."""
