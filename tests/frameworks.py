@@ -1,0 +1,90 @@
+"""The three implementations behind one small adapter each, for tests that run all three.
+
+Test inputs are made in NumPy (float64, then rounded to the case's dtype) and handed to each
+framework exactly; results come back as NumPy arrays.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import jax
+
+jax.config.update("jax_enable_x64", True)  # float64 is one of the four dtypes
+
+import jax.numpy as jnp  # noqa: E402
+import ml_dtypes  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+import impl_jax  # noqa: E402
+import impl_numpy  # noqa: E402
+import impl_torch  # noqa: E402
+
+DTYPES = ("float64", "float32", "float16", "bfloat16")
+NP_DTYPES = {
+    "float64": np.dtype(np.float64),
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(ml_dtypes.bfloat16),
+    "bool": np.dtype(bool),
+}
+TORCH_DTYPES = {
+    "float64": torch.float64,
+    "float32": torch.float32,
+    "float16": torch.float16,
+    "bfloat16": torch.bfloat16,
+}
+
+
+def _torch_from_numpy(a: Any) -> Any:
+    a = np.asarray(a)
+    if a.dtype == ml_dtypes.bfloat16:  # torch.from_numpy has no bfloat16; the cast is exact
+        return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(np.ascontiguousarray(a))
+
+
+def _torch_to_numpy(t: Any) -> np.ndarray:
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(ml_dtypes.bfloat16)
+    return t.numpy()
+
+
+@dataclass(frozen=True)
+class Framework:
+    name: str
+    module: ModuleType
+    asarray: Callable[[Any], Any]
+    to_numpy: Callable[[Any], np.ndarray]
+
+    def sdpa(self, q, k, v, **kw) -> np.ndarray:
+        """The implementation's scaled_dot_product_attention on NumPy inputs and keywords."""
+        args = [self.asarray(x) for x in (q, k, v)]
+        return self.to_numpy(self.module.scaled_dot_product_attention(*args, **self._kw(kw)))
+
+    def weights(self, q, k, **kw) -> np.ndarray:
+        args = [self.asarray(x) for x in (q, k)]
+        return self.to_numpy(self.module.attention_weights(*args, **self._kw(kw)))
+
+    def _kw(self, kw: dict) -> dict:
+        return {n: self.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
+
+
+FRAMEWORKS = {
+    "numpy": Framework("numpy", impl_numpy, np.asarray, np.asarray),
+    "torch": Framework("torch", impl_torch, _torch_from_numpy, _torch_to_numpy),
+    "jax": Framework("jax", impl_jax, jnp.asarray, np.asarray),
+}
+
+
+def random_qkv(rng: np.random.Generator, batch, H, K, L, S, D, E, dtype="float64"):
+    """query (*batch, H, L, D), key (*batch, K, S, D), value (*batch, K, S, E), rounded to dtype."""
+    dt = NP_DTYPES[dtype]
+    q = rng.standard_normal((*batch, H, L, D)).astype(dt)
+    k = rng.standard_normal((*batch, K, S, D)).astype(dt)
+    v = rng.standard_normal((*batch, K, S, E)).astype(dt)
+    return q, k, v

@@ -1,0 +1,149 @@
+"""Every row of the error taxonomy, raised identically (class, code, message) by all three."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attention_spec import (
+    ERROR_CODES,
+    AttentionError,
+    ConfigError,
+    DimensionMismatchError,
+    DTypeError,
+    MaskError,
+)
+from tests.frameworks import FRAMEWORKS, NP_DTYPES
+
+
+def _arrays(q=(8, 5, 4), k=(2, 7, 4), v=(2, 7, 6), dtype="float32", k_dtype=None, v_dtype=None):
+    return (
+        np.zeros(q, NP_DTYPES.get(dtype, dtype)),
+        np.zeros(k, NP_DTYPES.get(k_dtype or dtype, k_dtype or dtype)),
+        np.zeros(v, NP_DTYPES.get(v_dtype or dtype, v_dtype or dtype)),
+    )
+
+
+# id: (arrays, keywords, class, code, a distinctive part of the message)
+CASES = {
+    "gqa_k3_h8": (
+        _arrays(k=(3, 7, 4), v=(3, 7, 6)), {}, DimensionMismatchError, "heads_not_divisible",
+        "key heads (K=3) must divide query heads (H=8)",
+    ),
+    "kv_length": (
+        _arrays(v=(2, 6, 6)), {}, DimensionMismatchError, "kv_length_mismatch",
+        "key length (S=7) must equal value length (S=6)",
+    ),
+    "kv_heads": (
+        _arrays(v=(4, 7, 6)), {}, DimensionMismatchError, "kv_heads_mismatch",
+        "got key K=2, value K=4",
+    ),
+    "qk_head_dim": (
+        _arrays(k=(2, 7, 3), v=(2, 7, 6)), {}, DimensionMismatchError, "qk_head_dim_mismatch",
+        "query head dim (D=4) must equal key head dim (D=3)",
+    ),
+    "batch": (
+        _arrays(q=(2, 8, 5, 4), k=(3, 2, 7, 4), v=(3, 2, 7, 6)), {}, DimensionMismatchError,
+        "batch_not_broadcastable", "query (2,), key (3,), value (3,)",
+    ),
+    "rank": (
+        _arrays(q=(5, 4)), {}, DimensionMismatchError, "rank",
+        "query must have at least 3 dims (..., H, L, D); got shape (5, 4)",
+    ),
+    "mask_int": (
+        _arrays(), {"mask": np.ones((5, 7), np.int64)}, MaskError, "mask_dtype",
+        "got int64. To add a float mask, pass it as bias=",
+    ),
+    "mask_float": (
+        _arrays(), {"mask": np.zeros((5, 7), np.float32)}, MaskError, "mask_dtype",
+        "mask must be boolean (True = may attend); got float32",
+    ),
+    "mask_shape": (
+        _arrays(q=(2, 8, 5, 4), k=(2, 2, 7, 4), v=(2, 2, 7, 6)),
+        {"mask": np.ones((2, 3, 5, 7), bool)}, MaskError, "mask_shape",
+        "mask must broadcast to (B=2, H=8, L=5, S=7); got (2, 3, 5, 7)",
+    ),
+    "mask_kv_heads": (
+        _arrays(), {"mask": np.ones((2, 5, 7), bool)}, MaskError, "mask_kv_heads",
+        "mask head axis has size 2, the number of key/value heads (K=2)",
+    ),
+    "bias_bool": (
+        _arrays(), {"bias": np.zeros((5, 7), bool)}, MaskError, "bias_dtype",
+        "bias must be floating point",
+    ),
+    "bias_shape": (
+        _arrays(), {"bias": np.zeros((5, 6), np.float32)}, MaskError, "bias_shape",
+        "bias must broadcast to (H=8, L=5, S=7); got (5, 6)",
+    ),
+    "bias_kv_heads": (
+        _arrays(), {"bias": np.zeros((2, 1, 7), np.float32)}, MaskError, "bias_kv_heads",
+        "bias head axis has size 2",
+    ),
+    "dtype_mismatch": (
+        _arrays(k_dtype="float64"), {}, DTypeError, "dtype_mismatch",
+        "got query=float32, key=float64, value=float32",
+    ),
+    "unsupported_int": (
+        _arrays(dtype="int32"), {}, DTypeError, "unsupported_dtype", "got int32",
+    ),
+    "scale_nan": (_arrays(), {"scale": float("nan")}, ConfigError, "scale_not_finite", "got nan"),
+    "scale_inf": (_arrays(), {"scale": float("inf")}, ConfigError, "scale_not_finite", "got inf"),
+    "scale_text": (_arrays(), {"scale": "0.5"}, ConfigError, "scale_not_finite", "got '0.5'"),
+    "softcap_zero": (
+        _arrays(), {"softcap": 0.0}, ConfigError, "softcap_not_positive", "> 0 (or None",
+    ),
+    "softcap_negative": (
+        _arrays(), {"softcap": -2.0}, ConfigError, "softcap_not_positive", "got -2.0",
+    ),
+    "alignment": (
+        _arrays(), {"is_causal": True, "causal_alignment": "bottom-right"}, ConfigError,
+        "unknown_alignment", "got 'bottom-right'",
+    ),
+    "alignment_without_causal": (  # checked even when is_causal is False: a typo is a typo
+        _arrays(), {"causal_alignment": "lower_right"}, ConfigError, "unknown_alignment",
+        "('top_left', 'bottom_right')",
+    ),
+    "zero_head_dim": (
+        _arrays(q=(8, 5, 0), k=(2, 7, 0)), {}, ConfigError, "non_positive_size",
+        "head dim D must be >= 1; got 0",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_error_row_is_identical_in_all_three(case):
+    (q, k, v), kw, cls, code, fragment = CASES[case]
+    raised = {}
+    for name, fw in FRAMEWORKS.items():
+        with pytest.raises(cls) as info:
+            fw.sdpa(q, k, v, **kw)
+        assert info.value.code == code, name
+        assert fragment in str(info.value), (name, str(info.value))
+        assert isinstance(info.value, AttentionError) and isinstance(info.value, ValueError)
+        raised[name] = (type(info.value), str(info.value), info.value.expected, info.value.actual)
+    assert raised["torch"] == raised["numpy"] == raised["jax"]
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if CASES[c][0][0].ndim >= 3])
+def test_attention_weights_raises_the_same(case, fw):
+    (q, k, _), kw, cls, code, _ = CASES[case]
+    if code in ("kv_length_mismatch", "kv_heads_mismatch"):  # no value in attention_weights
+        assert fw.weights(q, k, **kw).shape == (*q.shape[:-1], k.shape[-2])
+        return
+    with pytest.raises(cls) as info:
+        fw.weights(q, k, **kw)
+    assert info.value.code == code
+
+
+def test_every_functional_code_has_a_case():
+    module_only = {"d_model_not_divisible"}
+    covered = {c[3] for c in CASES.values()}
+    assert set(ERROR_CODES) - module_only - covered == set()
+    for code, (cls, _) in ERROR_CODES.items():
+        assert issubclass(cls, AttentionError), code
+
+
+@pytest.mark.parametrize(("args", "kw"), [((-1, 3), {}), ((2, 3), {"alignment": "diagonal"})])
+def test_causal_mask_arguments(fw, args, kw):
+    with pytest.raises(ConfigError):
+        fw.module.causal_mask(*args, **kw)
