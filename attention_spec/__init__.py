@@ -30,7 +30,11 @@ from attention_spec.validate import (
 )
 
 #: The public names every implementation (and every port) exposes.
-FUNCTIONAL_API: tuple[str, ...] = ("scaled_dot_product_attention", "attention_weights", "causal_mask")
+FUNCTIONAL_API: tuple[str, ...] = (
+    "scaled_dot_product_attention",
+    "attention_weights",
+    "causal_mask",
+)
 
 __all__ = [
     "ALIGNMENTS",

@@ -9,12 +9,12 @@ validation functions, so class, code and message are identical in all three.
 from __future__ import annotations
 
 __all__ = [
+    "ERROR_CODES",
     "AttentionError",
     "ConfigError",
     "DTypeError",
     "DimensionMismatchError",
     "MaskError",
-    "ERROR_CODES",
 ]
 
 
@@ -63,13 +63,22 @@ class ConfigError(AttentionError):
 #: Every code, the class that raises it, and one line on when. Tests and fixtures refer to
 #: this table; adding a rule means adding a row here.
 ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
-    "rank": (DimensionMismatchError, "query/key/value need at least 3 dims (..., heads, length, dim)"),
-    "heads_not_divisible": (DimensionMismatchError, "K key/value heads do not divide H query heads"),
+    "rank": (
+        DimensionMismatchError,
+        "query/key/value need at least 3 dims (..., heads, length, dim)",
+    ),
+    "heads_not_divisible": (
+        DimensionMismatchError,
+        "K key/value heads do not divide H query heads",
+    ),
     "kv_heads_mismatch": (DimensionMismatchError, "key and value have different head counts"),
     "kv_length_mismatch": (DimensionMismatchError, "key and value have different lengths S"),
     "qk_head_dim_mismatch": (DimensionMismatchError, "query and key head dims D differ"),
     "batch_not_broadcastable": (DimensionMismatchError, "leading batch dims do not broadcast"),
-    "d_model_not_divisible": (DimensionMismatchError, "d_model % n_heads != 0 and no head_dim given"),
+    "d_model_not_divisible": (
+        DimensionMismatchError,
+        "d_model % n_heads != 0 and no head_dim given",
+    ),
     "mask_dtype": (MaskError, "mask is not boolean"),
     "mask_shape": (MaskError, "mask does not broadcast to (..., H, L, S)"),
     "mask_kv_heads": (MaskError, "mask head axis has size K (neither 1 nor H)"),

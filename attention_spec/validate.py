@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 from attention_spec.errors import make_error
 
@@ -89,7 +89,7 @@ def _fmt_target(batch: Shape, H: int, L: int, S: int) -> str:
 
 def broadcast_shapes(*shapes: Shape) -> Shape | None:
     """NumPy's right-aligned broadcast of ``shapes``, or None when they do not broadcast."""
-    ndim = max((len(s) for s in shapes), default=0)
+    ndim = max([0, *(len(s) for s in shapes)])
     out = []
     for axis in range(-ndim, 0):
         sizes = {s[axis] for s in shapes if len(s) >= -axis} - {1}
@@ -263,8 +263,13 @@ def check_attention(
     H, L, D = query_shape[-3:]
     K, S, Dk = key_shape[-3:]
     Kv, Sv, E = value_shape[-3:] if value_shape is not None else (K, S, 1)
-    for what, n in (("query heads H", H), ("key heads K", K), ("value heads K", Kv),
-                    ("head dim D", D), ("value head dim E", E)):
+    for what, n in (
+        ("query heads H", H),
+        ("key heads K", K),
+        ("value heads K", Kv),
+        ("head dim D", D),
+        ("value head dim E", E),
+    ):
         if n < 1:
             raise make_error(
                 "non_positive_size",

@@ -1,0 +1,401 @@
+"""Validation and the canonical weight format of the attention modules (SEMANTICS.md, "Modules").
+
+Pure Python on sizes, shapes and dtype names, like :mod:`attention_spec.validate`: the NumPy,
+PyTorch and JAX modules call these functions before any arithmetic, so a module built or called
+wrongly raises the same class, code and message in all three frameworks.
+
+The canonical weights, the one format every module loads and exports, are a flat dict::
+
+    q_proj.kernel (M, H*D)   q_proj.bias (H*D,)
+    k_proj.kernel (M, K*D)   k_proj.bias (K*D,)
+    v_proj.kernel (M, K*E)   v_proj.bias (K*E,)
+    o_proj.kernel (H*E, M)   o_proj.bias (M,)
+
+A kernel is ``(in, out)``: ``y = x @ kernel + bias``. Head h owns features ``[h*D:(h+1)*D]`` of
+the query projection (``[h*E:(h+1)*E]`` of the output projection's input); key/value head k
+owns ``[k*D:(k+1)*D]`` and ``[k*E:(k+1)*E]``. The biases are all present or all absent.
+
+Shape letters: B batch, H query heads, K key/value heads (G = H // K), L query length,
+S key/value length, D query/key head dim, E value head dim, M model width (d_model).
+"""
+
+from __future__ import annotations
+
+import numbers
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from attention_spec.errors import ERROR_CODES, AttentionError, make_error
+from attention_spec.validate import SUPPORTED_DTYPES, broadcast_shapes, format_dims
+
+__all__ = [
+    "CANONICAL_FORMAT",
+    "PROJECTIONS",
+    "PROPOSED_CODES",
+    "ModuleDims",
+    "check_cache_write",
+    "check_canonical",
+    "check_interop",
+    "check_module_config",
+    "check_module_inputs",
+    "check_padding_mask_args",
+    "error_code",
+    "heads_from_metadata",
+    "weights_metadata",
+]
+
+#: The four projections, in the order of the forward pass.
+PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
+
+#: The value of the ``format`` entry in a weight file's safetensors metadata.
+CANONICAL_FORMAT = "rosetta-attention/canonical-v1"
+
+#: Codes these checks use that are proposed for ``ERROR_CODES`` (attention_spec/errors.py), each
+#: with the registered code raised until the proposal is added. ``error_code(code)`` says which
+#: one is in force; once all three are registered this table and the fallback can go.
+PROPOSED_CODES: dict[str, str] = {
+    "model_width_mismatch": "qk_head_dim_mismatch",  # x/context last dim != M
+    "weight_shape": "qk_head_dim_mismatch",  # canonical weights missing, unexpected or misshaped
+    "cache_overflow": "non_positive_size",  # a KV cache write past its max length
+}
+
+
+def error_code(code: str) -> str:
+    """``code`` if it is registered in ``ERROR_CODES``, else its registered stand-in."""
+    return code if code in ERROR_CODES else PROPOSED_CODES[code]
+
+
+def _error(code: str, message: str, *, expected: str, actual: str) -> AttentionError:
+    return make_error(error_code(code), message, expected=expected, actual=actual)
+
+
+@dataclass(frozen=True)
+class ModuleDims:
+    """The sizes of one attention module: ``M, H, K, D, E`` and whether it has biases."""
+
+    M: int
+    H: int
+    K: int
+    D: int
+    E: int
+    bias: bool = True
+
+    @property
+    def G(self) -> int:
+        """Query heads per key/value head (H // K)."""
+        return self.H // self.K
+
+    def canonical_shapes(self) -> dict[str, tuple[int, ...]]:
+        """The canonical weight names and shapes, in forward order (kernels ``(in, out)``)."""
+        M, H, K, D, E = self.M, self.H, self.K, self.D, self.E
+        kernels = {"q_proj": (M, H * D), "k_proj": (M, K * D), "v_proj": (M, K * E),
+                   "o_proj": (H * E, M)}  # fmt: skip
+        shapes: dict[str, tuple[int, ...]] = {}
+        for name, (n_in, n_out) in kernels.items():
+            shapes[f"{name}.kernel"] = (n_in, n_out)
+            if self.bias:
+                shapes[f"{name}.bias"] = (n_out,)
+        return shapes
+
+    def __str__(self) -> str:
+        return format_dims("MHKDE", (self.M, self.H, self.K, self.D, self.E))
+
+
+def _is_int(n: object) -> bool:
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def _check_positive(name: str, n: object) -> None:
+    if not (_is_int(n) and n >= 1):
+        raise make_error(
+            "non_positive_size",
+            f"{name} must be an integer >= 1; got {n!r}",
+            expected="integer >= 1",
+            actual=repr(n),
+        )
+
+
+def _check_dtype(name: str, dtype: str) -> None:
+    if dtype not in SUPPORTED_DTYPES:
+        raise make_error(
+            "unsupported_dtype",
+            f"{name} dtype must be one of {SUPPORTED_DTYPES}; got {dtype}",
+            expected=" | ".join(SUPPORTED_DTYPES),
+            actual=dtype,
+        )
+
+
+def check_module_config(
+    d_model: int,
+    n_heads: int,
+    n_kv_heads: int,
+    head_dim: int | None = None,
+    value_head_dim: int | None = None,
+    *,
+    bias: bool = True,
+    dtype: str = "float32",
+) -> ModuleDims:
+    """Validate the constructor arguments of a module and return its sizes.
+
+    ``head_dim`` (D) defaults to ``d_model // n_heads``; ``value_head_dim`` (E) defaults to D.
+
+    Raises:
+        ConfigError ``non_positive_size``: a size that is not an integer >= 1.
+        DimensionMismatchError ``d_model_not_divisible``: no head_dim and M % H != 0.
+        DimensionMismatchError ``heads_not_divisible``: H % K != 0.
+        DTypeError ``unsupported_dtype``: a dtype outside the supported four.
+    """
+    _check_positive("d_model (M)", d_model)
+    _check_positive("n_heads (H)", n_heads)
+    _check_positive("n_kv_heads (K)", n_kv_heads)
+    if head_dim is not None:
+        _check_positive("head_dim (D)", head_dim)
+    if value_head_dim is not None:
+        _check_positive("value_head_dim (E)", value_head_dim)
+    _check_dtype("module", dtype)
+    if head_dim is None and d_model % n_heads:
+        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+        raise make_error(
+            "d_model_not_divisible",
+            f"d_model (M={d_model}) must be divisible by n_heads (H={n_heads}) when head_dim is "
+            f"not given; pass head_dim= or use n_heads in {divisors}",
+            expected=f"M % H == 0 (H in {divisors}) or head_dim given",
+            actual=f"M={d_model}, H={n_heads}",
+        )
+    if n_heads % n_kv_heads:
+        raise make_error(
+            "heads_not_divisible",
+            f"n_kv_heads (K={n_kv_heads}) must divide n_heads (H={n_heads})",
+            expected=f"H % K == 0 (K in {[k for k in range(1, n_heads + 1) if n_heads % k == 0]})",
+            actual=f"H={n_heads}, K={n_kv_heads}",
+        )
+    D = d_model // n_heads if head_dim is None else head_dim
+    E = D if value_head_dim is None else value_head_dim
+    return ModuleDims(M=d_model, H=n_heads, K=n_kv_heads, D=D, E=E, bias=bool(bias))
+
+
+def _check_sequence(name: str, shape: tuple[int, ...], dtype: str, dims: ModuleDims,
+                    param_dtype: str) -> None:  # fmt: skip
+    letters = "(B, L, M)" if name == "x" else "(B, S, M)"
+    if len(shape) != 3:
+        raise make_error(
+            "rank",
+            f"{name} must have 3 dims {letters} with M={dims.M}; got shape {shape}",
+            expected=letters,
+            actual=str(shape),
+        )
+    _check_dtype(name, dtype)
+    if dtype != param_dtype:
+        raise make_error(
+            "dtype_mismatch",
+            f"{name} dtype must match the module's weights ({param_dtype}); got {dtype}. "
+            "Convert the input, or load the module with dtype=",
+            expected=param_dtype,
+            actual=dtype,
+        )
+    if shape[-1] != dims.M:
+        raise _error(
+            "model_width_mismatch",
+            f"{name} last dim must be the module's d_model (M={dims.M}); got shape {shape}",
+            expected=f"{letters[:-2]}={dims.M})",
+            actual=str(shape),
+        )
+
+
+def check_module_inputs(
+    dims: ModuleDims,
+    param_dtype: str,
+    x_shape: tuple[int, ...],
+    x_dtype: str,
+    context_shape: tuple[int, ...] | None = None,
+    context_dtype: str | None = None,
+) -> tuple[tuple[int, ...], int, int]:
+    """Validate a module call's ``x (B, L, M)`` and optional ``context (B, S, M)``.
+
+    Both must have the module's dtype ``param_dtype`` and width M; their batch dims broadcast.
+    Returns ``(batch, L, S)`` (S = L for self-attention). mask and bias are checked afterwards
+    by the functional API, against ``(B, H, L, S)``.
+
+    Raises:
+        DimensionMismatchError ``rank``, ``model_width_mismatch``, ``batch_not_broadcastable``;
+        DTypeError ``unsupported_dtype``, ``dtype_mismatch``.
+    """
+    x_shape = tuple(x_shape)
+    _check_sequence("x", x_shape, x_dtype, dims, param_dtype)
+    if context_shape is None:
+        return x_shape[:1], x_shape[1], x_shape[1]
+    context_shape = tuple(context_shape)
+    _check_sequence("context", context_shape, str(context_dtype), dims, param_dtype)
+    batch = broadcast_shapes(x_shape[:1], context_shape[:1])
+    if batch is None:
+        raise make_error(
+            "batch_not_broadcastable",
+            f"x and context batch dims must broadcast; got x {x_shape}, context {context_shape}",
+            expected="broadcastable batch dims",
+            actual=f"x {x_shape[:1]}, context {context_shape[:1]}",
+        )
+    return batch, x_shape[1], context_shape[1]
+
+
+def check_canonical(
+    shapes: Mapping[str, tuple[int, ...]],
+    dtypes: Mapping[str, str],
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    expected: ModuleDims | None = None,
+) -> ModuleDims:
+    """Validate canonical weights (given as their shapes and dtype names) and return the sizes.
+
+    M, D and E are read from the shapes: ``q_proj.kernel (M, H*D)``, ``v_proj.kernel (M, K*E)``;
+    every other weight must then have its canonical shape. All weights share one supported dtype.
+    With ``expected`` (loading into an existing module), the sizes must also be those.
+
+    Raises:
+        the errors of :func:`check_module_config` for ``n_heads``/``n_kv_heads``;
+        DimensionMismatchError ``weight_shape``: a missing, unexpected or misshaped weight;
+        DTypeError ``dtype_mismatch``, ``unsupported_dtype``.
+    """
+    _check_positive("n_heads (H)", n_heads)
+    _check_positive("n_kv_heads (K)", n_kv_heads)
+    H, K = n_heads, n_kv_heads
+    shapes = {name: tuple(shape) for name, shape in shapes.items()}
+    for name in ("q_proj.kernel", "v_proj.kernel"):
+        if name not in shapes:
+            raise _error(
+                "weight_shape",
+                f"canonical weights have no {name}; got keys {sorted(shapes)}",
+                expected=name,
+                actual=str(sorted(shapes)),
+            )
+    q_shape, v_shape = shapes["q_proj.kernel"], shapes["v_proj.kernel"]
+    for name, shape, heads, letter in (("q_proj.kernel", q_shape, H, "H*D"),
+                                       ("v_proj.kernel", v_shape, K, "K*E")):  # fmt: skip
+        if len(shape) != 2 or shape[1] % heads or shape[1] == 0:
+            raise _error(
+                "weight_shape",
+                f"{name} must be (M, {letter}) with {letter[0]}={heads}; got {shape}",
+                expected=f"(M, {letter})",
+                actual=str(shape),
+            )
+    dims = check_module_config(
+        q_shape[0], H, K, q_shape[1] // H, v_shape[1] // K, bias="q_proj.bias" in shapes
+    )
+    canonical = dims.canonical_shapes()
+    for name in [*canonical, *(n for n in shapes if n not in canonical)]:
+        if shapes.get(name) != canonical.get(name):
+            got = "missing" if name not in shapes else shapes[name]
+            want = "absent" if name not in canonical else canonical[name]
+            raise _error(
+                "weight_shape",
+                f"canonical weight {name} must be {want} for {dims} "
+                f"({'with' if dims.bias else 'without'} biases); got {got}",
+                expected=str(want),
+                actual=str(got),
+            )
+    names = list(canonical)
+    _check_dtype(names[0], str(dtypes[names[0]]))
+    if len({str(dtypes[n]) for n in names}) > 1:
+        listing = ", ".join(f"{n}={dtypes[n]}" for n in names)
+        raise make_error(
+            "dtype_mismatch",
+            f"canonical weights must share one dtype; got {listing}",
+            expected="one dtype",
+            actual=listing,
+        )
+    if expected is not None and dims != expected:
+        raise _error(
+            "weight_shape",
+            f"canonical weights of {dims} ({'with' if dims.bias else 'without'} biases) do not "
+            f"fit a module of {expected} ({'with' if expected.bias else 'without'} biases)",
+            expected=str(expected),
+            actual=str(dims),
+        )
+    return dims
+
+
+def weights_metadata(dims: ModuleDims) -> dict[str, str]:
+    """The safetensors metadata of a weight file: the format and the head counts H and K.
+
+    The head counts are not recoverable from the shapes (``H*D`` does not say H); M, D, E and the
+    biases are.
+    """
+    return {"format": CANONICAL_FORMAT, "n_heads": str(dims.H), "n_kv_heads": str(dims.K)}
+
+
+def heads_from_metadata(metadata: Mapping[str, str] | None) -> tuple[int, int]:
+    """``(H, K)`` from a weight file's metadata written by :func:`weights_metadata`."""
+    metadata = dict(metadata or {})
+    if metadata.get("format") != CANONICAL_FORMAT or not {"n_heads", "n_kv_heads"} <= set(metadata):
+        raise _error(
+            "weight_shape",
+            f"a weight file needs metadata format={CANONICAL_FORMAT!r}, n_heads and n_kv_heads; "
+            f"got {metadata}. Load the tensors yourself and call from_canonical(weights, "
+            "n_heads=..., n_kv_heads=...)",
+            expected=f"format={CANONICAL_FORMAT}, n_heads, n_kv_heads",
+            actual=str(metadata),
+        )
+    return int(metadata["n_heads"]), int(metadata["n_kv_heads"])
+
+
+#: What each framework's own attention module can hold, as (rule, test on ModuleDims).
+_INTEROP_RULES = {
+    "torch.nn.MultiheadAttention": (
+        ("K == H (no grouped-query attention)", lambda d: d.K == d.H),
+        ("E == D (one head dim)", lambda d: d.E == d.D),
+        ("H*D == M (embed_dim = num_heads * head_dim)", lambda d: d.H * d.D == d.M),
+    ),
+    "flax.nnx.MultiHeadAttention": (("E == D (one head dim)", lambda d: d.E == d.D),),
+}
+
+
+def check_interop(dims: ModuleDims, target: str) -> None:
+    """Raise ``weight_shape`` when ``target``'s own module cannot hold weights of ``dims``."""
+    broken = [rule for rule, holds in _INTEROP_RULES[target] if not holds(dims)]
+    if broken:
+        raise _error(
+            "weight_shape",
+            f"{target} can only hold weights with {'; '.join(r for r, _ in _INTEROP_RULES[target])}"
+            f"; these weights have {dims}, breaking {'; '.join(broken)}",
+            expected="; ".join(r for r, _ in _INTEROP_RULES[target]),
+            actual=str(dims),
+        )
+
+
+def check_padding_mask_args(
+    lengths_shape: tuple[int, ...], lengths_dtype: str, kv_len: int
+) -> None:
+    """Validate ``padding_mask(lengths, kv_len)``: lengths 1-D ``(B,)`` integers, kv_len >= 0."""
+    if len(tuple(lengths_shape)) != 1:
+        raise make_error(
+            "mask_shape",
+            f"lengths must be 1-D (B,), one key length per example; got shape {lengths_shape}",
+            expected="(B,)",
+            actual=str(tuple(lengths_shape)),
+        )
+    if not lengths_dtype.startswith(("int", "uint")):
+        raise make_error(
+            "mask_dtype",
+            f"lengths must be integers; got {lengths_dtype}",
+            expected="integer dtype",
+            actual=lengths_dtype,
+        )
+    if not (_is_int(kv_len) and kv_len >= 0):
+        raise make_error(
+            "non_positive_size",
+            f"kv_len (S) must be an integer >= 0; got {kv_len!r}",
+            expected="integer >= 0",
+            actual=repr(kv_len),
+        )
+
+
+def check_cache_write(position: int, new_len: int, max_len: int) -> None:
+    """A KV cache holding ``position`` tokens can take ``new_len`` more only up to ``max_len``."""
+    if position + new_len > max_len:
+        raise _error(
+            "cache_overflow",
+            f"the KV cache holds {position} of at most {max_len} tokens; writing {new_len} more "
+            f"would need {position + new_len}. Create the cache with a larger max_len",
+            expected=f"position + new tokens <= max_len={max_len}",
+            actual=f"{position} + {new_len} = {position + new_len}",
+        )

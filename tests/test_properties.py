@@ -1,0 +1,67 @@
+"""Property tests: on random shapes, groupings, masks, biases with -inf, alignments, scales and
+softcaps, NumPy, PyTorch and JAX agree with each other within a bound for the dtype."""
+
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.frameworks import FRAMEWORKS, NP_DTYPES
+
+# All three compute in float32 (float64 for float64) and round once at the end, so they may
+# differ by float32 reassociation plus, for half types, one rounding step of the output.
+AGREE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
+
+@st.composite
+def attention_problems(draw):
+    # Pairwise-distinct L, S, D, E so that a swapped axis cannot pass by accident.
+    L, S, D, E = draw(st.lists(st.integers(1, 9), min_size=4, max_size=4, unique=True))
+    K = draw(st.sampled_from([1, 2, 3]))
+    G = draw(st.sampled_from([1, 2, 4]))
+    H = K * G
+    batch = tuple(draw(st.lists(st.integers(1, 3), max_size=2)))
+    dtype = draw(st.sampled_from(list(AGREE)))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    dt = NP_DTYPES[dtype]
+    q = rng.standard_normal((*batch, H, L, D)).astype(dt)
+    k = rng.standard_normal((*batch, K, S, D)).astype(dt)
+    v = rng.standard_normal((*batch, K, S, E)).astype(dt)
+    kw = {}
+    if draw(st.booleans()):
+        shape = draw(st.sampled_from([(S,), (L, S), (L, 1), (H, L, S), (1, 1, S)]))
+        kw["mask"] = rng.random(shape) > draw(st.sampled_from([0.2, 0.6, 1.0]))
+    if draw(st.booleans()):
+        shape = draw(st.sampled_from([(S,), (L, S), (H, 1, S), (*batch, H, L, S)]))
+        bias = rng.standard_normal(shape) * 2.0
+        bias[rng.random(shape) < 0.3] = -np.inf
+        kw["bias"] = bias.astype(dt)
+    if draw(st.booleans()):
+        kw["is_causal"] = True
+        kw["causal_alignment"] = draw(st.sampled_from(["top_left", "bottom_right"]))
+    kw["scale"] = draw(st.sampled_from([None, 0.0, -0.7, 1.0, 0.25]))
+    kw["softcap"] = draw(st.sampled_from([None, 2.0, 30.0]))
+    return q, k, v, kw, dtype
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(attention_problems())
+def test_three_implementations_agree(problem):
+    q, k, v, kw, dtype = problem
+    outs = {name: fw.sdpa(q, k, v, **kw) for name, fw in FRAMEWORKS.items()}
+    weights = {name: fw.weights(q, k, **kw) for name, fw in FRAMEWORKS.items()}
+    ref_out, ref_w = outs["numpy"].astype(np.float64), weights["numpy"].astype(np.float64)
+    assert not np.isnan(ref_out).any() and not np.isnan(ref_w).any()
+    for name in ("torch", "jax"):
+        assert outs[name].dtype == NP_DTYPES[dtype] and outs[name].shape == ref_out.shape
+        np.testing.assert_allclose(
+            outs[name].astype(np.float64), ref_out, rtol=0, atol=AGREE[dtype]
+        )
+        np.testing.assert_allclose(
+            weights[name].astype(np.float64), ref_w, rtol=0, atol=AGREE[dtype]
+        )
+    # rows of weights are distributions or, when no key is allowed, all zeros
+    row_sums = ref_w.sum(-1)
+    assert np.all((np.abs(row_sums - 1) < 20 * AGREE[dtype] + 1e-6) | (row_sums == 0))
