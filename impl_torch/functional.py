@@ -24,7 +24,11 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 def causal_mask(
-    q_len: int, kv_len: int, *, alignment: str = "top_left", device: torch.device | str | None = None
+    q_len: int,
+    kv_len: int,
+    *,
+    alignment: str = "top_left",
+    device: torch.device | str | None = None,
 ) -> torch.Tensor:
     """Boolean ``(L, S)`` mask, True where query i may attend key j (``j <= i + offset``).
 
