@@ -28,12 +28,13 @@ BENCH ?= quick
 # Test parallelism (pytest-xdist workers).
 WORKERS ?= 2
 
-.PHONY: help install test lint format conformance fixtures fixtures-check bench bench-compare clean
+.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare clean
 
 help:
 	@echo "make test         create/reuse .venv, install, run every test"
 	@echo "make bench        benchmark on DEVICE=$(DEVICE) (BENCH=quick|full)"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax"
+	@echo "make conformance-frameworks  the same suite against torch's and jax's own kernels"
 	@echo "make lint         ruff"
 	@echo "make fixtures     regenerate conformance/fixtures/v1 (fixtures-check: prove no drift)"
 	@echo "make install      only build the environment;  make clean: remove it and caches"
@@ -61,6 +62,9 @@ format: $(ENV_READY)
 
 conformance: $(ENV_READY)
 	$(PY) -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax
+
+conformance-frameworks: $(ENV_READY)
+	$(PY) -m conformance --impl torch_fused --impl jax_fused --show-xfails
 
 fixtures: $(ENV_READY)
 	$(PY) -m conformance.generate --out conformance/fixtures/v1

@@ -1,0 +1,40 @@
+"""The conformance suite of Rosetta Attention: golden fixtures and a runner for any port.
+
+- :mod:`conformance.oracle`: the float64 oracle the goldens come from (and the plain same-dtype
+  computation that sets each case's tolerance);
+- :mod:`conformance.cases`: the case list, readable code;
+- :mod:`conformance.generate`: ``python -m conformance.generate --out|--check DIR``;
+- :mod:`conformance.runner`: applies the fixtures to a port; ``python -m conformance --impl M``;
+- :mod:`conformance.ports`: adapters for non-NumPy ports and the frameworks' own kernels.
+
+See conformance/PORTING.md to check a port of your own, and docs/CONFORMANCE.md.
+"""
+
+from conformance.fixtures import FIXTURES_DIR, load_manifest
+from conformance.runner import (
+    FUNCTIONS,
+    Outcome,
+    Port,
+    QuickCheckResult,
+    Report,
+    Xfails,
+    load_port,
+    quick_check,
+    run_suite,
+    runs_for,
+)
+
+__all__ = [
+    "FIXTURES_DIR",
+    "FUNCTIONS",
+    "Outcome",
+    "Port",
+    "QuickCheckResult",
+    "Report",
+    "Xfails",
+    "load_manifest",
+    "load_port",
+    "quick_check",
+    "run_suite",
+    "runs_for",
+]

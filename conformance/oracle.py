@@ -1,0 +1,208 @@
+"""The float64 oracle: attention written out one query row at a time, for clarity, not speed.
+
+This file is the definition the golden fixtures are computed from. It follows the steps of
+SEMANTICS.md literally, with explicit loops over the batch, the query heads and the query rows,
+Python's ``math.fsum`` for every sum (exactly rounded, so the result does not depend on a BLAS
+or on the order of a reduction) and ``math.exp``/``math.tanh`` for the elementwise steps. It
+imports nothing from ``impl_numpy``, ``impl_torch`` or ``impl_jax`` and validates nothing:
+the cases are written to be valid, and error cases state their expected error themselves.
+
+The same loop, told to round to a dtype after every step (``round_to="float16"``), is the
+"plain same-dtype implementation" of the tolerance rule: inputs, scores, softcapped scores,
+biased scores, exponentials, row sums, weights and outputs are each rounded to that dtype.
+Its error against the float64 golden sets the case's bound (see :func:`tolerance_bound`).
+
+Shape letters (SEMANTICS.md): B batch (any number of leading dims, ``...``), H query heads,
+K key/value heads (G = H // K), L query length, S key/value length, D query/key head dim,
+E value head dim.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+__all__ = [
+    "NOISE_FLOOR",
+    "Golden",
+    "attention",
+    "causal_mask",
+    "rounding",
+    "tolerance_bound",
+]
+
+#: Noise floor per dtype, added to 2 x the plain implementation's error, and multiplied by
+#: max(1, largest |golden|). About one unit in the last place at 1.0 for the two 16-bit
+#: types, ~17 ulp for float32 (fused and reordered float32 kernels agree to about 1e-6),
+#: and 1e-12 for float64 (summation order, FMA).
+NOISE_FLOOR: dict[str, float] = {
+    "float64": 1e-12,
+    "float32": 2e-6,
+    "float16": 1e-3,
+    "bfloat16": 8e-3,
+}
+
+
+@dataclass(frozen=True)
+class Golden:
+    """What the oracle returns.
+
+    output:  ``(..., H, L, E)`` float64, or None when no value was given.
+    weights: ``(..., H, L, S)`` float64 (batch = broadcast of query and key batch dims).
+    allowed: ``(..., H, L, S)`` bool, True where the mask, the causal rule and the bias
+             (not -inf) all allow the key.
+    """
+
+    output: np.ndarray | None
+    weights: np.ndarray
+    allowed: np.ndarray
+
+
+def rounding(dtype: str | None) -> Callable[[float], float]:
+    """A function rounding a Python float to ``dtype`` (identity for None and float64)."""
+    if dtype is None or dtype == "float64":
+        return float
+    scalar = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+
+    def rnd(x: float) -> float:
+        with np.errstate(over="ignore"):  # overflow to inf is what the dtype does
+            return float(scalar(x))
+
+    return rnd
+
+
+def causal_mask(q_len: int, kv_len: int, alignment: str = "top_left") -> np.ndarray:
+    """Boolean ``(L, S)``: query i may attend key j iff ``j <= i + offset``.
+
+    offset = 0 for ``top_left``; ``S - L`` for ``bottom_right`` (the last query row lines up
+    with the last key; with L > S the first L - S rows see nothing).
+    """
+    offset = 0 if alignment == "top_left" else kv_len - q_len
+    allowed = np.zeros((q_len, kv_len), dtype=bool)
+    for i in range(q_len):
+        for j in range(kv_len):
+            allowed[i, j] = j <= i + offset
+    return allowed
+
+
+def attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray | None = None,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    round_to: str | None = None,
+) -> Golden:
+    """Attention by the book, one query row at a time, in float64.
+
+    Args:
+        query: ``(..., H, L, D)``; key: ``(..., K, S, D)``; value: ``(..., K, S, E)`` or None.
+        mask: bool, broadcastable to ``(..., H, L, S)`` (batch dims of query and key only).
+        bias: float, broadcastable like mask; may hold -inf.
+        is_causal, causal_alignment, scale, softcap: as in SEMANTICS.md.
+        round_to: None for the oracle; a dtype name for the plain same-dtype implementation,
+            which rounds to that dtype after every step.
+    """
+    rnd = rounding(round_to)
+    q = np.asarray(query, dtype=np.float64)
+    k = np.asarray(key, dtype=np.float64)
+    H, L, D = q.shape[-3:]
+    K, S, _ = k.shape[-3:]
+    G = H // K  # query head h reads key/value head h // G (contiguous groups)
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+
+    # Broadcast everything to the scores' shape (batch of query and key only).
+    batch = np.broadcast_shapes(q.shape[:-3], k.shape[:-3])
+    q = np.broadcast_to(q, (*batch, H, L, D))
+    k = np.broadcast_to(k, (*batch, K, S, D))
+    scores_shape = (*batch, H, L, S)
+    keep = np.ones(scores_shape, dtype=bool)
+    if mask is not None:
+        keep = keep & np.broadcast_to(np.asarray(mask, dtype=bool), scores_shape)
+    if is_causal:
+        keep = keep & causal_mask(L, S, causal_alignment)  # (L, S) broadcasts
+    add = None
+    if bias is not None:
+        add = np.broadcast_to(np.asarray(bias, dtype=np.float64), scores_shape)
+
+    weights = np.zeros(scores_shape, dtype=np.float64)
+    allowed = np.zeros(scores_shape, dtype=bool)
+    for b in np.ndindex(*batch):
+        for h in range(H):
+            kv = h // G
+            keys = k[(*b, kv)].tolist()  # S rows of D numbers
+            for i in range(L):
+                q_row = q[(*b, h, i)].tolist()  # D numbers
+                scores = []  # (s_j, allowed_j) for j in 0..S-1
+                for j in range(S):
+                    # 1. score = (query . key) * scale
+                    s = rnd(math.fsum(a * c for a, c in zip(q_row, keys[j])))
+                    s = rnd(s * scale)
+                    # 2. softcap, before bias and mask
+                    if softcap is not None:
+                        s = rnd(softcap * rnd(math.tanh(rnd(s / softcap))))
+                    # 3. bias (may be -inf)
+                    if add is not None:
+                        s = rnd(s + float(add[(*b, h, i, j)]))
+                    # 4. and 5. mask and causal rule: a False position is out
+                    ok = bool(keep[(*b, h, i, j)]) and s != -math.inf
+                    scores.append((s, ok))
+                # 6. softmax over the allowed keys; no allowed key -> all-zero weights
+                row = [s for s, ok in scores if ok]
+                if not row:
+                    continue
+                m = max(row)
+                e = [rnd(math.exp(rnd(s - m))) if ok else 0.0 for s, ok in scores]
+                total = rnd(math.fsum(e))
+                for j in range(S):
+                    weights[(*b, h, i, j)] = rnd(e[j] / total)
+                    allowed[(*b, h, i, j)] = scores[j][1]
+
+    output = None
+    if value is not None:
+        # 7. output = weights @ value, over the batch of query, key and value together.
+        v = np.asarray(value, dtype=np.float64)
+        E = v.shape[-1]
+        out_batch = np.broadcast_shapes(batch, v.shape[:-3])
+        w = np.broadcast_to(weights, (*out_batch, H, L, S))
+        v = np.broadcast_to(v, (*out_batch, K, S, E))
+        output = np.zeros((*out_batch, H, L, E), dtype=np.float64)
+        for b in np.ndindex(*out_batch):
+            for h in range(H):
+                v_rows = v[(*b, h // G)].T.tolist()  # E columns of S numbers
+                for i in range(L):
+                    w_row = w[(*b, h, i)].tolist()
+                    for e_ in range(E):
+                        output[(*b, h, i, e_)] = rnd(
+                            math.fsum(a * c for a, c in zip(w_row, v_rows[e_]))
+                        )
+    return Golden(output=output, weights=weights, allowed=allowed)
+
+
+def _round_up_2_digits(x: float) -> float:
+    """The bound as stored: rounded up to two significant digits (stable, readable JSON)."""
+    if x <= 0.0 or not math.isfinite(x):
+        return x
+    exponent = math.floor(math.log10(x)) - 1
+    return float(f"{math.ceil(x / 10.0**exponent - 1e-9) * 10.0**exponent:.2g}")
+
+
+def tolerance_bound(golden: np.ndarray, plain: np.ndarray, dtype: str) -> float:
+    """SEMANTICS.md's rule: ``2 * max|plain - golden| + floor(dtype) * max(1, max|golden|)``.
+
+    ``plain`` is the same case computed by :func:`attention` with ``round_to=dtype``.
+    """
+    if golden.size == 0:
+        return _round_up_2_digits(NOISE_FLOOR[dtype])
+    err = float(np.max(np.abs(plain - golden)))
+    scale = max(1.0, float(np.max(np.abs(golden))))
+    return _round_up_2_digits(2.0 * err + NOISE_FLOOR[dtype] * scale)

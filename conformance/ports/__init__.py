@@ -1,0 +1,34 @@
+"""Ports: how conformance finds a module's functions and moves arrays in and out of it.
+
+A port is any importable module (or object) exposing the public names of SEMANTICS.md. A port
+that takes and returns NumPy arrays needs nothing else. Any other array type plugs in through
+two functions the port defines next to its attention functions::
+
+    def from_numpy(array: numpy.ndarray, device: str) -> Tensor: ...
+    def to_numpy(tensor: Tensor) -> numpy.ndarray: ...
+
+The project's own PyTorch and JAX implementations stay free of conformance code: their two
+functions live here, in :mod:`conformance.ports.torch_adapter` and
+:mod:`conformance.ports.jax_adapter`, and :data:`BUILTIN_ADAPTERS` attaches them by module name.
+The frameworks' own fused kernels are ports too (:mod:`conformance.ports.torch_fused`,
+:mod:`conformance.ports.jax_fused`), with their known deviations from the contract in
+``<name>.xfails`` next to them: any port's ``<module>.xfails`` file, beside its source, is its
+list of known failures.
+"""
+
+from __future__ import annotations
+
+__all__ = ["BUILTIN_ADAPTERS", "SHORT_NAMES"]
+
+#: Adapter modules (defining ``from_numpy`` and ``to_numpy``) for ports that do not define
+#: their own, by the port's module name.
+BUILTIN_ADAPTERS: dict[str, str] = {
+    "impl_torch": "conformance.ports.torch_adapter",
+    "impl_jax": "conformance.ports.jax_adapter",
+}
+
+#: Names that ``--impl`` accepts for the built-in ports besides their module path.
+SHORT_NAMES: dict[str, str] = {
+    "torch_fused": "conformance.ports.torch_fused",
+    "jax_fused": "conformance.ports.jax_fused",
+}

@@ -1,0 +1,61 @@
+"""NumPy <-> JAX for conformance: the adapter functions of any JAX port.
+
+Importing this module turns on ``jax_enable_x64``, because float64 is one of the contract's four
+dtypes (without it JAX silently computes float64 inputs in float32). JAX understands
+``ml_dtypes.bfloat16`` natively, so no dtype needs special handling.
+
+:func:`prepare` is the optional third adapter function: the runner wraps each port function with
+it once. Here it is ``jax.jit`` with the scalar keywords static, so a fixture costs one XLA
+compilation instead of one per primitive (eager JAX recompiles every operation for every new
+shape, which made the suite several times slower), and every port is checked the way JAX code
+runs in practice: traced and compiled.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+jax.config.update("jax_enable_x64", True)
+
+import numpy as np  # noqa: E402
+
+__all__ = ["from_numpy", "prepare", "to_numpy"]
+
+#: conformance's device names -> JAX platform names.
+_PLATFORMS = {"cpu": "cpu", "cuda": "gpu", "gpu": "gpu", "tpu": "tpu"}
+
+
+def from_numpy(array: np.ndarray, device: str = "cpu") -> jax.Array:
+    """A JAX array on the first device of the platform (``"cpu"``, ``"cuda"``, ``"tpu"``)."""
+    platform, _, index = device.partition(":")
+    target = jax.devices(_PLATFORMS.get(platform, platform))[int(index or 0)]
+    return jax.device_put(np.asarray(array), target)
+
+
+def to_numpy(array: jax.Array) -> np.ndarray:
+    """The array as a NumPy array of the same dtype."""
+    return np.asarray(array)
+
+
+#: Keywords that are Python scalars or strings: static under jit.
+_STATIC_KEYWORDS = (
+    "is_causal",
+    "causal_alignment",
+    "scale",
+    "softcap",
+    "block_q",
+    "block_k",
+    "return_lse",
+)
+
+
+def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """``jax.jit(function)`` with the scalar arguments static (all of them for causal_mask)."""
+    if alias == "causal_mask":
+        return jax.jit(function, static_argnums=(0, 1), static_argnames=("alignment",))
+    params = inspect.signature(function).parameters
+    return jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])

@@ -1,0 +1,138 @@
+"""``jax.nn.dot_product_attention`` as a port: JAX's own kernel (flax's attention uses it too).
+
+Run through the same fixtures as the implementations, its failures are a measured list of
+where JAX's kernel differs from the contract (``jax_fused.xfails``, and the table in
+docs/CONFORMANCE.md). The generator also uses it to cross-check the goldens.
+
+The wrapper does layout plumbing only, never semantics:
+
+- heads-first ``(..., H, L, D)`` in and out, heads-second ``(B, L, H, D)`` for JAX, with the
+  leading batch dims flattened into one (JAX takes exactly one; it does not broadcast batch
+  dims, so query/key/value with different batch dims still fail inside JAX);
+- JAX requires the value head dim to equal the query/key head dim; the wrapper pads the smaller
+  side with zeros (zero columns change neither the scores nor the output) and passes the
+  default scale 1/sqrt(D) of the unpadded D;
+- mask and bias are broadcast to ``(..., H, L, S)`` and flattened like the batch;
+- bottom_right causal alignment and softcap do not exist in JAX: NotImplementedError;
+- under ``jax.jit`` on CPU, float16 fails to compile (JAX asks XLA for an ``F16_F16_F32`` dot,
+  which XLA:CPU rejects; eager JAX catches that and retries with the default precision, but
+  under jit the error only comes at compile time, outside JAX's ``try``). :func:`prepare` jits
+  like every JAX port and falls back to eager execution for exactly that error, so float16 is
+  still measured.
+
+:func:`attention_weights` runs the same kernel with the identity as value, so the output is the
+weight matrix. There is no public causal-mask function, so this port has no ``causal_mask``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from conformance.ports import jax_adapter
+from conformance.ports.jax_adapter import from_numpy, to_numpy
+
+__all__ = ["attention_weights", "from_numpy", "prepare", "scaled_dot_product_attention", "to_numpy"]
+
+
+def _pad_last(x: jax.Array, size: int) -> jax.Array:
+    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])])
+
+
+def scaled_dot_product_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> jax.Array:
+    """JAX's dot_product_attention on the contract's layout: query (..., H, L, D),
+    key (..., K, S, D), value (..., K, S, E) -> (..., H, L, E)."""
+    if softcap is not None:
+        raise NotImplementedError("jax.nn.dot_product_attention has no softcap")
+    if is_causal and causal_alignment != "top_left":
+        raise NotImplementedError(
+            f"jax.nn.dot_product_attention's is_causal is top-left only; got {causal_alignment!r}"
+        )
+    H, L, D = query.shape[-3:]
+    S, E = key.shape[-2], value.shape[-1]
+    batch = jnp.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    if scale is None:
+        scale = 1.0 / math.sqrt(D)
+
+    # Head dims: JAX wants value's E equal to D; zero columns change nothing.
+    width = max(D, E)
+    query, key, value = _pad_last(query, width), _pad_last(key, width), _pad_last(value, width)
+
+    # One batch dim, heads second: (..., N, T, X) -> (B, T, N, X). Each of query, key and
+    # value keeps its own batch: JAX does not broadcast them.
+    def to_jax(x):
+        return jnp.swapaxes(x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:]), -3, -2)
+
+    def flat_scores(x):  # (..., H, L, S)-broadcastable -> (B, H, L, S)
+        if x is None:
+            return None
+        return jnp.broadcast_to(x, (*batch, H, L, S)).reshape(math.prod(batch), H, L, S)
+
+    out = jax.nn.dot_product_attention(
+        to_jax(query),
+        to_jax(key),
+        to_jax(value),
+        bias=flat_scores(bias),
+        mask=flat_scores(mask),
+        scale=scale,
+        is_causal=is_causal,
+    )  # (B, L, H, width)
+    out = jnp.swapaxes(out, -3, -2)[..., :E]  # (B, H, L, E)
+    return out.reshape(*batch, H, L, E)
+
+
+def attention_weights(
+    query: jax.Array,
+    key: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> jax.Array:
+    """The weights (..., H, L, S) from JAX's kernel: attention with value = identity (S x S)."""
+    K, S = key.shape[-3], key.shape[-2]
+    identity = jnp.broadcast_to(jnp.eye(S, dtype=query.dtype), (*key.shape[:-3], K, S, S))
+    return scaled_dot_product_attention(
+        query,
+        key,
+        identity,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
+
+
+def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
+    """Jit like every JAX port; eager only where XLA:CPU refuses JAX's float16 dot precision."""
+    jitted = jax_adapter.prepare(alias, function)
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return jitted(*args, **kwargs)
+        except ValueError as exc:
+            if "not supported by dot_general" not in str(exc):
+                raise
+            return function(*args, **kwargs)
+
+    return run

@@ -1,0 +1,114 @@
+"""``torch.nn.functional.scaled_dot_product_attention`` as a port: PyTorch's own kernel.
+
+Run through the same fixtures as the implementations, its failures are a measured list of
+where torch's kernel differs from the contract (``torch_fused.xfails``, and the table in
+docs/CONFORMANCE.md). The generator also uses it to cross-check the goldens.
+
+The wrapper only translates the contract's keywords into torch's, and never fixes semantics:
+
+- ``mask`` and ``bias`` become one ``attn_mask`` (torch takes one): a bool mask alone, else the
+  bias with -inf where the mask is False;
+- ``is_causal`` alone with top_left is torch's ``is_causal=True``; alone with bottom_right it is
+  ``torch.nn.attention.bias.causal_lower_right``; together with a mask or bias (which torch
+  refuses next to ``is_causal``) the causal rule is folded into ``attn_mask``;
+- GQA is ``enable_gqa=True``;
+- ``softcap`` does not exist in torch: NotImplementedError.
+
+torch has no weights function; :func:`attention_weights` runs the same kernel with the identity
+as value (one value column per key), so the output *is* the weight matrix. There is no public
+causal-mask function, so this port has no ``causal_mask``.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from torch.nn.attention.bias import causal_lower_right
+
+from conformance.ports.torch_adapter import from_numpy, to_numpy
+
+__all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "to_numpy"]
+
+
+def scaled_dot_product_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """torch's SDPA on the contract's layout: query (..., H, L, D), key (..., K, S, D),
+    value (..., K, S, E) -> (..., H, L, E)."""
+    if softcap is not None:
+        raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no softcap")
+    H, L = query.shape[-3], query.shape[-2]
+    K, S = key.shape[-3], key.shape[-2]
+
+    attn_mask = None
+    if bias is not None:
+        attn_mask = bias if mask is None else torch.where(mask, bias, float("-inf"))
+    elif mask is not None:
+        attn_mask = mask
+
+    torch_is_causal = False
+    if is_causal:
+        if causal_alignment not in ("top_left", "bottom_right"):
+            raise ValueError(f"torch has no causal alignment {causal_alignment!r}")
+        if attn_mask is None and causal_alignment == "top_left":
+            torch_is_causal = True
+        elif attn_mask is None:
+            with warnings.catch_warnings():  # "will produce NaNs when L > S": the suite measures
+                warnings.simplefilter("ignore", UserWarning)  # what it does (zeros, on CPU)
+                attn_mask = causal_lower_right(L, S)
+        else:
+            diagonal = 0 if causal_alignment == "top_left" else S - L
+            allowed = torch.ones(L, S, dtype=torch.bool, device=query.device).tril(diagonal)
+            if attn_mask.dtype == torch.bool:
+                attn_mask = attn_mask & allowed
+            else:
+                attn_mask = torch.where(allowed, attn_mask, float("-inf"))
+
+    return F.scaled_dot_product_attention(
+        query,
+        key,
+        value,
+        attn_mask=attn_mask,
+        is_causal=torch_is_causal,
+        scale=scale,
+        enable_gqa=H != K,
+    )
+
+
+def attention_weights(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> torch.Tensor:
+    """The weights (..., H, L, S) from torch's kernel: SDPA with value = identity (S x S)."""
+    K, S = key.shape[-3], key.shape[-2]
+    identity = torch.eye(S, dtype=query.dtype, device=query.device)  # (S, E=S)
+    identity = identity.expand(*key.shape[:-3], K, S, S)  # (..., K, S, S)
+    return scaled_dot_product_attention(
+        query,
+        key,
+        identity,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )

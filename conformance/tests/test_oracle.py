@@ -1,0 +1,89 @@
+"""The float64 oracle and the tolerance rule, against answers known by hand."""
+
+from __future__ import annotations
+
+import ast
+import math
+from pathlib import Path
+
+import numpy as np
+
+from conformance import oracle
+
+
+def test_hand_computed_two_keys() -> None:
+    """q = [0, sqrt 2], k = I, D = 2: scores [0, 1], weights [1, e] / (1 + e)."""
+    q = np.array([[[0.0, math.sqrt(2.0)]]])  # (H=1, L=1, D=2)
+    k = np.eye(2)[None]
+    v = np.array([[[1.0, 0.0, 3.0], [0.0, 1.0, 5.0]]])  # (K=1, S=2, E=3)
+    g = oracle.attention(q, k, v)
+    e = math.e
+    np.testing.assert_allclose(g.weights[0, 0], [1 / (1 + e), e / (1 + e)], rtol=1e-15)
+    np.testing.assert_allclose(g.output[0, 0], [1 / (1 + e), e / (1 + e), (3 + 5 * e) / (1 + e)])
+
+
+def test_fully_masked_rows_are_zero_and_huge_negative_rows_uniform() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v = rng.standard_normal((1, 3, 4)), rng.standard_normal((1, 5, 4)), np.ones((1, 5, 2))
+    mask = np.ones((3, 5), bool)
+    mask[1] = False
+    bias = np.zeros((3, 5))
+    bias[2] = -math.inf
+    g = oracle.attention(q, k, v, mask=mask, bias=bias)
+    assert np.all(g.weights[0, 1:] == 0) and np.all(g.output[0, 1:] == 0)
+    assert not g.allowed[0, 1:].any() and g.allowed[0, 0].all()
+    q[0, 0] = 0.0
+    g = oracle.attention(q, k, v, bias=np.full((3, 5), -1e300))
+    np.testing.assert_allclose(g.weights[0, 0], 0.2, rtol=1e-15)
+
+
+def test_gqa_contiguous_groups() -> None:
+    """H = 4, K = 2: heads 0, 1 read kv head 0; heads 2, 3 read kv head 1."""
+    q = np.zeros((4, 1, 3))  # zero scores: uniform weights, output = mean of the kv head
+    k = np.zeros((2, 2, 3))
+    v = np.stack([np.full((2, 1), 10.0), np.full((2, 1), 20.0)])  # (K=2, S=2, E=1)
+    out = oracle.attention(q, k, v).output[:, 0, 0]
+    assert out.tolist() == [10.0, 10.0, 20.0, 20.0]
+
+
+def test_causal_mask_alignments() -> None:
+    assert oracle.causal_mask(2, 3).tolist() == [[True, False, False], [True, True, False]]
+    assert oracle.causal_mask(2, 3, "bottom_right").tolist() == [
+        [True, True, False],
+        [True, True, True],
+    ]
+    assert oracle.causal_mask(3, 1, "bottom_right").tolist() == [[False], [False], [True]]
+
+
+def test_softcap_comes_before_the_bias() -> None:
+    q, k = np.array([[[3.0]]]), np.array([[[1.0], [1.0]]])  # scores [3, 3] with scale 1
+    g = oracle.attention(q, k, bias=np.array([0.0, -math.inf]), scale=1.0, softcap=2.0)
+    assert g.weights[0, 0].tolist() == [1.0, 0.0]
+
+
+def test_plain_rounding_and_the_bound() -> None:
+    rng = np.random.default_rng(1)
+    q, k, v = (rng.standard_normal(s) for s in ((2, 3, 5), (2, 4, 5), (2, 4, 3)))
+    q, k, v = (x.astype(np.float16).astype(np.float64) for x in (q, k, v))
+    golden = oracle.attention(q, k, v)
+    plain = oracle.attention(q, k, v, round_to="float16")
+    err = np.max(np.abs(plain.output - golden.output))
+    assert 0 < err < 1e-2
+    assert np.all(plain.output.astype(np.float16).astype(np.float64) == plain.output)
+    bound = oracle.tolerance_bound(golden.output, plain.output, "float16")
+    assert bound >= 2 * err + oracle.NOISE_FLOOR["float16"]
+    floor = oracle.NOISE_FLOOR["float16"] * max(1.0, np.abs(golden.output).max())
+    assert bound <= 1.1 * (2 * err + floor)
+
+
+def test_bound_is_rounded_up_to_two_digits() -> None:
+    assert oracle._round_up_2_digits(1.234e-5) == 1.3e-5
+    assert oracle._round_up_2_digits(2.0e-6) == 2.0e-6
+    assert oracle._round_up_2_digits(9.91e-3) == 1.0e-2
+
+
+def test_the_oracle_imports_no_implementation() -> None:
+    tree = ast.parse(Path(oracle.__file__).read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert not {m for m in names if m.split(".")[0].startswith("impl_")}

@@ -1,0 +1,48 @@
+"""PORTING.md's example port, extracted and run exactly as the document says: one command,
+from a folder outside the repository."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import conformance
+
+REPO = Path(conformance.__file__).resolve().parent.parent
+PORTING = REPO / "conformance" / "PORTING.md"
+
+
+def test_the_example_port_passes_with_one_command(tmp_path: Path) -> None:
+    blocks = re.findall(r"```python\n(.*?)```", PORTING.read_text(), re.S)
+    (example,) = [b for b in blocks if "def scaled_dot_product_attention" in b]
+    ports = tmp_path / "ports"
+    ports.mkdir()
+    (ports / "myport.py").write_text(example)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ports), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", "--impl", "myport"],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "myport on cpu" in done.stdout and "all ports pass" in done.stdout
+
+
+def test_a_ports_own_xfails_file_is_found_next_to_it(tmp_path: Path) -> None:
+    """``myport.xfails`` beside ``myport.py`` is read; a listed run that passes is an XPASS."""
+    (tmp_path / "myport.py").write_text("from impl_numpy import *  # noqa: F403\n")
+    (tmp_path / "myport.xfails").write_text("sdpa.gqa.h6_k2.float32  # believed broken\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    done = subprocess.run(
+        [sys.executable, "-m", "conformance", "--impl", "myport", "-k", "sdpa.gqa.*"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "XPASS sdpa.gqa.h6_k2.float32 [cpu float32]" in done.stdout
+    assert "believed broken" in done.stdout
