@@ -26,6 +26,7 @@ __all__ = [
     "broadcast_shapes",
     "causal_offset",
     "check_attention",
+    "check_block_sizes",
     "check_causal_mask_args",
     "check_config",
     "format_dims",
@@ -151,6 +152,18 @@ def check_causal_mask_args(q_len: int, kv_len: int, alignment: str) -> None:
                 "non_positive_size",
                 f"{name} must be an integer >= 0; got {n!r}",
                 expected="integer >= 0",
+                actual=repr(n),
+            )
+
+
+def check_block_sizes(block_q: int, block_k: int) -> None:
+    """Block sizes of the tiled path are integers >= 1 (ConfigError ``non_positive_size``)."""
+    for name, n in (("block_q", block_q), ("block_k", block_k)):
+        if not (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1):
+            raise make_error(
+                "non_positive_size",
+                f"{name} must be an integer >= 1; got {n!r}",
+                expected="integer >= 1",
                 actual=repr(n),
             )
 

@@ -1,5 +1,7 @@
 """JAX reference implementation of the attention contract (SEMANTICS.md)."""
 
+from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
+from impl_jax.flash import flash_attention
 from impl_jax.functional import (
     STATIC_ARGNAMES,
     attention_weights,
@@ -7,4 +9,11 @@ from impl_jax.functional import (
     scaled_dot_product_attention,
 )
 
-__all__ = ["STATIC_ARGNAMES", "attention_weights", "causal_mask", "scaled_dot_product_attention"]
+__all__ = [
+    "FLASH_STATIC_ARGNAMES",
+    "STATIC_ARGNAMES",
+    "attention_weights",
+    "causal_mask",
+    "flash_attention",
+    "scaled_dot_product_attention",
+]

@@ -1,5 +1,11 @@
 """PyTorch reference implementation of the attention contract (SEMANTICS.md)."""
 
+from impl_torch.flash import flash_attention
 from impl_torch.functional import attention_weights, causal_mask, scaled_dot_product_attention
 
-__all__ = ["attention_weights", "causal_mask", "scaled_dot_product_attention"]
+__all__ = [
+    "attention_weights",
+    "causal_mask",
+    "flash_attention",
+    "scaled_dot_product_attention",
+]

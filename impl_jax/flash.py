@@ -1,0 +1,231 @@
+"""Tiled online-softmax ("flash") attention in JAX: ``jax.lax.scan`` over blocks, one compile.
+
+The contract of :func:`impl_jax.functional.scaled_dot_product_attention` (same keywords, same
+validation and errors, fully masked rows are zeros), computed without ever holding the
+``(..., H, L, S)`` scores: one block of ``block_q`` query rows meets one block of ``block_k`` keys
+at a time, and a running row max ``m``, a running row sum ``l`` and an output accumulator ``acc``
+carry what the earlier key blocks contributed (the online softmax). When a new block raises the
+row max, what was summed under the old max is rescaled by ``exp(m_old - m_new)``; the division by
+the row sum happens once, after the last key block. Under causal masking, key blocks that lie
+entirely above the diagonal are skipped, so causal attention costs about half.
+
+The same steps, numbers, names and comments as ``impl_jax/functional.py`` (steps 1-7) and as
+``impl_numpy/flash.py`` and ``impl_torch/flash.py``; docs/FLASH.md puts the plain and tiled paths
+side by side and gives the measured memory and time. What JAX asks for:
+
+- Both loops are ``jax.lax.scan``: an outer scan over query blocks, an inner scan over key
+  blocks. XLA compiles one loop body holding one ``(..., H, bq, bk)`` block of scores, whatever
+  L and S are, and ``jax.grad`` differentiates it. The trip counts are static (every key block
+  is a step); the causal skip is a ``jax.lax.cond`` on the block's position, which on a jitted
+  CPU or GPU program runs only the branch it takes. (A ``fori_loop`` whose bound depends on the
+  query block would be traced, hence a ``while_loop``, which reverse mode cannot go through.
+  NumPy and torch loop in Python and simply stop at the last visible block.)
+- ``scan`` wants every block the same size, and nothing is padded: the last block, when the
+  block size does not divide the length, is shifted back to end at L (or S). Its first rows are
+  then computed twice, to the same values, and written once; its first keys were counted by the
+  block before it, and are masked out of this one (step 5, tiling).
+- Everything is pure: jit with the static keywords of :data:`STATIC_ARGNAMES`::
+
+      flash = jax.jit(flash_attention, static_argnames=STATIC_ARGNAMES)
+
+  Under ``jax.grad`` the scans keep each step's intermediates for the backward pass, so the
+  memory saving is the forward's; a backward that recomputes blocks from the returned ``lse``
+  (``jax.custom_vjp``) is what FlashAttention adds on top, and is not here.
+
+Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
+H query heads, K key/value heads, G = H // K, L query length, S key/value length,
+D query/key head dim, E value head dim; ``bq`` and ``bk`` are the rows and keys of one block
+(``min(block_q, L)``, ``min(block_k, S)``). In einsum strings, ``l`` and ``s`` are a block's rows
+and keys.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from attention_spec import AttentionDims, causal_offset, check_block_sizes
+from impl_jax.functional import _PRECISION, _compute_dtype, _validate
+from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
+
+__all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention"]
+
+#: The keywords to mark static under ``jax.jit``: those of ``scaled_dot_product_attention`` and
+#: the block sizes and ``return_lse``, which decide the shapes and loops XLA compiles.
+STATIC_ARGNAMES: tuple[str, ...] = (*_SDPA_STATIC_ARGNAMES, "block_q", "block_k", "return_lse")
+
+#: Default block sizes, measured (docs/FLASH.md): on a 2-core Xeon, L = S = 4096, H = 8, D = 64,
+#: float32, 512 x 256 and 512 x 512 were the fastest, about twice 128 x 256 (XLA runs each
+#: block's einsums as separate calls, which want large blocks); 256 keys per step keeps the score
+#: block, and the compiled temp memory, at H x 512 x 256 x 4 bytes (4 MiB at H = 8).
+BLOCK_Q: int = 512
+BLOCK_K: int = 256
+
+
+def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.Array | None:
+    """``x[start:start + size]`` along ``axis`` (-2: L, -1: S) of a mask or bias, which
+    broadcasts to ``(..., H, L, S)``: an axis of size 1, or one it lacks, is left as it is and
+    broadcasts. ``start`` is traced; ``size`` is static."""
+    if x is None or x.ndim < -axis or x.shape[axis] == 1:
+        return x
+    return jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
+
+
+def _attend_block(
+    carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, i, j, j0, *, dims: AttentionDims,
+    is_causal: bool, offset: int, softcap: float | None
+):  # fmt: skip
+    """Steps 1-7 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
+    ``(1, bk)``, of which those below ``j0`` are not this block's: ``(m, l, acc)`` in and out."""
+    m, l, acc = carry  # (..., H, bq, 1), (..., H, bq, 1), (..., H, bq, E)
+    H, K, G = dims.H, dims.K, dims.G
+    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
+
+    # 1. scores = (query @ key^T) * scale, one group of G query heads per key/value head.
+    s = jnp.einsum("...kgld,...ksd->...kgls", q_blk, k_blk, precision=_PRECISION)
+    s = s.reshape(*s.shape[:-4], H, bq, bk) * dims.scale  # (..., H, bq, bk); h reads kv h // G
+
+    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
+    if softcap is not None:
+        s = softcap * jnp.tanh(s / softcap)
+
+    # 3. bias: this block's slice of it is added, may hold -inf.
+    if bias_blk is not None:
+        s = s + bias_blk
+
+    # 4. mask: False -> -inf, this block's slice of it.
+    if mask_blk is not None:
+        s = jnp.where(mask_blk, s, -jnp.inf)
+
+    # 5. causal, inside the block: query i sees key j iff j <= i + offset (all True in a block
+    #    below the diagonal; a block the diagonal crosses is masked elementwise).
+    if is_causal:
+        s = jnp.where(j <= i + offset, s, -jnp.inf)
+    # 5. (tiling) a last block shifted back to end at S shares its keys below j0 with the block
+    #    before it, which counted them already.
+    s = jnp.where(j >= j0, s, -jnp.inf)
+    s = jnp.broadcast_to(s, (*dims.batch, H, bq, bk))  # a value with more batch than query, key
+
+    # 6. online softmax: raise the running max, rescale what was summed under the old one by
+    #    exp(m_old - m_new), add this block's exp(s - m_new).
+    m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
+    shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: exp(-inf) = 0
+    alpha = jnp.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
+    p = jnp.exp(s - shift)  # (..., H, bq, bk), unnormalized weights
+    l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
+
+    # 7. output, accumulated: acc = alpha * acc + p @ value, per group.
+    p = p.reshape(*dims.batch, K, G, bq, bk)  # (..., K, G, bq, bk)
+    pv = jnp.einsum("...kgls,...kse->...kgle", p, v_blk, precision=_PRECISION)
+    acc = alpha * acc + pv.reshape(*dims.batch, H, bq, dims.E)  # (..., H, bq, E)
+    return m_new, l, acc
+
+
+def flash_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+    return_lse: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
+    """``scaled_dot_product_attention`` computed block by block, shape ``(..., H, L, E)``.
+
+    Args:
+        query: ``(..., H, L, D)``.
+        key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
+        value: ``(..., K, S, E)``; the same dtype as query and key.
+        mask, bias, is_causal, causal_alignment, scale, softcap: as in
+            :func:`impl_jax.functional.attention_weights`.
+        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it).
+        block_k: keys per block (likewise for S).
+        return_lse: also return the row log-sum-exp of the final scores (after softcap, bias, mask
+            and causal), ``lse = log(sum_j exp(s_ij))`` of shape ``(..., H, L)`` in the compute
+            dtype (float64 for float64 input, else float32); ``-inf`` for a row with no allowed
+            key. It is what a backward pass needs to rebuild the weights: ``exp(s - lse)``.
+
+    Returns the output in the query's dtype (rows with no allowed key are zeros, with zero
+    gradient), or ``(output, lse)`` when ``return_lse``.
+
+    Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
+    """
+    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
+    mask = None if mask is None else jnp.asarray(mask)
+    bias = None if bias is None else jnp.asarray(bias)
+    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    check_block_sizes(block_q, block_k)
+    ct = _compute_dtype(query.dtype)
+    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
+    if L == 0 or S == 0:  # no block to scan: no rows, or no keys (every row fully masked)
+        out = jnp.zeros((*dims.batch, H, L, E), query.dtype)
+        lse = jnp.full((*dims.batch, H, L), -jnp.inf, ct)
+        return (out, lse) if return_lse else out
+
+    q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
+    k = key.astype(ct)  # (..., K, S, D)
+    v = value.astype(ct)  # (..., K, S, E)
+    bias = None if bias is None else bias.astype(ct)
+    bq, bk = min(block_q, L), min(block_k, S)
+    n_q, n_k = -(-L // bq), -(-S // bk)  # blocks of query rows, blocks of keys
+    step = dict(dims=dims, is_causal=is_causal, offset=offset, softcap=softcap)
+
+    def query_block(_, t):
+        """Query rows ``t * bq ..`` (the last block shifted back to end at L): steps 1-7."""
+        i0 = jnp.minimum(t * bq, L - bq)  # first row
+        q_blk = jax.lax.dynamic_slice_in_dim(q, i0, bq, axis=q.ndim - 2)  # (..., K, G, bq, D)
+        i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
+        bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
+        mask_rows = _block(mask, -2, i0, bq)
+
+        def key_block(carry, u):
+            """Keys ``u * bk ..`` (the last block shifted back to end at S)."""
+            j0 = u * bk  # first key this block counts
+            j_start = jnp.minimum(j0, S - bk)  # first key it holds
+            j = (j_start + jnp.arange(bk))[None, :]  # (1, bk)
+            blk = (
+                q_blk,
+                jax.lax.dynamic_slice_in_dim(k, j_start, bk, axis=k.ndim - 2),  # (..., K, bk, D)
+                jax.lax.dynamic_slice_in_dim(v, j_start, bk, axis=v.ndim - 2),  # (..., K, bk, E)
+                _block(bias_rows, -1, j_start, bk),
+                _block(mask_rows, -1, j_start, bk),
+                i, j, j0,
+            )  # fmt: skip
+            if not is_causal:
+                return _attend_block(carry, *blk, **step), None
+            # 5. causal, whole blocks: a key block whose first key is masked for the block's
+            #    last row is masked for every row: skipped (causal costs about half).
+            visible = j0 <= i0 + bq - 1 + offset
+
+            def attend(c):
+                return _attend_block(c, *blk, **step)
+
+            return jax.lax.cond(visible, attend, lambda c: c, carry), None
+
+        m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
+        l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
+        acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
+        (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(n_k))
+
+        # 6. (end) divide by the row sum once, after the last key block; a row with no allowed
+        #    key has l = 0 and acc = 0: 0 / 1 = 0, and its log-sum-exp is -inf + log 1 = -inf.
+        l = jnp.where(l == 0.0, 1.0, l)
+        return None, (acc / l, (m + jnp.log(l))[..., 0])  # (..., H, bq, E), (..., H, bq)
+
+    _, (outs, lses) = jax.lax.scan(query_block, None, jnp.arange(n_q))  # (n_q, ..., H, bq, .)
+    # The blocks in row order: the last one holds rows L - bq .. L, of which the first `drop`
+    # are already in the block before it.
+    drop = n_q * bq - L
+    out = jnp.moveaxis(outs[:-1], 0, -3).reshape(*dims.batch, H, (n_q - 1) * bq, E)
+    out = jnp.concatenate([out, outs[-1][..., drop:, :]], axis=-2)  # (..., H, L, E)
+    lse = jnp.moveaxis(lses[:-1], 0, -2).reshape(*dims.batch, H, (n_q - 1) * bq)
+    lse = jnp.concatenate([lse, lses[-1][..., drop:]], axis=-1)  # (..., H, L), compute dtype
+    out = out.astype(query.dtype)  # back to the input dtype
+    return (out, lse) if return_lse else out

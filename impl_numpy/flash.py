@@ -1,0 +1,165 @@
+"""Tiled online-softmax ("flash") attention in NumPy: plain Python loops over blocks.
+
+The contract of :func:`impl_numpy.functional.scaled_dot_product_attention` (same keywords, same
+validation and errors, fully masked rows are zeros), computed without ever holding the
+``(..., H, L, S)`` scores: one block of ``block_q`` query rows meets one block of ``block_k`` keys
+at a time, and a running row max ``m``, a running row sum ``l`` and an output accumulator ``acc``
+carry what the earlier key blocks contributed (the online softmax). When a new block raises the
+row max, what was summed under the old max is rescaled by ``exp(m_old - m_new)``; the division by
+the row sum happens once, after the last key block. Under causal masking, key blocks that lie
+entirely above the diagonal are never visited, so causal attention costs about half.
+
+The same steps, numbers, names and comments as ``impl_numpy/functional.py`` (steps 1-7) and as
+``impl_torch/flash.py`` and ``impl_jax/flash.py``; docs/FLASH.md puts the plain and tiled paths
+side by side and gives the measured memory and time.
+
+Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
+H query heads, K key/value heads, G = H // K, L query length, S key/value length,
+D query/key head dim, E value head dim; ``bq`` and ``bk`` are the rows and keys of one block
+(``block_q``/``block_k``, or fewer in the last block).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+import numpy as np
+
+from attention_spec import causal_offset, check_block_sizes
+from impl_numpy.functional import _compute_dtype, _validate
+
+__all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
+
+#: Default block sizes, measured (docs/FLASH.md): on a 2-core Xeon, L = S = 2048 and 4096, H = 8,
+#: D = 64, float32, 256 x 512 was within noise of the fastest and about 25% faster than 128 x 256;
+#: smaller blocks pay Python's per-block overhead and short BLAS calls, larger ones gained nothing
+#: and cost memory. One block of scores is then H x 256 x 512 x 4 bytes (4 MiB at H = 8).
+BLOCK_Q: int = 256
+BLOCK_K: int = 512
+
+
+def _block(x: np.ndarray | None, axis: int, start: int, stop: int) -> np.ndarray | None:
+    """``x[start:stop]`` along ``axis`` (-2: L, -1: S) of a mask or bias, which broadcasts to
+    ``(..., H, L, S)``: an axis of size 1, or one it lacks, is left as it is and broadcasts."""
+    if x is None or x.ndim < -axis or x.shape[axis] == 1:
+        return x
+    index = [slice(None)] * x.ndim
+    index[axis] = slice(start, stop)
+    return x[tuple(index)]
+
+
+def flash_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+    return_lse: bool = False,
+) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+    """``scaled_dot_product_attention`` computed block by block, shape ``(..., H, L, E)``.
+
+    Args:
+        query: ``(..., H, L, D)``.
+        key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
+        value: ``(..., K, S, E)``; the same dtype as query and key.
+        mask, bias, is_causal, causal_alignment, scale, softcap: as in
+            :func:`impl_numpy.functional.attention_weights`.
+        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it).
+        block_k: keys per block (likewise for S).
+        return_lse: also return the row log-sum-exp of the final scores (after softcap, bias, mask
+            and causal), ``lse = log(sum_j exp(s_ij))`` of shape ``(..., H, L)`` in the compute
+            dtype (float64 for float64 input, else float32); ``-inf`` for a row with no allowed
+            key. It is what a backward pass needs to rebuild the weights: ``exp(s - lse)``.
+
+    Returns the output in the query's dtype (rows with no allowed key are zeros), or
+    ``(output, lse)`` when ``return_lse``.
+
+    Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
+    """
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    mask = None if mask is None else np.asarray(mask)
+    bias = None if bias is None else np.asarray(bias)
+    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    check_block_sizes(block_q, block_k)
+    ct = _compute_dtype(query.dtype)
+    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
+
+    q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
+    k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
+    v = value.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
+    bias = None if bias is None else bias.astype(ct, copy=False)
+
+    out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E), filled one query block at a time
+    lse = np.empty((*dims.batch, H, L), ct)  # (..., H, L)
+    for i0 in range(0, L, block_q):  # one block of query rows at a time
+        i1 = min(i0 + block_q, L)
+        bq = i1 - i0
+        m = np.full((*dims.batch, H, bq, 1), -np.inf, ct)  # running row max of the scores
+        l = np.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
+        acc = np.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
+
+        # 5. causal, whole blocks: every key j >= i1 + offset is masked for every row of this
+        #    block, so the key blocks from there on are never visited (causal costs about half).
+        j_end = min(S, max(0, i1 + offset)) if is_causal else S
+        for j0 in range(0, j_end, block_k):  # one block of keys at a time
+            j1 = min(j0 + block_k, S)
+            bk = j1 - j0
+
+            # 1. scores = (query @ key^T) * scale, one group of G query heads per kv head.
+            s = q[..., i0:i1, :] @ np.swapaxes(k[..., j0:j1, :], -1, -2)  # (..., K, G, bq, bk)
+            s = s.reshape(*s.shape[:-4], H, bq, bk)  # (..., H, bq, bk); head h reads kv h // G
+            if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
+                s = np.broadcast_to(s, (*dims.batch, H, bq, bk)).copy()
+            s *= dims.scale
+
+            # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
+            if softcap is not None:
+                s /= softcap
+                np.tanh(s, out=s)
+                s *= softcap
+
+            # 3. bias: this block's slice of it is added, may hold -inf.
+            if bias is not None:
+                s += _block(_block(bias, -2, i0, i1), -1, j0, j1)
+
+            # 4. mask: False -> -inf, this block's slice of it.
+            if mask is not None:
+                np.copyto(s, -np.inf, where=~_block(_block(mask, -2, i0, i1), -1, j0, j1))
+
+            # 5. causal, inside the block: query i sees key j iff j <= i + offset (all True in
+            #    a block below the diagonal; a block the diagonal crosses is masked elementwise).
+            if is_causal:
+                i = np.arange(i0, i1)[:, None]  # (bq, 1)
+                j = np.arange(j0, j1)[None, :]  # (1, bk)
+                np.copyto(s, -np.inf, where=j > i + offset)
+
+            # 6. online softmax: raise the running max, rescale what was summed under the old
+            #    one by exp(m_old - m_new), add this block's exp(s - m_new).
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., H, bq, 1)
+            shift = np.where(np.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
+            alpha = np.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
+            s -= shift
+            p = np.exp(s, out=s)  # (..., H, bq, bk), unnormalized weights
+            l = alpha * l + p.sum(axis=-1, keepdims=True)
+
+            # 7. output, accumulated: acc = alpha * acc + p @ value, per group.
+            pv = p.reshape(*dims.batch, K, G, bq, bk) @ v[..., j0:j1, :]  # (..., K, G, bq, E)
+            acc = alpha * acc + pv.reshape(*dims.batch, H, bq, E)  # (..., H, bq, E)
+            m = m_new
+            del s, p  # this block's scores go before the next block's are made
+
+        # 6. (end) divide by the row sum once, after the last key block; a row with no allowed
+        #    key has l = 0 and acc = 0: 0 / 1 = 0, and its log-sum-exp is -inf + log 1 = -inf.
+        l = np.where(l == 0.0, 1.0, l)
+        out[..., i0:i1, :] = acc / l  # (..., H, bq, E)
+        lse[..., i0:i1] = (m + np.log(l))[..., 0]  # (..., H, bq)
+
+    out = out.astype(query.dtype, copy=False)  # back to the input dtype
+    return (out, lse) if return_lse else out  # lse: (..., H, L) in the compute dtype

@@ -1,0 +1,158 @@
+"""Tiled online-softmax ("flash") attention in PyTorch: tensor ops per block, autograd through it.
+
+The contract of :func:`impl_torch.functional.scaled_dot_product_attention` (same keywords, same
+validation and errors, fully masked rows are zeros), computed without ever holding the
+``(..., H, L, S)`` scores: one block of ``block_q`` query rows meets one block of ``block_k`` keys
+at a time, and a running row max ``m``, a running row sum ``l`` and an output accumulator ``acc``
+carry what the earlier key blocks contributed (the online softmax). When a new block raises the
+row max, what was summed under the old max is rescaled by ``exp(m_old - m_new)``; the division by
+the row sum happens once, after the last key block. Under causal masking, key blocks that lie
+entirely above the diagonal are never visited, so causal attention costs about half.
+
+The same steps, numbers, names and comments as ``impl_torch/functional.py`` (steps 1-7) and as
+``impl_numpy/flash.py`` and ``impl_jax/flash.py``; docs/FLASH.md puts the plain and tiled paths
+side by side and gives the measured memory and time. Every step is out of place, so autograd
+differentiates through the loops; it then keeps each block's intermediates for the backward
+pass, so the memory saving is the forward's (inference, ``torch.no_grad()``): a backward that
+recomputes blocks from the returned ``lse`` is what FlashAttention adds on top, and is not here.
+
+Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
+H query heads, K key/value heads, G = H // K, L query length, S key/value length,
+D query/key head dim, E value head dim; ``bq`` and ``bk`` are the rows and keys of one block
+(``block_q``/``block_k``, or fewer in the last block).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attention_spec import causal_offset, check_block_sizes
+from impl_torch.functional import _compute_dtype, _validate
+
+__all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
+
+#: Default block sizes, measured (docs/FLASH.md): on a 2-core Xeon, L = S = 2048 and 4096, H = 8,
+#: D = 64, float32, the choices from 256 x 256 to 512 x 512 were within noise of each other and
+#: faster than 128 x 256 (torch's per-op overhead, a few microseconds a kernel, wants blocks
+#: large enough for the matmuls to dominate). The same as NumPy's, so the two read alike.
+BLOCK_Q: int = 256
+BLOCK_K: int = 512
+
+
+def _block(x: torch.Tensor | None, axis: int, start: int, stop: int) -> torch.Tensor | None:
+    """``x[start:stop]`` along ``axis`` (-2: L, -1: S) of a mask or bias, which broadcasts to
+    ``(..., H, L, S)``: an axis of size 1, or one it lacks, is left as it is and broadcasts."""
+    if x is None or x.dim() < -axis or x.shape[axis] == 1:
+        return x
+    return x.narrow(axis, start, stop - start)
+
+
+def flash_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """``scaled_dot_product_attention`` computed block by block, shape ``(..., H, L, E)``.
+
+    Args:
+        query: ``(..., H, L, D)``.
+        key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
+        value: ``(..., K, S, E)``; the same dtype as query and key.
+        mask, bias, is_causal, causal_alignment, scale, softcap: as in
+            :func:`impl_torch.functional.attention_weights`.
+        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it).
+        block_k: keys per block (likewise for S).
+        return_lse: also return the row log-sum-exp of the final scores (after softcap, bias, mask
+            and causal), ``lse = log(sum_j exp(s_ij))`` of shape ``(..., H, L)`` in the compute
+            dtype (float64 for float64 input, else float32); ``-inf`` for a row with no allowed
+            key. It is what a backward pass needs to rebuild the weights: ``exp(s - lse)``.
+
+    Returns the output in the query's dtype (rows with no allowed key are zeros, with zero
+    gradient), or ``(output, lse)`` when ``return_lse``.
+
+    Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
+    """
+    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    check_block_sizes(block_q, block_k)
+    ct = _compute_dtype(query.dtype)
+    H, G, L, S, E = dims.H, dims.G, dims.L, dims.S, dims.E
+    offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
+    device = query.device
+
+    q = query.to(ct)  # (..., H, L, D)
+    k = key.to(ct)  # (..., K, S, D)
+    v = value.to(ct)  # (..., K, S, E)
+    bias = None if bias is None else bias.to(ct)
+
+    outs = [q.new_zeros((*dims.batch, H, 0, E))]  # an empty first piece: L = 0 needs no case
+    lses = [q.new_zeros((*dims.batch, H, 0))]
+    for i0 in range(0, L, block_q):  # one block of query rows at a time
+        i1 = min(i0 + block_q, L)
+        bq = i1 - i0
+        m = q.new_full((*dims.batch, H, bq, 1), float("-inf"))  # running row max of the scores
+        l = q.new_zeros((*dims.batch, H, bq, 1))  # running row sum of exp(s - m)
+        acc = q.new_zeros((*dims.batch, H, bq, E))  # running sum of exp(s - m) @ value
+
+        # 5. causal, whole blocks: every key j >= i1 + offset is masked for every row of this
+        #    block, so the key blocks from there on are never visited (causal costs about half).
+        j_end = min(S, max(0, i1 + offset)) if is_causal else S
+        for j0 in range(0, j_end, block_k):  # one block of keys at a time
+            j1 = min(j0 + block_k, S)
+
+            # 1. scores = (query @ key^T) * scale; kv head k serves query heads k*G .. k*G+G-1.
+            q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
+            k_blk = k[..., j0:j1, :].repeat_interleave(G, dim=-3)  # (..., H, bk, D); h -> h // G
+            s = (q_blk @ k_blk.transpose(-2, -1)) * dims.scale  # (..., H, bq, bk)
+
+            # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
+            if softcap is not None:
+                s = softcap * torch.tanh(s / softcap)
+
+            # 3. bias: this block's slice of it is added, may hold -inf.
+            if bias is not None:
+                s = s + _block(_block(bias, -2, i0, i1), -1, j0, j1)
+
+            # 4. mask: False -> -inf, this block's slice of it.
+            if mask is not None:
+                s = torch.where(_block(_block(mask, -2, i0, i1), -1, j0, j1), s, float("-inf"))
+
+            # 5. causal, inside the block: query i sees key j iff j <= i + offset (all True in
+            #    a block below the diagonal; a block the diagonal crosses is masked elementwise).
+            if is_causal:
+                i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
+                j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
+                s = torch.where(j <= i + offset, s, float("-inf"))
+
+            # 6. online softmax: raise the running max, rescale what was summed under the old
+            #    one by exp(m_old - m_new), add this block's exp(s - m_new).
+            m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
+            shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
+            alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
+            p = torch.exp(s - shift)  # (..., H, bq, bk), unnormalized weights
+            l = alpha * l + p.sum(dim=-1, keepdim=True)
+
+            # 7. output, accumulated: acc = alpha * acc + p @ value.
+            v_blk = v[..., j0:j1, :].repeat_interleave(G, dim=-3)  # (..., H, bk, E)
+            acc = alpha * acc + p @ v_blk  # (..., H, bq, E)
+            m = m_new
+            del s, p  # this block's scores go before the next block's are made
+
+        # 6. (end) divide by the row sum once, after the last key block; a row with no allowed
+        #    key has l = 0 and acc = 0: 0 / 1 = 0, and its log-sum-exp is -inf + log 1 = -inf.
+        l = torch.where(l == 0.0, 1.0, l)
+        outs.append(acc / l)  # (..., H, bq, E)
+        lses.append((m + torch.log(l)).squeeze(-1))  # (..., H, bq)
+
+    out = torch.cat(outs, dim=-2).to(query.dtype)  # (..., H, L, E)
+    lse = torch.cat(lses, dim=-1)  # (..., H, L) in the compute dtype
+    return (out, lse) if return_lse else out

@@ -1,0 +1,128 @@
+"""Deliberately broken tiled attention: the classic bugs of the online softmax, one per port.
+
+Each function has the signature of ``impl_numpy.flash.flash_attention``, validates like it and is
+right except for one bug, the kind that passes a test with one block or no masking:
+
+- ``no_rescale``: the accumulator and the running sum are not rescaled by ``exp(m_old - m_new)``
+  when a new key block raises the row max; blocks summed under different maxima are mixed.
+- ``early_normalize``: the accumulator is divided by the running sum after every key block, and
+  the sum of the earlier blocks is then forgotten: right with one key block, wrong with two.
+- ``skip_partial_block``: under causal masking, the blocks the diagonal crosses (partly masked)
+  are skipped along with the blocks above it (fully masked).
+- ``unguarded_max``: the row max of a row with nothing allowed yet (-inf) is used as the shift,
+  so ``exp(-inf - -inf)`` is NaN in fully masked rows and blocks.
+
+tests/test_flash.py proves that its checks catch every one of them; the conformance suite reuses
+:data:`BROKEN` as broken ports (``from tests.flash_broken import BROKEN``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import partial
+
+import numpy as np
+
+from attention_spec import causal_offset, check_block_sizes
+from impl_numpy.flash import BLOCK_K, BLOCK_Q, _block
+from impl_numpy.functional import _compute_dtype, _validate
+
+__all__ = ["BROKEN"]
+
+
+def _broken_flash(
+    query,
+    key,
+    value,
+    *,
+    mask=None,
+    bias=None,
+    is_causal=False,
+    causal_alignment="top_left",
+    scale=None,
+    softcap=None,
+    block_q=BLOCK_Q,
+    block_k=BLOCK_K,
+    return_lse=False,
+    bug: str,
+):
+    """impl_numpy.flash.flash_attention, compressed, with the one ``bug`` switched in."""
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    mask = None if mask is None else np.asarray(mask)
+    bias = None if bias is None else np.asarray(bias)
+    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    check_block_sizes(block_q, block_k)
+    ct = _compute_dtype(query.dtype)
+    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    offset = causal_offset(L, S, causal_alignment)
+    q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
+    k = key.astype(ct)[..., :, None, :, :]  # (..., K, 1, S, D)
+    v = value.astype(ct)[..., :, None, :, :]  # (..., K, 1, S, E)
+    bias = None if bias is None else bias.astype(ct)
+    out = np.empty((*dims.batch, H, L, E), ct)
+    lse = np.empty((*dims.batch, H, L), ct)
+    for i0 in range(0, L, block_q):
+        i1 = min(i0 + block_q, L)
+        bq = i1 - i0
+        m = np.full((*dims.batch, H, bq, 1), -np.inf, ct)
+        l = np.zeros((*dims.batch, H, bq, 1), ct)
+        acc = np.zeros((*dims.batch, H, bq, E), ct)
+        j_end = min(S, max(0, i1 + offset)) if is_causal else S
+        if is_causal and bug == "skip_partial_block":  # BUG: only blocks all rows see in full
+            seen = max(0, min(S, i0 + offset + 1))  # keys that the block's first row sees
+            j_end = seen if seen == S else seen // block_k * block_k
+        for j0 in range(0, j_end, block_k):
+            j1 = min(j0 + block_k, S)
+            bk = j1 - j0
+            s = q[..., i0:i1, :] @ np.swapaxes(k[..., j0:j1, :], -1, -2)
+            s = np.broadcast_to(s.reshape(*s.shape[:-4], H, bq, bk), (*dims.batch, H, bq, bk))
+            s = s * dims.scale
+            if softcap is not None:
+                s = softcap * np.tanh(s / softcap)
+            if bias is not None:
+                s = s + _block(_block(bias, -2, i0, i1), -1, j0, j1)
+            if mask is not None:
+                s = np.where(_block(_block(mask, -2, i0, i1), -1, j0, j1), s, -np.inf)
+            if is_causal:
+                s = np.where(
+                    np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None] + offset, s, -np.inf
+                )
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
+            if bug == "unguarded_max":  # BUG: -inf - -inf = NaN in a row with nothing allowed
+                shift = m_new
+            else:
+                shift = np.where(np.isfinite(m_new), m_new, 0.0)
+            alpha = np.exp(m - shift)
+            if bug == "no_rescale":  # BUG: what was summed under the old max is kept as it was
+                alpha = np.where(np.isfinite(m), 1.0, 0.0)
+            p = np.exp(s - shift)
+            pv = (p.reshape(*dims.batch, K, G, bq, bk) @ v[..., j0:j1, :]).reshape(acc.shape)
+            l_new = alpha * l + p.sum(axis=-1, keepdims=True)
+            if bug == "early_normalize":  # BUG: divides now, and forgets l_old next time
+                acc = (alpha * acc + pv) / np.where(l_new == 0.0, 1.0, l_new)
+            else:
+                acc = alpha * acc + pv
+            l, m = l_new, m_new
+        l = np.where(l == 0.0, 1.0, l)
+        out[..., i0:i1, :] = acc if bug == "early_normalize" else acc / l
+        lse[..., i0:i1] = (m + np.log(l))[..., 0]
+    out = out.astype(query.dtype)
+    return (out, lse) if return_lse else out
+
+
+def _quiet(fn: Callable) -> Callable:
+    """A broken port gives NaN where it gives NaN, without NumPy's warnings."""
+
+    def wrapped(*args, **kwargs):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return fn(*args, **kwargs)
+
+    wrapped.__name__ = wrapped.__qualname__ = fn.func.__name__ + "." + fn.keywords["bug"]
+    return wrapped
+
+
+#: name -> a flash_attention with that bug.
+BROKEN: dict[str, Callable] = {
+    bug: _quiet(partial(_broken_flash, bug=bug))
+    for bug in ("no_rescale", "early_normalize", "skip_partial_block", "unguarded_max")
+}
