@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "ERROR_CODES",
+    "MODULE_ERROR_CODES",
     "AttentionError",
     "ConfigError",
     "DTypeError",
@@ -75,6 +76,8 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "kv_length_mismatch": (DimensionMismatchError, "key and value have different lengths S"),
     "qk_head_dim_mismatch": (DimensionMismatchError, "query and key head dims D differ"),
     "batch_not_broadcastable": (DimensionMismatchError, "leading batch dims do not broadcast"),
+    "model_width_mismatch": (DimensionMismatchError, "x or context last dim is not d_model M"),
+    "weight_shape": (DimensionMismatchError, "canonical weights missing, extra or misshaped"),
     "d_model_not_divisible": (
         DimensionMismatchError,
         "d_model % n_heads != 0 and no head_dim given",
@@ -91,7 +94,15 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "softcap_not_positive": (ConfigError, "softcap is not a finite number > 0"),
     "unknown_alignment": (ConfigError, "causal_alignment is not 'top_left' or 'bottom_right'"),
     "non_positive_size": (ConfigError, "a size that must be positive is not"),
+    "cache_overflow": (ConfigError, "a KV-cache write past its max_len"),
 }
+
+
+#: The codes only the modules raise (construction, forward input, weights, KV cache); every
+#: other code belongs to the functional API.
+MODULE_ERROR_CODES: frozenset[str] = frozenset(
+    {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow"}
+)
 
 
 def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:

@@ -21,25 +21,32 @@ S key/value length, D query/key head dim, E value head dim, M model width (d_mod
 
 from __future__ import annotations
 
+import json
 import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from attention_spec.errors import ERROR_CODES, AttentionError, make_error
-from attention_spec.validate import SUPPORTED_DTYPES, broadcast_shapes, format_dims
+from attention_spec.errors import AttentionError, make_error
+from attention_spec.validate import (
+    SUPPORTED_DTYPES,
+    AttentionDims,
+    broadcast_shapes,
+    check_attention,
+    format_dims,
+)
 
 __all__ = [
     "CANONICAL_FORMAT",
+    "METADATA_KEY",
     "PROJECTIONS",
-    "PROPOSED_CODES",
     "ModuleDims",
-    "check_cache_write",
+    "check_cache_size",
     "check_canonical",
+    "check_decode_inputs",
     "check_interop",
     "check_module_config",
     "check_module_inputs",
     "check_padding_mask_args",
-    "error_code",
     "heads_from_metadata",
     "weights_metadata",
 ]
@@ -47,26 +54,13 @@ __all__ = [
 #: The four projections, in the order of the forward pass.
 PROJECTIONS: tuple[str, ...] = ("q_proj", "k_proj", "v_proj", "o_proj")
 
-#: The value of the ``format`` entry in a weight file's safetensors metadata.
-CANONICAL_FORMAT = "rosetta-attention/canonical-v1"
-
-#: Codes these checks use that are proposed for ``ERROR_CODES`` (attention_spec/errors.py), each
-#: with the registered code raised until the proposal is added. ``error_code(code)`` says which
-#: one is in force; once all three are registered this table and the fallback can go.
-PROPOSED_CODES: dict[str, str] = {
-    "model_width_mismatch": "qk_head_dim_mismatch",  # x/context last dim != M
-    "weight_shape": "qk_head_dim_mismatch",  # canonical weights missing, unexpected or misshaped
-    "cache_overflow": "non_positive_size",  # a KV cache write past its max length
-}
-
-
-def error_code(code: str) -> str:
-    """``code`` if it is registered in ``ERROR_CODES``, else its registered stand-in."""
-    return code if code in ERROR_CODES else PROPOSED_CODES[code]
+#: The safetensors metadata key of a weight file, and the format its JSON value names.
+METADATA_KEY = "rosetta_attention"
+CANONICAL_FORMAT = "canonical-v1"
 
 
 def _error(code: str, message: str, *, expected: str, actual: str) -> AttentionError:
-    return make_error(error_code(code), message, expected=expected, actual=actual)
+    return make_error(code, message, expected=expected, actual=actual)
 
 
 @dataclass(frozen=True)
@@ -209,57 +203,55 @@ def check_module_inputs(
     x_dtype: str,
     context_shape: tuple[int, ...] | None = None,
     context_dtype: str | None = None,
-) -> tuple[tuple[int, ...], int, int]:
-    """Validate a module call's ``x (B, L, M)`` and optional ``context (B, S, M)``.
+    *,
+    mask_shape: tuple[int, ...] | None = None,
+    mask_dtype: str | None = None,
+    bias_shape: tuple[int, ...] | None = None,
+    bias_dtype: str | None = None,
+    causal_alignment: str = "top_left",
+) -> AttentionDims:
+    """Validate a whole module call before any arithmetic and return its attention sizes.
 
-    Both must have the module's dtype ``param_dtype`` and width M; their batch dims broadcast.
-    Returns ``(batch, L, S)`` (S = L for self-attention). mask and bias are checked afterwards
-    by the functional API, against ``(B, H, L, S)``.
+    ``x (B, L, M)`` and the optional ``context (B, S, M)`` must have the module's dtype
+    ``param_dtype`` and width M, and batch dims that broadcast; then the attention call the module
+    will make, ``q (B, H, L, D)``, ``k (B, K, S, D)``, ``v (B, K, S, E)`` with ``mask``, ``bias``
+    and ``causal_alignment``, is checked by :func:`check_attention` (S = L for self-attention).
 
     Raises:
         DimensionMismatchError ``rank``, ``model_width_mismatch``, ``batch_not_broadcastable``;
-        DTypeError ``unsupported_dtype``, ``dtype_mismatch``.
+        DTypeError ``unsupported_dtype``, ``dtype_mismatch``; and every error of
+        :func:`check_attention` for mask, bias and causal_alignment.
     """
     x_shape = tuple(x_shape)
     _check_sequence("x", x_shape, x_dtype, dims, param_dtype)
-    if context_shape is None:
-        return x_shape[:1], x_shape[1], x_shape[1]
-    context_shape = tuple(context_shape)
-    _check_sequence("context", context_shape, str(context_dtype), dims, param_dtype)
-    batch = broadcast_shapes(x_shape[:1], context_shape[:1])
-    if batch is None:
+    context_shape = x_shape if context_shape is None else tuple(context_shape)
+    if context_dtype is not None:
+        _check_sequence("context", context_shape, context_dtype, dims, param_dtype)
+    if broadcast_shapes(x_shape[:1], context_shape[:1]) is None:
         raise make_error(
             "batch_not_broadcastable",
             f"x and context batch dims must broadcast; got x {x_shape}, context {context_shape}",
             expected="broadcastable batch dims",
             actual=f"x {x_shape[:1]}, context {context_shape[:1]}",
         )
-    return batch, x_shape[1], context_shape[1]
+    (Bx, L, _), (Bc, S, _) = x_shape, context_shape
+    return check_attention(
+        (Bx, dims.H, L, dims.D), param_dtype,
+        (Bc, dims.K, S, dims.D), param_dtype,
+        (Bc, dims.K, S, dims.E), param_dtype,
+        mask_shape=mask_shape, mask_dtype=mask_dtype,
+        bias_shape=bias_shape, bias_dtype=bias_dtype,
+        causal_alignment=causal_alignment,
+    )  # fmt: skip
 
 
-def check_canonical(
-    shapes: Mapping[str, tuple[int, ...]],
-    dtypes: Mapping[str, str],
-    *,
-    n_heads: int,
-    n_kv_heads: int,
-    expected: ModuleDims | None = None,
+def _dims_from_shapes(
+    shapes: Mapping[str, tuple[int, ...]], n_heads: int, n_kv_heads: int
 ) -> ModuleDims:
-    """Validate canonical weights (given as their shapes and dtype names) and return the sizes.
-
-    M, D and E are read from the shapes: ``q_proj.kernel (M, H*D)``, ``v_proj.kernel (M, K*E)``;
-    every other weight must then have its canonical shape. All weights share one supported dtype.
-    With ``expected`` (loading into an existing module), the sizes must also be those.
-
-    Raises:
-        the errors of :func:`check_module_config` for ``n_heads``/``n_kv_heads``;
-        DimensionMismatchError ``weight_shape``: a missing, unexpected or misshaped weight;
-        DTypeError ``dtype_mismatch``, ``unsupported_dtype``.
-    """
+    """M, D, E and bias read from ``q_proj.kernel (M, H*D)`` and ``v_proj.kernel (M, K*E)``."""
     _check_positive("n_heads (H)", n_heads)
     _check_positive("n_kv_heads (K)", n_kv_heads)
     H, K = n_heads, n_kv_heads
-    shapes = {name: tuple(shape) for name, shape in shapes.items()}
     for name in ("q_proj.kernel", "v_proj.kernel"):
         if name not in shapes:
             raise _error(
@@ -278,9 +270,32 @@ def check_canonical(
                 expected=f"(M, {letter})",
                 actual=str(shape),
             )
-    dims = check_module_config(
+    return check_module_config(
         q_shape[0], H, K, q_shape[1] // H, v_shape[1] // K, bias="q_proj.bias" in shapes
     )
+
+
+def check_canonical(
+    shapes: Mapping[str, tuple[int, ...]],
+    dtypes: Mapping[str, str],
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    expected: ModuleDims | None = None,
+) -> ModuleDims:
+    """Validate canonical weights (given as their shapes and dtype names) and return the sizes.
+
+    M, D and E are read from the shapes: ``q_proj.kernel (M, H*D)``, ``v_proj.kernel (M, K*E)``;
+    every other weight must then have its canonical shape. All weights share one supported dtype.
+    With ``expected`` (loading into an existing module), every shape must be that module's.
+
+    Raises:
+        the errors of :func:`check_module_config` for ``n_heads``/``n_kv_heads``;
+        DimensionMismatchError ``weight_shape``: a missing, unexpected or misshaped weight;
+        DTypeError ``dtype_mismatch``, ``unsupported_dtype``.
+    """
+    shapes = {name: tuple(shape) for name, shape in shapes.items()}
+    dims = expected if expected is not None else _dims_from_shapes(shapes, n_heads, n_kv_heads)
     canonical = dims.canonical_shapes()
     for name in [*canonical, *(n for n in shapes if n not in canonical)]:
         if shapes.get(name) != canonical.get(name):
@@ -303,14 +318,6 @@ def check_canonical(
             expected="one dtype",
             actual=listing,
         )
-    if expected is not None and dims != expected:
-        raise _error(
-            "weight_shape",
-            f"canonical weights of {dims} ({'with' if dims.bias else 'without'} biases) do not "
-            f"fit a module of {expected} ({'with' if expected.bias else 'without'} biases)",
-            expected=str(expected),
-            actual=str(dims),
-        )
     return dims
 
 
@@ -318,24 +325,29 @@ def weights_metadata(dims: ModuleDims) -> dict[str, str]:
     """The safetensors metadata of a weight file: the format and the head counts H and K.
 
     The head counts are not recoverable from the shapes (``H*D`` does not say H); M, D, E and the
-    biases are.
+    biases are. One key holding sorted JSON, because safetensors writes several metadata keys in
+    a random order, and one file should have one sha256.
     """
-    return {"format": CANONICAL_FORMAT, "n_heads": str(dims.H), "n_kv_heads": str(dims.K)}
+    config = {"format": CANONICAL_FORMAT, "n_heads": dims.H, "n_kv_heads": dims.K}
+    return {METADATA_KEY: json.dumps(config, sort_keys=True)}
 
 
 def heads_from_metadata(metadata: Mapping[str, str] | None) -> tuple[int, int]:
     """``(H, K)`` from a weight file's metadata written by :func:`weights_metadata`."""
-    metadata = dict(metadata or {})
-    if metadata.get("format") != CANONICAL_FORMAT or not {"n_heads", "n_kv_heads"} <= set(metadata):
+    try:
+        config = json.loads((metadata or {})[METADATA_KEY])
+        if config["format"] != CANONICAL_FORMAT:
+            raise ValueError(config["format"])
+        return int(config["n_heads"]), int(config["n_kv_heads"])
+    except (KeyError, TypeError, ValueError):
         raise _error(
             "weight_shape",
-            f"a weight file needs metadata format={CANONICAL_FORMAT!r}, n_heads and n_kv_heads; "
-            f"got {metadata}. Load the tensors yourself and call from_canonical(weights, "
-            "n_heads=..., n_kv_heads=...)",
-            expected=f"format={CANONICAL_FORMAT}, n_heads, n_kv_heads",
-            actual=str(metadata),
-        )
-    return int(metadata["n_heads"]), int(metadata["n_kv_heads"])
+            f"a weight file needs the metadata {METADATA_KEY!r} (format {CANONICAL_FORMAT!r}, "
+            f"n_heads, n_kv_heads); got {dict(metadata or {})}. Load the tensors yourself and "
+            "call from_canonical(weights, n_heads=..., n_kv_heads=...)",
+            expected=f"{METADATA_KEY}: format={CANONICAL_FORMAT}, n_heads, n_kv_heads",
+            actual=str(dict(metadata or {})),
+        ) from None
 
 
 #: What each framework's own attention module can hold, as (rule, test on ModuleDims).
@@ -389,13 +401,61 @@ def check_padding_mask_args(
         )
 
 
-def check_cache_write(position: int, new_len: int, max_len: int) -> None:
-    """A KV cache holding ``position`` tokens can take ``new_len`` more only up to ``max_len``."""
+def check_cache_size(batch_size: int, max_len: int) -> None:
+    """Validate ``init_cache(batch_size, max_len)`` (ConfigError ``non_positive_size``)."""
+    _check_positive("batch_size (B)", batch_size)
+    _check_positive("max_len", max_len)
+
+
+def check_decode_inputs(
+    dims: ModuleDims,
+    param_dtype: str,
+    x_shape: tuple[int, ...],
+    x_dtype: str,
+    *,
+    cache_batch: int,
+    position: int,
+    max_len: int,
+    mask_shape: tuple[int, ...] | None = None,
+    mask_dtype: str | None = None,
+    bias_shape: tuple[int, ...] | None = None,
+    bias_dtype: str | None = None,
+) -> AttentionDims:
+    """Validate a cached forward: new tokens ``x (B, L, M)`` into a KV cache of batch B holding
+    ``position`` of ``max_len`` tokens, before any arithmetic.
+
+    The new queries attend to S = position + L keys with the bottom-right causal rule; mask and
+    bias broadcast to ``(B, H, L, S)``.
+
+    Raises:
+        the errors of :func:`check_module_inputs` for x, mask and bias;
+        DimensionMismatchError ``batch_not_broadcastable``: x's batch is not the cache's;
+        ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or truncation).
+    """
+    x_shape = tuple(x_shape)
+    _check_sequence("x", x_shape, x_dtype, dims, param_dtype)
+    n_batch, new_len, _ = x_shape
+    if n_batch != cache_batch:
+        raise make_error(
+            "batch_not_broadcastable",
+            f"x batch (B={n_batch}) must be the KV cache's (B={cache_batch}); got x {x_shape}",
+            expected=f"B={cache_batch}",
+            actual=f"B={n_batch}",
+        )
     if position + new_len > max_len:
         raise _error(
             "cache_overflow",
             f"the KV cache holds {position} of at most {max_len} tokens; writing {new_len} more "
             f"would need {position + new_len}. Create the cache with a larger max_len",
-            expected=f"position + new tokens <= max_len={max_len}",
+            expected=f"position + L <= max_len={max_len}",
             actual=f"{position} + {new_len} = {position + new_len}",
         )
+    S = position + new_len
+    return check_attention(
+        (n_batch, dims.H, new_len, dims.D), param_dtype,
+        (n_batch, dims.K, S, dims.D), param_dtype,
+        (n_batch, dims.K, S, dims.E), param_dtype,
+        mask_shape=mask_shape, mask_dtype=mask_dtype,
+        bias_shape=bias_shape, bias_dtype=bias_dtype,
+        causal_alignment="bottom_right",
+    )  # fmt: skip

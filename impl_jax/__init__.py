@@ -8,12 +8,17 @@ from impl_jax.functional import (
     causal_mask,
     scaled_dot_product_attention,
 )
+from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 
 __all__ = [
     "FLASH_STATIC_ARGNAMES",
     "STATIC_ARGNAMES",
+    "GroupedQueryAttention",
+    "KVCache",
+    "MultiHeadAttention",
     "attention_weights",
     "causal_mask",
     "flash_attention",
+    "padding_mask",
     "scaled_dot_product_attention",
 ]

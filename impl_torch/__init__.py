@@ -2,10 +2,15 @@
 
 from impl_torch.flash import flash_attention
 from impl_torch.functional import attention_weights, causal_mask, scaled_dot_product_attention
+from impl_torch.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 
 __all__ = [
+    "GroupedQueryAttention",
+    "KVCache",
+    "MultiHeadAttention",
     "attention_weights",
     "causal_mask",
     "flash_attention",
+    "padding_mask",
     "scaled_dot_product_attention",
 ]

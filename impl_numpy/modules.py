@@ -1,0 +1,425 @@
+"""Multi-head, grouped-query and multi-query attention modules in NumPy: a plain class of arrays.
+
+The same classes, methods, steps and comments as ``impl_torch/modules.py`` and
+``impl_jax/modules.py``; only the idiom differs. Here a projection is a small :class:`Linear`
+holding a ``kernel (in, out)`` and a ``bias (out,)`` array, initialized from a NumPy
+``Generator``.
+
+The attention itself is the functional API (``impl_numpy.functional``); a module only projects,
+splits heads, calls it, merges heads and projects back:
+
+    x (B, L, M)        --q_proj, split heads-->  q (B, H, L, D)
+    context (B, S, M)  --k_proj, v_proj------->  k (B, K, S, D), v (B, K, S, E)
+    scaled_dot_product_attention(q, k, v)    ->  (B, H, L, E)
+    --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
+
+Weights: the canonical flat dict of ``attention_spec.modules`` (``q_proj.kernel (M, H*D)``, ...,
+``o_proj.bias (M,)``); :meth:`GroupedQueryAttention.from_canonical` loads it,
+:meth:`~GroupedQueryAttention.to_canonical` exports it, ``save``/``load`` write and read it as one
+safetensors file. Initialization: every kernel and bias is drawn from ``U(-1/sqrt(in), 1/sqrt(in))``
+with ``in`` the projection's input width (M for q/k/v, H*E for o), as torch's ``nn.Linear`` does.
+
+Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads (G = H // K),
+L query length, S key/value length, D query/key head dim, E value head dim, M model width.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from attention_spec.modules import (
+    PROJECTIONS,
+    ModuleDims,
+    check_cache_size,
+    check_canonical,
+    check_decode_inputs,
+    check_module_config,
+    check_module_inputs,
+    check_padding_mask_args,
+    heads_from_metadata,
+    weights_metadata,
+)
+from impl_numpy.functional import attention_weights, scaled_dot_product_attention
+
+__all__ = ["GroupedQueryAttention", "KVCache", "Linear", "MultiHeadAttention", "padding_mask"]
+
+
+def padding_mask(lengths: np.ndarray, kv_len: int) -> np.ndarray:
+    """Boolean ``(B, 1, 1, S)`` mask, True where key j < ``lengths[b]`` (a real, unpadded key).
+
+    ``lengths`` is ``(B,)`` integers; a length >= S keeps every key, a length <= 0 masks every
+    key (those query rows then give zeros). Broadcasts against ``(B, H, L, S)`` scores.
+    """
+    lengths = np.asarray(lengths)
+    check_padding_mask_args(lengths.shape, lengths.dtype.name, kv_len)
+    j = np.arange(kv_len)  # (S,)
+    return (j[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+
+
+def _uniform(rng: np.random.Generator, shape: tuple[int, ...], fan_in: int, dtype) -> np.ndarray:
+    """``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``, drawn in float64 and rounded to ``dtype``."""
+    bound = 1.0 / math.sqrt(fan_in)
+    return rng.uniform(-bound, bound, size=shape).astype(dtype)
+
+
+class Linear:
+    """``y = x @ kernel + bias`` with ``kernel (in, out)``, ``bias (out,)`` or None."""
+
+    def __init__(
+        self, in_features: int, out_features: int, *, bias: bool, dtype, rng: np.random.Generator
+    ) -> None:
+        self.kernel = _uniform(rng, (in_features, out_features), in_features, dtype)
+        self.bias = _uniform(rng, (out_features,), in_features, dtype) if bias else None
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = x @ self.kernel  # (..., out); ml_dtypes gives float32 for a bfloat16 matmul
+        if self.bias is not None:
+            y = y + self.bias
+        return y.astype(x.dtype, copy=False)  # one rounding back to the input dtype
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """The keys and values of the tokens seen so far, for autoregressive decoding.
+
+    ``key (B, K, max_len, D)`` and ``value (B, K, max_len, E)`` hold the K key/value heads, not
+    the H query heads: a GQA cache is K/H the size of an MHA cache. The first ``position`` tokens
+    are written; ``position`` is a Python int, so an overflow is a Python error before any
+    arithmetic and the attention reads exactly ``position`` keys.
+
+    ``write`` stores new tokens into the buffers in place and returns a cache with the position
+    advanced, sharing the buffers (the same API shape as JAX's pure version).
+    """
+
+    key: np.ndarray
+    value: np.ndarray
+    position: int = 0
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens the cache can hold."""
+        return self.key.shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value buffers: ``B * K * max_len * (D + E) * itemsize``."""
+        return self.key.nbytes + self.value.nbytes
+
+    def write(self, k: np.ndarray, v: np.ndarray) -> KVCache:
+        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens."""
+        end = self.position + k.shape[-2]
+        self.key[:, :, self.position : end] = k  # (B, K, max_len, D)
+        self.value[:, :, self.position : end] = v  # (B, K, max_len, E)
+        return KVCache(self.key, self.value, end)
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """The written keys ``(B, K, S, D)`` and values ``(B, K, S, E)``, S = ``position``."""
+        return self.key[:, :, : self.position], self.value[:, :, : self.position]
+
+
+class GroupedQueryAttention:
+    """Grouped-query attention: H query heads share K key/value heads (G = H // K per group).
+
+    Query head h reads key/value head ``h // G``. MHA is K = H (:class:`MultiHeadAttention`),
+    MQA is K = 1.
+
+    Args:
+        d_model: model width M (input and output features).
+        n_heads: query heads H.
+        n_kv_heads: key/value heads K; must divide H.
+        head_dim: query/key head dim D, default ``d_model // n_heads`` (then M % H must be 0).
+        value_head_dim: value head dim E, default D.
+        bias: whether the four projections have biases.
+        dtype: the weights' dtype (float64, float32, float16 or bfloat16); inputs must match it.
+        rng: a NumPy ``Generator`` or a seed for ``np.random.default_rng`` (default 0).
+
+    Raises:
+        DimensionMismatchError, ConfigError, DTypeError: see ``check_module_config``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        *,
+        head_dim: int | None = None,
+        value_head_dim: int | None = None,
+        bias: bool = True,
+        dtype: np.typing.DTypeLike = np.float32,
+        rng: np.random.Generator | int = 0,
+    ) -> None:
+        dtype = np.dtype(dtype)
+        dims = check_module_config(
+            d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
+        )
+        self.dims = dims
+        M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
+        rng = np.random.default_rng(rng)
+        self.q_proj = Linear(M, H * D, bias=bias, dtype=dtype, rng=rng)  # (M, H*D)
+        self.k_proj = Linear(M, K * D, bias=bias, dtype=dtype, rng=rng)  # (M, K*D)
+        self.v_proj = Linear(M, K * E, bias=bias, dtype=dtype, rng=rng)  # (M, K*E)
+        self.o_proj = Linear(H * E, M, bias=bias, dtype=dtype, rng=rng)  # (H*E, M)
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The weights' dtype; inputs must have it."""
+        return self.q_proj.kernel.dtype
+
+    # -- the forward pass, in the steps a KV cache reuses ------------------------------------
+
+    def _project_query(self, x: np.ndarray) -> np.ndarray:
+        """``x (B, L, M)`` -> ``q (B, H, L, D)``; head h is features ``[h*D:(h+1)*D]``."""
+        B, L, _ = x.shape
+        q = self.q_proj(x).reshape(B, L, self.dims.H, self.dims.D)  # (B, L, H, D)
+        return q.transpose(0, 2, 1, 3)  # (B, H, L, D)
+
+    def _project_key_value(self, context: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``context (B, S, M)`` -> ``k (B, K, S, D)``, ``v (B, K, S, E)``."""
+        B, S, _ = context.shape
+        k = self.k_proj(context).reshape(B, S, self.dims.K, self.dims.D)  # (B, S, K, D)
+        v = self.v_proj(context).reshape(B, S, self.dims.K, self.dims.E)  # (B, S, K, E)
+        return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (B, K, S, D), (B, K, S, E)
+
+    def _attend(self, q, k, v, *, return_weights: bool, **keywords):
+        """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
+
+        The output always comes from ``scaled_dot_product_attention``; the weights, when asked,
+        from ``attention_weights`` with the same arguments. Both run the functional API's one
+        implementation of steps 1-6, so the module holds no attention arithmetic of its own.
+        """
+        out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
+        weights = attention_weights(q, k, **keywords) if return_weights else None  # (B, H, L, S)
+        return out, weights
+
+    def _project_output(self, out: np.ndarray) -> np.ndarray:
+        """``out (B, H, L, E)`` -> ``(B, L, M)``: merge heads (head h -> ``[h*E:(h+1)*E]``)."""
+        B, H, L, E = out.shape
+        merged = out.transpose(0, 2, 1, 3).reshape(B, L, H * E)  # (B, L, H*E)
+        return self.o_proj(merged)  # (B, L, M)
+
+    def __call__(
+        self,
+        x: np.ndarray,
+        context: np.ndarray | None = None,
+        *,
+        mask: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        is_causal: bool = False,
+        causal_alignment: str = "top_left",
+        return_weights: bool = False,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Attend from ``x (B, L, M)`` to ``context (B, S, M)`` (default: x itself).
+
+        Args:
+            x: the queries' input ``(B, L, M)``, in the module's dtype.
+            context: the keys' and values' input ``(B, S, M)`` (cross-attention); None for
+                self-attention (S = L).
+            mask, bias, is_causal, causal_alignment: as in the functional API, broadcastable to
+                ``(B, H, L, S)``; e.g. ``mask=padding_mask(lengths, S)``.
+            return_weights: also return the attention weights ``(B, H, L, S)`` of every head.
+
+        Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
+        """
+        x = np.asarray(x)
+        context = None if context is None else np.asarray(context)
+        mask = None if mask is None else np.asarray(mask)
+        bias = None if bias is None else np.asarray(bias)
+        check_module_inputs(
+            self.dims, self.dtype.name, x.shape, x.dtype.name,
+            None if context is None else context.shape,
+            None if context is None else context.dtype.name,
+            mask_shape=None if mask is None else mask.shape,
+            mask_dtype=None if mask is None else mask.dtype.name,
+            bias_shape=None if bias is None else bias.shape,
+            bias_dtype=None if bias is None else bias.dtype.name,
+            causal_alignment=causal_alignment,
+        )  # fmt: skip
+        q = self._project_query(x)  # (B, H, L, D)
+        k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+            causal_alignment=causal_alignment, return_weights=return_weights,
+        )  # fmt: skip
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights) if return_weights else y
+
+    # -- KV-cache decoding ---------------------------------------------------------------------
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads)."""
+        check_cache_size(batch_size, max_len)
+        B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
+        shape = (B, K, max_len, D)
+        key = np.zeros(shape, self.dtype)  # (B, K, max_len, D)
+        shape = (B, K, max_len, E)
+        value = np.zeros(shape, self.dtype)  # (B, K, max_len, E)
+        return KVCache(key, value, 0)
+
+    def decode(
+        self,
+        x: np.ndarray,
+        cache: KVCache,
+        *,
+        mask: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        return_weights: bool = False,
+    ) -> tuple:
+        """Self-attention of new tokens ``x (B, L, M)`` over the cache and themselves.
+
+        One token (decoding) or several (chunked prefill): their keys and values are appended to
+        the cache, then the L new queries attend to all S = position + L keys with the
+        bottom-right causal rule (new token i sees every cached token and new tokens 0..i).
+        Decoding a sequence in any chunking gives the outputs of one causal forward over it.
+
+        Args:
+            x: the new tokens ``(B, L, M)``, in the module's dtype; B is the cache's batch.
+            cache: from :meth:`init_cache` or a previous call.
+            mask, bias: broadcastable to ``(B, H, L, S)``, e.g. a padding mask over the S keys.
+            return_weights: also return the attention weights ``(B, H, L, S)``.
+
+        Returns ``(y, cache)``: the output ``(B, L, M)`` and the cache holding ``position + L``
+        tokens; ``(y, weights, cache)`` when ``return_weights``.
+
+        Raises:
+            ConfigError (``cache_overflow`` once registered): ``position + L > max_len``.
+        """
+        x = np.asarray(x)
+        mask = None if mask is None else np.asarray(mask)
+        bias = None if bias is None else np.asarray(bias)
+        check_decode_inputs(
+            self.dims, self.dtype.name, x.shape, x.dtype.name,
+            cache_batch=cache.key.shape[0], position=cache.position, max_len=cache.max_len,
+            mask_shape=None if mask is None else mask.shape,
+            mask_dtype=None if mask is None else mask.dtype.name,
+            bias_shape=None if bias is None else bias.shape,
+            bias_dtype=None if bias is None else bias.dtype.name,
+        )  # fmt: skip
+        q = self._project_query(x)  # (B, H, L, D)
+        cache = cache.write(*self._project_key_value(x))  # holds S = position + L tokens
+        k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
+            return_weights=return_weights,
+        )  # fmt: skip
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights, cache) if return_weights else (y, cache)
+
+    # -- canonical weights ---------------------------------------------------------------------
+
+    def to_canonical(self) -> dict[str, np.ndarray]:
+        """The canonical weights: ``{"q_proj.kernel": (M, H*D), ..., "o_proj.bias": (M,)}``."""
+        weights = {}
+        for name in PROJECTIONS:
+            proj = getattr(self, name)
+            weights[f"{name}.kernel"] = proj.kernel.copy()  # (in, out)
+            if proj.bias is not None:
+                weights[f"{name}.bias"] = proj.bias.copy()  # (out,)
+        return weights
+
+    def load_canonical(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy canonical weights of this module's sizes into it, cast to its dtype."""
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        check_canonical(
+            {n: w.shape for n, w in weights.items()},
+            {n: w.dtype.name for n, w in weights.items()},
+            n_heads=self.dims.H,
+            n_kv_heads=self.dims.K,
+            expected=self.dims,
+        )
+        for name in PROJECTIONS:
+            proj = getattr(self, name)
+            proj.kernel = weights[f"{name}.kernel"].astype(self.dtype)  # (in, out)
+            if proj.bias is not None:
+                proj.bias = weights[f"{name}.bias"].astype(self.dtype)  # (out,)
+
+    @classmethod
+    def from_canonical(
+        cls,
+        weights: Mapping[str, np.ndarray],
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        dtype: np.typing.DTypeLike | None = None,
+    ) -> GroupedQueryAttention:
+        """A module holding ``weights`` (canonical dict); M, D, E and bias come from the shapes.
+
+        ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too).
+        """
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        dims = check_canonical(
+            {n: w.shape for n, w in weights.items()},
+            {n: w.dtype.name for n, w in weights.items()},
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+        )
+        dtype = weights["q_proj.kernel"].dtype if dtype is None else np.dtype(dtype)
+        module = cls._with_dims(dims, dtype)
+        module.load_canonical(weights)
+        return module
+
+    @classmethod
+    def _with_dims(cls, dims: ModuleDims, dtype) -> GroupedQueryAttention:
+        return cls(dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E,
+                   bias=dims.bias, dtype=dtype)  # fmt: skip
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the canonical weights, with H and K in the metadata, to one safetensors file."""
+        save_file(self.to_canonical(), os.fspath(path), metadata=weights_metadata(self.dims))
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, *, dtype: np.typing.DTypeLike | None = None
+    ) -> GroupedQueryAttention:
+        """A module from a file written by ``save`` (by any of the three implementations)."""
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            n_heads, n_kv_heads = heads_from_metadata(f.metadata())
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+        return cls.from_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype)
+
+
+class MultiHeadAttention(GroupedQueryAttention):
+    """Multi-head attention: :class:`GroupedQueryAttention` with K = H key/value heads."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        head_dim: int | None = None,
+        value_head_dim: int | None = None,
+        bias: bool = True,
+        dtype: np.typing.DTypeLike = np.float32,
+        rng: np.random.Generator | int = 0,
+    ) -> None:
+        super().__init__(
+            d_model, n_heads, n_heads, head_dim=head_dim, value_head_dim=value_head_dim,
+            bias=bias, dtype=dtype, rng=rng,
+        )  # fmt: skip
+
+    @classmethod
+    def from_canonical(
+        cls,
+        weights: Mapping[str, np.ndarray],
+        *,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        dtype: np.typing.DTypeLike | None = None,
+    ) -> MultiHeadAttention:
+        """As :meth:`GroupedQueryAttention.from_canonical`; n_kv_heads is (and defaults to) H."""
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        return super().from_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype)
+
+    @classmethod
+    def _with_dims(cls, dims: ModuleDims, dtype) -> MultiHeadAttention:
+        # K = H always: weights with K != H then fail load_canonical's size check.
+        return cls(dims.M, dims.H, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
+                   dtype=dtype)  # fmt: skip

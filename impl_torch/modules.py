@@ -1,0 +1,487 @@
+"""Multi-head, grouped-query and multi-query attention modules in PyTorch: nn.Module, nn.Linear.
+
+The same classes, methods, steps and comments as ``impl_numpy/modules.py`` and
+``impl_jax/modules.py``; only the idiom differs. Here a projection is an ``nn.Linear``, heads are
+split with ``view``/``transpose``, and initialization draws from a ``torch.Generator`` (or the
+global one, seeded by ``torch.manual_seed``).
+
+The attention itself is the functional API (``impl_torch.functional``); a module only projects,
+splits heads, calls it, merges heads and projects back:
+
+    x (B, L, M)        --q_proj, split heads-->  q (B, H, L, D)
+    context (B, S, M)  --k_proj, v_proj------->  k (B, K, S, D), v (B, K, S, E)
+    scaled_dot_product_attention(q, k, v)    ->  (B, H, L, E)
+    --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
+
+Weights: the canonical flat dict of ``attention_spec.modules`` (``q_proj.kernel (M, H*D)``, ...,
+``o_proj.bias (M,)``); :meth:`GroupedQueryAttention.from_canonical` loads it,
+:meth:`~GroupedQueryAttention.to_canonical` exports it, ``save``/``load`` write and read it as one
+safetensors file. ``nn.Linear.weight`` is the kernel's transpose ``(out, in)``;
+:func:`linear_weight` is the one place that converts. Initialization: every kernel and bias is
+drawn from ``U(-1/sqrt(in), 1/sqrt(in))`` with ``in`` the projection's input width (M for q/k/v,
+H*E for o), which is also ``nn.Linear``'s own default.
+
+Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads (G = H // K),
+L query length, S key/value length, D query/key head dim, E value head dim, M model width.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
+from torch import nn
+
+from attention_spec.modules import (
+    PROJECTIONS,
+    ModuleDims,
+    check_cache_size,
+    check_canonical,
+    check_decode_inputs,
+    check_module_config,
+    check_module_inputs,
+    check_padding_mask_args,
+    heads_from_metadata,
+    weights_metadata,
+)
+from impl_torch.functional import attention_weights, scaled_dot_product_attention
+
+__all__ = [
+    "GroupedQueryAttention",
+    "KVCache",
+    "MultiHeadAttention",
+    "linear_weight",
+    "padding_mask",
+    "tensor_from_numpy",
+    "tensor_to_numpy",
+]
+
+
+def _dtype_name(t: torch.Tensor | torch.dtype) -> str:
+    dtype = t if isinstance(t, torch.dtype) else t.dtype
+    return str(dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
+
+
+def _torch_dtype(dtype: torch.dtype | str | np.dtype) -> torch.dtype:
+    """A torch dtype from a torch dtype, a name (``"bfloat16"``) or a NumPy dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
+    return getattr(torch, name)
+
+
+def tensor_from_numpy(
+    a: np.ndarray, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
+) -> torch.Tensor:
+    """A NumPy array as a tensor; bfloat16 (ml_dtypes) goes through float32, exactly."""
+    a = np.asarray(a)
+    if a.dtype == ml_dtypes.bfloat16:  # torch.from_numpy has no bfloat16
+        t = torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
+    else:
+        t = torch.from_numpy(np.ascontiguousarray(a))
+    return t.to(device=device, dtype=dtype)
+
+
+def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
+    """A tensor as a NumPy array of the same dtype (bfloat16 through ml_dtypes, exactly)."""
+    t = t.detach().cpu()
+    if t.dtype == torch.bfloat16:
+        return t.float().numpy().astype(ml_dtypes.bfloat16)
+    return t.numpy().copy()
+
+
+def linear_weight(kernel: torch.Tensor) -> torch.Tensor:
+    """Canonical kernel ``(in, out)`` <-> ``nn.Linear.weight`` ``(out, in)``.
+
+    The one place the transpose happens; being its own inverse, it converts both ways.
+    """
+    return kernel.T.contiguous()
+
+
+def padding_mask(lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
+    """Boolean ``(B, 1, 1, S)`` mask, True where key j < ``lengths[b]`` (a real, unpadded key).
+
+    ``lengths`` is ``(B,)`` integers; a length >= S keeps every key, a length <= 0 masks every
+    key (those query rows then give zeros). Broadcasts against ``(B, H, L, S)`` scores.
+    """
+    lengths = torch.as_tensor(lengths)
+    check_padding_mask_args(tuple(lengths.shape), _dtype_name(lengths), kv_len)
+    j = torch.arange(kv_len, device=lengths.device)  # (S,)
+    return (j[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+
+
+def _uniform_(t: torch.Tensor, fan_in: int, generator: torch.Generator | None) -> None:
+    """Fill ``t`` from ``U(-1/sqrt(fan_in), 1/sqrt(fan_in))``."""
+    bound = 1.0 / math.sqrt(fan_in)
+    nn.init.uniform_(t, -bound, bound, generator=generator)
+
+
+@dataclass(frozen=True)
+class KVCache:
+    """The keys and values of the tokens seen so far, for autoregressive decoding.
+
+    ``key (B, K, max_len, D)`` and ``value (B, K, max_len, E)`` hold the K key/value heads, not
+    the H query heads: a GQA cache is K/H the size of an MHA cache. The first ``position`` tokens
+    are written; ``position`` is a Python int, so an overflow is a Python error before any
+    arithmetic and the attention reads exactly ``position`` keys.
+
+    ``write`` stores new tokens into the buffers in place and returns a cache with the position
+    advanced, sharing the buffers (the same API shape as JAX's pure version).
+    """
+
+    key: torch.Tensor
+    value: torch.Tensor
+    position: int = 0
+
+    @property
+    def max_len(self) -> int:
+        """The most tokens the cache can hold."""
+        return self.key.shape[-2]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the key and value buffers: ``B * K * max_len * (D + E) * itemsize``."""
+        return sum(t.numel() * t.element_size() for t in (self.key, self.value))
+
+    def write(self, k: torch.Tensor, v: torch.Tensor) -> KVCache:
+        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens."""
+        end = self.position + k.shape[-2]
+        self.key[:, :, self.position : end] = k  # (B, K, max_len, D)
+        self.value[:, :, self.position : end] = v  # (B, K, max_len, E)
+        return KVCache(self.key, self.value, end)
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The written keys ``(B, K, S, D)`` and values ``(B, K, S, E)``, S = ``position``."""
+        return self.key[:, :, : self.position], self.value[:, :, : self.position]
+
+
+class GroupedQueryAttention(nn.Module):
+    """Grouped-query attention: H query heads share K key/value heads (G = H // K per group).
+
+    Query head h reads key/value head ``h // G``. MHA is K = H (:class:`MultiHeadAttention`),
+    MQA is K = 1.
+
+    Args:
+        d_model: model width M (input and output features).
+        n_heads: query heads H.
+        n_kv_heads: key/value heads K; must divide H.
+        head_dim: query/key head dim D, default ``d_model // n_heads`` (then M % H must be 0).
+        value_head_dim: value head dim E, default D.
+        bias: whether the four projections have biases.
+        dtype: the weights' dtype (float64, float32, float16 or bfloat16; default torch's
+            default dtype); inputs must match it.
+        device: where the weights live.
+        generator: a ``torch.Generator`` for the initialization (default: torch's global one).
+
+    Raises:
+        DimensionMismatchError, ConfigError, DTypeError: see ``check_module_config``.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        n_kv_heads: int,
+        *,
+        head_dim: int | None = None,
+        value_head_dim: int | None = None,
+        bias: bool = True,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        dtype = torch.get_default_dtype() if dtype is None else _torch_dtype(dtype)
+        dims = check_module_config(
+            d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
+            dtype=_dtype_name(dtype),
+        )  # fmt: skip
+        self.dims = dims
+        M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
+        factory = {"bias": bias, "dtype": dtype, "device": device}
+        self.q_proj = nn.Linear(M, H * D, **factory)  # weight (H*D, M)
+        self.k_proj = nn.Linear(M, K * D, **factory)  # weight (K*D, M)
+        self.v_proj = nn.Linear(M, K * E, **factory)  # weight (K*E, M)
+        self.o_proj = nn.Linear(H * E, M, **factory)  # weight (M, H*E)
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Draw every kernel and bias from ``U(-1/sqrt(in), 1/sqrt(in))``, in forward order."""
+        for name in PROJECTIONS:
+            proj = getattr(self, name)
+            _uniform_(proj.weight, proj.in_features, generator)  # (out, in)
+            if proj.bias is not None:
+                _uniform_(proj.bias, proj.in_features, generator)  # (out,)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype; inputs must have it."""
+        return self.q_proj.weight.dtype
+
+    # -- the forward pass, in the steps a KV cache reuses ------------------------------------
+
+    def _project_query(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (B, L, M)`` -> ``q (B, H, L, D)``; head h is features ``[h*D:(h+1)*D]``."""
+        B, L, _ = x.shape
+        q = self.q_proj(x).view(B, L, self.dims.H, self.dims.D)  # (B, L, H, D)
+        return q.transpose(1, 2)  # (B, H, L, D)
+
+    def _project_key_value(self, context: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``context (B, S, M)`` -> ``k (B, K, S, D)``, ``v (B, K, S, E)``."""
+        B, S, _ = context.shape
+        k = self.k_proj(context).view(B, S, self.dims.K, self.dims.D)  # (B, S, K, D)
+        v = self.v_proj(context).view(B, S, self.dims.K, self.dims.E)  # (B, S, K, E)
+        return k.transpose(1, 2), v.transpose(1, 2)  # (B, K, S, D), (B, K, S, E)
+
+    def _attend(self, q, k, v, *, return_weights: bool, **keywords):
+        """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
+
+        The output always comes from ``scaled_dot_product_attention``; the weights, when asked,
+        from ``attention_weights`` with the same arguments. Both run the functional API's one
+        implementation of steps 1-6, so the module holds no attention arithmetic of its own.
+        """
+        out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
+        weights = attention_weights(q, k, **keywords) if return_weights else None  # (B, H, L, S)
+        return out, weights
+
+    def _project_output(self, out: torch.Tensor) -> torch.Tensor:
+        """``out (B, H, L, E)`` -> ``(B, L, M)``: merge heads (head h -> ``[h*E:(h+1)*E]``)."""
+        B, H, L, E = out.shape
+        merged = out.transpose(1, 2).reshape(B, L, H * E)  # (B, L, H*E)
+        return self.o_proj(merged)  # (B, L, M)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        context: torch.Tensor | None = None,
+        *,
+        mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str = "top_left",
+        return_weights: bool = False,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Attend from ``x (B, L, M)`` to ``context (B, S, M)`` (default: x itself).
+
+        Args:
+            x: the queries' input ``(B, L, M)``, in the module's dtype.
+            context: the keys' and values' input ``(B, S, M)`` (cross-attention); None for
+                self-attention (S = L).
+            mask, bias, is_causal, causal_alignment: as in the functional API, broadcastable to
+                ``(B, H, L, S)``; e.g. ``mask=padding_mask(lengths, S)``.
+            return_weights: also return the attention weights ``(B, H, L, S)`` of every head.
+
+        Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
+        """
+        check_module_inputs(
+            self.dims, _dtype_name(self.dtype), tuple(x.shape), _dtype_name(x),
+            None if context is None else tuple(context.shape),
+            None if context is None else _dtype_name(context),
+            mask_shape=None if mask is None else tuple(mask.shape),
+            mask_dtype=None if mask is None else _dtype_name(mask),
+            bias_shape=None if bias is None else tuple(bias.shape),
+            bias_dtype=None if bias is None else _dtype_name(bias),
+            causal_alignment=causal_alignment,
+        )  # fmt: skip
+        q = self._project_query(x)  # (B, H, L, D)
+        k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+            causal_alignment=causal_alignment, return_weights=return_weights,
+        )  # fmt: skip
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights) if return_weights else y
+
+    # -- KV-cache decoding ---------------------------------------------------------------------
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads)."""
+        check_cache_size(batch_size, max_len)
+        B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
+        shape = (B, K, max_len, D)
+        key = torch.zeros(
+            shape, dtype=self.dtype, device=self.q_proj.weight.device
+        )  # (B, K, max_len, D)
+        shape = (B, K, max_len, E)
+        value = torch.zeros(
+            shape, dtype=self.dtype, device=self.q_proj.weight.device
+        )  # (B, K, max_len, E)
+        return KVCache(key, value, 0)
+
+    def decode(
+        self,
+        x: torch.Tensor,
+        cache: KVCache,
+        *,
+        mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        return_weights: bool = False,
+    ) -> tuple:
+        """Self-attention of new tokens ``x (B, L, M)`` over the cache and themselves.
+
+        One token (decoding) or several (chunked prefill): their keys and values are appended to
+        the cache, then the L new queries attend to all S = position + L keys with the
+        bottom-right causal rule (new token i sees every cached token and new tokens 0..i).
+        Decoding a sequence in any chunking gives the outputs of one causal forward over it.
+
+        Args:
+            x: the new tokens ``(B, L, M)``, in the module's dtype; B is the cache's batch.
+            cache: from :meth:`init_cache` or a previous call.
+            mask, bias: broadcastable to ``(B, H, L, S)``, e.g. a padding mask over the S keys.
+            return_weights: also return the attention weights ``(B, H, L, S)``.
+
+        Returns ``(y, cache)``: the output ``(B, L, M)`` and the cache holding ``position + L``
+        tokens; ``(y, weights, cache)`` when ``return_weights``.
+
+        Raises:
+            ConfigError (``cache_overflow`` once registered): ``position + L > max_len``.
+        """
+        check_decode_inputs(
+            self.dims, _dtype_name(self.dtype), tuple(x.shape), _dtype_name(x),
+            cache_batch=cache.key.shape[0], position=cache.position, max_len=cache.max_len,
+            mask_shape=None if mask is None else tuple(mask.shape),
+            mask_dtype=None if mask is None else _dtype_name(mask),
+            bias_shape=None if bias is None else tuple(bias.shape),
+            bias_dtype=None if bias is None else _dtype_name(bias),
+        )  # fmt: skip
+        q = self._project_query(x)  # (B, H, L, D)
+        cache = cache.write(*self._project_key_value(x))  # holds S = position + L tokens
+        k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
+            return_weights=return_weights,
+        )  # fmt: skip
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights, cache) if return_weights else (y, cache)
+
+    # -- canonical weights ---------------------------------------------------------------------
+
+    def to_canonical(self) -> dict[str, np.ndarray]:
+        """The canonical weights: ``{"q_proj.kernel": (M, H*D), ..., "o_proj.bias": (M,)}``."""
+        weights = {}
+        for name in PROJECTIONS:
+            proj = getattr(self, name)
+            weights[f"{name}.kernel"] = tensor_to_numpy(linear_weight(proj.weight))  # (in, out)
+            if proj.bias is not None:
+                weights[f"{name}.bias"] = tensor_to_numpy(proj.bias)  # (out,)
+        return weights
+
+    @torch.no_grad()
+    def load_canonical(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy canonical weights of this module's sizes into it, cast to its dtype."""
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        check_canonical(
+            {n: w.shape for n, w in weights.items()},
+            {n: w.dtype.name for n, w in weights.items()},
+            n_heads=self.dims.H,
+            n_kv_heads=self.dims.K,
+            expected=self.dims,
+        )
+        for name in PROJECTIONS:
+            proj = getattr(self, name)
+            kernel = tensor_from_numpy(weights[f"{name}.kernel"])  # (in, out)
+            proj.weight.copy_(linear_weight(kernel))  # (out, in); copy_ casts to the module dtype
+            if proj.bias is not None:
+                proj.bias.copy_(tensor_from_numpy(weights[f"{name}.bias"]))  # (out,)
+
+    @classmethod
+    def from_canonical(
+        cls,
+        weights: Mapping[str, np.ndarray],
+        *,
+        n_heads: int,
+        n_kv_heads: int,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+    ) -> GroupedQueryAttention:
+        """A module holding ``weights`` (canonical dict); M, D, E and bias come from the shapes.
+
+        ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too).
+        """
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        dims = check_canonical(
+            {n: w.shape for n, w in weights.items()},
+            {n: w.dtype.name for n, w in weights.items()},
+            n_heads=n_heads,
+            n_kv_heads=n_kv_heads,
+        )
+        dtype = _torch_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype)
+        module = cls._with_dims(dims, dtype, device)
+        module.load_canonical(weights)
+        return module
+
+    @classmethod
+    def _with_dims(cls, dims: ModuleDims, dtype, device) -> GroupedQueryAttention:
+        return cls(dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E,
+                   bias=dims.bias, dtype=dtype, device=device)  # fmt: skip
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the canonical weights, with H and K in the metadata, to one safetensors file."""
+        save_file(self.to_canonical(), os.fspath(path), metadata=weights_metadata(self.dims))
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+    ) -> GroupedQueryAttention:
+        """A module from a file written by ``save`` (by any of the three implementations)."""
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            n_heads, n_kv_heads = heads_from_metadata(f.metadata())
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+        return cls.from_canonical(
+            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device
+        )
+
+
+class MultiHeadAttention(GroupedQueryAttention):
+    """Multi-head attention: :class:`GroupedQueryAttention` with K = H key/value heads."""
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        head_dim: int | None = None,
+        value_head_dim: int | None = None,
+        bias: bool = True,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(
+            d_model, n_heads, n_heads, head_dim=head_dim, value_head_dim=value_head_dim,
+            bias=bias, dtype=dtype, device=device, generator=generator,
+        )  # fmt: skip
+
+    @classmethod
+    def from_canonical(
+        cls,
+        weights: Mapping[str, np.ndarray],
+        *,
+        n_heads: int,
+        n_kv_heads: int | None = None,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+    ) -> MultiHeadAttention:
+        """As :meth:`GroupedQueryAttention.from_canonical`; n_kv_heads is (and defaults to) H."""
+        n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+        return super().from_canonical(
+            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device
+        )
+
+    @classmethod
+    def _with_dims(cls, dims: ModuleDims, dtype, device) -> MultiHeadAttention:
+        # K = H always: weights with K != H then fail load_canonical's size check.
+        return cls(dims.M, dims.H, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
+                   dtype=dtype, device=device)  # fmt: skip

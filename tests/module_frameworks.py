@@ -1,0 +1,168 @@
+"""The three implementations' modules behind one small adapter each, and a plain float64 reference.
+
+Test inputs and canonical weights are made in NumPy; each adapter builds its framework's module
+from the canonical dict and runs it on exact copies of the inputs; results come back as NumPy.
+
+``reference_forward`` is the expected value of the module tests: the module of SEMANTICS.md
+written out in float64 with loops over batch and heads and a per-row softmax, from the canonical
+weights only (no implementation, no reshapes of heads).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+from flax import nnx
+
+import impl_jax.modules
+import impl_numpy.modules
+import impl_torch.modules
+from tests.frameworks import FRAMEWORKS, NP_DTYPES
+
+# Pairwise-distinct sizes: a swapped axis is a shape error or a wrong number, never a pass.
+B, H, K, L, S, D, E, M = 2, 6, 2, 5, 7, 11, 13, 17
+
+
+@dataclass(frozen=True)
+class ModuleFramework:
+    name: str
+    modules: ModuleType
+
+    def asarray(self, a: Any) -> Any:
+        return FRAMEWORKS[self.name].asarray(a)
+
+    def to_numpy(self, a: Any) -> np.ndarray:
+        return FRAMEWORKS[self.name].to_numpy(a)
+
+    def build(self, weights: dict[str, np.ndarray], n_heads: int, n_kv_heads: int, **kw) -> Any:
+        """``GroupedQueryAttention.from_canonical``, the documented loading function."""
+        return self.modules.GroupedQueryAttention.from_canonical(
+            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, **kw
+        )
+
+    def forward(self, module: Any, x: np.ndarray, context: np.ndarray | None = None, **kw):
+        """``module(x, context, **kw)`` on NumPy inputs; NumPy output (and weights).
+
+        JAX runs under ``nnx.jit``: eager JAX compiles every primitive anew for each new shape,
+        which costs seconds per test case; one compilation of the whole call costs a fraction.
+        """
+        arrays = {n: self.asarray(a) for n, a in kw.items() if isinstance(a, np.ndarray)}
+        static = tuple(sorted((n, a) for n, a in kw.items() if not isinstance(a, np.ndarray)))
+        ctx = None if context is None else self.asarray(context)
+        call = _jitted_call(static) if self.name == "jax" else _plain_call(static)
+        return self._numpy(call(module, self.asarray(x), ctx, arrays))
+
+    def decode(self, module: Any, x: np.ndarray, cache: Any, **kw):
+        """``module.decode(x, cache, **kw)`` on NumPy inputs: NumPy output(s) and the cache."""
+        arrays = {n: self.asarray(a) for n, a in kw.items() if isinstance(a, np.ndarray)}
+        static = tuple(sorted((n, a) for n, a in kw.items() if not isinstance(a, np.ndarray)))
+        call = _jitted_decode(static) if self.name == "jax" else _plain_decode(static)
+        *outputs, cache = call(module, self.asarray(x), cache, arrays)
+        return (*self._numpy(tuple(outputs)), cache)
+
+    def _numpy(self, result):
+        if isinstance(result, tuple):
+            return tuple(self.to_numpy(r) for r in result)
+        return self.to_numpy(result)
+
+
+def _plain_call(static):
+    return lambda m, x, ctx, arrays: m(x, ctx, **arrays, **dict(static))
+
+
+def _plain_decode(static):
+    return lambda m, x, cache, arrays: m.decode(x, cache, **arrays, **dict(static))
+
+
+@functools.cache
+def _jitted_call(static):
+    return nnx.jit(_plain_call(static))
+
+
+@functools.cache
+def _jitted_decode(static):
+    return nnx.jit(_plain_decode(static))
+
+
+MODULE_FRAMEWORKS = {
+    "numpy": ModuleFramework("numpy", impl_numpy.modules),
+    "torch": ModuleFramework("torch", impl_torch.modules),
+    "jax": ModuleFramework("jax", impl_jax.modules),
+}
+
+
+def random_canonical(
+    rng: np.random.Generator, *, M=M, H=H, K=K, D=D, E=E, bias=True, dtype="float64"
+) -> dict[str, np.ndarray]:
+    """Canonical weights with entries of order 1/sqrt(in) (so activations stay of order 1)."""
+    shapes = {
+        "q_proj": (M, H * D),
+        "k_proj": (M, K * D),
+        "v_proj": (M, K * E),
+        "o_proj": (H * E, M),
+    }
+    weights = {}
+    for name, (n_in, n_out) in shapes.items():
+        weights[f"{name}.kernel"] = rng.standard_normal((n_in, n_out)) / math.sqrt(n_in)
+        if bias:
+            weights[f"{name}.bias"] = rng.standard_normal(n_out) * 0.5
+    return {n: w.astype(NP_DTYPES[dtype]) for n, w in weights.items()}
+
+
+def reference_forward(
+    weights: dict[str, np.ndarray],
+    x: np.ndarray,
+    context: np.ndarray | None,
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+) -> tuple[np.ndarray, np.ndarray]:
+    """Output ``(B, L, M)`` and weights ``(B, H, L, S)`` in float64, one head and row at a time."""
+    w = {n: a.astype(np.float64) for n, a in weights.items()}
+    x = x.astype(np.float64)
+    context = x if context is None else context.astype(np.float64)
+    n_batch, q_len, _ = x.shape
+    kv_len = context.shape[1]
+    d = w["q_proj.kernel"].shape[1] // n_heads
+    e = w["v_proj.kernel"].shape[1] // n_kv_heads
+    group = n_heads // n_kv_heads
+
+    def project(name, inp):
+        out = inp @ w[f"{name}.kernel"]
+        return out + w[f"{name}.bias"] if f"{name}.bias" in w else out
+
+    q, k, v = project("q_proj", x), project("k_proj", context), project("v_proj", context)
+    allowed = np.ones((n_batch, n_heads, q_len, kv_len), bool)
+    if mask is not None:
+        allowed &= np.broadcast_to(mask, allowed.shape)
+    if is_causal:
+        offset = 0 if causal_alignment == "top_left" else kv_len - q_len
+        for i in range(q_len):
+            allowed[..., i, :] &= np.arange(kv_len) <= i + offset
+    add = np.zeros(allowed.shape) if bias is None else np.broadcast_to(bias, allowed.shape)
+
+    out = np.zeros((n_batch, q_len, n_heads * e))
+    probs = np.zeros((n_batch, n_heads, q_len, kv_len))
+    for b in range(n_batch):
+        for h in range(n_heads):
+            kv = h // group  # contiguous groups: query head h reads key/value head h // G
+            qh = q[b, :, h * d : (h + 1) * d]  # (L, D)
+            kh = k[b, :, kv * d : (kv + 1) * d]  # (S, D)
+            vh = v[b, :, kv * e : (kv + 1) * e]  # (S, E)
+            for i in range(q_len):
+                scores = qh[i] @ kh.T / math.sqrt(d) + add[b, h, i]  # (S,)
+                keep = allowed[b, h, i] & (scores > -np.inf)
+                if keep.any():
+                    p = np.where(keep, np.exp(scores - scores[keep].max()), 0.0)
+                    probs[b, h, i] = p / p.sum()
+                out[b, i, h * e : (h + 1) * e] = probs[b, h, i] @ vh
+    return project("o_proj", out), probs

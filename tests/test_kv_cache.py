@@ -1,0 +1,203 @@
+"""KV-cache decoding in the three modules: any chunking of a sequence gives one causal forward.
+
+The expected value of each decode is the same module's full causal forward over the whole
+sequence (itself checked against the float64 reference in test_modules.py), and in float64 and
+float32 also the reference directly. JAX runs under nnx.jit here (see module_frameworks.py);
+test_jax_decode_runs_eagerly covers the eager path.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from attention_spec import DimensionMismatchError
+from tests.frameworks import NP_DTYPES
+from tests.module_frameworks import MODULE_FRAMEWORKS, B, D, E, H, M, random_canonical
+from tests.module_frameworks import reference_forward as reference
+
+T, MAX_LEN = 10, 12  # sequence length and cache capacity (distinct from every other size)
+CHUNKINGS = {
+    "token_by_token": [1] * T,
+    "uneven_prefill": [3, 1, 4, 2],  # then decode stops exactly 2 short of MAX_LEN
+}
+HEADS = {"mha": H, "gqa_h6_k2": 2, "mqa": 1}
+# float64/float32: the bounds of test_modules.py. float16/bfloat16: decode and the full forward
+# compute the same values in float32 and may round them to the output dtype differently; allow
+# two steps of the output dtype's spacing at the output's magnitude.
+TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
+EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
+
+
+def _sequence(dtype):
+    return np.random.default_rng(31).standard_normal((B, T, M)).astype(NP_DTYPES[dtype])
+
+
+@pytest.fixture(params=list(MODULE_FRAMEWORKS), ids=list(MODULE_FRAMEWORKS))
+def mf(request):
+    return MODULE_FRAMEWORKS[request.param]
+
+
+def _decode_cases():
+    """Every (chunking, heads, dtype) for NumPy and torch. JAX compiles each step anew, because
+    the key length S grows (one nnx.jit compilation per step, a fraction of a second), so it runs
+    the full product for uneven chunks and token by token once per head layout."""
+    for fw in MODULE_FRAMEWORKS:
+        for chunking in CHUNKINGS:
+            for heads in HEADS:
+                for dtype in ("float64", "float32", "float16", "bfloat16"):
+                    if fw != "jax" or chunking == "uneven_prefill" or dtype == "float32":
+                        yield pytest.param(fw, chunking, heads, dtype,
+                                           id=f"{fw}-{chunking}-{heads}-{dtype}")  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "chunking", "heads", "dtype"), list(_decode_cases()))
+def test_decoding_matches_one_causal_forward(name, chunking, heads, dtype):
+    mf = MODULE_FRAMEWORKS[name]
+    K = HEADS[heads]
+    weights = random_canonical(np.random.default_rng(30), K=K, dtype=dtype)
+    x = _sequence(dtype)
+    module = mf.build(weights, H, K)
+    full = mf.forward(module, x, is_causal=True)  # (B, T, M)
+
+    cache = module.init_cache(B, MAX_LEN)
+    outputs, start = [], 0
+    for n in CHUNKINGS[chunking]:
+        y, cache = mf.decode(module, x[:, start : start + n], cache)
+        outputs.append(y)
+        start += n
+        assert cache.position == start
+    decoded = np.concatenate(outputs, axis=1)
+
+    assert decoded.dtype == NP_DTYPES[dtype] and decoded.shape == (B, T, M)
+    if dtype in TOLERANCE:
+        want, _ = reference(weights, x, None, n_heads=H, n_kv_heads=K, is_causal=True)
+        np.testing.assert_allclose(decoded, want, rtol=0, atol=TOLERANCE[dtype])
+        np.testing.assert_allclose(decoded, full, rtol=0, atol=TOLERANCE[dtype])
+    else:
+        full64 = full.astype(np.float64)
+        bound = 2 * EPS[dtype] * max(1.0, np.abs(full64).max())
+        np.testing.assert_allclose(decoded.astype(np.float64), full64, rtol=0, atol=bound)
+
+
+def test_decode_weights_are_bottom_right_causal(mf):
+    """A chunk of 3 after 4 cached tokens: query i sees keys 0..4+i, weights over S = 7."""
+    weights = random_canonical(np.random.default_rng(32))
+    x = _sequence("float64")
+    module = mf.build(weights, H, 2)
+    _, cache = mf.decode(module, x[:, :4], module.init_cache(B, MAX_LEN))
+    _, w, cache = mf.decode(module, x[:, 4:7], cache, return_weights=True)
+    _, want = reference(weights, x[:, :7], None, n_heads=H, n_kv_heads=2, is_causal=True)
+    assert w.shape == (B, H, 3, 7)
+    np.testing.assert_allclose(w, want[:, :, 4:7], rtol=0, atol=1e-12)
+    assert np.all(w[:, :, 0, 5:] == 0) and np.all(w[:, :, 1, 6:] == 0) and np.all(w[..., 2, :] > 0)
+
+
+def test_decode_with_padding_mask(mf):
+    """A padding mask over the S cached keys applies as in the full forward."""
+    weights = random_canonical(np.random.default_rng(33))
+    x = _sequence("float64")
+    module = mf.build(weights, H, 2)
+    keep = np.ones((B, 1, 1, T), bool)
+    keep[1, ..., 2:4] = False  # example 1: tokens 2 and 3 are padding
+    want, _ = reference(weights, x, None, n_heads=H, n_kv_heads=2, is_causal=True, mask=keep)
+    cache, outputs, start = module.init_cache(B, MAX_LEN), [], 0
+    for n in CHUNKINGS["uneven_prefill"]:
+        chunk_mask = keep[..., : start + n]  # (B, 1, 1, S) over every key so far
+        y, cache = mf.decode(module, x[:, start : start + n], cache, mask=chunk_mask)
+        outputs.append(y)
+        start += n
+    np.testing.assert_allclose(np.concatenate(outputs, axis=1), want, rtol=0, atol=1e-12)
+
+
+def test_gqa_cache_is_k_over_h_of_mha(mf):
+    sizes = {}
+    for K in (H, 2, 1):
+        module = mf.build(random_canonical(np.random.default_rng(0), K=K, dtype="float32"), H, K)
+        cache = module.init_cache(B, MAX_LEN)
+        assert tuple(cache.key.shape) == (B, K, MAX_LEN, D)
+        assert tuple(cache.value.shape) == (B, K, MAX_LEN, E)
+        sizes[K] = cache.nbytes
+    assert sizes[H] == B * H * MAX_LEN * (D + E) * 4
+    assert sizes[2] * H == sizes[H] * 2  # GQA 6:2 holds a third
+    assert sizes[1] * H == sizes[H]  # MQA a sixth
+
+
+def _decode_error(mf, *, x_shape, filled=0, max_len=MAX_LEN):
+    module = mf.build(random_canonical(np.random.default_rng(0), dtype="float32"), H, 2)
+    cache = module.init_cache(B, max_len)
+    if filled:
+        _, cache = mf.decode(module, np.zeros((B, filled, M), np.float32), cache)
+    module.decode(mf.asarray(np.zeros(x_shape, np.float32)), cache)
+
+
+def _same_error_everywhere(make, cls_name, code, fragment):
+    errors = {}
+    for name, mf in MODULE_FRAMEWORKS.items():
+        with pytest.raises(Exception) as info:
+            make(mf)
+        errors[name] = info.value
+    for name, err in errors.items():
+        assert type(err).__name__ == cls_name and err.code == code, (name, err)
+        assert fragment in str(err), (name, err)
+    assert len({str(err) for err in errors.values()}) == 1, errors
+
+
+def test_writing_past_max_len_raises_everywhere():
+    _same_error_everywhere(
+        lambda mf: _decode_error(mf, x_shape=(B, 3, M), filled=10),
+        "ConfigError", "cache_overflow",
+        "the KV cache holds 10 of at most 12 tokens; writing 3 more would need 13",
+    )  # fmt: skip
+
+
+def test_prefill_longer_than_cache_raises_everywhere():
+    _same_error_everywhere(
+        lambda mf: _decode_error(mf, x_shape=(B, 13, M)), "ConfigError",
+        "cache_overflow", "writing 13 more would need 13",
+    )  # fmt: skip
+
+
+def test_decode_batch_must_be_the_caches():
+    _same_error_everywhere(
+        lambda mf: _decode_error(mf, x_shape=(1, 1, M)), DimensionMismatchError.__name__,
+        "batch_not_broadcastable", "x batch (B=1) must be the KV cache's (B=2)",
+    )  # fmt: skip
+
+
+def test_init_cache_needs_positive_sizes():
+    _same_error_everywhere(
+        lambda mf: mf.build(random_canonical(np.random.default_rng(0)), H, 2).init_cache(B, 0),
+        "ConfigError", "non_positive_size", "max_len must be an integer >= 1; got 0",
+    )  # fmt: skip
+
+
+def test_jax_cache_is_pure_and_jits():
+    import jax
+    from flax import nnx
+
+    mf = MODULE_FRAMEWORKS["jax"]
+    weights = random_canonical(np.random.default_rng(34))
+    x = _sequence("float64")
+    module = mf.build(weights, H, 2)
+    empty = module.init_cache(B, MAX_LEN)
+    step = nnx.jit(lambda m, x, cache: m.decode(x, cache))
+    _, cache = step(module, x[:, :6], empty)
+    assert empty.position == 0 and not np.any(np.asarray(empty.key))  # untouched
+    assert cache.position == 6 and isinstance(jax.tree.leaves(cache)[0], jax.Array)
+    y2, cache = step(module, x[:, 6:7], cache)
+    want, _ = reference(weights, x[:, :7], None, n_heads=H, n_kv_heads=2, is_causal=True)
+    np.testing.assert_allclose(np.asarray(y2)[:, 0], want[:, 6], rtol=0, atol=1e-12)
+
+
+def test_jax_decode_runs_eagerly():
+    """The same decode without jit: an uneven prefill then one token, against the reference."""
+    mf = MODULE_FRAMEWORKS["jax"]
+    weights = random_canonical(np.random.default_rng(35))
+    x = _sequence("float64")
+    module = mf.build(weights, H, 2)
+    y1, cache = module.decode(x[:, :3], module.init_cache(B, MAX_LEN))
+    y2, cache = module.decode(x[:, 3:4], cache)
+    want, _ = reference(weights, x[:, :4], None, n_heads=H, n_kv_heads=2, is_causal=True)
+    got = np.concatenate([np.asarray(y1), np.asarray(y2)], axis=1)
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
