@@ -1,0 +1,23 @@
+"""The README's example runs as written and prints what it says, in all three frameworks."""
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def test_readme_module_example_prints_the_documented_numbers(tmp_path):
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("One weight file, three frameworks") :]
+    blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)[:3]
+    documented = re.search(r"Each prints\n\n```\n(.*?)\n```", section, flags=re.S).group(1)
+    assert [("impl_" + fw) in b for fw, b in zip(("numpy", "torch", "jax"), blocks)] == [True] * 3
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    for block in blocks:  # in order: the NumPy block writes the weight file the others load
+        run = subprocess.run(
+            [sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert run.returncode == 0, run.stderr
+        assert run.stdout.strip() == documented
