@@ -73,7 +73,7 @@ fixtures-check: $(ENV_READY)
 	$(PY) -m conformance.generate --check conformance/fixtures/v1
 
 bench: $(ENV_READY)
-	$(PY) -m bench --device $(DEVICE) --grid $(BENCH)
+	$(PY) -m bench --device $(DEVICE) --grid $(BENCH) $(BENCH_ARGS)
 
 bench-compare: $(ENV_READY)
 	$(PY) -m bench.compare $(A) $(B)

@@ -148,6 +148,23 @@ def test_resolve_device_refuses_a_missing_or_unknown_device():
         resolve_device("gpu", cuda=False, platforms=frozenset({"cpu"}))
 
 
+def test_contention_is_other_processes_cpu_share():
+    from bench.devices import cpu_snapshot, others_share
+
+    # 2 s on 2 CPUs; the machine was busy 3 CPU-s, 1 of them ours: others took 2 of 4
+    assert others_share((0.0, 100.0, 10.0), (2.0, 103.0, 11.0), 2) == pytest.approx(0.5)
+    assert others_share((0.0, 100.0, 10.0), (2.0, 101.0, 11.0), 2) == 0.0
+    assert others_share(None, (2.0, 103.0, 11.0), 2) is None
+    snap = cpu_snapshot()
+    if snap is None:
+        pytest.skip("no /proc here")
+    burn = "import time\nt = time.time()\nwhile time.time() - t < 0.6: pass"
+    before = cpu_snapshot()
+    subprocess.run([sys.executable, "-c", burn], check=True)
+    share = others_share(before, cpu_snapshot())
+    assert share is not None and share > 0.1  # a child burning one core is another process
+
+
 def test_tf32_state_is_recorded_and_settable():
     torch = pytest.importorskip("torch")
     before = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
@@ -234,6 +251,8 @@ def test_rows_are_derived_from_their_targets():
     assert row_by_name("flax nnx.MHA").gate_port == "conformance.ports.jax_fused"
     assert row_by_name("torch flash").gate_alias == "flash"
     assert row_by_name("jax sdpa").gate_alias == "sdpa"
+    assert row_by_name("torch GQA module").gate_alias == "module"
+    assert row_by_name("torch nn.MHA").gate_alias == "sdpa"  # gated through torch_fused
     names = [r.name for r in ROWS]
     assert len(set(names)) == len(names)
     for r in ROWS:  # every ratio reference is a registered row
@@ -425,7 +444,13 @@ def reference_sdpa(q, k, v, *, causal: bool) -> np.ndarray:
     return (w / w.sum(axis=-1, keepdims=True)) @ v
 
 
-_FUNCTIONAL = [r.name for r in ROWS if r.workloads == "attention" and "cpu" in r.devices]
+# the CPU rows, and torch's math and flash SDPA backends, which torch also has on CPU
+_FUNCTIONAL = [
+    r.name
+    for r in ROWS
+    if r.workloads == "attention"
+    and ("cpu" in r.devices or (r.call == "torch_sdpa" and r.backend in ("math", "flash")))
+]
 
 
 @pytest.mark.parametrize("name", _FUNCTIONAL)
@@ -437,7 +462,8 @@ def test_runner_wiring_matches_a_float64_reference(name):
         row.resolve()
     except (ImportError, AttributeError):
         pytest.skip(f"{name} not available")
-    e = D if row.call == "jax_dpa" else E  # jax.nn.dot_product_attention needs E == D
+    # jax.nn.dot_product_attention and torch's pinned CPU flash kernel need E == D
+    e = D if row.call == "jax_dpa" or row.backend else E
     w = Workload("attention", B, H, K, L, S, D, e, True, "float32")
     p = runners.prepare(row, w, "cpu")
     out = _to_np(p.call())
@@ -473,6 +499,40 @@ def test_module_rows_are_causal_when_asked(name):
     after = _to_np(p.call())
     np.testing.assert_allclose(after[:, :-1], before[:, :-1], rtol=1e-5, atol=1e-6)
     assert np.abs(after[:, -1] - before[:, -1]).max() > 1e-4
+
+
+@pytest.mark.parametrize("name", ["torch F.sdpa[efficient]", "torch F.sdpa[cudnn]"])
+def test_a_backend_without_a_kernel_is_unsupported_not_failed(name):
+    pytest.importorskip("torch")
+    w = Workload("attention", B, H, K, L, S, D, E, True)
+    with pytest.raises(runners.UnsupportedError):  # torch has no such kernel on CPU
+        runners.prepare(row_by_name(name), w, "cpu")
+
+
+def test_cuda_timing_synchronizes_inside_the_call(monkeypatch):
+    torch = pytest.importorskip("torch")
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+    call = runners._torch_call(lambda: events.append("kernel") or torch.is_inference_mode_enabled(),
+                               "cuda")  # fmt: skip
+    assert call() is True  # ran under inference_mode
+    assert events == ["kernel", "sync"]
+
+
+def test_cuda_peak_memory_is_the_peak_above_what_was_allocated(monkeypatch):
+    torch = pytest.importorskip("torch")
+    state = {"allocated": 1000, "peak": 1000}
+
+    def fn():
+        state["peak"] = 1000 + 4096 + 512  # a temporary and the output
+        state["allocated"] = 1000 + 512
+        return "out"
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: state.update(peak=1000))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: state["peak"])
+    assert runners._peak_memory_torch_cuda(fn) == (4096 + 512, "torch.cuda.max_memory_allocated")
 
 
 def test_peak_memory_numpy_sees_the_buffers():
@@ -597,13 +657,17 @@ def test_render_prints_rows_status_goals_and_absent_rows():
     from rich.console import Console
 
     console = Console(record=True, width=200, file=io.StringIO())
-    render(_results(), console)
+    res = _results()
+    res["records"][1]["contention"] = 0.4  # numpy sdpa timed on a busy machine
+    render(res, console)
     text = console.export_text()
     assert "numpy sdpa" in text and "torch F.sdpa" in text
     assert "failed (1)" in text and "(1) because" in text
     assert "not available" in text and "numpy flash" in text
     assert "met" in text and "2.50x" in text
     assert "cpu/float32" in text
+    assert "250 ms *" in text and "other processes used more than 10%" in text
+    assert "100 ms *" not in text
 
 
 def test_formatting():
@@ -632,6 +696,16 @@ def test_compare_matches_cases_and_flags_changes():
     assert res["per_row"]["numpy sdpa"] == pytest.approx(0.5)
     assert [(s["a"], s["b"]) for s in res["status_changes"]] == [("failed", "ok")]
     assert env_differences(a, b) == [("versions.t", 1, 2)]
+
+
+def test_plot_colours_follow_the_framework():
+    from bench.plots import colour
+
+    assert colour("numpy sdpa") // 2 == colour("numpy flash") // 2  # one hue, dark and light
+    assert colour("numpy sdpa") != colour("numpy flash")
+    assert len({colour(n) // 2 for n in ("numpy sdpa", "torch sdpa", "jax sdpa")}) == 3
+    torch_panel = [r.name for r in ROWS if r.call == "torch_sdpa"] + ["torch sdpa", "torch flash"]
+    assert len({colour(n) for n in torch_panel}) == len(torch_panel)
 
 
 def test_plots_are_written_per_series(tmp_path):

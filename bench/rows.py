@@ -1,0 +1,202 @@
+"""The rows of the benchmark: one registry line each.
+
+A row is a callable the harness can time: one of the project's implementations, or a
+framework's own kernel as a clearly named baseline. Adding a row is one line in :data:`ROWS`;
+a row whose target does not import (e.g. ``impl_torch.flash`` before it is written) stays in
+the report as "not available" instead of disappearing.
+
+``call`` says how a row is driven (see ``bench/runners.py``):
+
+- ``functional``: ``fn(query (B,H,L,D), key (B,K,S,D), value (B,K,S,E), is_causal=...)``, the
+  project's heads-first API (``scaled_dot_product_attention``, ``flash_attention``);
+- ``torch_sdpa``: ``torch.nn.functional.scaled_dot_product_attention``, optionally pinned to one
+  backend with ``torch.nn.attention.sdpa_kernel`` (``backend=``), GQA via ``enable_gqa``;
+- ``jax_dpa``: ``jax.nn.dot_product_attention`` on heads-second ``(B, L, H, D)`` inputs,
+  ``implementation=`` ``xla`` | ``cudnn``;
+- ``module``: the project's ``GroupedQueryAttention`` / ``MultiHeadAttention`` on ``(B, L, M)``;
+- ``torch_mha`` / ``nnx_mha``: ``torch.nn.MultiheadAttention`` / ``flax.nnx.MultiHeadAttention``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+from bench.workloads import GOAL_WORKLOAD, Workload
+
+__all__ = ["ROWS", "Goal", "Row", "row_by_name"]
+
+
+@dataclass(frozen=True)
+class Goal:
+    """A performance goal, reported (never asserted) on :data:`GOAL_WORKLOAD` on CPU.
+
+    ``kind="ratio"``: this row's median / ``ref``'s median must be <= ``limit``.
+    ``kind="faster"``: the same ratio must be < ``limit`` (1.0: strictly faster than ``ref``).
+    ``kind="causal"``: this row's causal median / its own non-causal median <= ``limit``.
+    """
+
+    kind: str
+    limit: float
+    ref: str | None = None
+
+    def text(self) -> str:
+        """How the goal reads in the table, e.g. ``<= 2.5x torch F.sdpa``."""
+        if self.kind == "causal":
+            return f"causal <= {self.limit:g}x own non-causal"
+        op = "<" if self.kind == "faster" else "<="
+        return f"{op} {self.limit:g}x {self.ref}"
+
+    def met(self, ratio: float) -> bool:
+        """Whether a measured ratio meets the goal."""
+        return ratio < self.limit if self.kind == "faster" else ratio <= self.limit
+
+    def workload(self) -> Workload:
+        """The workload the goal is measured on (the causal twin for ``kind="causal"``)."""
+        if self.kind == "causal":
+            return dataclasses.replace(GOAL_WORKLOAD, is_causal=True)
+        return GOAL_WORKLOAD
+
+
+@dataclass(frozen=True)
+class Row:
+    """One benchmarked callable.
+
+    Attributes:
+        name: the row's label in the table, JSON and plots.
+        target: ``"module.path:attribute"``, imported lazily; ``impl_*`` targets are the
+            project's rows (``kind="impl"``), anything else a framework baseline.
+        call: how the row is driven (module docstring).
+        ref: the row this one's time is divided by in the ratio column (the fused kernel).
+        backend: torch SDPA backend (``math``, ``flash``, ``efficient``, ``cudnn``; None: torch
+            picks) or ``jax.nn.dot_product_attention`` implementation (``xla``, ``cudnn``).
+        skips_masked: whether the kernel skips fully masked causal blocks (True/False), or
+            None when unknown; the table says so next to causal rows.
+        materializes: whether it builds the ``(B, H, L, S)`` score tensor (memory estimate).
+        devices: device classes the row runs on.
+        workloads: ``op`` of the workloads it applies to; ``variants``: the head layouts
+            (``MHA``, ``GQA``, ``MQA``) it accepts.
+        goals: performance goals reported for it (CPU only).
+        gate: the conformance port it is gated with; default: its ``impl_*`` package, or
+            ``conformance.ports.<framework>_fused`` for a baseline (a module baseline is
+            gated through the same framework's fused SDPA port, its attention core).
+        gate_op: the fixture op of the gate; default ``module`` for the project's modules
+            (conformance runs the package's ``GroupedQueryAttention`` on the module fixtures),
+            ``flash`` for a ``flash_attention`` target, else ``sdpa``.
+    """
+
+    name: str
+    target: str
+    call: str = "functional"
+    ref: str | None = None
+    backend: str | None = None
+    skips_masked: bool | None = False
+    materializes: bool = True
+    devices: tuple[str, ...] = ("cpu", "cuda", "tpu")
+    workloads: str = "attention"
+    variants: tuple[str, ...] = ("MHA", "GQA", "MQA")
+    goals: tuple[Goal, ...] = ()
+    gate: str | None = None
+    gate_op: str | None = None
+
+    @property
+    def package(self) -> str:
+        """The target's top-level package (``impl_numpy``, ``torch``, ``flax``, ...)."""
+        return self.target.split(":")[0].split(".")[0]
+
+    @property
+    def kind(self) -> str:
+        """``impl`` for the project's own code, ``baseline`` for a framework's kernel."""
+        return "impl" if self.package.startswith("impl_") else "baseline"
+
+    @property
+    def framework(self) -> str:
+        """``numpy``, ``torch`` or ``jax``."""
+        p = self.package
+        return p.removeprefix("impl_") if self.kind == "impl" else {"flax": "jax"}.get(p, p)
+
+    @property
+    def gate_port(self) -> str:
+        """The module path handed to ``conformance.quick_check``."""
+        if self.gate is not None:
+            return self.gate
+        if self.kind == "impl":
+            return self.package
+        return f"conformance.ports.{self.framework}_fused"
+
+    @property
+    def gate_alias(self) -> str:
+        """The conformance function alias the gate checks (``sdpa``, ``flash``)."""
+        if self.gate_op is not None:
+            return self.gate_op
+        if self.call == "module":  # the port's GroupedQueryAttention on the module fixtures
+            return "module"
+        return "flash" if self.target.endswith(":flash_attention") else "sdpa"
+
+    def resolve(self) -> Any:
+        """Import the target. Raises ImportError/AttributeError when it does not exist (yet)."""
+        module_name, _, attr = self.target.partition(":")
+        obj = importlib.import_module(module_name)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+        return obj
+
+    def applies_to(self, w: Workload) -> bool:
+        """Whether the row is meant for workload ``w`` at all (op and head variant)."""
+        return w.op == self.workloads and w.variant.split()[0] in self.variants
+
+
+_T, _J = "torch.nn.functional:scaled_dot_product_attention", "jax.nn:dot_product_attention"
+_SDPA, _FLASH = "functional:scaled_dot_product_attention", "flash:flash_attention"
+_MHA, _GQA = "modules:MultiHeadAttention", "modules:GroupedQueryAttention"
+_TF, _JF = "torch F.sdpa", "jax.nn.dpa[xla]"  # the fused kernels the ratio column divides by
+_TILED = {"skips_masked": True, "materializes": False}  # never builds (B,H,L,S) scores
+_MHA_MOD = {"workloads": "module", "variants": ("MHA",)}
+_GQA_MOD = {"workloads": "module", "variants": ("GQA", "MQA")}
+_CUDA = ("cuda",)
+
+
+def _ratio(limit: float, ref: str = _TF) -> Goal:
+    return Goal("ratio", limit, ref)
+
+
+_HALF = Goal("causal", 0.6)  # causal at most 0.6x its own non-causal time
+
+#: The registry, one line per row; order is the order of the table.
+ROWS: tuple[Row, ...] = (
+    # the project's implementations (one readable code path each)
+    Row("numpy sdpa", f"impl_numpy.{_SDPA}", ref=_TF, goals=(_ratio(2.5),)),
+    Row("torch sdpa", f"impl_torch.{_SDPA}", ref=_TF, goals=(_ratio(3.3),)),
+    Row("jax sdpa", f"impl_jax.{_SDPA}", ref=_JF, goals=(Goal("faster", 1.0, _JF),)),
+    # the tiled path (impl_*/flash.py)
+    Row("numpy flash", f"impl_numpy.{_FLASH}", ref=_TF, goals=(_ratio(2.5), _HALF), **_TILED),
+    Row("torch flash", f"impl_torch.{_FLASH}", ref=_TF, goals=(_ratio(1.5), _HALF), **_TILED),
+    Row("jax flash", f"impl_jax.{_FLASH}", ref=_JF, goals=(_HALF,), **_TILED),
+    # the project's modules (impl_*/modules.py): MultiHeadAttention on MHA, GQA on GQA/MQA
+    Row("numpy MHA module", f"impl_numpy.{_MHA}", "module", ref="torch nn.MHA", **_MHA_MOD),
+    Row("torch MHA module", f"impl_torch.{_MHA}", "module", ref="torch nn.MHA", **_MHA_MOD),
+    Row("jax MHA module", f"impl_jax.{_MHA}", "module", ref="flax nnx.MHA", **_MHA_MOD),
+    Row("numpy GQA module", f"impl_numpy.{_GQA}", "module", **_GQA_MOD),
+    Row("torch GQA module", f"impl_torch.{_GQA}", "module", **_GQA_MOD),
+    Row("jax GQA module", f"impl_jax.{_GQA}", "module", ref="flax nnx.MHA", **_GQA_MOD),
+    # baselines: the frameworks' own kernels, each SDPA backend a row of its own
+    Row(_TF, _T, "torch_sdpa", **_TILED),
+    Row("torch F.sdpa[math]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="math"),
+    Row("torch F.sdpa[flash]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="flash", **_TILED),
+    Row("torch F.sdpa[efficient]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="efficient", **_TILED),  # noqa: E501
+    Row("torch F.sdpa[cudnn]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="cudnn", **_TILED),
+    Row(_JF, _J, "jax_dpa", backend="xla"),
+    Row("jax.nn.dpa[cudnn]", _J, "jax_dpa", ref=_JF, devices=_CUDA, backend="cudnn", **_TILED),
+    Row("torch nn.MHA", "torch.nn:MultiheadAttention", "torch_mha", **_MHA_MOD, **_TILED),
+    Row("flax nnx.MHA", "flax.nnx:MultiHeadAttention", "nnx_mha", workloads="module"),
+)  # fmt: skip
+
+
+def row_by_name(name: str, rows: tuple[Row, ...] = ROWS) -> Row:
+    """The row called ``name``; KeyError listing the names otherwise."""
+    for row in rows:
+        if row.name == name:
+            return row
+    raise KeyError(f"no row {name!r}; rows: {[r.name for r in rows]}")

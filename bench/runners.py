@@ -1,0 +1,438 @@
+"""Turn a (row, workload, device) into a timed callable, and measure its peak memory.
+
+Each framework's rules are handled here, once:
+
+- torch on CUDA: ``torch.cuda.synchronize()`` is inside the timed callable, so the time is the
+  kernel's, not the launch's; calls run under ``torch.inference_mode()``.
+- JAX: every row is jitted; ``lower(...).compile()`` is timed on its own and reported as the
+  compile time, and the timed callable runs the compiled executable and ends with
+  ``jax.block_until_ready``, so compilation never leaks into the steady-state time.
+- NumPy runs on the host.
+
+Inputs are standard-normal, made by each framework on its own device from a fixed seed (so a
+GPU run never builds gigabytes on the host first); they differ between frameworks, which does
+not matter for timing.
+
+Peak memory is the extra memory one call needs beyond its inputs (the output included):
+
+- NumPy: ``tracemalloc`` (NumPy reports its buffers to it);
+- torch on CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``;
+- torch on CPU: the allocation events of ``torch.profiler`` (``profile_memory=True``), summed
+  in time order; allocations freed inside one aten op are invisible to it, so it is a lower
+  bound for ops with internal scratch space;
+- JAX: XLA's own buffer assignment for the compiled call, ``temp + output - alias`` bytes
+  (``compiled.memory_analysis()``), exact for what XLA allocates and the same on every device.
+  JAX's device counter ``peak_bytes_in_use`` cannot be reset, so a per-call delta cannot be
+  read from it once an earlier, larger call has set the high-water mark.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import os
+import sys
+import time
+import tracemalloc
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from bench.rows import Row
+from bench.workloads import Workload
+
+__all__ = [
+    "Prepared",
+    "UnsupportedError",
+    "classify_error",
+    "make_inputs",
+    "peak_memory_numpy",
+    "peak_memory_torch_cpu",
+    "prepare",
+    "prepare_matmul",
+]
+
+
+class UnsupportedError(RuntimeError):
+    """The row cannot run this workload here (no kernel for the dtype/shape); not a failure."""
+
+
+@dataclass
+class Prepared:
+    """A row ready to time on one workload.
+
+    ``call`` runs one synchronized call; ``memory()`` measures the peak extra bytes of one call
+    and returns ``(bytes or None, method)``; ``compile_s`` is JAX's lower+compile time;
+    ``inputs`` and ``layout`` are what the call reads (tests check the wiring with them).
+    """
+
+    call: Callable[[], Any]
+    memory: Callable[[], tuple[int | None, str]]
+    compile_s: float | None = None
+    inputs: list | None = None
+    layout: str = "heads_first"
+
+
+#: Row.backend -> torch.nn.attention.SDPBackend member.
+_TORCH_BACKENDS = {
+    "math": "MATH",
+    "flash": "FLASH_ATTENTION",
+    "efficient": "EFFICIENT_ATTENTION",
+    "cudnn": "CUDNN_ATTENTION",
+}
+
+
+def _np_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+def _shapes(w: Workload, layout: str) -> list[tuple[int, ...]]:
+    """Input shapes: ``heads_first`` (B,H,L,D),(B,K,S,D),(B,K,S,E); ``heads_second``
+    (B,L,H,D),(B,S,K,D),(B,S,K,E); ``module`` (B,L,M)."""
+    if layout == "module":
+        return [(w.B, w.L, w.M)]
+    if layout == "heads_second":
+        return [(w.B, w.L, w.H, w.D), (w.B, w.S, w.K, w.D), (w.B, w.S, w.K, w.E)]
+    return [(w.B, w.H, w.L, w.D), (w.B, w.K, w.S, w.D), (w.B, w.K, w.S, w.E)]
+
+
+def make_inputs(framework: str, w: Workload, fdevice: str, layout: str = "heads_first") -> list:
+    """Standard-normal inputs of ``w.dtype``, made by ``framework`` on ``fdevice`` (seed 0)."""
+    shapes = _shapes(w, layout)
+    if framework == "numpy":
+        rng = np.random.default_rng(0)
+        return [rng.standard_normal(s, dtype=np.float32).astype(_np_dtype(w.dtype)) for s in shapes]
+    if framework == "torch":
+        import torch
+
+        g = torch.Generator(device=fdevice).manual_seed(0)
+        dt = getattr(torch, w.dtype)
+        return [torch.randn(s, generator=g, device=fdevice, dtype=dt) for s in shapes]
+    if framework == "jax":
+        import jax
+
+        dev = jax.devices(fdevice)[0]
+        keys = jax.random.split(jax.random.key(0), len(shapes))
+        with jax.default_device(dev):
+            return [jax.random.normal(k, s, dtype=w.dtype) for k, s in zip(keys, shapes)]
+    raise ValueError(f"unknown framework {framework!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# peak memory
+
+
+def peak_memory_numpy(fn: Callable[[], Any]) -> tuple[int, str]:
+    """Peak bytes ``tracemalloc`` sees during ``fn()`` above what was live before it."""
+    started = not tracemalloc.is_tracing()
+    if started:
+        tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        out = fn()
+        _, peak = tracemalloc.get_traced_memory()
+        del out
+    finally:
+        if started:
+            tracemalloc.stop()
+    return peak - before, "tracemalloc"
+
+
+def peak_memory_torch_cpu(fn: Callable[[], Any]) -> tuple[int, str]:
+    """Peak of the running sum of torch.profiler's CPU allocation events during ``fn()``.
+
+    Each op's self memory (allocations minus frees inside it) is placed at the op's start
+    and each free outside an op at its time; the peak of the running sum is returned.
+    """
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+        del out  # the output's free is part of the timeline, after the peak
+    events = sorted(prof.events(), key=lambda e: e.time_range.start)
+    running = peak = 0
+    for e in events:
+        running += int(e.self_cpu_memory_usage)
+        peak = max(peak, running)
+    return peak, "torch.profiler"
+
+
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2 (the profiler's C++ side logs a line per start and stop)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def _peak_memory_torch_cuda(fn: Callable[[], Any]) -> tuple[int, str]:
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    out = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - before
+    del out
+    return peak, "torch.cuda.max_memory_allocated"
+
+
+def _xla_memory(compiled: Any) -> tuple[int | None, str]:
+    try:
+        m = compiled.memory_analysis()
+    except Exception:  # not every backend implements it
+        m = None
+    if m is None:
+        return None, "n/a (no XLA memory analysis on this backend)"
+    return m.temp_size_in_bytes + m.output_size_in_bytes - m.alias_size_in_bytes, "xla"
+
+
+# ---------------------------------------------------------------------------------------------
+# the callables
+
+
+def _torch_call(fn: Callable[[], Any], fdevice: str) -> Callable[[], Any]:
+    import torch
+
+    if fdevice == "cuda":
+
+        def call():
+            with torch.inference_mode():
+                out = fn()
+            torch.cuda.synchronize()  # inside the timed call: time the kernels, not the launch
+            return out
+    else:
+
+        def call():
+            with torch.inference_mode():
+                return fn()
+
+    return call
+
+
+def _torch_prepared(fn: Callable[[], Any], fdevice: str) -> Prepared:
+    call = _torch_call(fn, fdevice)
+    measure = _peak_memory_torch_cuda if fdevice == "cuda" else peak_memory_torch_cpu
+    return Prepared(call=call, memory=lambda: measure(call))
+
+
+def _jax_prepared(jitted: Any, args: list) -> Prepared:
+    import jax
+
+    t0 = time.perf_counter()
+    compiled = jitted.lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+
+    def call():
+        return jax.block_until_ready(compiled(*args))
+
+    return Prepared(call=call, memory=lambda: _xla_memory(compiled), compile_s=compile_s)
+
+
+def _construct(cls: type, framework: str, w: Workload, fdevice: str, gqa: bool) -> Any:
+    """Build a project module with the contract's constructor, in the workload's dtype, on the
+    framework device, with whatever seeded generator its framework asks for."""
+    params = inspect.signature(cls).parameters
+    args: list[Any] = [w.M, w.H, w.K] if gqa else [w.M, w.H]
+    kw: dict[str, Any] = {"head_dim": w.D} if "head_dim" in params else {}
+    if "dtype" in params:
+        kw["dtype"] = w.dtype
+    if "device" in params:
+        kw["device"] = fdevice
+    if "rngs" in params:
+        from flax import nnx
+
+        kw["rngs"] = nnx.Rngs(0)
+    if "rng" in params:
+        kw["rng"] = np.random.default_rng(0)
+    if "generator" in params:
+        import torch
+
+        kw["generator"] = torch.Generator(device=fdevice).manual_seed(0)
+    module = cls(*args, **kw)
+    if framework == "torch":
+        import torch
+
+        module = module.to(device=fdevice, dtype=getattr(torch, w.dtype)).eval()
+    return module
+
+
+def _nnx_jit(module: Any, is_causal: bool, causal_kw: str) -> Any:
+    """A jitted pure function of (state, x) for an nnx module (split once, merge inside)."""
+    import jax
+    from flax import nnx
+
+    graphdef, state = nnx.split(module)
+
+    def apply(state, x):
+        return nnx.merge(graphdef, state)(x, **{causal_kw: is_causal})
+
+    return jax.jit(apply), state
+
+
+def prepare(row: Row, w: Workload, fdevice: str) -> Prepared:
+    """Build the inputs and the timed callable of ``row`` on ``w`` (framework device ``fdevice``).
+
+    Raises UnsupportedError when a framework kernel has no implementation for the case;
+    any other exception is the row's own error.
+    """
+    fw, c = row.framework, w.is_causal
+    target = row.resolve()
+
+    if row.call == "functional":
+        if fw == "jax":
+            import jax
+
+            args = make_inputs("jax", w, fdevice)
+            jitted = jax.jit(functools.partial(target, is_causal=c))
+            return _with_inputs(_jax_prepared(jitted, args), args)
+        q, k, v = args = make_inputs(fw, w, fdevice)
+        fn = functools.partial(target, q, k, v, is_causal=c)
+        if fw == "numpy":
+            return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn), inputs=args)
+        return _with_inputs(_torch_prepared(fn, fdevice), args)
+
+    if row.call == "torch_sdpa":
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        q, k, v = args = make_inputs("torch", w, fdevice)
+        kw = {"is_causal": c, "enable_gqa": w.K != w.H}
+        if row.backend is None:  # torch's own dispatch
+            fn = functools.partial(target, q, k, v, **kw)
+        else:
+            backends = [getattr(SDPBackend, _TORCH_BACKENDS[row.backend])]
+
+            def fn():
+                with sdpa_kernel(backends):
+                    return target(q, k, v, **kw)
+
+        prepared = _with_inputs(_torch_prepared(fn, fdevice), args)
+        return _unsupported_on_probe(prepared, _NO_KERNEL)
+
+    if row.call == "jax_dpa":
+        import jax
+
+        args = make_inputs("jax", w, fdevice, layout="heads_second")
+        impl = row.backend
+        jitted = jax.jit(functools.partial(target, is_causal=c, implementation=impl))
+        try:
+            return _with_inputs(_jax_prepared(jitted, args), args, "heads_second")
+        except Exception as e:
+            if impl == "cudnn" and classify_error(e) != "oom":  # a dtype/shape cuDNN lacks
+                raise UnsupportedError(f"cuDNN attention: {e}") from e
+            raise
+
+    if row.call == "module":
+        gqa = row.target.endswith("GroupedQueryAttention")
+        module = _construct(target, fw, w, fdevice, gqa)
+        (x,) = make_inputs(fw, w, fdevice, layout="module")
+        if fw == "jax":
+            import jax
+            from flax import nnx
+
+            if isinstance(module, nnx.Module):
+                jitted, state = _nnx_jit(module, c, "is_causal")
+                args = [state, x]
+            else:
+                jitted, args = jax.jit(lambda x: module(x, is_causal=c)), [x]
+            return _with_inputs(_jax_prepared(jitted, args), args, "module")
+        fn = functools.partial(module, x, is_causal=c)
+        if fw == "numpy":
+            return Prepared(fn, lambda: peak_memory_numpy(fn), inputs=[x], layout="module")
+        return _with_inputs(_torch_prepared(fn, fdevice), [x], "module")
+
+    if row.call == "torch_mha":
+        import torch
+
+        m = target(w.M, w.H, batch_first=True, device=fdevice, dtype=getattr(torch, w.dtype))
+        m = m.eval()
+        (x,) = make_inputs("torch", w, fdevice, layout="module")
+        # nn.MultiheadAttention's bool mask is True = masked out; is_causal is a hint that
+        # needs the mask too; with need_weights=False it reaches SDPA as is_causal=True.
+        mask = torch.ones(w.L, w.S, dtype=torch.bool, device=fdevice).triu(1) if c else None
+
+        def fn():  # (output, None) without weights
+            return m(x, x, x, need_weights=False, attn_mask=mask, is_causal=c)[0]
+
+        return _with_inputs(_torch_prepared(fn, fdevice), [x], "module")
+
+    if row.call == "nnx_mha":
+        from flax import nnx
+
+        module = target(
+            num_heads=w.H, in_features=w.M, qkv_features=w.H * w.D, out_features=w.M,
+            dtype=w.dtype, param_dtype=w.dtype, decode=False, rngs=nnx.Rngs(0),
+            **({"num_kv_heads": w.K} if w.K != w.H else {}),
+        )  # fmt: skip
+        (x,) = make_inputs("jax", w, fdevice, layout="module")
+        jitted, state = _nnx_jit(module, c, "is_causal")
+        args = [state, x]
+        return _with_inputs(_jax_prepared(jitted, args), args, "module")
+
+    raise ValueError(f"row {row.name!r}: unknown call style {row.call!r}")
+
+
+def _with_inputs(prepared: Prepared, inputs: list, layout: str = "heads_first") -> Prepared:
+    prepared.inputs, prepared.layout = inputs, layout
+    return prepared
+
+
+#: What torch says when the pinned SDPA backend has no kernel for the inputs (by version).
+_NO_KERNEL = ("No available kernel", "No viable backend")
+
+
+def _unsupported_on_probe(prepared: Prepared, markers: tuple[str, ...]) -> Prepared:
+    """Run one call now, turning a framework's "no kernel for this" error into UnsupportedError."""
+    try:
+        prepared.call()
+    except RuntimeError as e:
+        if any(m in str(e) for m in markers):
+            raise UnsupportedError(str(e).strip().splitlines()[0]) from e
+        raise
+    return prepared
+
+
+def prepare_matmul(framework: str, dtype: str, n: int, fdevice: str) -> Prepared:
+    """An ``(n, n) @ (n, n)`` matmul in ``framework`` (2 n^3 FLOPs): the device's peak."""
+    w = Workload("attention", 1, 1, 1, n, n, n, n, False, dtype)
+    if framework == "jax":
+        import jax
+        import jax.numpy as jnp
+
+        a, b, _ = make_inputs("jax", w, fdevice)
+        return _jax_prepared(jax.jit(jnp.matmul), [a[0, 0], b[0, 0]])
+    a, b, _ = make_inputs(framework, w, fdevice)
+    a, b = a[0, 0], b[0, 0]
+    if framework == "numpy":
+        fn = functools.partial(np.matmul, a, b)
+        return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn))
+    import torch
+
+    return _torch_prepared(functools.partial(torch.matmul, a, b), fdevice)
+
+
+def classify_error(e: BaseException) -> str:
+    """``unsupported``, ``oom`` or ``error`` for an exception raised while preparing or timing."""
+    if isinstance(e, UnsupportedError):
+        return "unsupported"
+    if isinstance(e, MemoryError):
+        return "oom"
+    text = f"{type(e).__name__}: {e}"
+    if "OutOfMemoryError" in text or "RESOURCE_EXHAUSTED" in text or "out of memory" in text:
+        return "oom"
+    return "error"

@@ -1,0 +1,420 @@
+"""The benchmark session: the plan of cases, the gate, the records, and the pytest plugin.
+
+``python -m bench`` builds a :class:`BenchSession` and hands it to ``pytest.main`` as a plugin;
+``bench/bench_attention.py`` parametrizes one pytest-benchmark test over ``session.cases`` and
+calls :meth:`BenchSession.run_case` for each. Running ``pytest bench/bench_attention.py``
+directly builds the session from ``--bench-device`` / ``--bench-grid`` (``bench/conftest.py``),
+so pytest-benchmark's own options (``--benchmark-autosave``, ``--benchmark-compare``) work too.
+
+Each case ends as one :class:`Record`. Statuses:
+
+- ``ok``: gated and timed;
+- ``failed``: the correctness gate did not pass; never timed;
+- ``n/a``: the row's code does not exist (yet), or its framework cannot run on this device;
+- ``skipped``: the workload does not fit (memory), or is outside what a host row runs on an
+  accelerator grid;
+- ``unsupported``: the framework has no kernel for it (e.g. an SDPA backend and a dtype);
+- ``oom``: it ran out of memory; ``error``: anything else went wrong.
+"""
+
+from __future__ import annotations
+
+import gc
+import importlib
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import pytest
+
+from bench import runners
+from bench.devices import available_memory_bytes, cpu_snapshot, framework_device, others_share
+from bench.gate import GateCache, GateResult
+from bench.rows import ROWS, Row
+from bench.workloads import Workload
+
+__all__ = [
+    "HOST_LIMIT",
+    "IMPL_ACCEL_LIMIT",
+    "SESSION_KEY",
+    "BenchSession",
+    "Case",
+    "Record",
+    "build_cases",
+    "estimate_bytes",
+    "gate_overlay",
+    "peak_key",
+]
+
+SESSION_KEY = pytest.StashKey["BenchSession"]()
+
+#: On an accelerator run, host (NumPy) rows only take float32 workloads up to this L * S.
+HOST_LIMIT = 4096 * 4096
+#: On an accelerator run, the project's rows (Python-level tiling and plain tensor code, not
+#: kernels) stop at this L * S; the frameworks' kernels go on to the longest lengths.
+IMPL_ACCEL_LIMIT = 32768 * 32768
+#: Matmul size for the device's peak FLOP/s, by device class.
+PEAK_N = {"cpu": 2048, "cuda": 8192, "tpu": 8192}
+_FRAMEWORKS = ("numpy", "torch", "jax")
+_STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds")
+
+
+def peak_key(fdevice: str) -> str:
+    """The device class a framework device belongs to (``gpu`` and ``cuda`` are one)."""
+    return "cuda" if fdevice in ("cuda", "gpu") else fdevice
+
+
+@dataclass
+class Case:
+    """One pytest-benchmark test: a row on a workload, or a peak matmul (``kind="peak"``)."""
+
+    id: str
+    kind: str
+    framework: str
+    fdevice: str | None
+    row: Row | None = None
+    workload: Workload | None = None
+    dtype: str | None = None
+    n: int | None = None
+    skip: tuple[str, str] | None = None  # (status, reason) decided before running
+
+
+@dataclass
+class Record:
+    """The outcome of one case, as stored in results.json."""
+
+    case_id: str
+    kind: str
+    row: str
+    row_kind: str
+    framework: str
+    device: str | None
+    status: str
+    reason: str = ""
+    workload: dict[str, Any] | None = None
+    gate: dict[str, Any] | None = None
+    compile_s: float | None = None
+    memory_bytes: int | None = None
+    memory_method: str = ""
+    skips_masked: bool | None = None
+    stats: dict[str, float] | None = None
+    iterations: int | None = None
+    matmul: dict[str, Any] | None = None
+    contention: float | None = None  # share of the CPUs other processes used while timing
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def estimate_bytes(row: Row, w: Workload) -> int:
+    """Rough peak bytes of ``row`` on ``w``: inputs and output, plus three float32 score-sized
+    temporaries for rows that materialize ``(B, H, L, S)`` scores, plus projections for modules."""
+    n = w.input_bytes()
+    if row.materializes:
+        n += 3 * w.score_bytes()
+    if w.op == "module":
+        n += 4 * w.B * w.L * w.M * 4
+    return n
+
+
+def _case_id(*parts: str) -> str:
+    return "|".join(p.replace(" ", "_") for p in parts)
+
+
+def _resolve_error(row: Row) -> str | None:
+    try:
+        row.resolve()
+    except Exception as e:  # ImportError, AttributeError, or a broken module
+        return f"not available: {type(e).__name__}: {e}"
+    return None
+
+
+def build_cases(
+    device: str,
+    workloads: list[Workload],
+    rows: tuple[Row, ...] = ROWS,
+    *,
+    fdevice_of: Callable[[str, str], str | None] = framework_device,
+    memory_bytes: int | None = None,
+    resolve_error: Callable[[Row], str | None] = _resolve_error,
+) -> list[Case]:
+    """All cases of a run, framework by framework (numpy, torch, jax), each framework's peak
+    matmuls first, then workload by workload. Cases that cannot run carry ``skip``.
+
+    Rows not meant for ``device`` (``row.devices``) are left out; rows whose code is missing
+    get one ``n/a`` case per workload so the report shows them.
+    """
+    dtypes = sorted({w.dtype for w in workloads}, key=["float32", "bfloat16", "float16"].index)
+    cases: list[Case] = []
+    for fw in _FRAMEWORKS:
+        fdev = fdevice_of(fw, device)
+        fw_rows = [r for r in rows if r.framework == fw and device in r.devices]
+        if fdev is not None and fw_rows:
+            for dt in dtypes if fw != "numpy" else ["float32"]:
+                n = PEAK_N[peak_key(fdev)]
+                cid = _case_id("peak", fw, dt, str(n))
+                cases.append(Case(cid, "peak", fw, fdev, dtype=dt, n=n))
+        missing = {r.name: resolve_error(r) for r in fw_rows}
+        for w in workloads:
+            for r in fw_rows:
+                if not r.applies_to(w):
+                    continue
+                skip = None
+                if missing[r.name]:
+                    skip = ("n/a", missing[r.name])
+                elif fdev is None:
+                    skip = ("n/a", f"{fw} cannot run on {device} here")
+                elif (
+                    fw == "numpy"
+                    and device != "cpu"
+                    and (w.dtype != "float32" or w.L * w.S > HOST_LIMIT)
+                ):
+                    skip = ("skipped", "host NumPy on an accelerator run: float32, L*S <= 4096^2")
+                elif r.kind == "impl" and device != "cpu" and w.L * w.S > IMPL_ACCEL_LIMIT:
+                    skip = ("skipped", "project rows on an accelerator: L*S <= 32768^2")
+                elif memory_bytes is not None and estimate_bytes(r, w) > 0.9 * memory_bytes:
+                    need, have = estimate_bytes(r, w) / 2**30, memory_bytes / 2**30
+                    skip = ("skipped", f"needs ~{need:.1f} GiB, {have:.1f} GiB free")
+                cases.append(Case(_case_id(r.name, w.id), "row", fw, fdev, r, w, skip=skip))
+    return cases
+
+
+def _summary(rec: Record) -> str:
+    """One line for a finished case: ``numpy sdpa | attention.mha... | ok 12.3 ms``."""
+    what = f"{rec.row} | {rec.workload['label'] if rec.workload else rec.case_id}"
+    if rec.status == "ok" and rec.stats:
+        return f"{what} | ok {rec.stats['median'] * 1e3:.3g} ms"
+    return f"{what} | {rec.status}: {rec.reason[:100]}"
+
+
+#: conformance's function aliases and the port attribute each one calls.
+_ALIAS_ATTRIBUTE = {"sdpa": "scaled_dot_product_attention", "flash": "flash_attention"}
+
+
+def gate_overlay(row: Row) -> dict[str, Any] | None:
+    """For a project row whose package does not export the gated function yet (e.g.
+    ``impl_torch.flash:flash_attention`` before ``impl_torch/__init__`` does), the function to
+    attach to the port, so the gate checks exactly the code that is timed."""
+    attr = row.target.partition(":")[2]
+    if row.kind != "impl" or row.gate is not None or _ALIAS_ATTRIBUTE.get(row.gate_alias) != attr:
+        return None
+    try:
+        package = importlib.import_module(row.package)
+        if hasattr(package, attr):
+            return None
+        return {attr: row.resolve()}
+    except Exception:  # the row is n/a anyway; let the gate report what it finds
+        return None
+
+
+class BenchSession:
+    """Plan, gate, run and record one benchmark run (a pytest plugin).
+
+    Args:
+        device: ``cpu``, ``cuda`` or ``tpu`` (already resolved).
+        grid: the grid's name, for the report.
+        workloads: the workloads to run.
+        rows: the registry (filtered).
+        gates: the gate cache (``GateCache(skip=True)`` for ``--skip-gate``).
+        progress: a rich ``Progress`` to drive, or None.
+        echo: called with one line per finished case (for logs, where a live display is not
+            possible), or None.
+        cases: a prebuilt plan (tests); built from the arguments otherwise.
+    """
+
+    def __init__(
+        self,
+        device: str,
+        grid: str,
+        workloads: list[Workload],
+        rows: tuple[Row, ...] = ROWS,
+        *,
+        gates: GateCache | None = None,
+        progress: Any = None,
+        echo: Callable[[str], None] | None = None,
+        cases: list[Case] | None = None,
+    ) -> None:
+        self.device = device
+        self.grid = grid
+        self.workloads = workloads
+        self.rows = rows
+        self.gates = gates or GateCache()
+        self.progress = progress
+        self.echo = echo
+        self._done = 0
+        self._task = None
+        if cases is None:
+            memory = available_memory_bytes(device)
+            cases = build_cases(device, workloads, rows, memory_bytes=memory)
+        self.cases = cases
+        self.records: dict[str, Record] = {}
+        self.started = time.time()
+
+    # ----------------------------------------------------------------------------- pytest hooks
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.stash[SESSION_KEY] = self
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if self.progress is not None:
+            self._task = self.progress.add_task("benchmark", total=len(session.items))
+
+    def pytest_runtest_logfinish(self, nodeid: str, location: Any) -> None:
+        self._done += 1
+        if self.progress is not None and self._task is not None:
+            self.progress.advance(self._task)
+        if self.echo is not None:
+            case_id = nodeid.partition("[")[2][:-1]  # test_attention[<case id>]
+            rec = self.records.get(case_id)
+            if rec is not None:
+                self.echo(f"[{self._done}/{len(self.cases)}] {_summary(rec)}")
+
+    def _phase(self, case: Case, phase: str) -> None:
+        if self.progress is None or self._task is None:
+            return
+        what = (
+            f"peak matmul {case.framework} {case.dtype} n={case.n}"
+            if case.kind == "peak"
+            else f"{case.row.name} · {case.workload.label}"
+        )
+        from rich.markup import escape
+
+        self.progress.update(self._task, description=f"{escape(what)} [dim]({phase})[/dim]")
+
+    # ----------------------------------------------------------------------------- running
+
+    def gate_for(self, case: Case) -> GateResult:
+        """The gate result of a row case (run once per port/op/device)."""
+        row = case.row
+        device = peak_key(case.fdevice or self.device)
+        return self.gates.check(row.gate_port, row.gate_alias, device, overlay=gate_overlay(row))
+
+    def _record(self, case: Case, status: str, reason: str = "", **kw: Any) -> Record:
+        row = case.row
+        rec = Record(
+            case_id=case.id,
+            kind=case.kind,
+            row=row.name if row else f"matmul {case.framework}",
+            row_kind=row.kind if row else "peak",
+            framework=case.framework,
+            device=case.fdevice,
+            status=status,
+            reason=reason,
+            workload=case.workload.to_dict() if case.workload else None,
+            skips_masked=row.skips_masked if row else None,
+            **kw,
+        )
+        self.records[case.id] = rec
+        return rec
+
+    def run_case(self, case: Case, benchmark: Any) -> None:
+        """Gate, prepare, warm up, measure memory, then time ``case`` with ``benchmark``.
+
+        Untimed outcomes are recorded and end the test with ``pytest.skip``; an error in one
+        of the project's rows is recorded and re-raised so that pytest shows the traceback.
+        """
+        if case.skip is not None:
+            self._record(case, *case.skip)
+            pytest.skip(case.skip[1])
+        extra: dict[str, Any] = {}
+        if case.kind == "row":
+            self._phase(case, "gate")
+            gate = self.gate_for(case)
+            extra["gate"] = gate.to_dict()
+            if not gate.ok:
+                self._record(case, "failed", f"correctness gate: {gate.detail}", **extra)
+                pytest.skip(f"correctness gate did not pass: {gate.detail}")
+        self._phase(case, "compile" if case.framework == "jax" else "prepare")
+        prepared = None
+        try:
+            if case.kind == "peak":
+                prepared = runners.prepare_matmul(case.framework, case.dtype, case.n, case.fdevice)
+                extra["matmul"] = {"n": case.n, "dtype": case.dtype, "flops": 2 * case.n**3}
+            else:
+                prepared = runners.prepare(case.row, case.workload, case.fdevice)
+            extra["compile_s"] = prepared.compile_s
+            # One untimed warm-up call keeps first-call effects out of the statistics. On the
+            # host (NumPy, torch CPU) the instrumented memory call is that warm-up: a call
+            # allocates the same there every time. On CUDA the first call also sets up library
+            # handles and workspaces, so memory is measured after a separate warm-up; JAX's
+            # memory comes from XLA without a call.
+            host = case.fdevice == "cpu" and case.framework != "jax"
+            t0 = time.perf_counter()
+            if not (host and case.kind == "row"):
+                self._phase(case, "warm-up")
+                prepared.call()
+            if case.kind == "row":
+                self._phase(case, "memory")
+                extra["memory_bytes"], extra["memory_method"] = prepared.memory()
+            first_s = time.perf_counter() - t0
+            self._phase(case, "timing")
+            benchmark.group = case.workload.id if case.workload else "peak"
+            benchmark.extra_info.update(
+                {"case": case.id, "device": case.fdevice, "compile_s": prepared.compile_s}
+            )
+            before = cpu_snapshot()
+            self._time(benchmark, prepared.call, first_s)
+            extra["contention"] = others_share(before, cpu_snapshot())
+        except pytest.skip.Exception:
+            raise
+        except Exception as e:
+            status = runners.classify_error(e)
+            self._record(case, status, f"{type(e).__name__}: {e}".splitlines()[0][:300], **extra)
+            if status == "error" and (case.row is None or case.row.kind == "impl"):
+                raise
+            pytest.skip(f"{status}: {e}")
+        finally:
+            del prepared
+            self._release(case)
+        stats = getattr(benchmark, "stats", None)
+        if not stats:  # --benchmark-disable: ran once, no statistics
+            self._record(case, "ok", "not timed (benchmarks disabled)", **extra)
+            return
+        self._record(
+            case,
+            "ok",
+            stats={k: float(getattr(stats.stats, k)) for k in _STATS},
+            iterations=int(stats.iterations),
+            **extra,
+        )
+
+    @staticmethod
+    def _time(benchmark: Any, call: Callable[[], Any], first_s: float) -> None:
+        """Time ``call`` with pytest-benchmark.
+
+        Normally ``benchmark(call)``: its calibration picks iterations per round and the
+        number of rounds (at least ``min_rounds``, filling ``max_time``). For a call so slow
+        that one already outlasts ``max_time / min_rounds`` that calibration can only pick one
+        iteration and ``min_rounds`` rounds, so the harness asks for exactly that through
+        ``benchmark.pedantic``, which saves the calibration call and the extra result call
+        pytest-benchmark makes after the rounds (a third of a slow case's time).
+        """
+        max_time = float(getattr(benchmark, "_max_time", 1.0))
+        min_rounds = int(getattr(benchmark, "_min_rounds", 5))
+        if first_s * min_rounds >= max_time:
+            benchmark.pedantic(call, rounds=min_rounds, iterations=1, warmup_rounds=0)
+        else:
+            benchmark(call)
+
+    def _release(self, case: Case) -> None:
+        """Free device memory between cases (torch's caching allocator would starve JAX)."""
+        gc.collect()
+        if case.framework == "torch" and case.fdevice == "cuda":
+            import torch
+
+            torch.cuda.empty_cache()
+
+    def record_unrun(self) -> None:
+        """Cases pytest never ran (deselected, interrupted) become ``error`` records."""
+        for case in self.cases:
+            if case.id not in self.records:
+                self._record(case, "error", "not run (pytest did not reach it)")
+
+    def ordered_records(self) -> list[Record]:
+        """Records in plan order."""
+        return [self.records[c.id] for c in self.cases if c.id in self.records]
+
+    def gate_results(self) -> list[dict]:
+        return [g.to_dict() for g in self.gates.results.values()]

@@ -1,0 +1,282 @@
+"""What the benchmark runs: workloads, the grids of them, and their FLOP counts.
+
+A :class:`Workload` is one attention problem (sizes, causal or not, dtype); a grid is the list
+of workloads for a device class (``cpu``, ``cuda``, ``tpu``) and a size (``quick``, ``full``).
+FLOPs count the two matmuls honestly, ``2*B*H*L*S*D`` for ``query @ key^T`` plus
+``2*B*H*L*S*E`` for ``weights @ value`` (softmax, scale and masking are not counted, as in the
+FlashAttention papers); with ``is_causal`` the *useful* count keeps only the allowed
+(query, key) pairs, the *dense* count is what a kernel that does not skip masked blocks executes.
+
+Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads, L query length,
+S key/value length, D query/key head dim, E value head dim, M model width (= H * D here).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+__all__ = [
+    "DTYPE_BYTES",
+    "GOAL_WORKLOAD",
+    "GRIDS",
+    "Workload",
+    "allowed_pairs",
+    "attention_flops",
+    "grid",
+    "module_flops",
+]
+
+#: Bytes per element of the benchmarked dtypes.
+DTYPE_BYTES: dict[str, int] = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+_SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+def allowed_pairs(L: int, S: int, *, is_causal: bool, alignment: str = "top_left") -> int:
+    """Number of (query i, key j) pairs the causal rule allows, out of ``L * S``.
+
+    ``top_left``: ``j <= i``; ``bottom_right``: ``j <= i + (S - L)`` (SEMANTICS.md step 5).
+    Row i keeps ``clamp(i + offset + 1, 0, S)`` keys; the sum is taken in closed form.
+    """
+    if not is_causal:
+        return L * S
+    offset = 0 if alignment == "top_left" else S - L
+
+    def ramp(n: int) -> int:  # sum_{i=0}^{n-1} (i + offset + 1) for rows that are neither 0 nor S
+        return n * (offset + 1) + n * (n - 1) // 2
+
+    # rows with i + offset + 1 <= 0 keep nothing; rows with i + offset + 1 >= S keep all S.
+    first = min(max(-offset, 0), L)  # first row that keeps at least one key
+    full = min(max(S - offset - 1, first), L)  # first row that keeps every key
+    return (ramp(full) - ramp(first)) + (L - full) * S
+
+
+def attention_flops(
+    B: int,
+    H: int,
+    L: int,
+    S: int,
+    D: int,
+    E: int,
+    *,
+    is_causal: bool = False,
+    alignment: str = "top_left",
+) -> tuple[int, int]:
+    """``(dense, useful)`` matmul FLOPs of one attention call.
+
+    dense = ``2*B*H*L*S*D + 2*B*H*L*S*E`` (every score computed); useful counts only the
+    allowed pairs, ``2*B*H*pairs*(D + E)``; the two are equal without ``is_causal``.
+    """
+    pairs = allowed_pairs(L, S, is_causal=is_causal, alignment=alignment)
+    return 2 * B * H * L * S * (D + E), 2 * B * H * pairs * (D + E)
+
+
+def module_flops(
+    B: int, H: int, K: int, L: int, S: int, D: int, E: int, M: int, *, is_causal: bool = False
+) -> tuple[int, int]:
+    """``(dense, useful)`` FLOPs of one attention module call (projections + attention).
+
+    q: ``2*B*L*M*(H*D)``, k: ``2*B*S*M*(K*D)``, v: ``2*B*S*M*(K*E)``, out: ``2*B*L*(H*E)*M``;
+    bias additions are not counted. Causal masking only changes the attention part.
+    """
+    proj = 2 * B * (L * M * H * D + S * M * K * D + S * M * K * E + L * H * E * M)
+    dense, useful = attention_flops(B, H, L, S, D, E, is_causal=is_causal)
+    return proj + dense, proj + useful
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One benchmarked problem.
+
+    ``op`` is ``"attention"`` (functional rows: query ``(B, H, L, D)``, key ``(B, K, S, D)``,
+    value ``(B, K, S, E)``) or ``"module"`` (module rows: input ``(B, L, M)``, self-attention,
+    so S = L and M = H * D).
+    """
+
+    op: str
+    B: int
+    H: int
+    K: int
+    L: int
+    S: int
+    D: int
+    E: int
+    is_causal: bool = False
+    dtype: str = "float32"
+
+    @property
+    def M(self) -> int:
+        """Model width of module workloads (H * D)."""
+        return self.H * self.D
+
+    @property
+    def variant(self) -> str:
+        """``MHA`` (K = H), ``MQA`` (K = 1) or ``GQA H:K``."""
+        if self.K == self.H:
+            return "MHA"
+        if self.K == 1:
+            return "MQA"
+        return f"GQA {self.H}:{self.K}"
+
+    @property
+    def id(self) -> str:
+        """Stable key, e.g. ``attention.mha.b1.h8.k8.l2048.s2048.d64.e64.f32.causal``."""
+        mode = "causal" if self.is_causal else "full"
+        return (
+            f"{self.op}.{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
+            f".l{self.L}.s{self.S}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}.{mode}"
+        )
+
+    @property
+    def label(self) -> str:
+        """Short human label, e.g. ``MHA B1 H8 L=S=2048 D64 f32 causal``."""
+        lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
+        kind = "module " if self.op == "module" else ""
+        mode = " causal" if self.is_causal else ""
+        return (
+            f"{kind}{self.variant} B{self.B} H{self.H} {lengths} D{self.D} "
+            f"{_SHORT[self.dtype]}{mode}"
+        )
+
+    @property
+    def series(self) -> str:
+        """The plot panel a workload belongs to: everything but the sequence length."""
+        mode = " causal" if self.is_causal else ""
+        kind = "module " if self.op == "module" else ""
+        return f"{kind}{self.variant} B{self.B} H{self.H} D{self.D} {_SHORT[self.dtype]}{mode}"
+
+    def flops(self) -> tuple[int, int]:
+        """``(dense, useful)`` FLOPs (see :func:`attention_flops`, :func:`module_flops`)."""
+        if self.op == "module":
+            return module_flops(
+                self.B, self.H, self.K, self.L, self.S, self.D, self.E, self.M,
+                is_causal=self.is_causal,
+            )  # fmt: skip
+        return attention_flops(
+            self.B, self.H, self.L, self.S, self.D, self.E, is_causal=self.is_causal
+        )
+
+    def score_bytes(self) -> int:
+        """Bytes of one float32 ``(B, H, L, S)`` score tensor: the quadratic wall."""
+        return self.B * self.H * self.L * self.S * 4
+
+    def input_bytes(self) -> int:
+        """Bytes of query, key, value and output (or input and output for modules)."""
+        n = DTYPE_BYTES[self.dtype]
+        if self.op == "module":
+            return 2 * self.B * self.L * self.M * n
+        q = self.B * self.H * self.L * self.D
+        kv = self.B * self.K * self.S * (self.D + self.E)
+        return (q + kv + self.B * self.H * self.L * self.E) * n
+
+    def to_dict(self) -> dict:
+        """Fields plus id, label, variant and FLOPs, for the JSON report."""
+        dense, useful = self.flops()
+        return {
+            **asdict(self),
+            "id": self.id,
+            "label": self.label,
+            "variant": self.variant,
+            "series": self.series,
+            "flops_dense": dense,
+            "flops_useful": useful,
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Workload:
+        """Inverse of :meth:`to_dict` (extra keys ignored)."""
+        fields = ("op", "B", "H", "K", "L", "S", "D", "E", "is_causal", "dtype")
+        return cls(**{f: d[f] for f in fields})
+
+
+def _attn(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
+    return Workload("attention", B, H, K, L, L, D, D, causal, dtype)
+
+
+def _module(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
+    return Workload("module", B, H, K, L, L, D, D, causal, dtype)
+
+
+#: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
+#: N=2048); the causal goal compares its causal twin with it.
+GOAL_WORKLOAD = _attn(1, 8, 8, 2048, 64)
+
+
+def _cpu_quick() -> list[Workload]:
+    w = [_attn(1, 8, 8, n, 64) for n in (256, 512, 1024, 2048, 4096)]  # MHA sweep
+    w += [_attn(1, 8, 8, n, 64, causal=True) for n in (1024, 2048)]  # causal, incl. the goal
+    w += [_attn(1, 32, 8, 1024, 64), _attn(1, 8, 1, 1024, 64)]  # GQA 32:8, MQA
+    w += [_module(1, 8, 8, n, 64) for n in (256, 1024, 2048)]  # module rows (M = 512)
+    w += [_module(1, 8, 2, 1024, 64)]  # GQA module
+    return w
+
+
+def _cpu_full() -> list[Workload]:
+    lengths = (256, 512, 1024, 2048, 4096, 8192)
+    w = []
+    for causal in (False, True):
+        w += [_attn(1, 8, 8, n, 64, causal=causal) for n in lengths]
+        w += [_attn(1, 32, 8, n, 64, causal=causal) for n in lengths[:-1]]
+        w += [_attn(1, 8, 1, n, 64, causal=causal) for n in lengths]
+        w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
+        w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
+    return w
+
+
+def _accel_quick(dtypes: tuple[str, ...]) -> list[Workload]:
+    w = []
+    for dt in dtypes:
+        for causal in (False, True):
+            w += [_attn(2, 16, 16, n, 128, causal=causal, dtype=dt) for n in (1024, 4096, 16384)]
+    lo = dtypes[0]
+    w += [_attn(2, 32, 8, 4096, 128, dtype=lo), _attn(2, 16, 1, 4096, 128, dtype=lo)]
+    w += [_attn(2, 16, 16, n, 128, dtype="float32") for n in (1024, 4096)]
+    w += [_module(2, 16, 16, n, 128, dtype=lo) for n in (1024, 4096)]
+    w += [_module(2, 16, 4, 4096, 128, dtype=lo)]
+    return w
+
+
+def _accel_full(dtypes: tuple[str, ...]) -> list[Workload]:
+    lengths = (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072)
+    w = []
+    for dt in dtypes:
+        for causal in (False, True):
+            w += [_attn(2, 16, 16, n, 128, causal=causal, dtype=dt) for n in lengths]
+    lo = dtypes[0]
+    for causal in (False, True):
+        w += [_attn(2, 32, 8, n, 128, causal=causal, dtype=lo) for n in lengths[2:8]]
+        w += [_attn(2, 16, 1, n, 128, causal=causal, dtype=lo) for n in lengths[2:8]]
+        w += [_attn(2, 16, 16, n, 128, causal=causal, dtype="float32") for n in lengths[:7]]
+        w += [_module(2, 16, 16, n, 128, causal=causal, dtype=lo) for n in lengths[1:7]]
+        w += [_module(2, 16, 4, n, 128, causal=causal, dtype=lo) for n in lengths[1:7]]
+    return w
+
+
+def _smoke() -> list[Workload]:
+    """Seconds, not minutes: proves the harness end to end (tests use it)."""
+    return [_attn(1, 2, 2, n, 16) for n in (32, 64)] + [_attn(1, 2, 1, 64, 16, causal=True)]
+
+
+#: Grid builders by (device class, grid name). GPU grids run bfloat16 and float16 (TPU: bfloat16)
+#: up to 128k where memory allows; rows that cannot fit a workload are skipped with a reason.
+GRIDS = {
+    ("cpu", "quick"): _cpu_quick,
+    ("cpu", "full"): _cpu_full,
+    ("cuda", "quick"): lambda: _accel_quick(("bfloat16", "float16")),
+    ("cuda", "full"): lambda: _accel_full(("bfloat16", "float16")),
+    ("tpu", "quick"): lambda: _accel_quick(("bfloat16",)),
+    ("tpu", "full"): lambda: _accel_full(("bfloat16",)),
+    **{(d, "smoke"): _smoke for d in ("cpu", "cuda", "tpu")},
+}
+
+
+def grid(device: str, name: str) -> list[Workload]:
+    """The workloads of grid ``name`` (``quick`` | ``full``) for ``device`` (cpu | cuda | tpu)."""
+    try:
+        build = GRIDS[(device, name)]
+    except KeyError:
+        known = sorted({g for _, g in GRIDS})
+        raise ValueError(f"no grid {name!r} for device {device!r}; grids: {known}") from None
+    workloads = build()
+    if len(set(workloads)) != len(workloads):
+        raise AssertionError(f"grid ({device}, {name}) lists a workload twice")
+    return workloads
