@@ -1,9 +1,11 @@
 """Scaled dot-product attention in PyTorch: tensor ops, autograd, any device.
 
 The same steps, names and comments as ``impl_numpy/functional.py`` and
-``impl_jax/functional.py``; only the idiom differs. Here every step is out of place (autograd
-and ``torch.compile`` want that), GQA shows torch's ``repeat_interleave``, and nothing leaves
-the device the tensors are on.
+``impl_jax/functional.py``; only the idiom differs. Here a step works in place (``mul_``,
+``sub_``, ``exp_``) only where autograd keeps nothing that the write would spoil: the
+``(..., H, L, S)`` scores are the one large tensor, and each new copy of it costs a full pass and
+an allocation. GQA shows torch's ``repeat_interleave``, and nothing leaves the device the
+tensors are on.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
@@ -71,7 +73,7 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     # 1. scores = (query @ key^T) * scale; key/value head k serves query heads k*G .. k*G+G-1.
     q = query.to(ct)  # (..., H, L, D)
     k = key.to(ct).repeat_interleave(G, dim=-3)  # (..., H, S, D); head h reads kv head h // G
-    s = (q @ k.transpose(-2, -1)) * dims.scale  # (..., H, L, S)
+    s = (q @ k.transpose(-2, -1)).mul_(dims.scale)  # (..., H, L, S)
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
     if softcap is not None:
@@ -89,7 +91,8 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     if is_causal:
         allowed = causal_mask(L, S, alignment=causal_alignment, device=s.device)  # (L, S)
         s = torch.where(allowed, s, float("-inf"))
-    s = s.expand(dims.scores_shape)  # a value with more batch than query and key
+    if s.shape != dims.scores_shape:  # a value with more batch than query and key
+        s = s.expand(dims.scores_shape).clone()
 
     # 6. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
     if S > 0:
@@ -97,7 +100,7 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     else:
         row_max = s.new_zeros((*s.shape[:-1], 1))  # no keys at all: every row is fully masked
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # exp(-inf - 0) = 0, not NaN
-    e = torch.exp(s - row_max)  # (..., H, L, S)
+    e = s.sub_(row_max).exp_()  # (..., H, L, S)
     row_sum = e.sum(dim=-1, keepdim=True)  # (..., H, L, 1)
     return e / torch.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
 
