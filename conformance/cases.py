@@ -10,6 +10,17 @@ id ``sdpa.<name>.<dtype>`` (e.g. ``sdpa.gqa.h6_k2.float32``).
 the error class and code SEMANTICS.md's taxonomy prescribes. ``CAUSAL_MASK_CASES`` lists the
 ``causal_mask(L, S, alignment=...)`` calls whose boolean result is stored.
 
+``@flash_case`` functions are attention cases for ``flash_attention`` alone, with the block
+sizes in their keywords (``block_q``, ``block_k``): sequence lengths the blocks do not divide,
+blocks larger than the sequence, blocks of one, fully masked blocks. Ids ``flash.tiling.<...>``.
+
+``@module_case`` functions build the canonical weights (SEMANTICS.md, "Modules") and the inputs
+of one call of ``GroupedQueryAttention``/``MultiHeadAttention`` (``module.<name>.<dtype>``);
+``@decode_case`` functions build a module and a sequence whose golden is one full causal
+forward, fed to ``init_cache``/``decode`` token by token and in uneven chunks
+(``decode.<name>.<chunking>.<dtype>``). ``@module_error_case`` functions describe a
+construction, a weight load, a forward call or a decode that must raise.
+
 Default sizes are pairwise distinct where it matters (B=2, H=6, K=2, L=5, S=7, D=11, E=13) so
 a swapped axis is a shape error or a wrong number, never a silent pass.
 """
@@ -29,10 +40,19 @@ __all__ = [
     "ALL_DTYPES",
     "CAUSAL_MASK_CASES",
     "CAUSAL_MASK_ERROR_CASES",
+    "DECODE_CASES",
+    "DECODE_CHUNKINGS",
     "ERROR_CASES",
+    "FLASH_CASES",
+    "MODULE_CASES",
+    "MODULE_ERROR_CASES",
     "SDPA_CASES",
     "Call",
     "ErrorCase",
+    "ModuleCall",
+    "ModuleCase",
+    "ModuleErrorCall",
+    "ModuleErrorCase",
     "SdpaCase",
     "Zeros",
 ]
@@ -733,3 +753,599 @@ CAUSAL_MASK_ERROR_CASES: list[tuple[str, dict[str, Any], str, str]] = [
         "non_positive_size",
     ),
 ]
+
+
+# ---------------------------------------------------------------------------------------------
+# flash_attention: blocks that do not divide the sequence, blocks larger than it, blocks of one
+# ---------------------------------------------------------------------------------------------
+
+#: Cases run against ``flash_attention`` only, with the block sizes of their keywords (the
+#: plain functions take no block sizes). Ids ``flash.<name>.<dtype>``; no weights golden.
+FLASH_CASES: list[SdpaCase] = []
+
+
+def flash_case(name: str, dtypes: tuple[str, ...] = F32):
+    """Register ``fn(rng, dtype) -> Call`` (keywords holding block_q and block_k) as the case
+    ``flash.<name>.<dtype>`` per dtype."""
+
+    def register(fn: Callable[[np.random.Generator, str], Call]):
+        FLASH_CASES.append(SdpaCase(name, tuple(dtypes), fn, seed_of("flash." + name)))
+        return fn
+
+    return register
+
+
+# L = 113 query rows and S = 203 keys: prime, so no block size above one divides either.
+LONG_L, LONG_S = 113, 203
+
+
+def long_qkv(rng, *, batch=(1,), h=1, l=LONG_L, s=LONG_S):
+    """query (*batch, h, l, 8), key (*batch, 1, s, 8), value (*batch, 1, s, 5): E != D, one
+    key/value head (the float64 oracle is a Python loop: long cases are kept narrow)."""
+    return qkv(rng, batch=batch, h=h, k=1, l=l, s=s, d=8, e=5)
+
+
+@flash_case("tiling.ragged.l113_s203", ("float32", "bfloat16"))
+def flash_ragged(rng, dtype):
+    """Blocks of 16 rows and 32 keys: 113 = 7 * 16 + 1 and 203 = 6 * 32 + 11, so the last query
+    block has one row and the last key block eleven keys (MQA 2:1). The running max changes from
+    block to block, so a missing rescale of the accumulator (or a division by the row sum before
+    the last key block) gives a different answer."""
+    return call(*long_qkv(rng, h=2), block_q=16, block_k=32)
+
+
+@flash_case("tiling.causal_top_left.l113_s203")
+def flash_causal_top_left(rng, dtype):
+    """top_left causal with blocks of 16 x 32: the diagonal crosses key blocks partway, and the
+    blocks above it are skipped. Skipping the partly masked blocks too leaves the first rows with
+    no key at all (zeros instead of value row 0)."""
+    return call(*long_qkv(rng), is_causal=True, block_q=16, block_k=32)
+
+
+@flash_case("tiling.causal_bottom_right.l113_s203")
+def flash_causal_bottom_right(rng, dtype):
+    """bottom_right causal with L < S (offset 90): every row sees at least 91 keys; the diagonal
+    crosses key blocks partway."""
+    return call(*long_qkv(rng), is_causal=True, causal_alignment="bottom_right",
+                block_q=16, block_k=32)  # fmt: skip
+
+
+@flash_case("tiling.causal_bottom_right.l203_s113")
+def flash_causal_bottom_right_tall(rng, dtype):
+    """bottom_right causal with L > S: the first 90 rows see no key (zeros, never NaN), so whole
+    query blocks are fully masked, and the block holding row 90 is masked but for one key."""
+    return call(*long_qkv(rng, l=LONG_S, s=LONG_L), is_causal=True,
+                causal_alignment="bottom_right", block_q=16, block_k=32)  # fmt: skip
+
+
+@flash_case("tiling.left_padding.l17_s203")
+def flash_left_padding(rng, dtype):
+    """A (B, 1, 1, S) mask that pads example 1 on the left (its first 40 keys are out, as in a
+    batch of left-padded prompts): its first key block of 32 is fully masked for every row, so a
+    running max of -inf meets the first allowed keys in the second block. 17 = 16 + 1 rows."""
+    mask = np.ones((2, 1, 1, LONG_S), dtype=bool)
+    mask[1, ..., :40] = False
+    return call(*long_qkv(rng, batch=(2,), l=17), mask=mask, block_q=16, block_k=32)
+
+
+@flash_case("tiling.rising_max.l9_s40", ("float32", "float16"))
+def flash_rising_max(rng, dtype):
+    """Key j is scaled by 1 + j / 8, so the scores, and the running row max, grow with every key
+    block of 8: what was summed under an old max must be rescaled by exp(m_old - m_new) at every
+    step. Blocks of 4 rows (9 = 2 * 4 + 1)."""
+    q, k, v = long_qkv(rng, l=9, s=40)
+    k = k * (1.0 + np.arange(40) / 8.0)[:, None]  # (S, 1): later keys score higher
+    return call(q, k, v, block_q=4, block_k=8)
+
+
+@flash_case("tiling.block_larger.l5_s7", ("float32", "float16"))
+def flash_block_larger(rng, dtype):
+    """Blocks of 64 rows and 128 keys against L = 5, S = 7: one block each way, shorter than the
+    block size (GQA 6:2, with a mask)."""
+    return call(*qkv(rng), mask=random_mask(rng, B, 1, L, S), block_q=64, block_k=128)
+
+
+@flash_case("tiling.block_one.l5_s7", ("float32", "bfloat16"))
+def flash_block_one(rng, dtype):
+    """Blocks of one row and one key: every key is its own block, so the online softmax rescales
+    at almost every step; with a mask, a bias, and bottom_right causal."""
+    return call(*qkv(rng), mask=random_mask(rng, B, 1, L, S), bias=0.5 * normal(rng, H, L, S),
+                is_causal=True, causal_alignment="bottom_right", block_q=1, block_k=1)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules: GroupedQueryAttention / MultiHeadAttention from canonical weights
+# ---------------------------------------------------------------------------------------------
+
+# Module sizes: M = H * D = H * E as in most models (so a transposed square projection is a
+# wrong number, not a shape error), L != S for cross-attention.
+MB, ML, MS, MM, MD = 2, 5, 7, 24, 4
+
+
+@dataclass
+class ModuleCall:
+    """One module case: float64 canonical weights, the call's inputs and keywords.
+
+    The module is ``<cls>.from_canonical(weights, n_heads=..., n_kv_heads=...)`` (``n_kv_heads``
+    left out for ``MultiHeadAttention``, which defaults it to H), called as
+    ``module(x, context, mask=, bias=, **keywords)``.
+    """
+
+    weights: dict[str, Any]
+    x: Any
+    n_heads: int
+    n_kv_heads: int
+    cls: str = "GroupedQueryAttention"
+    context: Any = None
+    mask: Any = None
+    bias: Any = None
+    keywords: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModuleCase:
+    name: str
+    dtypes: tuple[str, ...]
+    build: Callable[[np.random.Generator, str], ModuleCall]
+    seed: int
+
+    @property
+    def doc(self) -> str:
+        return " ".join((self.build.__doc__ or "").split())
+
+
+MODULE_CASES: list[ModuleCase] = []
+
+
+def module_case(name: str, dtypes: tuple[str, ...] = F32):
+    """Register ``fn(rng, dtype) -> ModuleCall`` as the case ``module.<name>.<dtype>``."""
+
+    def register(fn: Callable[[np.random.Generator, str], ModuleCall]):
+        MODULE_CASES.append(ModuleCase(name, tuple(dtypes), fn, seed_of("module." + name)))
+        return fn
+
+    return register
+
+
+def kernel_shapes(m: int, h: int, k: int, d: int, e: int) -> dict[str, tuple[int, int]]:
+    """The canonical kernels' ``(in, out)`` shapes, in forward order."""
+    return {"q_proj": (m, h * d), "k_proj": (m, k * d), "v_proj": (m, k * e), "o_proj": (h * e, m)}
+
+
+def canonical(rng, *, m=MM, h=H, k=K, d=MD, e=MD, bias=True) -> dict[str, np.ndarray]:
+    """Canonical weights ``q_proj.kernel (M, H*D)`` ... ``o_proj.kernel (H*E, M)`` (and biases),
+    entries of order 1/sqrt(in) so activations stay of order one. The biases of key/value head
+    n are shifted by 0.5n and 2n (as in :func:`qkv`), so the key/value heads differ clearly and a
+    wrong head mapping or a wrong split of the feature axis shows."""
+    weights = {}
+    for name, (n_in, n_out) in kernel_shapes(m, h, k, d, e).items():
+        weights[f"{name}.kernel"] = normal(rng, n_in, n_out) / math.sqrt(n_in)
+        if bias:
+            weights[f"{name}.bias"] = 0.5 * normal(rng, n_out)
+    if bias:
+        weights["k_proj.bias"] += 0.5 * np.repeat(np.arange(k), d)  # (K*D,): head n near 0.5n
+        weights["v_proj.bias"] += 2.0 * np.repeat(np.arange(k), e)  # (K*E,): head n near 2n
+    return weights
+
+
+def padding(lengths: list[int], kv_len: int) -> np.ndarray:
+    """The (B, 1, 1, S) padding mask of per-example key lengths: True where key j < length."""
+    return (np.arange(kv_len)[None, :] < np.array(lengths)[:, None])[:, None, None, :]
+
+
+@module_case("mha.self", ALL_DTYPES)
+def module_mha_self(rng, dtype):
+    """MultiHeadAttention (H = K = 6, M = 24 = H * D), self-attention, with the weights of every
+    head returned (B, H, L, L). Square q and o projections: a transposed kernel or q and k
+    projections swapped give wrong numbers, not shape errors."""
+    return ModuleCall(canonical(rng, k=H), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=H,
+                      cls="MultiHeadAttention", keywords={"return_weights": True})  # fmt: skip
+
+
+@module_case("gqa.h6_k2", ALL_DTYPES)
+def module_gqa(rng, dtype):
+    """GroupedQueryAttention 6:2, self-attention: query head h reads key/value head h // 3."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      keywords={"return_weights": True})  # fmt: skip
+
+
+@module_case("mqa.h6_k1", ALL_DTYPES)
+def module_mqa(rng, dtype):
+    """Multi-query attention (n_kv_heads = 1): one key/value head for all six query heads."""
+    return ModuleCall(canonical(rng, k=1), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=1,
+                      keywords={"return_weights": True})  # fmt: skip
+
+
+@module_case("cross.h6_k2", ALL_DTYPES)
+def module_cross(rng, dtype):
+    """Cross-attention: queries from x (B, L=5, M), keys and values from context (B, S=7, M)."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      context=normal(rng, MB, MS, MM))  # fmt: skip
+
+
+@module_case("causal.top_left.l5_s7", ALL_DTYPES)
+def module_causal_top_left(rng, dtype):
+    """Cross-attention, causal top_left with L = 5 < S = 7: query i sees context tokens 0..i."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      context=normal(rng, MB, MS, MM),
+                      keywords={"is_causal": True, "return_weights": True})  # fmt: skip
+
+
+@module_case("causal.bottom_right.l5_s7", ALL_DTYPES)
+def module_causal_bottom_right(rng, dtype):
+    """Cross-attention, causal bottom_right with L = 5 < S = 7: query i sees tokens 0..i+2."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      context=normal(rng, MB, MS, MM),
+                      keywords={"is_causal": True, "causal_alignment": "bottom_right",
+                                "return_weights": True})  # fmt: skip
+
+
+@module_case("causal.bottom_right.l7_s5")
+def module_causal_bottom_right_tall(rng, dtype):
+    """Cross-attention, causal bottom_right with L = 7 > S = 5: the first two query rows see no
+    key; their attention output is zero, so their module output is o_proj's bias alone."""
+    return ModuleCall(canonical(rng), normal(rng, MB, MS, MM), n_heads=H, n_kv_heads=K,
+                      context=normal(rng, MB, ML, MM),
+                      keywords={"is_causal": True, "causal_alignment": "bottom_right"})  # fmt: skip
+
+
+@module_case("causal.self", ("float32", "bfloat16"))
+def module_causal_self(rng, dtype):
+    """Self-attention with the causal rule (L = S: both alignments are the lower triangle)."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      keywords={"is_causal": True})  # fmt: skip
+
+
+@module_case("padding.b11s", ("float32", "float16", "bfloat16"))
+def module_padding(rng, dtype):
+    """Cross-attention with a (B, 1, 1, S) padding mask: example 0 has all 7 context tokens,
+    example 1 only its first 4 (what padding_mask([7, 4], 7) gives)."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      context=normal(rng, MB, MS, MM), mask=padding([7, 4], MS),
+                      keywords={"return_weights": True})  # fmt: skip
+
+
+@module_case("bias.full")
+def module_bias(rng, dtype):
+    """An additive attention bias (B, H, L, S) passed through the module to the attention."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      context=normal(rng, MB, MS, MM), bias=normal(rng, MB, H, ML, MS))  # fmt: skip
+
+
+@module_case("no_bias", ("float32", "bfloat16"))
+def module_no_bias(rng, dtype):
+    """Weights without biases (the four kernels only): bias=False modules."""
+    return ModuleCall(canonical(rng, bias=False), normal(rng, MB, ML, MM), n_heads=H,
+                      n_kv_heads=K)  # fmt: skip
+
+
+@module_case("shapes.d5_e3_m17")
+def module_shapes(rng, dtype):
+    """Head dims that are not d_model / n_heads: M = 17, H = 6, K = 3, D = 5, E = 3 (q_proj
+    (17, 30), v_proj (17, 9), o_proj (18, 17)). D and E are read from the kernels' shapes."""
+    return ModuleCall(canonical(rng, m=17, k=3, d=5, e=3), normal(rng, MB, ML, 17), n_heads=H,
+                      n_kv_heads=3, context=normal(rng, MB, MS, 17))  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# KV-cache decoding: any chunking of a sequence gives one full causal forward
+# ---------------------------------------------------------------------------------------------
+
+#: How the runner feeds a decode case's sequence of T = 5 tokens to ``decode``, and the
+#: ``max_len`` of its cache: token by token into a cache it fills exactly, and in uneven chunks
+#: (a prefill of 2, one token, then 2 more attending to 3 cached ones) into a larger cache.
+DECODE_CHUNKINGS: dict[str, dict[str, Any]] = {
+    "tokens": {"chunks": [1, 1, 1, 1, 1], "max_len": 5},
+    "chunks_2_1_2": {"chunks": [2, 1, 2], "max_len": 8, "return_weights": True},
+}
+DECODE_T = 5
+
+
+@dataclass
+class DecodeCase:
+    name: str
+    dtypes: tuple[str, ...]
+    build: Callable[[np.random.Generator, str], ModuleCall]
+    seed: int
+
+    @property
+    def doc(self) -> str:
+        return " ".join((self.build.__doc__ or "").split())
+
+
+DECODE_CASES: list[DecodeCase] = []
+
+
+def decode_case(name: str, dtypes: tuple[str, ...] = ALL_DTYPES):
+    """Register ``fn(rng, dtype) -> ModuleCall`` (self-attention, is_causal) as the cases
+    ``decode.<name>.<chunking>.<dtype>``, one per chunking of :data:`DECODE_CHUNKINGS`."""
+
+    def register(fn: Callable[[np.random.Generator, str], ModuleCall]):
+        DECODE_CASES.append(DecodeCase(name, tuple(dtypes), fn, seed_of("decode." + name)))
+        return fn
+
+    return register
+
+
+@decode_case("mha.h6")
+def decode_mha(rng, dtype):
+    """MultiHeadAttention, H = K = 6: the cache holds 6 key/value heads."""
+    return ModuleCall(canonical(rng, k=H), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=H,
+                      cls="MultiHeadAttention", keywords={"is_causal": True})  # fmt: skip
+
+
+@decode_case("gqa.h6_k2")
+def decode_gqa(rng, dtype):
+    """GroupedQueryAttention 6:2: the cache holds K = 2 heads, a third of MHA's."""
+    return ModuleCall(canonical(rng), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=K,
+                      keywords={"is_causal": True})  # fmt: skip
+
+
+@decode_case("mqa.h6_k1")
+def decode_mqa(rng, dtype):
+    """Multi-query attention: the cache holds one key/value head."""
+    return ModuleCall(canonical(rng, k=1), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=1,
+                      keywords={"is_causal": True})  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Module error cases: construction, weight loading, forward, decoding
+# ---------------------------------------------------------------------------------------------
+
+# A valid module for the load/forward/decode error cases: M=20, H=6, K=2, D=4, E=3 (zeros).
+EM, EH, EK, ED, EE = 20, 6, 2, 4, 3
+
+
+def error_weights(*, m=EM, h=EH, k=EK, d=ED, e=EE, dtype="float32") -> dict[str, Zeros]:
+    """The canonical weights of a module of these sizes, as shapes and a dtype."""
+    weights = {}
+    for name, (n_in, n_out) in kernel_shapes(m, h, k, d, e).items():
+        weights[f"{name}.kernel"] = z(n_in, n_out, dtype=dtype)
+        weights[f"{name}.bias"] = z(n_out, dtype=dtype)
+    return weights
+
+
+@dataclass
+class ModuleErrorCall:
+    """What the runner does before the expected error.
+
+    ``call``:
+      - ``"construct"``: ``<cls>(**arguments)``;
+      - ``"load"``: ``<cls>.from_canonical(zeros of weights, n_heads=, n_kv_heads=)``;
+      - ``"forward"``: load valid weights, then ``module(x, context, mask=, bias=, **keywords)``
+        with zeros of the ``inputs``;
+      - ``"decode"``: load, ``cache = module.init_cache(batch_size, max_len)``, then
+        ``module.decode`` on consecutive ``chunks`` of zeros of ``inputs["x"]``.
+    """
+
+    call: str
+    cls: str = "GroupedQueryAttention"
+    arguments: dict[str, Any] = field(default_factory=dict)
+    weights: dict[str, Zeros] = field(default_factory=dict)
+    n_heads: int = EH
+    n_kv_heads: int | None = EK
+    inputs: dict[str, Zeros] = field(default_factory=dict)
+    keywords: dict[str, Any] = field(default_factory=dict)
+    decode: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class ModuleErrorCase:
+    name: str
+    error_class: str
+    code: str
+    build: Callable[[], ModuleErrorCall]
+
+    @property
+    def op(self) -> str:
+        """``decode`` for errors of the cached path, ``module`` for the others."""
+        return "decode" if self.build().call == "decode" else "module"
+
+    @property
+    def doc(self) -> str:
+        return " ".join((self.build.__doc__ or "").split())
+
+
+MODULE_ERROR_CASES: list[ModuleErrorCase] = []
+
+
+def module_error_case(name: str, error_class: str, code: str):
+    """Register ``fn() -> ModuleErrorCall`` as ``module.error.<name>.float32`` (or
+    ``decode.error.<name>.float32`` for a decode)."""
+
+    def register(fn: Callable[[], ModuleErrorCall]):
+        MODULE_ERROR_CASES.append(ModuleErrorCase(name, error_class, code, fn))
+        return fn
+
+    return register
+
+
+def construct(cls: str, **arguments: Any) -> ModuleErrorCall:
+    return ModuleErrorCall("construct", cls, arguments=arguments)
+
+
+def load(weights: dict[str, Zeros], *, cls="GroupedQueryAttention", n_heads=EH, n_kv_heads=EK):
+    return ModuleErrorCall("load", cls, weights=weights, n_heads=n_heads, n_kv_heads=n_kv_heads)
+
+
+def forward(x=None, context=None, *, mask=None, bias=None, **keywords) -> ModuleErrorCall:
+    x = z(MB, ML, EM) if x is None else x
+    inputs = {"x": x, "context": context, "mask": mask, "bias": bias}
+    return ModuleErrorCall("forward", weights=error_weights(),
+                           inputs={n: a for n, a in inputs.items() if a is not None},
+                           keywords=keywords)  # fmt: skip
+
+
+def decode(chunks: list[int], *, max_len: int, batch_size=MB, x=None) -> ModuleErrorCall:
+    x = z(MB, sum(chunks), EM) if x is None else x
+    return ModuleErrorCall("decode", weights=error_weights(), inputs={"x": x},
+                           decode={"batch_size": batch_size, "max_len": max_len,
+                                   "chunks": list(chunks)})  # fmt: skip
+
+
+@module_error_case("d_model_not_divisible", "DimensionMismatchError", "d_model_not_divisible")
+def err_d_model_not_divisible():
+    """MultiHeadAttention(d_model=16, n_heads=5) without head_dim: 16 is not divisible by 5."""
+    return construct("MultiHeadAttention", d_model=16, n_heads=5)
+
+
+@module_error_case("construct_heads_not_divisible", "DimensionMismatchError",
+                   "heads_not_divisible")  # fmt: skip
+def err_construct_heads_not_divisible():
+    """GroupedQueryAttention(d_model=24, n_heads=6, n_kv_heads=4): 4 does not divide 6."""
+    return construct("GroupedQueryAttention", d_model=24, n_heads=6, n_kv_heads=4)
+
+
+@module_error_case("construct_zero_d_model", "ConfigError", "non_positive_size")
+def err_construct_zero_d_model():
+    """GroupedQueryAttention(d_model=0, n_heads=6, n_kv_heads=2)."""
+    return construct("GroupedQueryAttention", d_model=0, n_heads=6, n_kv_heads=2)
+
+
+@module_error_case("construct_zero_heads", "ConfigError", "non_positive_size")
+def err_construct_zero_heads():
+    """MultiHeadAttention(d_model=24, n_heads=0) (not a ZeroDivisionError)."""
+    return construct("MultiHeadAttention", d_model=24, n_heads=0)
+
+
+@module_error_case("construct_zero_head_dim", "ConfigError", "non_positive_size")
+def err_construct_zero_head_dim():
+    """GroupedQueryAttention(d_model=24, n_heads=6, n_kv_heads=2, head_dim=0)."""
+    return construct("GroupedQueryAttention", d_model=24, n_heads=6, n_kv_heads=2, head_dim=0)
+
+
+@module_error_case("weights_missing", "DimensionMismatchError", "weight_shape")
+def err_weights_missing():
+    """Canonical weights without o_proj.kernel."""
+    weights = error_weights()
+    del weights["o_proj.kernel"]
+    return load(weights)
+
+
+@module_error_case("weights_transposed", "DimensionMismatchError", "weight_shape")
+def err_weights_transposed():
+    """o_proj.kernel given as (M, H*E) = (20, 18), torch's (out, in) layout, not (H*E, M)."""
+    weights = error_weights()
+    weights["o_proj.kernel"] = z(EM, EH * EE)
+    return load(weights)
+
+
+@module_error_case("weights_torch_names", "DimensionMismatchError", "weight_shape")
+def err_weights_torch_names():
+    """An extra entry q_proj.weight (a torch state-dict name) next to the canonical ones."""
+    return load(error_weights() | {"q_proj.weight": z(EH * ED, EM)})
+
+
+@module_error_case("weights_some_biases", "DimensionMismatchError", "weight_shape")
+def err_weights_some_biases():
+    """Biases must be all present or all absent: only q_proj.bias is missing."""
+    weights = error_weights()
+    del weights["q_proj.bias"]
+    return load(weights)
+
+
+@module_error_case("weights_gqa_into_mha", "DimensionMismatchError", "weight_shape")
+def err_weights_gqa_into_mha():
+    """GQA 6:2 weights loaded with MultiHeadAttention.from_canonical(n_heads=6): K = H = 6
+    cannot split v_proj's 2 * 3 features."""
+    return load(error_weights(), cls="MultiHeadAttention", n_heads=EH, n_kv_heads=None)
+
+
+@module_error_case("weights_mixed_dtypes", "DTypeError", "dtype_mismatch")
+def err_weights_mixed_dtypes():
+    """Every weight float32 but v_proj.kernel float16."""
+    weights = error_weights()
+    weights["v_proj.kernel"] = z(EM, EK * EE, dtype="float16")
+    return load(weights)
+
+
+@module_error_case("weights_int", "DTypeError", "unsupported_dtype")
+def err_weights_int():
+    """Integer weights."""
+    return load(error_weights(dtype="int32"))
+
+
+@module_error_case("x_width", "DimensionMismatchError", "model_width_mismatch")
+def err_x_width():
+    """x (B, L, 21) into a module of d_model M = 20."""
+    return forward(z(MB, ML, EM + 1))
+
+
+@module_error_case("context_width", "DimensionMismatchError", "model_width_mismatch")
+def err_context_width():
+    """context (B, S, 19) into a module of d_model M = 20."""
+    return forward(z(MB, ML, EM), z(MB, MS, EM - 1))
+
+
+@module_error_case("x_rank", "DimensionMismatchError", "rank")
+def err_x_rank():
+    """x of rank 2 (L, M): the batch axis is missing."""
+    return forward(z(ML, EM))
+
+
+@module_error_case("x_dtype", "DTypeError", "dtype_mismatch")
+def err_x_dtype():
+    """float64 x into a float32 module."""
+    return forward(z(MB, ML, EM, dtype="float64"))
+
+
+@module_error_case("context_batch", "DimensionMismatchError", "batch_not_broadcastable")
+def err_context_batch():
+    """x batch 2, context batch 3."""
+    return forward(z(2, ML, EM), z(3, MS, EM))
+
+
+@module_error_case("mask_kv_heads", "MaskError", "mask_kv_heads")
+def err_module_mask_kv_heads():
+    """A mask with a head axis of size K = 2 (neither 1 nor H = 6)."""
+    return forward(z(MB, ML, EM), z(MB, MS, EM), mask=z(MB, EK, ML, MS, dtype="bool"))
+
+
+@module_error_case("mask_dtype", "MaskError", "mask_dtype")
+def err_module_mask_dtype():
+    """An integer padding mask (0/1)."""
+    return forward(z(MB, ML, EM), z(MB, MS, EM), mask=z(MB, 1, 1, MS, dtype="int32"))
+
+
+@module_error_case("padding_mask_of_x", "MaskError", "mask_shape")
+def err_module_mask_shape():
+    """A (B, 1, 1, L) padding mask for cross-attention, where the keys are the S = 7 context
+    tokens."""
+    return forward(z(MB, ML, EM), z(MB, MS, EM), mask=z(MB, 1, 1, ML, dtype="bool"))
+
+
+@module_error_case("unknown_alignment", "ConfigError", "unknown_alignment")
+def err_module_alignment():
+    """causal_alignment="lower_right" (torch's name for the bias object, not an alignment)."""
+    return forward(is_causal=True, causal_alignment="lower_right")
+
+
+@module_error_case("cache_overflow", "ConfigError", "cache_overflow")
+def err_cache_overflow():
+    """A cache of max_len 6: a prefill of 4 tokens fits, 3 more would need 7. Never a wrap or a
+    silent truncation."""
+    return decode([4, 3], max_len=6)
+
+
+@module_error_case("cache_overflow_one_token", "ConfigError", "cache_overflow")
+def err_cache_overflow_one_token():
+    """A cache of max_len 3 filled token by token: the fourth token overflows."""
+    return decode([1, 1, 1, 1], max_len=3)
+
+
+@module_error_case("cache_zero_max_len", "ConfigError", "non_positive_size")
+def err_cache_zero_max_len():
+    """init_cache(batch_size=2, max_len=0)."""
+    return decode([1], max_len=0)
+
+
+@module_error_case("cache_batch", "DimensionMismatchError", "batch_not_broadcastable")
+def err_cache_batch():
+    """A cache made for 3 sequences fed a batch of 2."""
+    return decode([2], max_len=6, batch_size=3)
+
+
+@module_error_case("decode_width", "DimensionMismatchError", "model_width_mismatch")
+def err_decode_width():
+    """New tokens of width 21 into a module of d_model M = 20."""
+    return decode([2], max_len=6, x=z(MB, 2, EM + 1))

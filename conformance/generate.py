@@ -50,7 +50,14 @@ from conformance.fixtures import (
     sha256_of,
     tensor_bytes,
 )
-from conformance.oracle import NOISE_FLOOR, Golden, attention, causal_mask, tolerance_bound
+from conformance.oracle import (
+    NOISE_FLOOR,
+    Golden,
+    attention,
+    causal_mask,
+    module_forward,
+    tolerance_bound,
+)
 
 __all__ = ["GENERATOR_VERSION", "check", "generate", "main"]
 
@@ -161,7 +168,17 @@ def _cross_check(
 # ---------------------------------------------------------------------------------------------
 
 
-def _sdpa_fixture(case: C.SdpaCase, dtype: str) -> tuple[dict, bytes, C.Call, dict, Golden]:
+#: Keywords of a flash case that only ``flash_attention`` takes (the oracle has no blocks).
+BLOCK_KEYWORDS = ("block_q", "block_k")
+
+
+def _sdpa_fixture(
+    case: C.SdpaCase, dtype: str, op: str = "sdpa"
+) -> tuple[dict, bytes, dict, dict, Golden, dict]:
+    """One attention fixture: ``op`` is ``sdpa`` (runs against sdpa, weights and flash) or
+    ``flash`` (a case with block sizes, run against flash_attention alone; no weights stored).
+    Returns the entry, the file's bytes, the oracle's keywords, the inputs, the golden and the
+    bounds of output and weights (the cross-check compares both)."""
     rng = np.random.default_rng(case.seed)
     c = case.build(rng, dtype)
     dt = NP_DTYPES[dtype]
@@ -176,23 +193,26 @@ def _sdpa_fixture(case: C.SdpaCase, dtype: str) -> tuple[dict, bytes, C.Call, di
         inputs["bias"] = np.asarray(c.bias, np.float64).astype(dt)
     as64 = {k: (v if v.dtype == bool else v.astype(np.float64)) for k, v in inputs.items()}
 
-    golden = attention(**as64, **c.keywords)
-    plain = attention(**as64, **c.keywords, round_to=dtype)
+    semantics = {k: v for k, v in c.keywords.items() if k not in BLOCK_KEYWORDS}
+    golden = attention(**as64, **semantics)
+    plain = golden if dtype == "float64" else attention(**as64, **semantics, round_to=dtype)
     bounds = {
         "output": tolerance_bound(golden.output, plain.output, dtype),
         "weights": tolerance_bound(golden.weights, plain.weights, dtype),
     }
-    tensors = {**inputs, "output": golden.output, "weights": golden.weights}
-    case_id = f"sdpa.{case.name}.{dtype}"
+    tensors = {**inputs, "output": golden.output}
+    if op == "sdpa":
+        tensors["weights"] = golden.weights
+    case_id = f"{op}.{case.name}.{dtype}"
     data = tensor_bytes(tensors, case_id)
     feature, _, variant = case.name.partition(".")
     entry = {
         "id": case_id,
-        "op": "sdpa",
+        "op": op,
         "feature": feature,
         "variant": variant,
         "kind": "values",
-        "functions": ["sdpa", "weights", "flash"],
+        "functions": ["sdpa", "weights", "flash"] if op == "sdpa" else ["flash"],
         "dtype": dtype,
         "seed": case.seed,
         "keywords": encode_keywords(c.keywords),
@@ -200,10 +220,124 @@ def _sdpa_fixture(case: C.SdpaCase, dtype: str) -> tuple[dict, bytes, C.Call, di
         "dtypes": {k: v.dtype.name for k, v in tensors.items()},
         "file": f"{case_id}.safetensors",
         "sha256": sha256_of(data),
+        "tolerance": bounds if op == "sdpa" else {"output": bounds["output"]},
+        "doc": case.doc,
+    }
+    return entry, data, semantics, inputs, golden, bounds
+
+
+def _module_inputs(c: C.ModuleCall, dtype: str) -> tuple[dict, dict]:
+    """The canonical weights and the call's inputs, rounded to ``dtype`` (bool masks as they
+    are): what is stored, and what the oracle computes from."""
+    dt = NP_DTYPES[dtype]
+    weights = {name: np.asarray(w, np.float64).astype(dt) for name, w in c.weights.items()}
+    inputs = {"x": np.asarray(c.x, np.float64).astype(dt)}
+    if c.context is not None:
+        inputs["context"] = np.asarray(c.context, np.float64).astype(dt)
+    if c.mask is not None:
+        inputs["mask"] = np.asarray(c.mask, dtype=bool)
+    if c.bias is not None:
+        inputs["bias"] = np.asarray(c.bias, np.float64).astype(dt)
+    return weights, inputs
+
+
+def _module_goldens(c: C.ModuleCall, weights: dict, inputs: dict, dtype: str):
+    """The float64 golden of the module call and the plain same-dtype module's result."""
+    as64 = {k: (v if v.dtype == bool else v.astype(np.float64)) for k, v in inputs.items()}
+    w64 = {k: v.astype(np.float64) for k, v in weights.items()}
+    semantics = {k: v for k, v in c.keywords.items() if k != "return_weights"}
+    args = dict(
+        n_heads=c.n_heads,
+        n_kv_heads=c.n_kv_heads,
+        mask=as64.get("mask"),
+        bias=as64.get("bias"),
+        **semantics,
+    )
+    golden = module_forward(w64, as64["x"], as64.get("context"), **args)
+    if dtype == "float64":  # rounding to float64 is the identity: plain *is* the golden
+        return golden, golden
+    plain = module_forward(w64, as64["x"], as64.get("context"), **args, round_to=dtype)
+    return golden, plain
+
+
+def _module_spec(c: C.ModuleCall) -> dict[str, Any]:
+    """How a port loads the module: class name and the head counts for ``from_canonical``."""
+    spec: dict[str, Any] = {"class": c.cls, "n_heads": c.n_heads}
+    if c.cls != "MultiHeadAttention":
+        spec["n_kv_heads"] = c.n_kv_heads
+    return spec
+
+
+def _module_fixture(case: C.ModuleCase, dtype: str) -> tuple[dict, bytes]:
+    c = case.build(np.random.default_rng(case.seed), dtype)
+    weights, inputs = _module_inputs(c, dtype)
+    golden, plain = _module_goldens(c, weights, inputs, dtype)
+    tensors = {**weights, **inputs, "output": golden.output}
+    bounds = {"output": tolerance_bound(golden.output, plain.output, dtype)}
+    if c.keywords.get("return_weights"):
+        tensors["weights"] = golden.weights
+        bounds["weights"] = tolerance_bound(golden.weights, plain.weights, dtype)
+    case_id = f"module.{case.name}.{dtype}"
+    data = tensor_bytes(tensors, case_id)
+    entry = _values_entry(case_id, "module", case, dtype, c.keywords, tensors, bounds, data)
+    entry["module"] = _module_spec(c)
+    return entry, data
+
+
+def _decode_fixtures(case: C.DecodeCase, dtype: str) -> list[tuple[dict, bytes]]:
+    """One fixture per chunking of :data:`cases.DECODE_CHUNKINGS`, sharing one golden: the
+    module's full causal forward over the whole sequence (self-attention, L = S = T)."""
+    c = case.build(np.random.default_rng(case.seed), dtype)
+    weights, inputs = _module_inputs(c, dtype)
+    golden, plain = _module_goldens(c, weights, inputs, dtype)
+    out = []
+    for chunking, plan in C.DECODE_CHUNKINGS.items():
+        tensors = {**weights, "x": inputs["x"], "output": golden.output}
+        bounds = {"output": tolerance_bound(golden.output, plain.output, dtype)}
+        keywords = {}
+        if plan.get("return_weights"):
+            keywords["return_weights"] = True
+            tensors["weights"] = golden.weights
+            bounds["weights"] = tolerance_bound(golden.weights, plain.weights, dtype)
+        case_id = f"decode.{case.name}.{chunking}.{dtype}"
+        data = tensor_bytes(tensors, case_id)
+        entry = _values_entry(case_id, "decode", case, dtype, keywords, tensors, bounds, data)
+        entry["variant"] = f"{entry['variant']}.{chunking}"
+        entry["module"] = _module_spec(c)
+        entry["decode"] = {"max_len": plan["max_len"], "chunks": list(plan["chunks"])}
+        out.append((entry, data))
+    return out
+
+
+def _values_entry(
+    case_id: str,
+    op: str,
+    case: Any,
+    dtype: str,
+    keywords: dict,
+    tensors: dict[str, np.ndarray],
+    bounds: dict[str, float],
+    data: bytes,
+) -> dict:
+    """The manifest entry of a module or decode fixture (``data``: its file's bytes)."""
+    feature, _, variant = case.name.partition(".")
+    return {
+        "id": case_id,
+        "op": op,
+        "feature": feature,
+        "variant": variant,
+        "kind": "values",
+        "functions": [op],
+        "dtype": dtype,
+        "seed": case.seed,
+        "keywords": encode_keywords(keywords),
+        "shapes": {k: list(v.shape) for k, v in tensors.items()},
+        "dtypes": {k: v.dtype.name for k, v in tensors.items()},
+        "file": f"{case_id}.safetensors",
+        "sha256": sha256_of(data),
         "tolerance": bounds,
         "doc": case.doc,
     }
-    return entry, data, c, inputs, golden
 
 
 def _causal_mask_fixture(alignment: str, q_len: int, kv_len: int) -> tuple[dict, bytes]:
@@ -253,6 +387,43 @@ def _error_entry(case: C.ErrorCase) -> dict:
     }
 
 
+def _spec(zeros: C.Zeros) -> dict[str, Any]:
+    return {"shape": list(zeros.shape), "dtype": zeros.dtype}
+
+
+def _module_error_entry(case: C.ModuleErrorCase) -> dict:
+    c = case.build()
+    op = case.op
+    if c.call == "construct":
+        module = {"class": c.cls, "arguments": dict(c.arguments)}
+    else:
+        module = {"class": c.cls, "n_heads": c.n_heads}
+        if c.n_kv_heads is not None:
+            module["n_kv_heads"] = c.n_kv_heads
+    entry = {
+        "id": f"{op}.error.{case.name}.float32",
+        "op": op,
+        "feature": "error",
+        "variant": case.name,
+        "kind": "error",
+        "functions": [op],
+        "dtype": "float32",
+        "seed": None,
+        "call": c.call,
+        "module": module,
+        "keywords": encode_keywords(c.keywords),
+    }
+    if c.weights:
+        entry["weights"] = {name: _spec(w) for name, w in c.weights.items()}
+    if c.inputs:
+        entry["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}
+    if c.decode:
+        entry["decode"] = dict(c.decode)
+    entry["expected_error"] = {"class": case.error_class, "code": case.code}
+    entry["doc"] = case.doc
+    return entry
+
+
 def _causal_mask_error_entry(name: str, keywords: dict, error_class: str, code: str) -> dict:
     return {
         "id": f"causal_mask.error.{name}.bool",
@@ -285,13 +456,14 @@ def generate(out: str | Path, *, cross_check: bool = True, verbose: bool = False
     entries, files, said, refused = [], {}, {}, []
 
     checks = []
-    for case in C.SDPA_CASES:
+    attention_cases = [("sdpa", c) for c in C.SDPA_CASES] + [("flash", c) for c in C.FLASH_CASES]
+    for op, case in attention_cases:
         for dtype in case.dtypes:
-            entry, data, call, inputs, golden = _sdpa_fixture(case, dtype)
+            entry, data, semantics, inputs, golden, bounds = _sdpa_fixture(case, dtype, op)
             entries.append(entry)
             files[entry["file"]] = data
             said[entry["id"]] = {name: "not checked" for name in KERNELS}
-            checks.append((entry["id"], inputs, call.keywords, golden, entry["tolerance"]))
+            checks.append((entry["id"], inputs, semantics, golden, bounds))
     # Two threads: JAX spends the time compiling one kernel per case, outside the GIL.
     with ThreadPoolExecutor(max_workers=2) as pool:
         verdicts = pool.map(lambda args: _cross_check(kernels, *args), checks if kernels else [])
@@ -302,8 +474,19 @@ def generate(out: str | Path, *, cross_check: bool = True, verbose: bool = False
         entry, data = _causal_mask_fixture(alignment, q_len, kv_len)
         entries.append(entry)
         files[entry["file"]] = data
+    for case in C.MODULE_CASES:
+        for dtype in case.dtypes:
+            entry, data = _module_fixture(case, dtype)
+            entries.append(entry)
+            files[entry["file"]] = data
+    for case in C.DECODE_CASES:
+        for dtype in case.dtypes:
+            for entry, data in _decode_fixtures(case, dtype):
+                entries.append(entry)
+                files[entry["file"]] = data
     entries += [_error_entry(case) for case in C.ERROR_CASES]
     entries += [_causal_mask_error_entry(*row) for row in C.CAUSAL_MASK_ERROR_CASES]
+    entries += [_module_error_entry(case) for case in C.MODULE_ERROR_CASES]
 
     ids = [e["id"] for e in entries]
     if len(set(ids)) != len(ids):

@@ -7,6 +7,11 @@ or on the order of a reduction) and ``math.exp``/``math.tanh`` for the elementwi
 imports nothing from ``impl_numpy``, ``impl_torch`` or ``impl_jax`` and validates nothing:
 the cases are written to be valid, and error cases state their expected error themselves.
 
+The attention modules (:func:`module_forward`) are the same steps with four projections around
+them, also written out element by element from the canonical weights: ``q_proj``, ``k_proj``,
+``v_proj`` (``y = x @ kernel + bias``), heads split off the feature axis (head h owns features
+``[h*D:(h+1)*D]``), :func:`attention`, heads merged back, ``o_proj``.
+
 The same loop, told to round to a dtype after every step (``round_to="float16"``), is the
 "plain same-dtype implementation" of the tolerance rule: inputs, scores, softcapped scores,
 biased scores, exponentials, row sums, weights and outputs are each rounded to that dtype.
@@ -14,7 +19,7 @@ Its error against the float64 golden sets the case's bound (see :func:`tolerance
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, ``...``), H query heads,
 K key/value heads (G = H // K), L query length, S key/value length, D query/key head dim,
-E value head dim.
+E value head dim, M model width (d_model).
 """
 
 from __future__ import annotations
@@ -29,8 +34,11 @@ import numpy as np
 __all__ = [
     "NOISE_FLOOR",
     "Golden",
+    "ModuleGolden",
     "attention",
     "causal_mask",
+    "linear",
+    "module_forward",
     "rounding",
     "tolerance_bound",
 ]
@@ -186,6 +194,103 @@ def attention(
                             math.fsum(a * c for a, c in zip(w_row, v_rows[e_]))
                         )
     return Golden(output=output, weights=weights, allowed=allowed)
+
+
+# ---------------------------------------------------------------------------------------------
+# The attention modules: four projections around attention()
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModuleGolden:
+    """What :func:`module_forward` returns: output ``(B, L, M)`` and weights ``(B, H, L, S)``."""
+
+    output: np.ndarray
+    weights: np.ndarray
+
+
+def linear(
+    x: np.ndarray, kernel: np.ndarray, bias: np.ndarray | None, round_to: str | None = None
+) -> np.ndarray:
+    """``y = x @ kernel + bias`` one output element at a time: x ``(B, T, in)``, kernel
+    ``(in, out)`` (canonical: input features on the first axis), bias ``(out,)`` or None."""
+    rnd = rounding(round_to)
+    n_batch, n_tokens, _ = x.shape
+    n_out = kernel.shape[1]
+    columns = np.asarray(kernel, dtype=np.float64).T.tolist()  # out columns of in numbers
+    y = np.zeros((n_batch, n_tokens, n_out), dtype=np.float64)
+    for b in range(n_batch):
+        for t in range(n_tokens):
+            row = np.asarray(x[b, t], dtype=np.float64).tolist()  # in numbers
+            for o in range(n_out):
+                value = rnd(math.fsum(a * c for a, c in zip(row, columns[o])))
+                if bias is not None:
+                    value = rnd(value + float(bias[o]))
+                y[b, t, o] = value
+    return y
+
+
+def _split_heads(y: np.ndarray, n_heads: int) -> np.ndarray:
+    """``(B, T, n*X)`` -> ``(B, n, T, X)``: head h is features ``[h*X:(h+1)*X]``."""
+    n_batch, n_tokens, width = y.shape
+    size = width // n_heads
+    heads = np.zeros((n_batch, n_heads, n_tokens, size), dtype=np.float64)
+    for h in range(n_heads):
+        heads[:, h, :, :] = y[:, :, h * size : (h + 1) * size]
+    return heads
+
+
+def _merge_heads(out: np.ndarray) -> np.ndarray:
+    """``(B, H, L, E)`` -> ``(B, L, H*E)``: head h goes to features ``[h*E:(h+1)*E]``."""
+    n_batch, n_heads, q_len, size = out.shape
+    merged = np.zeros((n_batch, q_len, n_heads * size), dtype=np.float64)
+    for h in range(n_heads):
+        merged[:, :, h * size : (h + 1) * size] = out[:, h, :, :]
+    return merged
+
+
+def module_forward(
+    weights: dict[str, np.ndarray],
+    x: np.ndarray,
+    context: np.ndarray | None = None,
+    *,
+    n_heads: int,
+    n_kv_heads: int,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    round_to: str | None = None,
+) -> ModuleGolden:
+    """The attention module of SEMANTICS.md, from its canonical weights, in float64.
+
+    Args:
+        weights: ``q_proj.kernel (M, H*D)``, ``k_proj.kernel (M, K*D)``, ``v_proj.kernel
+            (M, K*E)``, ``o_proj.kernel (H*E, M)`` and, all or none, the four ``*.bias``.
+        x: ``(B, L, M)``; context: ``(B, S, M)`` or None (self-attention, S = L).
+        n_heads, n_kv_heads: H and K (``H*D`` alone does not say H).
+        mask, bias, is_causal, causal_alignment: as in :func:`attention`, to ``(B, H, L, S)``.
+        round_to: None for the oracle; a dtype name for the plain same-dtype module, which rounds
+            after every step (projections, bias additions, attention, output projection).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    context = x if context is None else np.asarray(context, dtype=np.float64)
+
+    def project(name: str, inp: np.ndarray) -> np.ndarray:
+        return linear(inp, weights[f"{name}.kernel"], weights.get(f"{name}.bias"), round_to)
+
+    # 1. projections: q (B, L, H*D), k (B, S, K*D), v (B, S, K*E)
+    q = _split_heads(project("q_proj", x), n_heads)  # (B, H, L, D)
+    k = _split_heads(project("k_proj", context), n_kv_heads)  # (B, K, S, D)
+    v = _split_heads(project("v_proj", context), n_kv_heads)  # (B, K, S, E)
+    # 2. attention of every head (query head h reads key/value head h // (H // K))
+    golden = attention(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, round_to=round_to,
+    )  # fmt: skip
+    # 3. heads merged back, output projection: (B, L, H*E) -> (B, L, M)
+    y = project("o_proj", _merge_heads(golden.output))
+    return ModuleGolden(output=y, weights=golden.weights)
 
 
 def _round_up_2_digits(x: float) -> float:

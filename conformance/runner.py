@@ -10,7 +10,12 @@ sdpa        ``scaled_dot_product_attention`` the golden output
 weights     ``attention_weights``            the golden weights
 causal_mask ``causal_mask``                  the golden boolean (L, S) mask, exactly
 flash       ``flash_attention``              the golden output (optional; called with
-                                             ``block_q=2, block_k=3``)
+                                             ``block_q=2, block_k=3`` unless the case
+                                             gives its own block sizes)
+module      ``GroupedQueryAttention``,       the golden output (and weights) of a module
+            ``MultiHeadAttention``           loaded with ``from_canonical``
+decode      ``GroupedQueryAttention``,       the golden rows of one full causal forward,
+            ``MultiHeadAttention``           step by step through ``init_cache``/``decode``
 =========== ================================ ============================================
 
 One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<variant>].
@@ -20,8 +25,18 @@ input dtype, and its max error against the float64 golden is at most the manifes
 an error case passes when the call raises an exception whose class (or a base class) has the
 expected name and whose ``.code`` is the expected code.
 
-A missing function makes each of its runs fail as "not implemented", one line each. Optional
-functions (``flash``) are run only when the port has them or when they are asked for.
+A missing function (or module class, or module method) makes each of its runs fail as "not
+implemented", one line each. Optional functions (``flash``) are run only when the port has them
+or when they are asked for.
+
+Modules are loaded through the one documented loading function,
+``<class>.from_canonical(weights, *, n_heads, n_kv_heads, dtype)`` with the canonical weights as
+NumPy arrays (plus ``device=`` when the function takes it), and called as
+``module(x, context, **keywords)`` and ``module.decode(x, cache, **keywords)`` after
+``cache = module.init_cache(batch_size, max_len)``. Those two calls go through the port's
+``prepare`` hook like every function (aliases ``module`` and ``decode``: the JAX adapter
+``nnx.jit``s them).
+
 Known failures live in the port's xfails file (see :class:`Xfails`); a listed run that passes
 is reported as XPASS and counts as a failure, so the list stays true.
 """
@@ -30,6 +45,7 @@ from __future__ import annotations
 
 import fnmatch
 import importlib
+import inspect
 import json
 import math
 import time
@@ -63,18 +79,36 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Function:
-    """A port function the suite knows: its attribute name and whether every port needs it."""
+    """A port function the suite knows: its attribute name and whether every port needs it.
+
+    For the module aliases the attribute is the module class the port must have; the function
+    run is the runner's own call (:func:`module_forward`, :func:`module_decode`).
+    """
 
     attribute: str
     required: bool
+    call: Callable[..., Any] | None = None
 
 
-#: Alias -> port function. Future ops (modules, KV cache) add a row here and a checker below.
+def module_forward(module: Any, x: Any, context: Any = None, **keywords: Any) -> Any:
+    """The runner's module call: ``module(x, context, **keywords)`` (wrapped by ``prepare``)."""
+    return module(x, context, **keywords)
+
+
+def module_decode(module: Any, x: Any, cache: Any, **keywords: Any) -> Any:
+    """The runner's decode step: ``module.decode(x, cache, **keywords)`` (wrapped by
+    ``prepare``); returns ``(y, cache)`` or ``(y, weights, cache)``."""
+    return module.decode(x, cache, **keywords)
+
+
+#: Alias -> port function. A new op adds a row here and a checker below.
 FUNCTIONS: dict[str, Function] = {
     "sdpa": Function("scaled_dot_product_attention", required=True),
     "weights": Function("attention_weights", required=True),
     "causal_mask": Function("causal_mask", required=True),
     "flash": Function("flash_attention", required=False),
+    "module": Function("GroupedQueryAttention", required=True, call=module_forward),
+    "decode": Function("GroupedQueryAttention", required=True, call=module_decode),
 }
 
 
@@ -150,9 +184,16 @@ class Port:
     _prepared: dict[str, Any] = field(default_factory=dict, repr=False)
 
     def function(self, alias: str) -> Callable[..., Any] | None:
-        """The port's function for ``alias``, or None when the port does not have it."""
+        """The port's function for ``alias``, or None when the port does not have it.
+
+        For ``module`` and ``decode``: the runner's call of the module (prepared once), or None
+        when the port has no ``GroupedQueryAttention``.
+        """
         if alias not in self._prepared:
-            fn = getattr(self.module, FUNCTIONS[alias].attribute, None)
+            spec = FUNCTIONS[alias]
+            fn = getattr(self.module, spec.attribute, None)
+            if fn is not None and spec.call is not None:
+                fn = spec.call
             if fn is not None and self.prepare is not None:
                 fn = self.prepare(alias, fn)
             self._prepared[alias] = fn
@@ -320,7 +361,7 @@ def _call_values(port: Port, fn: Callable, case: Case, function: str, device: st
     if function == "causal_mask":
         kw = case.keywords
         return fn(kw["q_len"], kw["kv_len"], alignment=kw["alignment"])
-    kwargs = dict(case.keywords) | (FLASH_BLOCKS if function == "flash" else {})
+    kwargs = (FLASH_BLOCKS if function == "flash" else {}) | dict(case.keywords)
     for name in ("mask", "bias"):
         if name in t:
             kwargs[name] = port.from_numpy(t[name], device)
@@ -335,7 +376,9 @@ def _zeros(port: Port, spec: dict[str, Any], device: str) -> Any:
 
 
 def _call_error(port: Port, fn: Callable, case: Case, function: str, device: str) -> Any:
-    kwargs = dict(case.keywords) | (FLASH_BLOCKS if function == "flash" else {})
+    if case.op in ("module", "decode"):
+        return _call_module_error(port, fn, case, device)
+    kwargs = (FLASH_BLOCKS if function == "flash" else {}) | dict(case.keywords)
     if function == "causal_mask":
         return fn(kwargs.pop("q_len"), kwargs.pop("kv_len"), **kwargs)
     inputs = case.entry["inputs"]
@@ -348,12 +391,185 @@ def _call_error(port: Port, fn: Callable, case: Case, function: str, device: str
     return fn(q, k, _zeros(port, inputs["value"], device), **kwargs)
 
 
+# ---------------------------------------------------------------------------------------------
+# Modules and KV-cache decoding
+# ---------------------------------------------------------------------------------------------
+
+#: The module methods each module alias needs, besides the class's ``from_canonical``.
+_MODULE_METHODS = {"module": (), "decode": ("init_cache", "decode")}
+
+
+def _module_class(port: Port, case: Case, function: str) -> Any:
+    """The case's module class of the port; raises "not implemented" for a missing class or
+    a missing method, before anything runs."""
+    name = case.entry["module"]["class"]
+    cls = getattr(port.module, name, None)
+    if cls is None:
+        raise _Failed(f"not implemented: port has no `{name}`")
+    needed = _MODULE_METHODS[function]
+    if case.entry.get("call", "load") != "construct":
+        needed = ("from_canonical", *needed)
+    for method in needed:
+        if not hasattr(cls, method):
+            raise _Failed(f"not implemented: `{name}` has no `{method}`")
+    return cls
+
+
+def _load_module(
+    cls: Any, spec: dict[str, Any], weights: dict[str, np.ndarray], dtype: str | None, device: str
+) -> Any:
+    """The documented loading function: ``cls.from_canonical(weights, n_heads=, n_kv_heads=,
+    dtype=)`` with NumPy weights, plus ``device=`` when it takes one (torch)."""
+    load = cls.from_canonical
+    kwargs = {k: v for k, v in spec.items() if k != "class"}
+    if dtype is not None:
+        kwargs["dtype"] = dtype
+    try:
+        takes_device = "device" in inspect.signature(load).parameters
+    except (TypeError, ValueError):  # a builtin or extension without a signature
+        takes_device = False
+    if takes_device:
+        kwargs["device"] = device
+    return load(weights, **kwargs)
+
+
+def _canonical_weights(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The canonical weights stored in a module fixture (names ending in .kernel or .bias)."""
+    return {n: np.array(a) for n, a in tensors.items() if n.endswith((".kernel", ".bias"))}
+
+
+def _split_result(result: Any, return_weights: bool, with_cache: bool) -> tuple[Any, Any, Any]:
+    """(output, weights or None, cache or None) of a module call or a decode step."""
+    parts = list(result) if (return_weights or with_cache) else [result]
+    cache = parts.pop() if with_cache else None
+    weights = parts.pop() if return_weights else None
+    (output,) = parts
+    return output, weights, cache
+
+
+def _check_module(
+    port: Port, fn: Callable, run: Run, device: str
+) -> tuple[str, float | None, float | None]:
+    """A module fixture: one forward call against the golden output (and weights)."""
+    case = run.case
+    cls = _module_class(port, case, run.function)
+    t = case.tensors()
+    kwargs = dict(case.keywords)
+    for name in ("mask", "bias"):
+        if name in t:
+            kwargs[name] = port.from_numpy(t[name], device)
+    try:
+        module = _load_module(cls, case.entry["module"], _canonical_weights(t), case.dtype, device)
+        context = port.from_numpy(t["context"], device) if "context" in t else None
+        result = fn(module, port.from_numpy(t["x"], device), context, **kwargs)
+        output, weights, _ = _split_result(result, bool(kwargs.get("return_weights")), False)
+        got = {"output": port.to_numpy(output)}
+        if weights is not None:
+            got["weights"] = port.to_numpy(weights)
+    except Exception as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise _Failed(f"raised {type(exc).__name__}: {first}") from exc
+    messages, worst, worst_bound = [], 0.0, None
+    for name, value in got.items():
+        bound = case.tolerance[name]
+        err = _compare(value, t[name], case.dtype, bound, name)
+        messages.append(f"{name} max error {err:.3g} <= bound {bound:.3g}")
+        if worst_bound is None or err / bound > worst / worst_bound:
+            worst, worst_bound = err, bound
+    return "; ".join(messages), worst, worst_bound
+
+
+def _check_decode(
+    port: Port, fn: Callable, run: Run, device: str
+) -> tuple[str, float | None, float | None]:
+    """A decode fixture: the sequence fed in the case's chunks through ``init_cache`` and
+    ``decode``; every step's rows against the same rows of the full causal forward."""
+    case = run.case
+    cls = _module_class(port, case, run.function)
+    t = case.tensors()
+    plan = case.entry["decode"]
+    kwargs = dict(case.keywords)
+    return_weights = bool(kwargs.get("return_weights"))
+    x, golden = t["x"], t["output"]  # (B, T, M), (B, T, M)
+    try:
+        module = _load_module(cls, case.entry["module"], _canonical_weights(t), case.dtype, device)
+        cache = module.init_cache(x.shape[0], plan["max_len"])
+    except Exception as exc:
+        first = str(exc).splitlines()[0][:200] if str(exc) else ""
+        raise _Failed(f"raised {type(exc).__name__} before decoding: {first}") from exc
+    ratio, worst, worst_bound, start = -1.0, 0.0, None, 0
+    chunks = plan["chunks"]
+    for step, n in enumerate(chunks):
+        stop = start + n
+        where = f"decode step {step + 1} of {len(chunks)} (tokens {start}..{stop - 1})"
+        try:
+            result = fn(module, port.from_numpy(x[:, start:stop], device), cache, **kwargs)
+            output, weights, cache = _split_result(result, return_weights, True)
+            got = {"output": port.to_numpy(output)}
+            if weights is not None:
+                got["weights"] = port.to_numpy(weights)
+        except Exception as exc:
+            first = str(exc).splitlines()[0][:200] if str(exc) else ""
+            raise _Failed(f"{where}: raised {type(exc).__name__}: {first}") from exc
+        want = {"output": golden[:, start:stop]}  # (B, n, M)
+        if return_weights:  # (B, H, n, S): these rows against the keys written so far
+            want["weights"] = t["weights"][:, :, start:stop, :stop]
+        for name, value in got.items():
+            bound = case.tolerance[name]
+            try:
+                err = _compare(value, want[name], case.dtype, bound, name)
+            except _Failed as failed:
+                raise _Failed(f"{where}: {failed}", failed.error, failed.bound) from None
+            if err / bound > ratio:
+                ratio, worst, worst_bound = err / bound, err, bound
+        start = stop
+    what = "output and weights" if return_weights else "output"
+    message = (
+        f"{len(chunks)} steps {chunks}: {what} max error {worst:.3g} <= bound {worst_bound:.3g}"
+    )
+    return message, worst, worst_bound
+
+
+def _call_module_error(port: Port, fn: Callable, case: Case, device: str) -> Any:
+    """Construct, load, call or decode as the error case says; the expected error must come."""
+    entry = case.entry
+    cls = getattr(port.module, entry["module"]["class"])
+    if entry["call"] == "construct":
+        return cls(**entry["module"]["arguments"])
+    weights = {
+        name: np.zeros(s["shape"], NP_DTYPES[s["dtype"]]) for name, s in entry["weights"].items()
+    }
+    module = _load_module(cls, entry["module"], weights, None, device)
+    if entry["call"] == "load":
+        return module
+    inputs = {name: _zeros(port, spec, device) for name, spec in entry["inputs"].items()}
+    if entry["call"] == "forward":
+        kwargs = dict(case.keywords)
+        for name in ("mask", "bias"):
+            if name in inputs:
+                kwargs[name] = inputs[name]
+        return fn(module, inputs["x"], inputs.get("context"), **kwargs)
+    plan = entry["decode"]
+    x = np.zeros(entry["inputs"]["x"]["shape"], NP_DTYPES[entry["inputs"]["x"]["dtype"]])
+    cache = module.init_cache(plan["batch_size"], plan["max_len"])
+    start = 0
+    for n in plan["chunks"]:
+        *_, cache = fn(module, port.from_numpy(x[:, start : start + n], device), cache)
+        start += n
+    return cache
+
+
 def _check(port: Port, run: Run, device: str) -> tuple[str, float | None, float | None]:
     """Run one case; returns (message, error, bound) on success, raises _Failed otherwise."""
     case, function = run.case, run.function
     fn = port.function(function)
     if fn is None:
         raise _Failed(f"not implemented: port has no `{FUNCTIONS[function].attribute}`")
+    if function in _MODULE_METHODS:
+        _module_class(port, case, function)  # "not implemented" before anything runs
+        if case.kind == "values":
+            check_values = _check_module if function == "module" else _check_decode
+            return check_values(port, fn, run, device)
 
     if case.kind == "error":
         want = case.entry["expected_error"]

@@ -53,8 +53,22 @@ _STATIC_KEYWORDS = (
 )
 
 
+#: Keywords of the module call and the decode step that are Python scalars or strings.
+_MODULE_STATIC_KEYWORDS = ("is_causal", "causal_alignment", "return_weights")
+
+
 def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """``jax.jit(function)`` with the scalar arguments static (all of them for causal_mask)."""
+    """``jax.jit(function)`` with the scalar arguments static (all of them for causal_mask).
+
+    The module aliases (``module``, ``decode``) get the runner's call of a ``flax.nnx`` module
+    and go through ``nnx.jit``, which splits the module into its graph and its arrays. The
+    cache's ``position`` is static (part of ``KVCache``'s pytree structure), so each decode step
+    at a new position, or with a new number of tokens, compiles once.
+    """
+    if alias in ("module", "decode"):
+        from flax import nnx
+
+        return nnx.jit(function, static_argnames=_MODULE_STATIC_KEYWORDS)
     if alias == "causal_mask":
         return jax.jit(function, static_argnums=(0, 1), static_argnames=("alignment",))
     params = inspect.signature(function).parameters

@@ -1,8 +1,11 @@
 """Deliberately broken ports: the suite must catch every one of them.
 
 :func:`make_port` builds a small, self-contained NumPy port of the contract (validation through
-``attention_spec``, the same as any port would) with one named bug switched on. With no bug it
-passes the whole suite (a test asserts that), so every failure of a broken port is the bug's.
+``attention_spec``, the same as any port would), functions and modules with a KV cache, with one
+named bug switched on. With no bug it passes the whole suite (a test asserts that), so every
+failure of a broken port is the bug's. The ``flash_*`` bugs give the port a ``flash_attention``:
+the broken tiled versions of ``tests/flash_broken.py`` (the classic online-softmax bugs); its
+unbroken version (the same code with no bug) passes every flash run.
 
 Each bug is a mistake seen in real attention code; :data:`BUGS` says what it does and names one
 run that must catch it.
@@ -10,8 +13,11 @@ run that must catch it.
 
 from __future__ import annotations
 
+from functools import partial
 from types import SimpleNamespace
+from typing import NamedTuple
 
+import ml_dtypes  # noqa: F401  (np.dtype("bfloat16"))
 import numpy as np
 
 from attention_spec import (
@@ -19,6 +25,13 @@ from attention_spec import (
     causal_offset,
     check_attention,
     check_causal_mask_args,
+)
+from attention_spec.modules import (
+    check_cache_size,
+    check_canonical,
+    check_decode_inputs,
+    check_module_config,
+    check_module_inputs,
 )
 
 #: bug -> (what it does, a run id that must fail because of it)
@@ -80,11 +93,68 @@ BUGS: dict[str, tuple[str, str]] = {
         "softmax computed in float16 itself, no upcast, no max subtraction",
         "sdpa.large_logits.shifted.float16",
     ),
+    # -- modules and the KV cache -----------------------------------------------------------
+    "o_proj_transposed": (
+        "module: output projection applied as merged @ o_proj.kernel.T (torch's (out, in))",
+        "module.mha.self.float32",
+    ),
+    "qk_swapped": ("module: q and k projections swapped", "module.mha.self.float32"),
+    "heads_wrong_end": (
+        "module: head h takes features h, h + H, ... (reshape (.., D, H)), not [h*D:(h+1)*D]",
+        "module.gqa.h6_k2.float32",
+    ),
+    "bias_missing": ("module: the projections' biases never added", "module.cross.h6_k2.float32"),
+    "weights_averaged": (
+        "module: return_weights gives the head average (B, L, S), torch.nn.MultiheadAttention's "
+        "default, not every head",
+        "module.gqa.h6_k2.float32",
+    ),
+    "weights_not_checked": (
+        "module: from_canonical loads any dict (a transposed o_proj.kernel is not refused)",
+        "module.error.weights_transposed.float32",
+    ),
+    "decode_top_left": (
+        "decode: new tokens attend with top_left alignment (see only the first cached keys)",
+        "decode.gqa.h6_k2.tokens.float32",
+    ),
+    "cache_no_overflow_check": (
+        "decode: no max_len check, the cache just grows (never the cache_overflow error)",
+        "decode.error.cache_overflow.float32",
+    ),
+    # -- flash_attention: tests/flash_broken.py ---------------------------------------------
+    "flash_no_rescale": (
+        "flash: the accumulator and running sum are not rescaled when the row max grows",
+        "flash.tiling.rising_max.l9_s40.float32",
+    ),
+    "flash_early_normalize": (
+        "flash: the accumulator is divided by the running sum after every key block",
+        "flash.tiling.ragged.l113_s203.float32",
+    ),
+    "flash_skip_partial_block": (
+        "flash: under causal masking, key blocks the diagonal crosses are skipped too",
+        "flash.tiling.causal_top_left.l113_s203.float32",
+    ),
+    "flash_unguarded_max": (
+        "flash: a running max of -inf is used as the shift: NaN where a block has no allowed key",
+        "flash.tiling.left_padding.l17_s203.float32",
+    ),
 }
 
 
-def make_port(bug: str | None = None) -> SimpleNamespace:
-    """A NumPy port of the contract with ``bug`` (a key of :data:`BUGS`) switched on."""
+class _Cache(NamedTuple):
+    """The broken ports' KV cache: the keys (B, K, position, D) and values written so far."""
+
+    key: np.ndarray
+    value: np.ndarray
+    max_len: int
+
+
+def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace:
+    """A NumPy port of the contract with ``bug`` (a key of :data:`BUGS`) switched on.
+
+    ``flash=True`` (implied by a ``flash_*`` bug) adds a ``flash_attention``: the tiled code of
+    ``tests/flash_broken.py`` with that bug, or with none.
+    """
     if bug is not None and bug not in BUGS:
         raise KeyError(bug)
 
@@ -201,12 +271,167 @@ def make_port(bug: str | None = None) -> SimpleNamespace:
             out = w @ v  # (..., H, L, E)
         return out if bug == "output_not_cast" else out.astype(query.dtype)
 
-    return SimpleNamespace(
+    GroupedQueryAttention, MultiHeadAttention = _modules(
+        bug, scaled_dot_product_attention, attention_weights
+    )
+    port = SimpleNamespace(
         __name__=f"broken_ports.{bug or 'correct'}",
         causal_mask=causal_mask,
         attention_weights=attention_weights,
         scaled_dot_product_attention=scaled_dot_product_attention,
+        GroupedQueryAttention=GroupedQueryAttention,
+        MultiHeadAttention=MultiHeadAttention,
     )
+    if flash or (bug or "").startswith("flash_"):
+        from tests import flash_broken  # the repository's tests package (on the path in pytest)
+
+        flash_bug = bug.removeprefix("flash_") if bug else "none"
+        tiled = partial(flash_broken._broken_flash, bug=flash_bug)
+        port.flash_attention = flash_broken.BROKEN.get(flash_bug, tiled)
+    return port
+
+
+def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
+    """GroupedQueryAttention and MultiHeadAttention of the broken port, on its own functions."""
+
+    def meta(a):
+        return (None, None) if a is None else (a.shape, a.dtype.name)
+
+    class GroupedQueryAttention:
+        def __init__(self, d_model, n_heads, n_kv_heads, *, head_dim=None, value_head_dim=None,
+                     bias=True, dtype="float32"):  # fmt: skip
+            dtype = np.dtype(dtype)
+            self.dims = check_module_config(
+                d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
+            )
+            self.dtype = dtype
+            self.w = {n: np.zeros(s, dtype) for n, s in self.dims.canonical_shapes().items()}
+
+        @classmethod
+        def from_canonical(cls, weights, *, n_heads, n_kv_heads, dtype=None):
+            weights = {n: np.asarray(w) for n, w in weights.items()}
+            shapes = {n: w.shape for n, w in weights.items()}
+            if bug == "weights_not_checked":  # sizes read off two kernels, nothing else checked
+                (M, HD), KE = shapes["q_proj.kernel"], shapes["v_proj.kernel"][1]
+                D, E, bias = HD // n_heads, KE // n_kv_heads, "q_proj.bias" in shapes
+                dims = check_module_config(M, n_heads, n_kv_heads, D, E, bias=bias)
+            else:
+                dtypes = {n: w.dtype.name for n, w in weights.items()}
+                dims = check_canonical(shapes, dtypes, n_heads=n_heads, n_kv_heads=n_kv_heads)
+            dtype = np.dtype(dtype or weights["q_proj.kernel"].dtype)
+            module = GroupedQueryAttention(
+                dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
+                dtype=dtype,
+            )  # fmt: skip
+            module.w = {n: w.astype(dtype) for n, w in weights.items()}
+            return module
+
+        def _linear(self, name, x):  # (B, T, in) -> (B, T, out), computed in float32 or 64
+            ct = np.float64 if x.dtype == np.float64 else np.float32
+            kernel = self.w[f"{name}.kernel"].astype(ct)
+            if bug == "o_proj_transposed" and name == "o_proj":
+                kernel = kernel.T
+            y = x.astype(ct) @ kernel
+            if f"{name}.bias" in self.w and bug != "bias_missing":
+                y = y + self.w[f"{name}.bias"].astype(ct)
+            return y.astype(x.dtype)
+
+        def _split(self, y, n):  # (B, T, n*X) -> (B, n, T, X)
+            B, T, F = y.shape
+            if bug == "heads_wrong_end":
+                return y.reshape(B, T, F // n, n).transpose(0, 3, 1, 2)
+            return y.reshape(B, T, n, F // n).transpose(0, 2, 1, 3)
+
+        def _merge(self, out):  # (B, H, L, E) -> (B, L, H*E)
+            B, H, L, E = out.shape
+            if bug == "heads_wrong_end":
+                return out.transpose(0, 2, 3, 1).reshape(B, L, E * H)
+            return out.transpose(0, 2, 1, 3).reshape(B, L, H * E)
+
+        def _names(self):  # the projections of the queries and of the keys
+            return ("k_proj", "q_proj") if bug == "qk_swapped" else ("q_proj", "k_proj")
+
+        def _attend(self, q, k, v, return_weights, **keywords):
+            out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
+            y = self._linear("o_proj", self._merge(out))  # (B, L, M)
+            if not return_weights:
+                return (y,)
+            w = attention_weights(q, k, **keywords)  # (B, H, L, S)
+            if bug == "weights_averaged":
+                w = w.mean(axis=1).astype(w.dtype)  # (B, L, S)
+            return y, w
+
+        def __call__(
+            self,
+            x,
+            context=None,
+            *,
+            mask=None,
+            bias=None,
+            is_causal=False,
+            causal_alignment="top_left",
+            return_weights=False,
+        ):
+            (ms, md), (bs, bd) = meta(mask), meta(bias)
+            check_module_inputs(
+                self.dims, self.dtype.name, *meta(x), *meta(context), mask_shape=ms,
+                mask_dtype=md, bias_shape=bs, bias_dtype=bd, causal_alignment=causal_alignment,
+            )  # fmt: skip
+            context = x if context is None else context
+            q_name, k_name = self._names()
+            q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
+            k = self._split(self._linear(k_name, context), self.dims.K)  # (B, K, S, D)
+            v = self._split(self._linear("v_proj", context), self.dims.K)  # (B, K, S, E)
+            result = self._attend(
+                q, k, v, return_weights, mask=mask, bias=bias, is_causal=is_causal,
+                causal_alignment=causal_alignment,
+            )  # fmt: skip
+            return result if return_weights else result[0]
+
+        def init_cache(self, batch_size, max_len):
+            check_cache_size(batch_size, max_len)
+            B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
+            empty_k, empty_v = (
+                np.zeros((B, K, 0, D), self.dtype),
+                np.zeros((B, K, 0, E), self.dtype),
+            )
+            return _Cache(empty_k, empty_v, max_len)
+
+        def decode(self, x, cache, *, mask=None, bias=None, return_weights=False):
+            position, max_len = cache.key.shape[2], cache.max_len
+            if bug == "cache_no_overflow_check":
+                max_len = max(max_len, position + x.shape[1])
+            (ms, md), (bs, bd) = meta(mask), meta(bias)
+            check_decode_inputs(
+                self.dims, self.dtype.name, *meta(x), cache_batch=cache.key.shape[0],
+                position=position, max_len=max_len, mask_shape=ms, mask_dtype=md,
+                bias_shape=bs, bias_dtype=bd,
+            )  # fmt: skip
+            q_name, k_name = self._names()
+            q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
+            new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
+            new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
+            k = np.concatenate([cache.key, new_k], axis=2)  # (B, K, S, D), S = position + L
+            v = np.concatenate([cache.value, new_v], axis=2)  # (B, K, S, E)
+            alignment = "top_left" if bug == "decode_top_left" else "bottom_right"
+            result = self._attend(
+                q, k, v, return_weights, mask=mask, bias=bias, is_causal=True,
+                causal_alignment=alignment,
+            )  # fmt: skip
+            return (*result, _Cache(k, v, cache.max_len))
+
+    class MultiHeadAttention(GroupedQueryAttention):
+        def __init__(self, d_model, n_heads, **keywords):
+            super().__init__(d_model, n_heads, n_heads, **keywords)
+
+        @classmethod
+        def from_canonical(cls, weights, *, n_heads, n_kv_heads=None, dtype=None):
+            n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+            return GroupedQueryAttention.from_canonical(
+                weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype
+            )
+
+    return GroupedQueryAttention, MultiHeadAttention
 
 
 def vars_of(dims) -> dict:

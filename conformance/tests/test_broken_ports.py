@@ -1,7 +1,9 @@
 """Proof of power: every deliberately broken port fails the suite.
 
-The unbroken version of the same small port passes every run, so each failure below is caused
-by its bug; each bug also fails the one run named for it in ``broken_ports.BUGS``.
+The unbroken version of the same small port passes every run (with its tiled ``flash_attention``
+too), so each failure below is caused by its bug; each bug also fails the one run named for it in
+``broken_ports.BUGS``: functional bugs, module and KV-cache bugs, and the classic online-softmax
+bugs of ``tests/flash_broken.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ from conformance.runner import Report, run_suite
 from conformance.tests.broken_ports import BUGS, make_port
 
 _REPORTS: dict[str | None, Report] = {}
+MODULE_BUGS = [b for b in BUGS if BUGS[b][1].startswith(("module.", "decode."))]
+FLASH_BUGS = [b for b in BUGS if b.startswith("flash_")]
 
 
 def _report(bug: str | None) -> Report:
@@ -21,9 +25,11 @@ def _report(bug: str | None) -> Report:
 
 
 def test_the_unbroken_port_passes_everything() -> None:
-    report = _report(None)
+    report = run_suite(make_port(None, flash=True))
     assert report.ok, "\n".join(o.line() for o in report.failures)
-    assert report.counts()["pass"] == len(report.outcomes) > 200
+    assert report.counts()["pass"] == len(report.outcomes) > 400
+    ran = {o.run_id.split(".")[0] for o in report.outcomes}
+    assert ran == {"sdpa", "weights", "causal_mask", "flash", "module", "decode"}
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
@@ -40,8 +46,9 @@ def test_every_broken_port_is_caught_and_counted(capsys: pytest.CaptureFixture) 
     with capsys.disabled():
         print(f"\nbroken ports caught: {sum(n > 0 for n in caught.values())} of {len(BUGS)}")
         for bug, n in caught.items():
-            print(f"  {bug:<24} {n:>4} failing runs  ({BUGS[bug][0]})")
-    assert len(BUGS) >= 12
+            print(f"  {bug:<26} {n:>4} failing runs  ({BUGS[bug][0]})")
+    assert len(BUGS) >= 12 + 5 + 4  # functional, module and decode, flash
+    assert len(MODULE_BUGS) >= 5 and len(FLASH_BUGS) == 4
     assert all(n > 0 for n in caught.values())
 
 
@@ -52,8 +59,43 @@ def test_tiling_is_told_apart_from_contiguous_groups() -> None:
     for dtype in ("float64", "float32", "float16", "bfloat16"):
         assert f"sdpa.gqa.h6_k2.{dtype}" in failed
         assert f"sdpa.gqa.h8_k1.{dtype}" not in failed
+        assert f"module.gqa.h6_k2.{dtype}" in failed  # the module runs on the port's SDPA
+        assert f"module.mqa.h6_k1.{dtype}" not in failed
     assert "sdpa.gqa.h6_k3.float32" in failed
     assert "weights.gqa.h6_k2.head_mask.float32" in failed
+
+
+@pytest.mark.parametrize("bug", MODULE_BUGS)
+def test_module_bugs_leave_the_functional_runs_alone(bug: str) -> None:
+    """A bug in the module or the cache fails module or decode runs only: the suite says where."""
+    failed = {o.run_id.split(".")[0] for o in _report(bug).failures}
+    assert failed <= {"module", "decode"}, failed
+
+
+def test_module_bugs_fail_in_every_dtype() -> None:
+    for bug in ("o_proj_transposed", "qk_swapped", "heads_wrong_end", "bias_missing"):
+        failed = {o.run_id for o in _report(bug).failures}
+        for dtype in ("float64", "float32", "float16", "bfloat16"):
+            assert f"module.mha.self.{dtype}" in failed, (bug, dtype)
+            assert f"decode.mha.h6.tokens.{dtype}" in failed, (bug, dtype)
+
+
+def test_top_left_decoding_is_caught_token_by_token_and_in_chunks() -> None:
+    """The first prefill (L = S) is the same under both alignments; the next steps are not."""
+    failures = {o.run_id: o for o in _report("decode_top_left").failures}
+    for layout in ("mha.h6", "gqa.h6_k2", "mqa.h6_k1"):
+        for chunking in ("tokens", "chunks_2_1_2"):
+            assert f"decode.{layout}.{chunking}.float32" in failures
+    message = failures["decode.gqa.h6_k2.chunks_2_1_2.float32"].message
+    assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
+    assert not any(r.startswith("module.") for r in failures)  # the forward itself is right
+
+
+@pytest.mark.parametrize("bug", FLASH_BUGS)
+def test_flash_bugs_fail_flash_runs_only(bug: str) -> None:
+    failed = {o.run_id for o in _report(bug).failures}
+    assert all(r.startswith("flash.") for r in failed)
+    assert any(r.startswith("flash.tiling.") for r in failed)
 
 
 def test_a_failure_names_case_index_error_bound_device_and_dtype() -> None:
