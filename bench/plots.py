@@ -4,6 +4,7 @@ One panel per series (every workload field but the sequence length) that has at 
 lengths. Project rows are solid, framework baselines dashed. The memory plot carries the size
 of one float32 ``(B, H, L, S)`` score tensor as a grey reference: rows that materialize the
 scores climb along it (the quadratic wall); a tiled or fused kernel stays near its inputs.
+Decode series put the cached context P on the x axis (one new token attends over P + 1 keys).
 """
 
 from __future__ import annotations
@@ -15,8 +16,9 @@ __all__ = ["colour", "plot_results", "series_table"]
 
 
 def series_table(results: dict, metric: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """``{series: {row: [(L, value), ...]}}`` for ``metric`` ``"time"`` (median seconds) or
-    ``"memory"`` (peak bytes), keeping only series with at least two lengths."""
+    """``{series: {row: [(L, value), ...]}}`` (decode series: P, the cached tokens, for L) for
+    ``metric`` ``"time"`` (median seconds) or ``"memory"`` (peak bytes), keeping only series
+    with at least two lengths."""
     out: dict[str, dict[str, list[tuple[int, float]]]] = {}
     for r in results["records"]:
         if r["kind"] != "row" or r["status"] != "ok" or not r.get("derived"):
@@ -25,7 +27,7 @@ def series_table(results: dict, metric: str) -> dict[str, dict[str, list[tuple[i
         if value is None:
             continue
         w = r["workload"]
-        out.setdefault(w["series"], {}).setdefault(r["row"], []).append((w["L"], value))
+        out.setdefault(w["series"], {}).setdefault(r["row"], []).append((_seq(w), value))
     for series in list(out):
         for pts in out[series].values():
             pts.sort()
@@ -41,6 +43,7 @@ _BASELINE = {
     "torch F.sdpa": 8, "torch F.sdpa[math]": 9, "torch F.sdpa[flash]": 10,
     "torch F.sdpa[efficient]": 11, "torch F.sdpa[cudnn]": 12, "torch nn.MHA": 8,
     "jax.nn.dpa[xla]": 2, "jax.nn.dpa[cudnn]": 3, "flax nnx.MHA": 2,
+    "torch F.sdpa decode": 8, "jax.nn.dpa decode": 2,
 }  # fmt: skip
 
 
@@ -59,12 +62,17 @@ def colour(row: str) -> int:
     return _FRAMEWORK_PAIR.get(r.framework, 14) + int(light)
 
 
+def _seq(w: dict) -> int:
+    """The x of a workload: L (= S), or the cached context P of a decode step."""
+    return w.get("seq", w["L"])
+
+
 def _score_bytes(results: dict, series: str) -> list[tuple[int, int]]:
     pts = {}
     for r in results["records"]:
         w = r.get("workload")
         if w and w["series"] == series:
-            pts[w["L"]] = w["B"] * w["H"] * w["L"] * w["S"] * 4
+            pts[_seq(w)] = w["B"] * w["H"] * w["L"] * w["S"] * 4
     return sorted(pts.items())
 
 
@@ -105,7 +113,8 @@ def plot_results(
                 ax.plot(xs, ys, ":", color="grey", lw=2, label="one f32 (B,H,L,S) score tensor")
             ax.set_xscale("log", base=2)
             ax.set_yscale("log")
-            ax.set_xlabel("sequence length L = S")
+            decode = series.startswith("decode ")
+            ax.set_xlabel("cached tokens P (one new token)" if decode else "sequence length L = S")
             ax.set_ylabel(ylabel)
             ax.set_title(series, fontsize=10)
             ax.grid(True, which="both", alpha=0.3)

@@ -210,6 +210,15 @@ _STATUS_STYLE = {
 }
 
 
+def _cache_note(w: dict) -> str:
+    """A decode step's KV cache for its section line, e.g. ``KV cache 4 MiB (K/H = 2/8 of
+    MHA's)``; empty for the other workloads."""
+    if not w.get("cache_bytes"):
+        return ""
+    share = "" if w["K"] == w["H"] else f" (K/H = {w['K']}/{w['H']} of MHA's)"
+    return f"KV cache {fmt_bytes(w['cache_bytes'])}{share}"
+
+
 def _gflop(w: dict) -> str:
     useful, dense = w["flops_useful"] / 1e9, w["flops_dense"] / 1e9
     return f"{useful:.3g}" if useful == dense else f"{useful:.3g}/{dense:.3g}"
@@ -257,6 +266,7 @@ def render(results: dict, console: Any) -> None:
     starred = False
     rows_by_workload: dict[str, list[dict]] = {}
     labels: dict[str, str] = {}
+    cache_notes: dict[str, str] = {}
     absent: dict[str, str] = {}
     for r in records:
         if r["kind"] != "row":
@@ -266,9 +276,11 @@ def render(results: dict, console: Any) -> None:
             continue
         rows_by_workload.setdefault(r["workload"]["id"], []).append(r)
         labels[r["workload"]["id"]] = r["workload"]["label"]
+        cache_notes[r["workload"]["id"]] = _cache_note(r["workload"])
     for wid, rs in rows_by_workload.items():
         t.add_section()
-        t.add_row(f"[bold]{esc(labels[wid])}[/bold]", *[""] * 12)
+        # a decode step's cache size goes in the last (wrapping) column, not the label's width
+        t.add_row(f"[bold]{esc(labels[wid])}[/bold]", *[""] * 11, cache_notes[wid])
         for r in rs:
             d = r.get("derived") or {}
             gate = r.get("gate") or {}
@@ -342,7 +354,9 @@ def render(results: dict, console: Any) -> None:
         "[dim]median and IQR of one call (pytest-benchmark); TFLOP/s and % peak count useful "
         "FLOPs (causal: allowed pairs only); GFLOP useful/dense for causal; x fused = median / "
         "the framework's fused kernel on the same workload; peak mem = extra bytes of one call "
-        "(method per row in results.json); causal: whether the kernel skips masked blocks.[/dim]"
+        "(method per row in results.json); causal: whether the kernel skips masked blocks; "
+        "decode: one token after P cached ones, projections + attention over P + 1 keys, the "
+        "cache an input (its size on the workload's line).[/dim]"
     )
 
 

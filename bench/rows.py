@@ -14,7 +14,13 @@ the report as "not available" instead of disappearing.
 - ``jax_dpa``: ``jax.nn.dot_product_attention`` on heads-second ``(B, L, H, D)`` inputs,
   ``implementation=`` ``xla`` | ``cudnn``;
 - ``module``: the project's ``GroupedQueryAttention`` / ``MultiHeadAttention`` on ``(B, L, M)``;
-- ``torch_mha`` / ``nnx_mha``: ``torch.nn.MultiheadAttention`` / ``flax.nnx.MultiHeadAttention``.
+- ``torch_mha`` / ``nnx_mha``: ``torch.nn.MultiheadAttention`` / ``flax.nnx.MultiHeadAttention``;
+- ``decode``: one KV-cache step of the project's ``GroupedQueryAttention``,
+  ``module.decode(x (B, 1, M), cache at position P)``;
+- ``torch_decode`` / ``jax_decode``: the same step written with framework ops around the fused
+  kernel: the four projections of the token, the cache write at P, and
+  ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
+  ``jax.nn.dot_product_attention`` of the one query over the S = P + 1 cached keys.
 """
 
 from __future__ import annotations
@@ -84,7 +90,8 @@ class Row:
             gated through the same framework's fused SDPA port, its attention core).
         gate_op: the fixture op of the gate; default ``module`` for the project's modules
             (conformance runs the package's ``GroupedQueryAttention`` on the module fixtures),
-            ``flash`` for a ``flash_attention`` target, else ``sdpa``.
+            ``decode`` for their decode step (``init_cache``/``decode`` on the decode
+            fixtures), ``flash`` for a ``flash_attention`` target, else ``sdpa``.
     """
 
     name: str
@@ -128,11 +135,12 @@ class Row:
 
     @property
     def gate_alias(self) -> str:
-        """The conformance function alias the gate checks (``sdpa``, ``flash``)."""
+        """The conformance function alias the gate checks (``sdpa``, ``flash``, ``module``,
+        ``decode``)."""
         if self.gate_op is not None:
             return self.gate_op
-        if self.call == "module":  # the port's GroupedQueryAttention on the module fixtures
-            return "module"
+        if self.call in ("module", "decode"):  # the port's GroupedQueryAttention on the
+            return self.call  # module fixtures, or stepped through its KV cache (decode)
         return "flash" if self.target.endswith(":flash_attention") else "sdpa"
 
     def resolve(self) -> Any:
@@ -152,9 +160,11 @@ _T, _J = "torch.nn.functional:scaled_dot_product_attention", "jax.nn:dot_product
 _SDPA, _FLASH = "functional:scaled_dot_product_attention", "flash:flash_attention"
 _MHA, _GQA = "modules:MultiHeadAttention", "modules:GroupedQueryAttention"
 _TF, _JF = "torch F.sdpa", "jax.nn.dpa[xla]"  # the fused kernels the ratio column divides by
+_TD, _JD = "torch F.sdpa decode", "jax.nn.dpa decode"  # the same decode step around them
 _TILED = {"skips_masked": True, "materializes": False}  # never builds (B,H,L,S) scores
 _MHA_MOD = {"workloads": "module", "variants": ("MHA",)}
 _GQA_MOD = {"workloads": "module", "variants": ("GQA", "MQA")}
+_DECODE = {"workloads": "decode", "materializes": False}  # scores (B, H, 1, S): one row
 _CUDA = ("cuda",)
 
 
@@ -181,6 +191,10 @@ ROWS: tuple[Row, ...] = (
     Row("numpy GQA module", f"impl_numpy.{_GQA}", "module", **_GQA_MOD),
     Row("torch GQA module", f"impl_torch.{_GQA}", "module", **_GQA_MOD),
     Row("jax GQA module", f"impl_jax.{_GQA}", "module", ref="flax nnx.MHA", **_GQA_MOD),
+    # one KV-cache decode step of the project's GroupedQueryAttention (MHA, GQA, MQA)
+    Row("numpy decode", f"impl_numpy.{_GQA}", "decode", ref=_TD, **_DECODE),
+    Row("torch decode", f"impl_torch.{_GQA}", "decode", ref=_TD, **_DECODE),
+    Row("jax decode", f"impl_jax.{_GQA}", "decode", ref=_JD, **_DECODE),
     # baselines: the frameworks' own kernels, each SDPA backend a row of its own
     Row(_TF, _T, "torch_sdpa", **_TILED),
     Row("torch F.sdpa[math]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="math"),
@@ -191,6 +205,8 @@ ROWS: tuple[Row, ...] = (
     Row("jax.nn.dpa[cudnn]", _J, "jax_dpa", ref=_JF, devices=_CUDA, backend="cudnn", **_TILED),
     Row("torch nn.MHA", "torch.nn:MultiheadAttention", "torch_mha", **_MHA_MOD, **_TILED),
     Row("flax nnx.MHA", "flax.nnx:MultiHeadAttention", "nnx_mha", workloads="module"),
+    Row(_TD, _T, "torch_decode", **_DECODE),
+    Row(_JD, _J, "jax_decode", backend="xla", **_DECODE),
 )  # fmt: skip
 
 

@@ -13,6 +13,20 @@ Inputs are standard-normal, made by each framework on its own device from a fixe
 GPU run never builds gigabytes on the host first); they differ between frameworks, which does
 not matter for timing.
 
+Decode rows time one KV-cache step at a fixed position P, every round the same work:
+
+- the cache is made at position P directly (its P tokens' keys and values standard-normal, its
+  buffers exactly S = P + 1 tokens long); a prefill would cost a full (P, P) attention and
+  change nothing in the step;
+- NumPy and torch: ``decode`` writes the new token's key and value into slot P of the buffers
+  in place and returns a *new* cache object at P + 1; the cache object the call is given is a
+  frozen dataclass whose position never changes, so the timed call drops the returned cache and
+  every round rewrites slot P with the same values and reads the same S keys;
+- JAX: the step is jitted with the cache donated, as a decode loop does (its write is then in
+  place, not a copy of the whole cache); each round passes the returned buffers back as the
+  cache at position P (a new static-position pytree around the same arrays, a few
+  microseconds of Python), so the executable compiled for position P runs every round.
+
 Peak memory is the extra memory one call needs beyond its inputs (the output included):
 
 - NumPy: ``tracemalloc`` (NumPy reports its buffers to it);
@@ -29,6 +43,7 @@ Peak memory is the extra memory one call needs beyond its inputs (the output inc
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import inspect
 import os
@@ -74,6 +89,7 @@ class Prepared:
     compile_s: float | None = None
     inputs: list | None = None
     layout: str = "heads_first"
+    module: Any = None  # the project module a decode row steps (tests prefill its cache)
 
 
 #: Row.backend -> torch.nn.attention.SDPBackend member.
@@ -95,9 +111,14 @@ def _np_dtype(name: str) -> np.dtype:
 
 def _shapes(w: Workload, layout: str) -> list[tuple[int, ...]]:
     """Input shapes: ``heads_first`` (B,H,L,D),(B,K,S,D),(B,K,S,E); ``heads_second``
-    (B,L,H,D),(B,S,K,D),(B,S,K,E); ``module`` (B,L,M)."""
+    (B,L,H,D),(B,S,K,D),(B,S,K,E); ``module`` (B,L,M); ``decode`` the new token (B,L,M) and the
+    cache buffers (B,K,S,D),(B,K,S,E); ``decode_heads_second`` (B,L,M),(B,S,K,D),(B,S,K,E)."""
     if layout == "module":
         return [(w.B, w.L, w.M)]
+    if layout == "decode":
+        return [(w.B, w.L, w.M), (w.B, w.K, w.S, w.D), (w.B, w.K, w.S, w.E)]
+    if layout == "decode_heads_second":
+        return [(w.B, w.L, w.M), (w.B, w.S, w.K, w.D), (w.B, w.S, w.K, w.E)]
     if layout == "heads_second":
         return [(w.B, w.L, w.H, w.D), (w.B, w.S, w.K, w.D), (w.B, w.S, w.K, w.E)]
     return [(w.B, w.H, w.L, w.D), (w.B, w.K, w.S, w.D), (w.B, w.K, w.S, w.E)]
@@ -247,7 +268,8 @@ def _jax_prepared(jitted: Any, args: list) -> Prepared:
 def _construct(cls: type, framework: str, w: Workload, fdevice: str, gqa: bool) -> Any:
     """Build a project module with the contract's constructor, in the workload's dtype, on the
     framework device, with whatever seeded generator its framework asks for."""
-    params = inspect.signature(cls).parameters
+    # __init__'s own signature: an nnx.Module class reports only (*args, **kwargs)
+    params = inspect.signature(cls.__init__).parameters
     args: list[Any] = [w.M, w.H, w.K] if gqa else [w.M, w.H]
     kw: dict[str, Any] = {"head_dim": w.D} if "head_dim" in params else {}
     if "dtype" in params:
@@ -384,7 +406,135 @@ def prepare(row: Row, w: Workload, fdevice: str) -> Prepared:
         args = [state, x]
         return _with_inputs(_jax_prepared(jitted, args), args, "module")
 
+    if row.call in ("decode", "torch_decode", "jax_decode"):
+        return _prepare_decode(row, target, w, fdevice)
+
     raise ValueError(f"row {row.name!r}: unknown call style {row.call!r}")
+
+
+# ---------------------------------------------------------------------------------------------
+# decode steps (module docstring: one step at a fixed position P, the same work every round)
+
+
+def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """One KV-cache decode step of ``w`` (a token ``x (B, 1, M)`` after P cached tokens)."""
+    fw, P = row.framework, w.P
+    if row.call == "decode":  # the project's GroupedQueryAttention.decode
+        module = _construct(target, fw, w, fdevice, gqa=True)
+        x, key, value = make_inputs(fw, w, fdevice, layout="decode")
+        # a cache at position P: the module's own KVCache type, buffers of S = P + 1 tokens
+        cache = dataclasses.replace(module.init_cache(w.B, 1), key=key, value=value, position=P)
+        if fw == "jax":
+            from flax import nnx
+
+            graphdef, state = nnx.split(module)
+
+            def step(state, x, cache):  # -> (y (B, 1, M), the cache at P + 1)
+                return nnx.merge(graphdef, state).decode(x, cache)
+
+            def carry(args: list, out: Any) -> Any:  # the written buffers, back at P
+                args[2] = dataclasses.replace(out[1], position=P)
+                return out[0]
+
+            args = [state, x, cache]
+            prepared = _jax_donating(step, args, carry, donate=(2,))
+        else:
+            args = [x, cache]
+
+            def fn():  # the cache at P + 1 that decode returns is dropped: args[1] stays at P
+                return module.decode(args[0], args[1])[0]
+
+            prepared = _host_or_torch(fn, fw, fdevice)
+        prepared.module = module
+        return _with_inputs(prepared, args, "decode")
+
+    B, H, K, D, E = w.B, w.H, w.K, w.D, w.E
+    if row.call == "torch_decode":  # the same step with torch ops around F.sdpa
+        x, ck, cv = make_inputs("torch", w, fdevice, layout="decode")
+        params = _projection_weights("torch", w, fdevice)
+
+        def fn():
+            wq, bq, wk, bk, wv, bv, wo, bo = params
+            q = (x @ wq + bq).view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+            k = (x @ wk + bk).view(B, 1, K, D).transpose(1, 2)  # (B, K, 1, D)
+            v = (x @ wv + bv).view(B, 1, K, E).transpose(1, 2)  # (B, K, 1, E)
+            ck[:, :, P : P + 1] = k  # the cache write at position P, in place
+            cv[:, :, P : P + 1] = v
+            # one query: bottom-right causal allows all S = P + 1 keys, so no mask
+            out = target(q, ck[:, :, : P + 1], cv[:, :, : P + 1], enable_gqa=K != H)
+            return out.transpose(1, 2).reshape(B, 1, H * E) @ wo + bo  # (B, 1, M)
+
+        prepared = _torch_prepared(fn, fdevice)
+        return _with_inputs(prepared, [params, x, ck, cv], "decode")
+
+    # jax_decode: the same step with jnp ops around jax.nn.dot_product_attention (heads second)
+    x, ck, cv = make_inputs("jax", w, fdevice, layout="decode_heads_second")
+    params = _projection_weights("jax", w, fdevice)
+
+    def jstep(params, x, ck, cv):
+        wq, bq, wk, bk, wv, bv, wo, bo = params
+        q = (x @ wq + bq).reshape(B, 1, H, D)  # (B, 1, H, D)
+        k = (x @ wk + bk).reshape(B, 1, K, D)  # (B, 1, K, D)
+        v = (x @ wv + bv).reshape(B, 1, K, E)  # (B, 1, K, E)
+        ck = ck.at[:, P : P + 1].set(k)  # the cache write at position P (donated: in place)
+        cv = cv.at[:, P : P + 1].set(v)
+        out = target(q, ck[:, : P + 1], cv[:, : P + 1], implementation=row.backend)
+        return out.reshape(B, 1, H * E) @ wo + bo, ck, cv  # (B, 1, M) and the cache
+
+    def jcarry(args: list, out: Any) -> Any:
+        args[2], args[3] = out[1], out[2]
+        return out[0]
+
+    args = [params, x, ck, cv]
+    prepared = _jax_donating(jstep, args, jcarry, donate=(2, 3))
+    return _with_inputs(prepared, args, "decode_heads_second")
+
+
+def _projection_weights(framework: str, w: Workload, fdevice: str) -> list:
+    """``wq (M, H*D), bq, wk (M, K*D), bk, wv (M, K*E), bv, wo (H*E, M), bo``: normal / sqrt(M)
+    kernels and biases in the canonical ``x @ W + b`` layout (seed 1)."""
+    shapes = [(w.M, w.H * w.D), (w.M, w.K * w.D), (w.M, w.K * w.E), (w.H * w.E, w.M)]
+    shapes = [s for kernel in shapes for s in (kernel, kernel[1:])]  # each kernel, its bias
+    scale = w.M**-0.5
+    if framework == "torch":
+        import torch
+
+        g = torch.Generator(device=fdevice).manual_seed(1)
+        dt = getattr(torch, w.dtype)
+        return [torch.randn(s, generator=g, device=fdevice, dtype=dt) * scale for s in shapes]
+    import jax
+
+    keys = jax.random.split(jax.random.key(1), len(shapes))
+    with jax.default_device(jax.devices(fdevice)[0]):
+        return [jax.random.normal(k, s, dtype=w.dtype) * scale for k, s in zip(keys, shapes)]
+
+
+def _host_or_torch(fn: Callable[[], Any], framework: str, fdevice: str) -> Prepared:
+    if framework == "numpy":
+        return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn))
+    return _torch_prepared(fn, fdevice)
+
+
+def _jax_donating(
+    step: Callable[..., Any],
+    args: list,
+    carry: Callable[[list, Any], Any],
+    donate: tuple[int, ...],
+) -> Prepared:
+    """Jit ``step`` with the cache arguments ``donate`` donated; compile it on its own (timed);
+    each call runs the executable, waits for every output, and ``carry(args, out)`` puts the
+    returned cache back into ``args`` (at the same position) and returns the step's output."""
+    import jax
+
+    t0 = time.perf_counter()
+    compiled = jax.jit(step, donate_argnums=donate).lower(*args).compile()
+    compile_s = time.perf_counter() - t0
+
+    def call():
+        out = jax.block_until_ready(compiled(*args))
+        return carry(args, out)
+
+    return Prepared(call=call, memory=lambda: _xla_memory(compiled), compile_s=compile_s)
 
 
 def _with_inputs(prepared: Prepared, inputs: list, layout: str = "heads_first") -> Prepared:

@@ -108,12 +108,13 @@ class Record:
 
 
 def estimate_bytes(row: Row, w: Workload) -> int:
-    """Rough peak bytes of ``row`` on ``w``: inputs and output, plus three float32 score-sized
-    temporaries for rows that materialize ``(B, H, L, S)`` scores, plus projections for modules."""
+    """Rough peak bytes of ``row`` on ``w``: inputs and output (and a decode step's KV cache),
+    plus three float32 score-sized temporaries for rows that materialize ``(B, H, L, S)``
+    scores, plus projections for modules and decode steps."""
     n = w.input_bytes()
     if row.materializes:
         n += 3 * w.score_bytes()
-    if w.op == "module":
+    if w.op in ("module", "decode"):
         n += 4 * w.B * w.L * w.M * 4
     return n
 

@@ -9,6 +9,11 @@ FlashAttention papers); with ``is_causal`` the *useful* count keeps only the all
 
 Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads, L query length,
 S key/value length, D query/key head dim, E value head dim, M model width (= H * D here).
+
+A *decode* workload is one step of KV-cache decoding: one new token (L = 1) attends over the P
+cached tokens and itself (S = P + 1, bottom-right causal, which with L = 1 masks nothing). Its
+FLOPs are the four projections of that one token plus the attention over S keys
+(:func:`decode_flops`); its KV cache holds K heads, so a GQA cache is K/H of MHA's.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ __all__ = [
     "Workload",
     "allowed_pairs",
     "attention_flops",
+    "decode_flops",
     "grid",
     "module_flops",
 ]
@@ -83,13 +89,25 @@ def module_flops(
     return proj + dense, proj + useful
 
 
+def decode_flops(B: int, H: int, K: int, P: int, D: int, E: int, M: int) -> int:
+    """FLOPs of one KV-cache decode step: one new token after ``P`` cached ones.
+
+    The projections of the one token, q: ``2*B*M*(H*D)``, k: ``2*B*M*(K*D)``, v: ``2*B*M*(K*E)``,
+    out: ``2*B*(H*E)*M``, plus its attention over ``S = P + 1`` keys (the cache and itself),
+    ``2*B*H*S*(D + E)``. Nothing is masked (bottom-right causal with L = 1), so dense = useful.
+    """
+    proj = 2 * B * (M * H * D + M * K * D + M * K * E + H * E * M)
+    return proj + 2 * B * H * (P + 1) * (D + E)
+
+
 @dataclass(frozen=True)
 class Workload:
     """One benchmarked problem.
 
     ``op`` is ``"attention"`` (functional rows: query ``(B, H, L, D)``, key ``(B, K, S, D)``,
-    value ``(B, K, S, E)``) or ``"module"`` (module rows: input ``(B, L, M)``, self-attention,
-    so S = L and M = H * D).
+    value ``(B, K, S, E)``), ``"module"`` (module rows: input ``(B, L, M)``, self-attention,
+    so S = L and M = H * D) or ``"decode"`` (one KV-cache decode step: input ``(B, 1, M)``, a
+    cache holding ``P = S - 1`` tokens, L = 1).
     """
 
     op: str
@@ -109,6 +127,17 @@ class Workload:
         return self.H * self.D
 
     @property
+    def P(self) -> int:
+        """Decode workloads: the tokens already in the KV cache (``S - L``)."""
+        return self.S - self.L
+
+    @property
+    def seq(self) -> int:
+        """The length a plot puts on its x axis: L (= S) for attention and modules, the cached
+        context P for decode steps."""
+        return self.P if self.op == "decode" else self.L
+
+    @property
     def variant(self) -> str:
         """``MHA`` (K = H), ``MQA`` (K = 1) or ``GQA H:K``."""
         if self.K == self.H:
@@ -119,8 +148,12 @@ class Workload:
 
     @property
     def id(self) -> str:
-        """Stable key, e.g. ``attention.mha.b1.h8.k8.l2048.s2048.d64.e64.f32.causal``."""
+        """Stable key, e.g. ``attention.mha.b1.h8.k8.l2048.s2048.d64.e64.f32.causal``, or
+        ``decode.gqa.b1.h8.k2.p4096.d64.e64.f32`` for a decode step."""
         mode = "causal" if self.is_causal else "full"
+        heads = f"{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
+        if self.op == "decode":
+            return f"decode.{heads}.p{self.P}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}"
         return (
             f"{self.op}.{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
             f".l{self.L}.s{self.S}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}.{mode}"
@@ -128,7 +161,11 @@ class Workload:
 
     @property
     def label(self) -> str:
-        """Short human label, e.g. ``MHA B1 H8 L=S=2048 D64 f32 causal``."""
+        """Short human label, e.g. ``MHA B1 H8 L=S=2048 D64 f32 causal`` or
+        ``decode GQA 8:2 B1 H8 P=4096 D64 f32``."""
+        if self.op == "decode":
+            dims = f"B{self.B} H{self.H} P={self.P} D{self.D}"
+            return f"decode {self.variant} {dims} {_SHORT[self.dtype]}"
         lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
         kind = "module " if self.op == "module" else ""
         mode = " causal" if self.is_causal else ""
@@ -141,11 +178,15 @@ class Workload:
     def series(self) -> str:
         """The plot panel a workload belongs to: everything but the sequence length."""
         mode = " causal" if self.is_causal else ""
-        kind = "module " if self.op == "module" else ""
+        kind = {"module": "module ", "decode": "decode "}.get(self.op, "")
         return f"{kind}{self.variant} B{self.B} H{self.H} D{self.D} {_SHORT[self.dtype]}{mode}"
 
     def flops(self) -> tuple[int, int]:
-        """``(dense, useful)`` FLOPs (see :func:`attention_flops`, :func:`module_flops`)."""
+        """``(dense, useful)`` FLOPs (see :func:`attention_flops`, :func:`module_flops`,
+        :func:`decode_flops`)."""
+        if self.op == "decode":
+            n = decode_flops(self.B, self.H, self.K, self.P, self.D, self.E, self.M)
+            return n, n
         if self.op == "module":
             return module_flops(
                 self.B, self.H, self.K, self.L, self.S, self.D, self.E, self.M,
@@ -159,9 +200,19 @@ class Workload:
         """Bytes of one float32 ``(B, H, L, S)`` score tensor: the quadratic wall."""
         return self.B * self.H * self.L * self.S * 4
 
+    def cache_bytes(self) -> int:
+        """Decode workloads: bytes of the KV cache, ``B * K * S * (D + E) * itemsize`` (it holds
+        exactly the S = P + 1 tokens of the step); 0 for the other ops."""
+        if self.op != "decode":
+            return 0
+        return self.B * self.K * self.S * (self.D + self.E) * DTYPE_BYTES[self.dtype]
+
     def input_bytes(self) -> int:
-        """Bytes of query, key, value and output (or input and output for modules)."""
+        """Bytes of query, key, value and output (input and output for modules; input, output
+        and the KV cache for decode steps)."""
         n = DTYPE_BYTES[self.dtype]
+        if self.op == "decode":
+            return 2 * self.B * self.M * n + self.cache_bytes()
         if self.op == "module":
             return 2 * self.B * self.L * self.M * n
         q = self.B * self.H * self.L * self.D
@@ -169,7 +220,7 @@ class Workload:
         return (q + kv + self.B * self.H * self.L * self.E) * n
 
     def to_dict(self) -> dict:
-        """Fields plus id, label, variant and FLOPs, for the JSON report."""
+        """Fields plus id, label, variant, FLOPs and (decode) the cache, for the JSON report."""
         dense, useful = self.flops()
         return {
             **asdict(self),
@@ -177,6 +228,8 @@ class Workload:
             "label": self.label,
             "variant": self.variant,
             "series": self.series,
+            "seq": self.seq,
+            "cache_bytes": self.cache_bytes(),
             "flops_dense": dense,
             "flops_useful": useful,
         }
@@ -196,6 +249,11 @@ def _module(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
     return Workload("module", B, H, K, L, L, D, D, causal, dtype)
 
 
+def _decode(B, H, K, P, D, *, dtype="float32") -> Workload:
+    """One decode step after ``P`` cached tokens: L = 1, S = P + 1."""
+    return Workload("decode", B, H, K, 1, P + 1, D, D, False, dtype)
+
+
 #: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
 #: N=2048); the causal goal compares its causal twin with it.
 GOAL_WORKLOAD = _attn(1, 8, 8, 2048, 64)
@@ -207,6 +265,7 @@ def _cpu_quick() -> list[Workload]:
     w += [_attn(1, 32, 8, 1024, 64), _attn(1, 8, 1, 1024, 64)]  # GQA 32:8, MQA
     w += [_module(1, 8, 8, n, 64) for n in (256, 1024, 2048)]  # module rows (M = 512)
     w += [_module(1, 8, 2, 1024, 64)]  # GQA module
+    w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     return w
 
 
@@ -219,6 +278,7 @@ def _cpu_full() -> list[Workload]:
         w += [_attn(1, 8, 1, n, 64, causal=causal) for n in lengths]
         w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
+    w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 8192, 32768)]
     return w
 
 
@@ -232,6 +292,8 @@ def _accel_quick(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_attn(2, 16, 16, n, 128, dtype="float32") for n in (1024, 4096)]
     w += [_module(2, 16, 16, n, 128, dtype=lo) for n in (1024, 4096)]
     w += [_module(2, 16, 4, 4096, 128, dtype=lo)]
+    w += [_decode(2, 16, 16, p, 128, dtype=dt) for dt in dtypes for p in (4096, 32768)]
+    w += [_decode(2, 16, 4, 32768, 128, dtype=lo), _decode(2, 16, 16, 4096, 128)]  # GQA, f32
     return w
 
 
@@ -248,6 +310,10 @@ def _accel_full(dtypes: tuple[str, ...]) -> list[Workload]:
         w += [_attn(2, 16, 16, n, 128, causal=causal, dtype="float32") for n in lengths[:7]]
         w += [_module(2, 16, 16, n, 128, causal=causal, dtype=lo) for n in lengths[1:7]]
         w += [_module(2, 16, 4, n, 128, causal=causal, dtype=lo) for n in lengths[1:7]]
+    contexts = (1024, 4096, 16384, 65536, 131072)
+    w += [_decode(2, 16, 16, p, 128, dtype=dt) for dt in dtypes for p in contexts]
+    w += [_decode(2, 16, k, p, 128, dtype=lo) for k in (4, 1) for p in contexts]
+    w += [_decode(2, 16, 16, p, 128) for p in contexts[:3]]  # float32
     return w
 
 

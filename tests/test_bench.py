@@ -41,6 +41,7 @@ from bench.workloads import (
     Workload,
     allowed_pairs,
     attention_flops,
+    decode_flops,
     grid,
     module_flops,
 )
@@ -101,6 +102,39 @@ def test_workload_fields_and_ids():
     assert Workload("attention", 1, 8, 1, 4, 4, 2, 2).variant == "MQA"
 
 
+def test_decode_flops_by_hand():
+    # B=2, H=6, K=3, P=7 cached tokens, D=5, E=4, M=30: one new token, S = 8 keys
+    q_proj = 2 * 2 * 30 * (6 * 5)  # 3600
+    k_proj = 2 * 2 * 30 * (3 * 5)  # 1800
+    v_proj = 2 * 2 * 30 * (3 * 4)  # 1440
+    o_proj = 2 * 2 * (6 * 4) * 30  # 2880
+    attention = 2 * 2 * 6 * 8 * 5 + 2 * 2 * 6 * 8 * 4  # q.k over 8 keys, weights.v: 1728
+    assert (
+        decode_flops(2, 6, 3, 7, 5, 4, 30)
+        == 11448
+        == (q_proj + k_proj + v_proj + o_proj + attention)
+    )
+    w = Workload("decode", 2, 6, 3, 1, 8, 5, 5)  # M = H * D = 30, E = D = 5
+    dense, useful = w.flops()
+    assert dense == useful == 3600 + 1800 + 1800 + 3600 + 2 * 2 * 6 * 8 * (5 + 5)
+
+
+def test_decode_workload_fields():
+    w = Workload("decode", 2, 6, 3, 1, 8, 5, 5, False, "bfloat16")
+    assert (w.P, w.seq, w.M) == (7, 7, 30)
+    assert w.id == "decode.gqa.b2.h6.k3.p7.d5.e5.bf16"
+    assert w.label == "decode GQA 6:3 B2 H6 P=7 D5 bf16"
+    assert w.series == "decode GQA 6:3 B2 H6 D5 bf16"
+    assert w.cache_bytes() == 2 * 3 * 8 * (5 + 5) * 2  # K heads, S = P + 1 tokens, 2 bytes
+    mha = Workload("decode", 2, 6, 6, 1, 8, 5, 5, False, "bfloat16")
+    assert w.cache_bytes() * 6 == mha.cache_bytes() * 3  # K/H of MHA's
+    assert w.input_bytes() == 2 * 2 * 30 * 2 + w.cache_bytes()  # x, y and the cache
+    d = w.to_dict()
+    assert (d["seq"], d["cache_bytes"]) == (7, w.cache_bytes())
+    assert Workload.from_dict(d) == w
+    assert GOAL_WORKLOAD.cache_bytes() == 0 and GOAL_WORKLOAD.seq == GOAL_WORKLOAD.L
+
+
 # ----------------------------------------------------------------------------------- grids
 
 
@@ -113,6 +147,22 @@ def test_quick_cpu_grid_holds_the_goal_workloads():
     assert {w.variant.split()[0] for w in ws} == {"MHA", "GQA", "MQA"}
     assert {w.dtype for w in ws} == {"float32"}
     assert len({w.id for w in ws}) == len(ws)
+
+
+def test_decode_steps_are_in_every_grid():
+    quick = [w for w in grid("cpu", "quick") if w.op == "decode"]
+    assert {(w.variant, w.P) for w in quick} == {
+        (v, p) for v in ("MHA", "GQA 8:2") for p in (1024, 4096)
+    }
+    assert all((w.L, w.H * w.D, w.dtype) == (1, 512, "float32") for w in quick)  # module M
+    cuda = [w for w in grid("cuda", "quick") if w.op == "decode"]
+    assert {"bfloat16", "float16", "float32"} == {w.dtype for w in cuda}
+    assert {w.variant.split()[0] for w in grid("cuda", "full") if w.op == "decode"} == {
+        "MHA",
+        "GQA",
+        "MQA",
+    }
+    assert [w for w in grid("tpu", "quick") if w.op == "decode"]
 
 
 def test_gpu_grids_are_low_precision_and_long():
@@ -253,6 +303,12 @@ def test_rows_are_derived_from_their_targets():
     assert row_by_name("jax sdpa").gate_alias == "sdpa"
     assert row_by_name("torch GQA module").gate_alias == "module"
     assert row_by_name("torch nn.MHA").gate_alias == "sdpa"  # gated through torch_fused
+    for fw in ("numpy", "torch", "jax"):  # stepped through init_cache/decode on the fixtures
+        row = row_by_name(f"{fw} decode")
+        assert (row.gate_port, row.gate_alias) == (f"impl_{fw}", "decode")
+        assert row.applies_to(grid("cpu", "quick")[-1]) and not row.applies_to(GOAL_WORKLOAD)
+    assert row_by_name("torch F.sdpa decode").gate_port == "conformance.ports.torch_fused"
+    assert row_by_name("jax.nn.dpa decode").gate_alias == "sdpa"
     names = [r.name for r in ROWS]
     assert len(set(names)) == len(names)
     for r in ROWS:  # every ratio reference is a registered row
@@ -501,6 +557,123 @@ def test_module_rows_are_causal_when_asked(name):
     assert np.abs(after[:, -1] - before[:, -1]).max() > 1e-4
 
 
+def _numpy_of(x) -> np.ndarray:
+    return np.array(_to_np(x))  # a copy: the JAX step donates (deletes) the arrays it is given
+
+
+def reference_module(weights: dict, x: np.ndarray, H: int, K: int, D: int) -> np.ndarray:
+    """float64 causal self-attention module from canonical weights: x (B, T, M) -> (B, T, M)."""
+    w = {name: _to_np(a) for name, a in weights.items()}
+    B_, T, _ = x.shape
+
+    def heads(name, n):  # (B, T, n*D) -> (B, n, T, D)
+        y = x @ w[f"{name}.kernel"] + w[f"{name}.bias"]
+        return y.reshape(B_, T, n, D).transpose(0, 2, 1, 3)
+
+    out = reference_sdpa(heads("q_proj", H), heads("k_proj", K), heads("v_proj", K), causal=True)
+    merged = out.transpose(0, 2, 1, 3).reshape(B_, T, H * D)  # (B, T, H*E)
+    return merged @ w["o_proj.kernel"] + w["o_proj.bias"]
+
+
+_DECODE_ROWS = [r.name for r in ROWS if r.workloads == "decode"]
+_DECODE_IMPL = [n for n in _DECODE_ROWS if row_by_name(n).kind == "impl"]
+# decode sizes, pairwise distinct: B=2, H=6, K=3, P=7 cached tokens (S=8), D=E=5, M=30
+_DB, _DH, _DK, _DP, _DD = 2, 6, 3, 7, 5
+
+
+def _decode_row(name: str, dtype: str = "float32") -> tuple[Row, Workload]:
+    row = row_by_name(name)
+    pytest.importorskip(row.framework)
+    try:
+        row.resolve()
+    except (ImportError, AttributeError):
+        pytest.skip(f"{name} not available")
+    return row, Workload("decode", _DB, _DH, _DK, 1, _DP + 1, _DD, _DD, False, dtype)
+
+
+@pytest.mark.parametrize("name", _DECODE_IMPL)
+def test_decode_row_is_the_last_row_of_the_causal_forward(name):
+    """The timed decode step, from a cache prefilled with P tokens, gives the last row of a
+    float64 causal forward over the P + 1 tokens (reference written here, from the module's
+    canonical weights); repeated rounds are the same step at the same position."""
+    row, w = _decode_row(name, "float64")
+    p = runners.prepare(row, w, "cpu")
+    m, x_new = p.module, p.inputs[-2]
+    prefix = np.random.default_rng(3).standard_normal((_DB, _DP, w.M))  # (B, P, M) float64
+    if row.framework == "torch":
+        import torch
+
+        with torch.no_grad():
+            _, cache = m.decode(torch.from_numpy(prefix), m.init_cache(_DB, _DP + 1))
+    else:
+        to = np.asarray if row.framework == "numpy" else __import__("jax.numpy").numpy.asarray
+        _, cache = m.decode(to(prefix), m.init_cache(_DB, _DP + 1))
+    assert cache.position == _DP
+    p.inputs[-1] = cache  # the call reads its cache from its inputs
+    cached = _numpy_of(cache.key)[:, :, :_DP]
+    expected = reference_module(
+        m.to_canonical(), np.concatenate([prefix, _to_np(x_new)], axis=1), _DH, _DK, _DD
+    )[:, -1:]  # (B, 1, M)
+    outs = [_numpy_of(p.call()) for _ in range(3)]
+    assert outs[0].shape == (_DB, 1, w.M)
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-10, atol=1e-12)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])  # the same step, bit for bit
+    after = p.inputs[-1]
+    assert after.position == _DP  # never advanced by the timed calls
+    np.testing.assert_array_equal(_numpy_of(after.key)[:, :, :_DP], cached)
+
+
+@pytest.mark.parametrize("name", [n for n in _DECODE_ROWS if n not in _DECODE_IMPL])
+def test_decode_baselines_match_a_float64_step(name):
+    """The framework decode step (projections, cache write at P, fused attention of one query
+    over the S = P + 1 keys, output projection) against float64 arithmetic written here."""
+    row, w = _decode_row(name)
+    p = runners.prepare(row, w, "cpu")
+    params, x, ck, cv = p.inputs
+    x, ck, cv = _numpy_of(x), _numpy_of(ck), _numpy_of(cv)
+    wq, bq, wk, bk, wv, bv, wo, bo = (_to_np(a) for a in params)
+    if p.layout == "decode_heads_second":  # (B, S, K, D) -> (B, K, S, D)
+        ck, cv = np.swapaxes(ck, 1, 2), np.swapaxes(cv, 1, 2)
+
+    def heads(y, n):  # (B, 1, n*D) -> (B, n, 1, D)
+        return y.reshape(_DB, 1, n, _DD).transpose(0, 2, 1, 3)
+
+    k = np.concatenate([ck[:, :, :_DP], heads(x @ wk + bk, _DK)], axis=2)  # (B, K, S, D)
+    v = np.concatenate([cv[:, :, :_DP], heads(x @ wv + bv, _DK)], axis=2)
+    out = reference_sdpa(heads(x @ wq + bq, _DH), k, v, causal=False)  # (B, H, 1, D)
+    expected = out.transpose(0, 2, 1, 3).reshape(_DB, 1, _DH * _DD) @ wo + bo
+    outs = [_numpy_of(p.call()) for _ in range(3)]
+    np.testing.assert_allclose(outs[0], expected, rtol=2e-5, atol=2e-5)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+
+
+def test_timed_decode_rounds_leave_the_cache_at_its_position(monkeypatch):
+    """Through the session (warm-up, memory, pytest-benchmark rounds): every round decodes
+    at position P, and the cache the call holds is still at P afterwards."""
+    row, w = _decode_row("numpy decode")
+    prepared = []
+    real = runners.prepare
+    monkeypatch.setattr(runners, "prepare", lambda *a: prepared.append(real(*a)) or prepared[-1])
+    cases = build_cases("cpu", [w], (row,), fdevice_of=_fake_gpu)
+    session = BenchSession(
+        "cpu", "test", [w], (row,), gates=GateCache(quick_check=_stub(True, 8)[0]), cases=cases
+    )
+    (case,) = [c for c in cases if c.kind == "row"]
+    p_seen = []
+    decode = row.resolve().decode
+    monkeypatch.setattr(
+        row.resolve(), "decode", lambda self, x, cache: p_seen.append(cache.position)
+        or decode(self, x, cache)
+    )  # fmt: skip
+    bench = FakeBenchmark(min_rounds=4)
+    session.run_case(case, bench)
+    assert session.records[case.id].status == "ok" and bench.calls == 4
+    assert p_seen == [_DP] * (1 + 4)  # the memory call (the host warm-up) and four rounds
+    assert prepared[0].inputs[-1].position == _DP
+
+
 @pytest.mark.parametrize("name", ["torch F.sdpa[efficient]", "torch F.sdpa[cudnn]"])
 def test_a_backend_without_a_kernel_is_unsupported_not_failed(name):
     pytest.importorskip("torch")
@@ -721,6 +894,27 @@ def test_plots_are_written_per_series(tmp_path):
     assert [p.name for p in paths] == ["time_vs_seq.png", "memory_vs_seq.png"]
     for p in paths:
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_decode_rows_are_reported_with_their_cache_and_plotted_against_p(tmp_path):
+    from rich.console import Console
+
+    ws = [Workload("decode", 1, 8, k, 1, p + 1, 64, 64) for k in (8, 2) for p in (1024, 4096)]
+    rows = (("numpy decode", 2e-6), ("torch F.sdpa decode", 1e-6))  # seconds per cached token
+    records = [_rec(name, w, per_token * w.P) for w in ws for name, per_token in rows]
+    res = build_results(device="cpu", grid="quick", environment={}, records=records, gates=[],
+                        wall_s=1.0)  # fmt: skip
+    ratios = [r["derived"]["ratio"] for r in res["records"] if r["row"] == "numpy decode"]
+    assert ratios == [pytest.approx(2.0)] * 4  # against the same step around torch's F.sdpa
+    table = series_table(res, "time")
+    assert table["decode MHA B1 H8 D64 f32"]["numpy decode"] == [(1024, 2048e-6), (4096, 8192e-6)]
+    console = Console(record=True, width=200, file=io.StringIO())
+    render(res, console)
+    text = console.export_text()
+    assert "decode GQA 8:2 B1 H8 P=4096 D64 f32" in text
+    assert "KV cache 16 MiB" in text  # MHA at P=4096: 8 heads x 4097 tokens x 128 x 4 bytes
+    assert "KV cache 4 MiB (K/H = 2/8 of MHA's)" in text
+    assert [p.name for p in plot_results(res, tmp_path)] == ["time_vs_seq.png", "memory_vs_seq.png"]
 
 
 # ----------------------------------------------------------------------------------- end to end
