@@ -17,6 +17,11 @@ import os
 
 # Before JAX is imported anywhere: do not let JAX take 75% of a GPU that torch shares.
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+# The benchmark is its own pytest session. Started from inside a pytest-xdist worker (the
+# project's end-to-end test is), it inherits PYTEST_XDIST_WORKER, and pytest-benchmark then
+# silently disables timing: every row would come back "ok" with no statistics.
+os.environ.pop("PYTEST_XDIST_WORKER", None)
+os.environ.pop("PYTEST_XDIST_WORKER_COUNT", None)
 
 import argparse
 import contextlib
