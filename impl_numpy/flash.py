@@ -133,9 +133,10 @@ def flash_attention(
             if mask is not None:
                 np.copyto(s, -np.inf, where=~_block(_block(mask, -2, i0, i1), -1, j0, j1))
 
-            # 5. causal, inside the block: query i sees key j iff j <= i + offset (all True in
-            #    a block below the diagonal; a block the diagonal crosses is masked elementwise).
-            if is_causal:
+            # 5. causal, inside the block: query i sees key j iff j <= i + offset. Only a block
+            #    the diagonal crosses (its last key is past its first row's diagonal) has
+            #    anything to mask; a block below the diagonal is left as it is.
+            if is_causal and j1 - 1 > i0 + offset:
                 i = np.arange(i0, i1)[:, None]  # (bq, 1)
                 j = np.arange(j0, j1)[None, :]  # (1, bk)
                 np.copyto(s, -np.inf, where=j > i + offset)

@@ -112,7 +112,7 @@ def flash_attention(
             # 1. scores = (query @ key^T) * scale; kv head k serves query heads k*G .. k*G+G-1.
             q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
             k_blk = k[..., j0:j1, :].repeat_interleave(G, dim=-3)  # (..., H, bk, D); h -> h // G
-            s = (q_blk @ k_blk.transpose(-2, -1)) * dims.scale  # (..., H, bq, bk)
+            s = (q_blk @ k_blk.transpose(-2, -1)).mul_(dims.scale)  # (..., H, bq, bk)
 
             # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
             if softcap is not None:
@@ -126,9 +126,10 @@ def flash_attention(
             if mask is not None:
                 s = torch.where(_block(_block(mask, -2, i0, i1), -1, j0, j1), s, float("-inf"))
 
-            # 5. causal, inside the block: query i sees key j iff j <= i + offset (all True in
-            #    a block below the diagonal; a block the diagonal crosses is masked elementwise).
-            if is_causal:
+            # 5. causal, inside the block: query i sees key j iff j <= i + offset. Only a block
+            #    the diagonal crosses (its last key is past its first row's diagonal) has
+            #    anything to mask; a block below the diagonal is left as it is.
+            if is_causal and j1 - 1 > i0 + offset:
                 i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
                 j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
                 s = torch.where(j <= i + offset, s, float("-inf"))
@@ -138,7 +139,7 @@ def flash_attention(
             m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
             shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
             alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
-            p = torch.exp(s - shift)  # (..., H, bq, bk), unnormalized weights
+            p = (s - shift).exp_()  # (..., H, bq, bk), unnormalized weights
             l = alpha * l + p.sum(dim=-1, keepdim=True)
 
             # 7. output, accumulated: acc = alpha * acc + p @ value.
