@@ -2,7 +2,8 @@
 
 The same steps, names and comments as ``impl_numpy/functional.py`` and
 ``impl_jax/functional.py``; only the idiom differs. Here a step works in place (``mul_``,
-``sub_``, ``exp_``) only where autograd keeps nothing that the write would spoil: the
+``add_``, ``masked_fill_``, ``sub_``, ``exp_``) wherever autograd keeps nothing that the write
+would spoil (softcap's ``tanh`` keeps its output, so it stays out of place): the
 ``(..., H, L, S)`` scores are the one large tensor, and each new copy of it costs a full pass and
 an allocation. GQA shows torch's ``repeat_interleave``, and nothing leaves the device the
 tensors are on.
@@ -74,25 +75,25 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     q = query.to(ct)  # (..., H, L, D)
     k = key.to(ct).repeat_interleave(G, dim=-3)  # (..., H, S, D); head h reads kv head h // G
     s = (q @ k.transpose(-2, -1)).mul_(dims.scale)  # (..., H, L, S)
+    if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
+        s = s.expand(dims.scores_shape).clone()
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
     if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
+        s = softcap * torch.tanh(s / softcap)  # out of place: tanh keeps its output for backward
 
     # 3. bias: added, may hold -inf.
     if bias is not None:
-        s = s + bias.to(ct)
+        s.add_(bias.to(ct))
 
     # 4. mask: False -> -inf.
     if mask is not None:
-        s = torch.where(mask, s, float("-inf"))
+        s.masked_fill_(~mask, float("-inf"))
 
     # 5. causal: query i sees key j iff j <= i + offset.
     if is_causal:
         allowed = causal_mask(L, S, alignment=causal_alignment, device=s.device)  # (L, S)
-        s = torch.where(allowed, s, float("-inf"))
-    if s.shape != dims.scores_shape:  # a value with more batch than query and key
-        s = s.expand(dims.scores_shape).clone()
+        s.masked_fill_(~allowed, float("-inf"))
 
     # 6. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
     if S > 0:
