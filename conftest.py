@@ -1,13 +1,6 @@
 """Repository-root conftest: the top-level packages import from here without installing.
 
-Test-session settings that every test directory shares:
-- JAX computes float64 (one of the contract's four dtypes) only with x64 enabled;
-- torch uses one thread per pytest worker: with xdist's two workers on two cores, more threads
-  only fight each other (a small call then takes a second instead of milliseconds).
+It holds no settings: `python -m bench` runs its own pytest session from this folder too, and
+must time the frameworks with their default threads. Test-session settings live in
+tests/conftest.py and conformance/tests/conftest.py.
 """
-
-import jax
-import torch
-
-jax.config.update("jax_enable_x64", True)
-torch.set_num_threads(1)

@@ -1,6 +1,11 @@
 import pytest
+import torch
 
-from tests.frameworks import FRAMEWORKS
+from tests.frameworks import FRAMEWORKS  # also enables JAX x64: float64 is one of the dtypes
+
+# One torch thread per pytest-xdist worker: with two workers on two cores, more threads only
+# fight each other (a small call then takes a second instead of milliseconds).
+torch.set_num_threads(1)
 
 
 @pytest.fixture(params=list(FRAMEWORKS), ids=list(FRAMEWORKS))
