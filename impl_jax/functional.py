@@ -74,6 +74,7 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     k = key.astype(ct)  # (..., K, S, D)
     s = jnp.einsum("...kgld,...ksd->...kgls", q, k, precision=_PRECISION)  # (..., K, G, L, S)
     s = s.reshape(*s.shape[:-4], H, L, S) * dims.scale  # (..., H, L, S); head h reads kv h // G
+    s = jnp.broadcast_to(s, dims.scores_shape)  # a mask, bias or value with more batch than q, k
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
     if softcap is not None:
@@ -90,7 +91,6 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     # 5. causal: query i sees key j iff j <= i + offset.
     if is_causal:
         s = jnp.where(causal_mask(L, S, alignment=causal_alignment), s, -jnp.inf)
-    s = jnp.broadcast_to(s, dims.scores_shape)  # a value with more batch than query and key
 
     # 6. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
     row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)  # (..., H, L, 1)

@@ -62,7 +62,7 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
     s = q @ np.swapaxes(k, -1, -2)  # (..., K, G, L, S)
     s = s.reshape(*s.shape[:-4], K * G, L, S)  # (..., H, L, S); head h reads kv head h // G
-    if s.shape != dims.scores_shape:  # a mask or bias with more batch than query and key
+    if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
         s = np.broadcast_to(s, dims.scores_shape).copy()
     s *= dims.scale
 
