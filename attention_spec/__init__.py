@@ -1,8 +1,9 @@
 """The attention contract's shared, framework-free pieces.
 
 The error taxonomy, shape/dtype validation and the causal-alignment rule of SEMANTICS.md.
-``impl_numpy``, ``impl_torch`` and ``impl_jax`` all call this package before any arithmetic;
-it imports no array framework.
+``impl_numpy``, ``impl_torch`` and ``impl_jax`` all call this package before any arithmetic,
+handing it their arrays as they are (it reads ``.shape`` and ``.dtype`` through one adapter,
+:func:`describe`); it imports no array framework.
 
 Shape letters: B batch, H query heads, K key/value heads (G = H // K), L query length,
 S key/value length, D query/key head dim, E value head dim, M model width.
@@ -21,6 +22,7 @@ from attention_spec.validate import (
     ALIGNMENTS,
     FLOAT_DTYPES,
     SUPPORTED_DTYPES,
+    ArraySpec,
     AttentionDims,
     broadcast_shapes,
     causal_offset,
@@ -28,23 +30,20 @@ from attention_spec.validate import (
     check_block_sizes,
     check_causal_mask_args,
     check_config,
+    check_dtype,
+    check_size,
+    describe,
+    dtype_name,
     format_dims,
-)
-
-#: The public names every implementation (and every port) exposes.
-FUNCTIONAL_API: tuple[str, ...] = (
-    "scaled_dot_product_attention",
-    "attention_weights",
-    "causal_mask",
 )
 
 __all__ = [
     "ALIGNMENTS",
     "ERROR_CODES",
     "FLOAT_DTYPES",
-    "FUNCTIONAL_API",
     "MODULE_ERROR_CODES",
     "SUPPORTED_DTYPES",
+    "ArraySpec",
     "AttentionDims",
     "AttentionError",
     "ConfigError",
@@ -57,5 +56,9 @@ __all__ = [
     "check_block_sizes",
     "check_causal_mask_args",
     "check_config",
+    "check_dtype",
+    "check_size",
+    "describe",
+    "dtype_name",
     "format_dims",
 ]

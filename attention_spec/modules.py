@@ -22,16 +22,19 @@ S key/value length, D query/key head dim, E value head dim, M model width (d_mod
 from __future__ import annotations
 
 import json
-import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 from attention_spec.errors import AttentionError, make_error
 from attention_spec.validate import (
-    SUPPORTED_DTYPES,
+    ArraySpec,
     AttentionDims,
     broadcast_shapes,
     check_attention,
+    check_dtype,
+    check_size,
+    describe,
     format_dims,
 )
 
@@ -95,30 +98,6 @@ class ModuleDims:
         return format_dims("MHKDE", (self.M, self.H, self.K, self.D, self.E))
 
 
-def _is_int(n: object) -> bool:
-    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
-
-
-def _check_positive(name: str, n: object) -> None:
-    if not (_is_int(n) and n >= 1):
-        raise make_error(
-            "non_positive_size",
-            f"{name} must be an integer >= 1; got {n!r}",
-            expected="integer >= 1",
-            actual=repr(n),
-        )
-
-
-def _check_dtype(name: str, dtype: str) -> None:
-    if dtype not in SUPPORTED_DTYPES:
-        raise make_error(
-            "unsupported_dtype",
-            f"{name} dtype must be one of {SUPPORTED_DTYPES}; got {dtype}",
-            expected=" | ".join(SUPPORTED_DTYPES),
-            actual=dtype,
-        )
-
-
 def check_module_config(
     d_model: int,
     n_heads: int,
@@ -139,14 +118,14 @@ def check_module_config(
         DimensionMismatchError ``heads_not_divisible``: H % K != 0.
         DTypeError ``unsupported_dtype``: a dtype outside the supported four.
     """
-    _check_positive("d_model (M)", d_model)
-    _check_positive("n_heads (H)", n_heads)
-    _check_positive("n_kv_heads (K)", n_kv_heads)
+    check_size("d_model (M)", d_model)
+    check_size("n_heads (H)", n_heads)
+    check_size("n_kv_heads (K)", n_kv_heads)
     if head_dim is not None:
-        _check_positive("head_dim (D)", head_dim)
+        check_size("head_dim (D)", head_dim)
     if value_head_dim is not None:
-        _check_positive("value_head_dim (E)", value_head_dim)
-    _check_dtype("module", dtype)
+        check_size("value_head_dim (E)", value_head_dim)
+    check_dtype("module", dtype)
     if head_dim is None and d_model % n_heads:
         divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
         raise make_error(
@@ -168,8 +147,8 @@ def check_module_config(
     return ModuleDims(M=d_model, H=n_heads, K=n_kv_heads, D=D, E=E, bias=bool(bias))
 
 
-def _check_sequence(name: str, shape: tuple[int, ...], dtype: str, dims: ModuleDims,
-                    param_dtype: str) -> None:  # fmt: skip
+def _check_sequence(name: str, array: ArraySpec, dims: ModuleDims, param_dtype: str) -> None:
+    shape, dtype = array.shape, array.dtype
     letters = "(B, L, M)" if name == "x" else "(B, S, M)"
     if len(shape) != 3:
         raise make_error(
@@ -178,7 +157,7 @@ def _check_sequence(name: str, shape: tuple[int, ...], dtype: str, dims: ModuleD
             expected=letters,
             actual=str(shape),
         )
-    _check_dtype(name, dtype)
+    check_dtype(name, dtype)
     if dtype != param_dtype:
         raise make_error(
             "dtype_mismatch",
@@ -199,34 +178,31 @@ def _check_sequence(name: str, shape: tuple[int, ...], dtype: str, dims: ModuleD
 def check_module_inputs(
     dims: ModuleDims,
     param_dtype: str,
-    x_shape: tuple[int, ...],
-    x_dtype: str,
-    context_shape: tuple[int, ...] | None = None,
-    context_dtype: str | None = None,
+    x: Any,
+    context: Any = None,
     *,
-    mask_shape: tuple[int, ...] | None = None,
-    mask_dtype: str | None = None,
-    bias_shape: tuple[int, ...] | None = None,
-    bias_dtype: str | None = None,
+    mask: Any = None,
+    bias: Any = None,
     causal_alignment: str = "top_left",
 ) -> AttentionDims:
     """Validate a whole module call before any arithmetic and return its attention sizes.
 
-    ``x (B, L, M)`` and the optional ``context (B, S, M)`` must have the module's dtype
-    ``param_dtype`` and width M, and batch dims that broadcast; then the attention call the module
-    will make, ``q (B, H, L, D)``, ``k (B, K, S, D)``, ``v (B, K, S, E)`` with ``mask``, ``bias``
-    and ``causal_alignment``, is checked by :func:`check_attention` (S = L for self-attention).
+    ``x (B, L, M)`` and the optional ``context (B, S, M)`` (arrays, read by
+    :func:`~attention_spec.validate.describe`) must have the module's dtype ``param_dtype`` and
+    width M, and batch dims that broadcast; then the attention call the module will make,
+    ``q (B, H, L, D)``, ``k (B, K, S, D)``, ``v (B, K, S, E)`` with ``mask``, ``bias`` and
+    ``causal_alignment``, is checked by :func:`check_attention` (S = L for self-attention).
 
     Raises:
         DimensionMismatchError ``rank``, ``model_width_mismatch``, ``batch_not_broadcastable``;
         DTypeError ``unsupported_dtype``, ``dtype_mismatch``; and every error of
         :func:`check_attention` for mask, bias and causal_alignment.
     """
-    x_shape = tuple(x_shape)
-    _check_sequence("x", x_shape, x_dtype, dims, param_dtype)
-    context_shape = x_shape if context_shape is None else tuple(context_shape)
-    if context_dtype is not None:
-        _check_sequence("context", context_shape, context_dtype, dims, param_dtype)
+    x, context = describe(x), describe(context)
+    _check_sequence("x", x, dims, param_dtype)
+    if context is not None:
+        _check_sequence("context", context, dims, param_dtype)
+    x_shape, context_shape = x.shape, (x if context is None else context).shape
     if broadcast_shapes(x_shape[:1], context_shape[:1]) is None:
         raise make_error(
             "batch_not_broadcastable",
@@ -236,12 +212,10 @@ def check_module_inputs(
         )
     (Bx, L, _), (Bc, S, _) = x_shape, context_shape
     return check_attention(
-        (Bx, dims.H, L, dims.D), param_dtype,
-        (Bc, dims.K, S, dims.D), param_dtype,
-        (Bc, dims.K, S, dims.E), param_dtype,
-        mask_shape=mask_shape, mask_dtype=mask_dtype,
-        bias_shape=bias_shape, bias_dtype=bias_dtype,
-        causal_alignment=causal_alignment,
+        ArraySpec((Bx, dims.H, L, dims.D), param_dtype),  # q: the projections to come
+        ArraySpec((Bc, dims.K, S, dims.D), param_dtype),  # k
+        ArraySpec((Bc, dims.K, S, dims.E), param_dtype),  # v
+        mask=mask, bias=bias, causal_alignment=causal_alignment,
     )  # fmt: skip
 
 
@@ -249,8 +223,8 @@ def _dims_from_shapes(
     shapes: Mapping[str, tuple[int, ...]], n_heads: int, n_kv_heads: int
 ) -> ModuleDims:
     """M, D, E and bias read from ``q_proj.kernel (M, H*D)`` and ``v_proj.kernel (M, K*E)``."""
-    _check_positive("n_heads (H)", n_heads)
-    _check_positive("n_kv_heads (K)", n_kv_heads)
+    check_size("n_heads (H)", n_heads)
+    check_size("n_kv_heads (K)", n_kv_heads)
     H, K = n_heads, n_kv_heads
     for name in ("q_proj.kernel", "v_proj.kernel"):
         if name not in shapes:
@@ -276,14 +250,13 @@ def _dims_from_shapes(
 
 
 def check_canonical(
-    shapes: Mapping[str, tuple[int, ...]],
-    dtypes: Mapping[str, str],
+    weights: Mapping[str, Any],
     *,
     n_heads: int,
     n_kv_heads: int,
     expected: ModuleDims | None = None,
 ) -> ModuleDims:
-    """Validate canonical weights (given as their shapes and dtype names) and return the sizes.
+    """Validate canonical weights (a mapping of names to arrays) and return the sizes.
 
     M, D and E are read from the shapes: ``q_proj.kernel (M, H*D)``, ``v_proj.kernel (M, K*E)``;
     every other weight must then have its canonical shape. All weights share one supported dtype.
@@ -294,7 +267,9 @@ def check_canonical(
         DimensionMismatchError ``weight_shape``: a missing, unexpected or misshaped weight;
         DTypeError ``dtype_mismatch``, ``unsupported_dtype``.
     """
-    shapes = {name: tuple(shape) for name, shape in shapes.items()}
+    specs = {name: describe(w) for name, w in weights.items()}
+    shapes = {name: spec.shape for name, spec in specs.items()}
+    dtypes = {name: spec.dtype for name, spec in specs.items()}
     dims = expected if expected is not None else _dims_from_shapes(shapes, n_heads, n_kv_heads)
     canonical = dims.canonical_shapes()
     for name in [*canonical, *(n for n in shapes if n not in canonical)]:
@@ -309,7 +284,7 @@ def check_canonical(
                 actual=str(got),
             )
     names = list(canonical)
-    _check_dtype(names[0], str(dtypes[names[0]]))
+    check_dtype(names[0], str(dtypes[names[0]]))
     if len({str(dtypes[n]) for n in names}) > 1:
         listing = ", ".join(f"{n}={dtypes[n]}" for n in names)
         raise make_error(
@@ -374,16 +349,16 @@ def check_interop(dims: ModuleDims, target: str) -> None:
         )
 
 
-def check_padding_mask_args(
-    lengths_shape: tuple[int, ...], lengths_dtype: str, kv_len: int
-) -> None:
+def check_padding_mask_args(lengths: Any, kv_len: int) -> None:
     """Validate ``padding_mask(lengths, kv_len)``: lengths 1-D ``(B,)`` integers, kv_len >= 0."""
-    if len(tuple(lengths_shape)) != 1:
+    lengths = describe(lengths)
+    lengths_shape, lengths_dtype = lengths.shape, lengths.dtype
+    if len(lengths_shape) != 1:
         raise make_error(
             "mask_shape",
             f"lengths must be 1-D (B,), one key length per example; got shape {lengths_shape}",
             expected="(B,)",
-            actual=str(tuple(lengths_shape)),
+            actual=str(lengths_shape),
         )
     if not lengths_dtype.startswith(("int", "uint")):
         raise make_error(
@@ -392,34 +367,25 @@ def check_padding_mask_args(
             expected="integer dtype",
             actual=lengths_dtype,
         )
-    if not (_is_int(kv_len) and kv_len >= 0):
-        raise make_error(
-            "non_positive_size",
-            f"kv_len (S) must be an integer >= 0; got {kv_len!r}",
-            expected="integer >= 0",
-            actual=repr(kv_len),
-        )
+    check_size("kv_len (S)", kv_len, minimum=0)
 
 
 def check_cache_size(batch_size: int, max_len: int) -> None:
     """Validate ``init_cache(batch_size, max_len)`` (ConfigError ``non_positive_size``)."""
-    _check_positive("batch_size (B)", batch_size)
-    _check_positive("max_len", max_len)
+    check_size("batch_size (B)", batch_size)
+    check_size("max_len", max_len)
 
 
 def check_decode_inputs(
     dims: ModuleDims,
     param_dtype: str,
-    x_shape: tuple[int, ...],
-    x_dtype: str,
+    x: Any,
     *,
     cache_batch: int,
     position: int,
     max_len: int,
-    mask_shape: tuple[int, ...] | None = None,
-    mask_dtype: str | None = None,
-    bias_shape: tuple[int, ...] | None = None,
-    bias_dtype: str | None = None,
+    mask: Any = None,
+    bias: Any = None,
 ) -> AttentionDims:
     """Validate a cached forward: new tokens ``x (B, L, M)`` into a KV cache of batch B holding
     ``position`` of ``max_len`` tokens, before any arithmetic.
@@ -432,8 +398,9 @@ def check_decode_inputs(
         DimensionMismatchError ``batch_not_broadcastable``: x's batch is not the cache's;
         ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or truncation).
     """
-    x_shape = tuple(x_shape)
-    _check_sequence("x", x_shape, x_dtype, dims, param_dtype)
+    x = describe(x)
+    _check_sequence("x", x, dims, param_dtype)
+    x_shape = x.shape
     n_batch, new_len, _ = x_shape
     if n_batch != cache_batch:
         raise make_error(
@@ -452,10 +419,8 @@ def check_decode_inputs(
         )
     S = position + new_len
     return check_attention(
-        (n_batch, dims.H, new_len, dims.D), param_dtype,
-        (n_batch, dims.K, S, dims.D), param_dtype,
-        (n_batch, dims.K, S, dims.E), param_dtype,
-        mask_shape=mask_shape, mask_dtype=mask_dtype,
-        bias_shape=bias_shape, bias_dtype=bias_dtype,
-        causal_alignment="bottom_right",
+        ArraySpec((n_batch, dims.H, new_len, dims.D), param_dtype),  # q of the new tokens
+        ArraySpec((n_batch, dims.K, S, dims.D), param_dtype),  # k: cached and new
+        ArraySpec((n_batch, dims.K, S, dims.E), param_dtype),  # v
+        mask=mask, bias=bias, causal_alignment="bottom_right",
     )  # fmt: skip

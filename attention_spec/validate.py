@@ -1,9 +1,11 @@
 """Shape, dtype and keyword validation: the one place where bad input is caught.
 
 Pure Python on shapes (tuples of ints) and dtype *names* (``"float32"``, ``"bfloat16"``,
-``"bool"``, ...). Each implementation turns its arrays into those and calls
-:func:`check_attention` before any arithmetic, so the three frameworks raise the same error
-class, code and message for the same mistake.
+``"bool"``, ...). The checks take the arrays themselves (NumPy, torch, JAX, or anything with a
+``.shape`` and a ``.dtype``) and read them through one adapter, :func:`describe`, so each
+implementation hands its arrays over as they are and the three frameworks raise the same error
+class, code and message for the same mistake. Where there is no array yet (the query a module is
+about to project), an :class:`ArraySpec` stands in for it.
 
 Rules are checked in a fixed order, so an input with several mistakes reports the same one
 everywhere: keywords, ranks, dtypes, sizes, head/length/batch agreement, mask, bias.
@@ -15,6 +17,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from attention_spec.errors import make_error
 
@@ -22,6 +25,7 @@ __all__ = [
     "ALIGNMENTS",
     "FLOAT_DTYPES",
     "SUPPORTED_DTYPES",
+    "ArraySpec",
     "AttentionDims",
     "broadcast_shapes",
     "causal_offset",
@@ -29,6 +33,10 @@ __all__ = [
     "check_block_sizes",
     "check_causal_mask_args",
     "check_config",
+    "check_dtype",
+    "check_size",
+    "describe",
+    "dtype_name",
     "format_dims",
 ]
 
@@ -40,6 +48,48 @@ FLOAT_DTYPES: tuple[str, ...] = SUPPORTED_DTYPES
 ALIGNMENTS: tuple[str, ...] = ("top_left", "bottom_right")
 
 Shape = tuple[int, ...]
+
+
+# ---------------------------------------------------------------------------------------------
+# The adapter: what validation reads of an array
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArraySpec:
+    """What validation reads of an array: its shape and its dtype's name.
+
+    Also what a caller passes where there is no array yet, e.g. the ``(B, H, L, D)`` query that
+    a module's projection will make: ``ArraySpec((B, H, L, D), "float32")``.
+    """
+
+    shape: Shape
+    dtype: str
+
+
+def dtype_name(dtype: Any) -> str:
+    """The contract's name of a framework's dtype: ``"float32"``, ``"bfloat16"``, ``"bool"``.
+
+    NumPy and JAX dtypes carry it as ``.name``; torch spells it ``torch.bfloat16`` (and MLX
+    ``mlx.core.bfloat16``), from which the last dotted part is taken.
+    """
+    name = getattr(dtype, "name", None)
+    if isinstance(name, str):
+        return name
+    return str(dtype).rsplit(".", 1)[-1]
+
+
+def describe(array: Any) -> ArraySpec | None:
+    """The :class:`ArraySpec` of ``array`` (anything with ``.shape`` and ``.dtype``); None stays
+    None (an argument that was not given)."""
+    if array is None or isinstance(array, ArraySpec):
+        return array
+    return ArraySpec(tuple(int(n) for n in array.shape), dtype_name(array.dtype))
+
+
+# ---------------------------------------------------------------------------------------------
+# Small rules shared by the functional API and the modules
+# ---------------------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
@@ -104,6 +154,35 @@ def _is_real(x: object) -> bool:
     return isinstance(x, numbers.Real) and not isinstance(x, bool)
 
 
+def _is_int(n: object) -> bool:
+    return isinstance(n, numbers.Integral) and not isinstance(n, bool)
+
+
+def check_size(name: str, n: object, *, minimum: int = 1) -> None:
+    """``n`` is an integer >= ``minimum`` (ConfigError ``non_positive_size``).
+
+    ``name`` says which size, with its letter: ``"n_heads (H)"``, ``"block_q"``.
+    """
+    if not (_is_int(n) and n >= minimum):
+        raise make_error(
+            "non_positive_size",
+            f"{name} must be an integer >= {minimum}; got {n!r}",
+            expected=f"integer >= {minimum}",
+            actual=repr(n),
+        )
+
+
+def check_dtype(name: str, dtype: str) -> None:
+    """``dtype`` is one of the four supported (DTypeError ``unsupported_dtype``)."""
+    if dtype not in SUPPORTED_DTYPES:
+        raise make_error(
+            "unsupported_dtype",
+            f"{name} dtype must be one of {SUPPORTED_DTYPES}; got {dtype}",
+            expected=" | ".join(SUPPORTED_DTYPES),
+            actual=dtype,
+        )
+
+
 def check_config(
     *, causal_alignment: str = "top_left", scale: float | None = None, softcap: float | None = None
 ) -> None:
@@ -146,26 +225,19 @@ def causal_offset(q_len: int, kv_len: int, alignment: str = "top_left") -> int:
 def check_causal_mask_args(q_len: int, kv_len: int, alignment: str) -> None:
     """Validate the arguments of ``causal_mask`` (ConfigError)."""
     check_config(causal_alignment=alignment)
-    for name, n in (("q_len (L)", q_len), ("kv_len (S)", kv_len)):
-        if not (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 0):
-            raise make_error(
-                "non_positive_size",
-                f"{name} must be an integer >= 0; got {n!r}",
-                expected="integer >= 0",
-                actual=repr(n),
-            )
+    check_size("q_len (L)", q_len, minimum=0)
+    check_size("kv_len (S)", kv_len, minimum=0)
 
 
 def check_block_sizes(block_q: int, block_k: int) -> None:
     """Block sizes of the tiled path are integers >= 1 (ConfigError ``non_positive_size``)."""
-    for name, n in (("block_q", block_q), ("block_k", block_k)):
-        if not (isinstance(n, numbers.Integral) and not isinstance(n, bool) and n >= 1):
-            raise make_error(
-                "non_positive_size",
-                f"{name} must be an integer >= 1; got {n!r}",
-                expected="integer >= 1",
-                actual=repr(n),
-            )
+    check_size("block_q", block_q)
+    check_size("block_k", block_k)
+
+
+# ---------------------------------------------------------------------------------------------
+# One attention call
+# ---------------------------------------------------------------------------------------------
 
 
 def _check_rank(name: str, shape: Shape, letters: str) -> None:
@@ -179,13 +251,7 @@ def _check_rank(name: str, shape: Shape, letters: str) -> None:
 
 
 def _check_dtypes(q_dtype: str, k_dtype: str, v_dtype: str | None) -> None:
-    if q_dtype not in SUPPORTED_DTYPES:
-        raise make_error(
-            "unsupported_dtype",
-            f"query dtype must be one of {SUPPORTED_DTYPES}; got {q_dtype}",
-            expected=" | ".join(SUPPORTED_DTYPES),
-            actual=q_dtype,
-        )
+    check_dtype("query", q_dtype)
     given = {"query": q_dtype, "key": k_dtype} | ({} if v_dtype is None else {"value": v_dtype})
     if len(set(given.values())) > 1:
         listing = ", ".join(f"{k}={v}" for k, v in given.items())
@@ -241,41 +307,38 @@ def _check_additive(
 
 
 def check_attention(
-    query_shape: Shape,
-    query_dtype: str,
-    key_shape: Shape,
-    key_dtype: str,
-    value_shape: Shape | None = None,
-    value_dtype: str | None = None,
+    query: Any,
+    key: Any,
+    value: Any = None,
     *,
-    mask_shape: Shape | None = None,
-    mask_dtype: str | None = None,
-    bias_shape: Shape | None = None,
-    bias_dtype: str | None = None,
+    mask: Any = None,
+    bias: Any = None,
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
 ) -> AttentionDims:
     """Validate one attention call and return its sizes.
 
-    Shapes: query ``(..., H, L, D)``, key ``(..., K, S, D)``, value ``(..., K, S, E)`` (omitted
-    for ``attention_weights``), mask and bias broadcastable to ``(..., H, L, S)``.
+    The arrays are read through :func:`describe` (anything with ``.shape`` and ``.dtype``, or an
+    :class:`ArraySpec`). Shapes: query ``(..., H, L, D)``, key ``(..., K, S, D)``, value
+    ``(..., K, S, E)`` (None for ``attention_weights``), mask and bias broadcastable to
+    ``(..., H, L, S)``.
 
     Raises:
         ConfigError, DimensionMismatchError, DTypeError, MaskError: see SEMANTICS.md.
     """
     check_config(causal_alignment=causal_alignment, scale=scale, softcap=softcap)
-    query_shape, key_shape = tuple(query_shape), tuple(key_shape)
-    _check_rank("query", query_shape, "HLD")
-    _check_rank("key", key_shape, "KSD")
-    if value_shape is not None:
-        value_shape = tuple(value_shape)
-        _check_rank("value", value_shape, "KSE")
-    _check_dtypes(query_dtype, key_dtype, value_dtype)
+    q, k, v = describe(query), describe(key), describe(value)
+    m, b = describe(mask), describe(bias)
+    _check_rank("query", q.shape, "HLD")
+    _check_rank("key", k.shape, "KSD")
+    if v is not None:
+        _check_rank("value", v.shape, "KSE")
+    _check_dtypes(q.dtype, k.dtype, None if v is None else v.dtype)
 
-    H, L, D = query_shape[-3:]
-    K, S, Dk = key_shape[-3:]
-    Kv, Sv, E = value_shape[-3:] if value_shape is not None else (K, S, 1)
+    H, L, D = q.shape[-3:]
+    K, S, Dk = k.shape[-3:]
+    Kv, Sv, E = v.shape[-3:] if v is not None else (K, S, 1)
     for what, n in (
         ("query heads H", H),
         ("key heads K", K),
@@ -286,8 +349,8 @@ def check_attention(
         if n < 1:
             raise make_error(
                 "non_positive_size",
-                f"{what} must be >= 1; got {n} (query {query_shape}, key {key_shape}"
-                + (f", value {value_shape})" if value_shape is not None else ")"),
+                f"{what} must be >= 1; got {n} (query {q.shape}, key {k.shape}"
+                + (f", value {v.shape})" if v is not None else ")"),
                 expected=">= 1",
                 actual=str(n),
             )
@@ -295,25 +358,25 @@ def check_attention(
         raise make_error(
             "qk_head_dim_mismatch",
             f"query head dim (D={D}) must equal key head dim (D={Dk}); "
-            f"got query {query_shape}, key {key_shape}",
+            f"got query {q.shape}, key {k.shape}",
             expected=f"key (..., K, S, D={D})",
-            actual=str(key_shape),
+            actual=str(k.shape),
         )
-    if value_shape is not None and Kv != K:
+    if v is not None and Kv != K:
         raise make_error(
             "kv_heads_mismatch",
             f"key and value must have the same number of heads; got key K={K}, value K={Kv} "
-            f"(key {key_shape}, value {value_shape})",
+            f"(key {k.shape}, value {v.shape})",
             expected=f"value (..., K={K}, S, E)",
-            actual=str(value_shape),
+            actual=str(v.shape),
         )
-    if value_shape is not None and Sv != S:
+    if v is not None and Sv != S:
         raise make_error(
             "kv_length_mismatch",
             f"key length (S={S}) must equal value length (S={Sv}); "
-            f"got key {key_shape}, value {value_shape}",
+            f"got key {k.shape}, value {v.shape}",
             expected=f"value (..., K, S={S}, E)",
-            actual=str(value_shape),
+            actual=str(v.shape),
         )
     if H % K:
         raise make_error(
@@ -322,9 +385,9 @@ def check_attention(
             expected=f"H % K == 0 (K in {[k for k in range(1, H + 1) if H % k == 0]})",
             actual=f"H={H}, K={K}",
         )
-    batches = [query_shape[:-3], key_shape[:-3]]
-    if value_shape is not None:
-        batches.append(value_shape[:-3])
+    batches = [q.shape[:-3], k.shape[:-3]]
+    if v is not None:
+        batches.append(v.shape[:-3])
     batch = broadcast_shapes(*batches)
     if batch is None:
         listing = ", ".join(f"{n} {b}" for n, b in zip(("query", "key", "value"), batches))
@@ -334,10 +397,10 @@ def check_attention(
             expected="broadcastable batch dims",
             actual=listing,
         )
-    if mask_shape is not None:
-        _check_additive("mask", tuple(mask_shape), str(mask_dtype), batch, H, K, L, S)
-    if bias_shape is not None:
-        _check_additive("bias", tuple(bias_shape), str(bias_dtype), batch, H, K, L, S)
+    if m is not None:
+        _check_additive("mask", m.shape, m.dtype, batch, H, K, L, S)
+    if b is not None:
+        _check_additive("bias", b.shape, b.dtype, batch, H, K, L, S)
 
     resolved = 1.0 / math.sqrt(D) if scale is None else float(scale)
     return AttentionDims(batch=batch, H=H, K=K, L=L, S=S, D=D, E=E, scale=resolved)

@@ -44,8 +44,8 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_spec import AttentionDims, causal_offset, check_block_sizes
-from impl_jax.functional import _PRECISION, _compute_dtype, _validate
+from attention_spec import AttentionDims, causal_offset, check_attention, check_block_sizes
+from impl_jax.functional import _PRECISION, _compute_dtype
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention"]
@@ -159,7 +159,16 @@ def flash_attention(
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     mask = None if mask is None else jnp.asarray(mask)
     bias = None if bias is None else jnp.asarray(bias)
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     check_block_sizes(block_q, block_k)
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E

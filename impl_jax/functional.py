@@ -43,22 +43,6 @@ def causal_mask(q_len: int, kv_len: int, *, alignment: str = "top_left") -> jax.
     return j <= i + offset  # (L, S)
 
 
-def _validate(query, key, value, mask, bias, causal_alignment, scale, softcap) -> AttentionDims:
-    return check_attention(
-        query.shape, query.dtype.name,
-        key.shape, key.dtype.name,
-        None if value is None else value.shape,
-        None if value is None else value.dtype.name,
-        mask_shape=None if mask is None else mask.shape,
-        mask_dtype=None if mask is None else mask.dtype.name,
-        bias_shape=None if bias is None else bias.shape,
-        bias_dtype=None if bias is None else bias.dtype.name,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-    )  # fmt: skip
-
-
 def _compute_dtype(dtype: jnp.dtype) -> jnp.dtype:
     """float64 stays float64; float32, float16 and bfloat16 are computed in float32."""
     return jnp.dtype(jnp.float64) if dtype == jnp.float64 else jnp.dtype(jnp.float32)
@@ -69,11 +53,12 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D
 
-    # 1. scores = (query @ key^T) * scale, one group of G query heads per key/value head.
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
     k = key.astype(ct)  # (..., K, S, D)
-    s = jnp.einsum("...kgld,...ksd->...kgls", q, k, precision=_PRECISION)  # (..., K, G, L, S)
-    s = s.reshape(*s.shape[:-4], H, L, S) * dims.scale  # (..., H, L, S); head h reads kv h // G
+    s = jnp.einsum("...kgld,...ksd->...kgls", q, k, precision=_PRECISION)  # a group per kv head
+    s = s.reshape(*s.shape[:-4], H, L, S)  # (..., H, L, S)
+    s = s * dims.scale
     s = jnp.broadcast_to(s, dims.scores_shape)  # a mask, bias or value with more batch than q, k
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
@@ -127,7 +112,15 @@ def attention_weights(
     query, key = jnp.asarray(query), jnp.asarray(key)
     mask = None if mask is None else jnp.asarray(mask)
     bias = None if bias is None else jnp.asarray(bias)
-    dims = _validate(query, key, None, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
     return weights.astype(query.dtype)
 
@@ -157,7 +150,16 @@ def scaled_dot_product_attention(
     query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
     mask = None if mask is None else jnp.asarray(mask)
     bias = None if bias is None else jnp.asarray(bias)
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
     K, G, L, E = dims.K, dims.G, dims.L, dims.E
 

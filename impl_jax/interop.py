@@ -48,8 +48,7 @@ def to_flax_multihead_attention(
     """
     weights = {name: np.asarray(w) for name, w in weights.items()}
     dims = check_canonical(
-        {n: w.shape for n, w in weights.items()},
-        {n: w.dtype.name for n, w in weights.items()},
+        weights,
         n_heads=n_heads,
         n_kv_heads=n_heads if n_kv_heads is None else n_kv_heads,
     )

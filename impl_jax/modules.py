@@ -69,7 +69,7 @@ def padding_mask(lengths: jax.Array, kv_len: int) -> jax.Array:
     key (those query rows then give zeros). Broadcasts against ``(B, H, L, S)`` scores.
     """
     lengths = jnp.asarray(lengths)
-    check_padding_mask_args(lengths.shape, lengths.dtype.name, kv_len)
+    check_padding_mask_args(lengths, kv_len)
     j = jnp.arange(kv_len)  # (S,)
     return (j[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
 
@@ -241,13 +241,7 @@ class GroupedQueryAttention(nnx.Module):
         mask = None if mask is None else jnp.asarray(mask)
         bias = None if bias is None else jnp.asarray(bias)
         check_module_inputs(
-            self.dims, self.dtype.name, x.shape, x.dtype.name,
-            None if context is None else context.shape,
-            None if context is None else context.dtype.name,
-            mask_shape=None if mask is None else mask.shape,
-            mask_dtype=None if mask is None else mask.dtype.name,
-            bias_shape=None if bias is None else bias.shape,
-            bias_dtype=None if bias is None else bias.dtype.name,
+            self.dims, self.dtype.name, x, context, mask=mask, bias=bias,
             causal_alignment=causal_alignment,
         )  # fmt: skip
         q = self._project_query(x)  # (B, H, L, D)
@@ -303,12 +297,9 @@ class GroupedQueryAttention(nnx.Module):
         mask = None if mask is None else jnp.asarray(mask)
         bias = None if bias is None else jnp.asarray(bias)
         check_decode_inputs(
-            self.dims, self.dtype.name, x.shape, x.dtype.name,
+            self.dims, self.dtype.name, x,
             cache_batch=cache.key.shape[0], position=cache.position, max_len=cache.max_len,
-            mask_shape=None if mask is None else mask.shape,
-            mask_dtype=None if mask is None else mask.dtype.name,
-            bias_shape=None if bias is None else bias.shape,
-            bias_dtype=None if bias is None else bias.dtype.name,
+            mask=mask, bias=bias,
         )  # fmt: skip
         q = self._project_query(x)  # (B, H, L, D)
         cache = cache.write(*self._project_key_value(x))  # holds S = position + L tokens
@@ -336,8 +327,7 @@ class GroupedQueryAttention(nnx.Module):
         """Copy canonical weights of this module's sizes into it, cast to its dtype."""
         weights = {name: np.asarray(w) for name, w in weights.items()}
         check_canonical(
-            {n: w.shape for n, w in weights.items()},
-            {n: w.dtype.name for n, w in weights.items()},
+            weights,
             n_heads=self.dims.H,
             n_kv_heads=self.dims.K,
             expected=self.dims,
@@ -364,8 +354,7 @@ class GroupedQueryAttention(nnx.Module):
         """
         weights = {name: np.asarray(w) for name, w in weights.items()}
         dims = check_canonical(
-            {n: w.shape for n, w in weights.items()},
-            {n: w.dtype.name for n, w in weights.items()},
+            weights,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
         )

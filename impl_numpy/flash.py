@@ -24,8 +24,8 @@ from __future__ import annotations
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
-from attention_spec import causal_offset, check_block_sizes
-from impl_numpy.functional import _compute_dtype, _validate
+from attention_spec import causal_offset, check_attention, check_block_sizes
+from impl_numpy.functional import _compute_dtype
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
 
@@ -85,7 +85,16 @@ def flash_attention(
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     check_block_sizes(block_q, block_k)
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E

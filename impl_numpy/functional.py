@@ -31,22 +31,6 @@ def causal_mask(q_len: int, kv_len: int, *, alignment: str = "top_left") -> np.n
     return j <= i + offset  # (L, S)
 
 
-def _validate(query, key, value, mask, bias, causal_alignment, scale, softcap) -> AttentionDims:
-    return check_attention(
-        query.shape, query.dtype.name,
-        key.shape, key.dtype.name,
-        None if value is None else value.shape,
-        None if value is None else value.dtype.name,
-        mask_shape=None if mask is None else mask.shape,
-        mask_dtype=None if mask is None else mask.dtype.name,
-        bias_shape=None if bias is None else bias.shape,
-        bias_dtype=None if bias is None else bias.dtype.name,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-    )  # fmt: skip
-
-
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
     """float64 stays float64; float32, float16 and bfloat16 are computed in float32."""
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
@@ -57,14 +41,14 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     ct = _compute_dtype(query.dtype)
     K, G, L, S, D = dims.K, dims.G, dims.L, dims.S, dims.D
 
-    # 1. scores = (query @ key^T) * scale, one group of G query heads per key/value head.
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
     k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
-    s = q @ np.swapaxes(k, -1, -2)  # (..., K, G, L, S)
-    s = s.reshape(*s.shape[:-4], K * G, L, S)  # (..., H, L, S); head h reads kv head h // G
-    if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
-        s = np.broadcast_to(s, dims.scores_shape).copy()
+    s = q @ np.swapaxes(k, -1, -2)  # (..., K, G, L, S): a group of G query heads per kv head
+    s = s.reshape(*s.shape[:-4], K * G, L, S)  # (..., H, L, S)
     s *= dims.scale
+    if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
+        s = np.broadcast_to(s, dims.scores_shape).copy()  # (..., H, L, S)
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
     if softcap is not None:
@@ -122,7 +106,15 @@ def attention_weights(
     query, key = np.asarray(query), np.asarray(key)
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
-    dims = _validate(query, key, None, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
     return weights.astype(query.dtype, copy=False)
 
@@ -152,7 +144,16 @@ def scaled_dot_product_attention(
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
     K, G, L, E = dims.K, dims.G, dims.L, dims.E
 

@@ -11,10 +11,12 @@ entirely above the diagonal are never visited, so causal attention costs about h
 
 The same steps, numbers, names and comments as ``impl_torch/functional.py`` (steps 1-7) and as
 ``impl_numpy/flash.py`` and ``impl_jax/flash.py``; docs/FLASH.md puts the plain and tiled paths
-side by side and gives the measured memory and time. Every step is out of place, so autograd
-differentiates through the loops; it then keeps each block's intermediates for the backward
-pass, so the memory saving is the forward's (inference, ``torch.no_grad()``): a backward that
-recomputes blocks from the returned ``lse`` is what FlashAttention adds on top, and is not here.
+side by side and gives the measured memory and time. Each step makes a new block tensor (a step
+works in place only on a tensor it has just made and autograd does not keep: the scaled scores,
+the exponentials), so autograd differentiates through the loops; it then keeps each block's
+intermediates for the backward pass, so the memory saving is the forward's (inference,
+``torch.no_grad()``): a backward that recomputes blocks from the returned ``lse`` is what
+FlashAttention adds on top, and is not here.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
@@ -26,8 +28,8 @@ from __future__ import annotations
 
 import torch
 
-from attention_spec import causal_offset, check_block_sizes
-from impl_torch.functional import _compute_dtype, _validate
+from attention_spec import causal_offset, check_attention, check_block_sizes
+from impl_torch.functional import _compute_dtype
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
 
@@ -82,7 +84,16 @@ def flash_attention(
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     check_block_sizes(block_q, block_k)
     ct = _compute_dtype(query.dtype)
     H, G, L, S, E = dims.H, dims.G, dims.L, dims.S, dims.E

@@ -22,10 +22,6 @@ from attention_spec import AttentionDims, causal_offset, check_attention, check_
 __all__ = ["attention_weights", "causal_mask", "scaled_dot_product_attention"]
 
 
-def _dtype_name(t: torch.Tensor) -> str:
-    return str(t.dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
-
-
 def causal_mask(
     q_len: int,
     kv_len: int,
@@ -45,22 +41,6 @@ def causal_mask(
     return j <= i + offset  # (L, S)
 
 
-def _validate(query, key, value, mask, bias, causal_alignment, scale, softcap) -> AttentionDims:
-    return check_attention(
-        query.shape, _dtype_name(query),
-        key.shape, _dtype_name(key),
-        None if value is None else value.shape,
-        None if value is None else _dtype_name(value),
-        mask_shape=None if mask is None else mask.shape,
-        mask_dtype=None if mask is None else _dtype_name(mask),
-        bias_shape=None if bias is None else bias.shape,
-        bias_dtype=None if bias is None else _dtype_name(bias),
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-    )  # fmt: skip
-
-
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     """float64 stays float64; float32, float16 and bfloat16 are computed in float32."""
     return torch.float64 if dtype == torch.float64 else torch.float32
@@ -71,12 +51,13 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     ct = _compute_dtype(query.dtype)
     G, L, S = dims.G, dims.L, dims.S
 
-    # 1. scores = (query @ key^T) * scale; key/value head k serves query heads k*G .. k*G+G-1.
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     q = query.to(ct)  # (..., H, L, D)
-    k = key.to(ct).repeat_interleave(G, dim=-3)  # (..., H, S, D); head h reads kv head h // G
-    s = (q @ k.transpose(-2, -1)).mul_(dims.scale)  # (..., H, L, S)
+    k = key.to(ct).repeat_interleave(G, dim=-3)  # (..., H, S, D): kv head k serves k*G .. k*G+G-1
+    s = q @ k.transpose(-2, -1)  # (..., H, L, S)
+    s.mul_(dims.scale)
     if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
-        s = s.expand(dims.scores_shape).clone()
+        s = s.expand(dims.scores_shape).clone()  # (..., H, L, S)
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
     if softcap is not None:
@@ -130,7 +111,15 @@ def attention_weights(
 
     Rows with no allowed key are all zeros, with zero gradient.
     """
-    dims = _validate(query, key, None, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
     return weights.to(query.dtype)
 
@@ -157,7 +146,16 @@ def scaled_dot_product_attention(
 
     Returns the output in the query's dtype; rows with no allowed key are zeros.
     """
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )
     weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
 
     # 7. output = weights @ value, then back to the input dtype.

@@ -39,6 +39,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from torch import nn
 
+from attention_spec import dtype_name
 from attention_spec.modules import (
     PROJECTIONS,
     ModuleDims,
@@ -62,11 +63,6 @@ __all__ = [
     "tensor_from_numpy",
     "tensor_to_numpy",
 ]
-
-
-def _dtype_name(t: torch.Tensor | torch.dtype) -> str:
-    dtype = t if isinstance(t, torch.dtype) else t.dtype
-    return str(dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
 
 
 def _torch_dtype(dtype: torch.dtype | str | np.dtype) -> torch.dtype:
@@ -112,7 +108,7 @@ def padding_mask(lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
     key (those query rows then give zeros). Broadcasts against ``(B, H, L, S)`` scores.
     """
     lengths = torch.as_tensor(lengths)
-    check_padding_mask_args(tuple(lengths.shape), _dtype_name(lengths), kv_len)
+    check_padding_mask_args(lengths, kv_len)
     j = torch.arange(kv_len, device=lengths.device)  # (S,)
     return (j[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
 
@@ -201,7 +197,7 @@ class GroupedQueryAttention(nn.Module):
         dtype = torch.get_default_dtype() if dtype is None else _torch_dtype(dtype)
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
-            dtype=_dtype_name(dtype),
+            dtype=dtype_name(dtype),
         )  # fmt: skip
         self.dims = dims
         M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
@@ -282,13 +278,7 @@ class GroupedQueryAttention(nn.Module):
         Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
         """
         check_module_inputs(
-            self.dims, _dtype_name(self.dtype), tuple(x.shape), _dtype_name(x),
-            None if context is None else tuple(context.shape),
-            None if context is None else _dtype_name(context),
-            mask_shape=None if mask is None else tuple(mask.shape),
-            mask_dtype=None if mask is None else _dtype_name(mask),
-            bias_shape=None if bias is None else tuple(bias.shape),
-            bias_dtype=None if bias is None else _dtype_name(bias),
+            self.dims, dtype_name(self.dtype), x, context, mask=mask, bias=bias,
             causal_alignment=causal_alignment,
         )  # fmt: skip
         q = self._project_query(x)  # (B, H, L, D)
@@ -345,12 +335,9 @@ class GroupedQueryAttention(nn.Module):
             ConfigError (``cache_overflow`` once registered): ``position + L > max_len``.
         """
         check_decode_inputs(
-            self.dims, _dtype_name(self.dtype), tuple(x.shape), _dtype_name(x),
+            self.dims, dtype_name(self.dtype), x,
             cache_batch=cache.key.shape[0], position=cache.position, max_len=cache.max_len,
-            mask_shape=None if mask is None else tuple(mask.shape),
-            mask_dtype=None if mask is None else _dtype_name(mask),
-            bias_shape=None if bias is None else tuple(bias.shape),
-            bias_dtype=None if bias is None else _dtype_name(bias),
+            mask=mask, bias=bias,
         )  # fmt: skip
         q = self._project_query(x)  # (B, H, L, D)
         cache = cache.write(*self._project_key_value(x))  # holds S = position + L tokens
@@ -379,8 +366,7 @@ class GroupedQueryAttention(nn.Module):
         """Copy canonical weights of this module's sizes into it, cast to its dtype."""
         weights = {name: np.asarray(w) for name, w in weights.items()}
         check_canonical(
-            {n: w.shape for n, w in weights.items()},
-            {n: w.dtype.name for n, w in weights.items()},
+            weights,
             n_heads=self.dims.H,
             n_kv_heads=self.dims.K,
             expected=self.dims,
@@ -408,8 +394,7 @@ class GroupedQueryAttention(nn.Module):
         """
         weights = {name: np.asarray(w) for name, w in weights.items()}
         dims = check_canonical(
-            {n: w.shape for n, w in weights.items()},
-            {n: w.dtype.name for n, w in weights.items()},
+            weights,
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
         )

@@ -7,8 +7,8 @@ the same inputs upcast to float64): at most twice the error of the same framewor
 place. Rows with no allowed key
 must be exactly zero. The row log-sum-exp is checked against a float64 log-sum-exp of the
 scores; gradients against the plain path's; errors against the plain path's (same class, code
-and message). The broken ports of tests/flash_broken.py prove that these checks catch the
-classic tiling bugs.
+and message). The broken ports of conformance/tests/flash_broken.py prove that these checks catch
+the classic tiling bugs.
 
 Sizes are pairwise distinct (H=6, K=2, L=113, S=203, D=11, E=13) so a swapped axis cannot pass.
 """
@@ -37,7 +37,7 @@ import impl_numpy.functional  # noqa: E402
 import impl_torch.flash  # noqa: E402
 import impl_torch.functional  # noqa: E402
 from attention_spec import AttentionError  # noqa: E402
-from tests.flash_broken import BROKEN  # noqa: E402
+from conformance.tests.flash_broken import BROKEN  # noqa: E402
 
 DTYPES = {
     "float64": np.dtype(np.float64),

@@ -4,8 +4,8 @@ import pickle
 
 import pytest
 
-import attention_spec
 from attention_spec import (
+    ArraySpec,
     ConfigError,
     DimensionMismatchError,
     broadcast_shapes,
@@ -47,7 +47,9 @@ def test_broadcast_shapes():
 
 def test_dims_and_default_scale():
     dims = check_attention(
-        (2, 6, 5, 16), "float32", (1, 2, 7, 16), "float32", (2, 7, 13), "float32"
+        ArraySpec((2, 6, 5, 16), "float32"),
+        ArraySpec((1, 2, 7, 16), "float32"),
+        ArraySpec((2, 7, 13), "float32"),
     )
     assert (dims.batch, dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E) == (
         (2,),
@@ -64,7 +66,8 @@ def test_dims_and_default_scale():
         and dims.scores_shape == (2, 6, 5, 7)
         and dims.output_shape == (2, 6, 5, 13)
     )
-    assert check_attention((6, 5, 16), "float32", (2, 7, 16), "float32", scale=-3).scale == -3.0
+    q, k = ArraySpec((6, 5, 16), "float32"), ArraySpec((2, 7, 16), "float32")
+    assert check_attention(q, k, scale=-3).scale == -3.0
 
 
 def test_errors_pickle_with_their_code():
@@ -79,12 +82,5 @@ def test_errors_pickle_with_their_code():
 
 def test_bool_is_not_a_scale():
     with pytest.raises(ConfigError):
-        check_attention((1, 1, 1), "float32", (1, 1, 1), "float32", scale=True)
-
-
-def test_public_names():
-    assert attention_spec.FUNCTIONAL_API == (
-        "scaled_dot_product_attention",
-        "attention_weights",
-        "causal_mask",
-    )
+        one = ArraySpec((1, 1, 1), "float32")
+        check_attention(one, one, scale=True)

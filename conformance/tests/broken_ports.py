@@ -4,7 +4,7 @@
 ``attention_spec``, the same as any port would), functions and modules with a KV cache, with one
 named bug switched on. With no bug it passes the whole suite (a test asserts that), so every
 failure of a broken port is the bug's. The ``flash_*`` bugs give the port a ``flash_attention``:
-the broken tiled versions of ``tests/flash_broken.py`` (the classic online-softmax bugs); its
+the broken tiled versions of ``flash_broken.py`` (the classic online-softmax bugs); its
 unbroken version (the same code with no bug) passes every flash run.
 
 Each bug is a mistake seen in real attention code; :data:`BUGS` says what it does and names one
@@ -121,7 +121,7 @@ BUGS: dict[str, tuple[str, str]] = {
         "decode: no max_len check, the cache just grows (never the cache_overflow error)",
         "decode.error.cache_overflow.float32",
     ),
-    # -- flash_attention: tests/flash_broken.py ---------------------------------------------
+    # -- flash_attention: flash_broken.py ---------------------------------------------
     "flash_no_rescale": (
         "flash: the accumulator and running sum are not rescaled when the row max grows",
         "flash.tiling.rising_max.l9_s40.float32",
@@ -153,7 +153,7 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
     """A NumPy port of the contract with ``bug`` (a key of :data:`BUGS`) switched on.
 
     ``flash=True`` (implied by a ``flash_*`` bug) adds a ``flash_attention``: the tiled code of
-    ``tests/flash_broken.py`` with that bug, or with none.
+    ``flash_broken.py`` with that bug, or with none.
     """
     if bug is not None and bug not in BUGS:
         raise KeyError(bug)
@@ -167,16 +167,11 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
             )
         try:
             dims = check_attention(
-                query.shape,
-                query.dtype.name,
-                key.shape,
-                key.dtype.name,
-                None if value is None else value.shape,
-                None if value is None else value.dtype.name,
-                mask_shape=None if mask is None else mask.shape,
-                mask_dtype=None if mask is None else mask.dtype.name,
-                bias_shape=None if bias is None else bias.shape,
-                bias_dtype=None if bias is None else bias.dtype.name,
+                query,
+                key,
+                value,
+                mask=mask,
+                bias=bias,
                 causal_alignment=causal_alignment,
                 scale=scale,
                 softcap=softcap,
@@ -283,7 +278,7 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         MultiHeadAttention=MultiHeadAttention,
     )
     if flash or (bug or "").startswith("flash_"):
-        from tests import flash_broken  # the repository's tests package (on the path in pytest)
+        from conformance.tests import flash_broken
 
         flash_bug = bug.removeprefix("flash_") if bug else "none"
         tiled = partial(flash_broken._broken_flash, bug=flash_bug)
@@ -293,9 +288,6 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
 
 def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
     """GroupedQueryAttention and MultiHeadAttention of the broken port, on its own functions."""
-
-    def meta(a):
-        return (None, None) if a is None else (a.shape, a.dtype.name)
 
     class GroupedQueryAttention:
         def __init__(self, d_model, n_heads, n_kv_heads, *, head_dim=None, value_head_dim=None,
@@ -316,8 +308,7 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
                 D, E, bias = HD // n_heads, KE // n_kv_heads, "q_proj.bias" in shapes
                 dims = check_module_config(M, n_heads, n_kv_heads, D, E, bias=bias)
             else:
-                dtypes = {n: w.dtype.name for n, w in weights.items()}
-                dims = check_canonical(shapes, dtypes, n_heads=n_heads, n_kv_heads=n_kv_heads)
+                dims = check_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads)
             dtype = np.dtype(dtype or weights["q_proj.kernel"].dtype)
             module = GroupedQueryAttention(
                 dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
@@ -372,10 +363,9 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             causal_alignment="top_left",
             return_weights=False,
         ):
-            (ms, md), (bs, bd) = meta(mask), meta(bias)
             check_module_inputs(
-                self.dims, self.dtype.name, *meta(x), *meta(context), mask_shape=ms,
-                mask_dtype=md, bias_shape=bs, bias_dtype=bd, causal_alignment=causal_alignment,
+                self.dims, self.dtype.name, x, context, mask=mask, bias=bias,
+                causal_alignment=causal_alignment,
             )  # fmt: skip
             context = x if context is None else context
             q_name, k_name = self._names()
@@ -401,11 +391,9 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             position, max_len = cache.key.shape[2], cache.max_len
             if bug == "cache_no_overflow_check":
                 max_len = max(max_len, position + x.shape[1])
-            (ms, md), (bs, bd) = meta(mask), meta(bias)
             check_decode_inputs(
-                self.dims, self.dtype.name, *meta(x), cache_batch=cache.key.shape[0],
-                position=position, max_len=max_len, mask_shape=ms, mask_dtype=md,
-                bias_shape=bs, bias_dtype=bd,
+                self.dims, self.dtype.name, x, cache_batch=cache.key.shape[0],
+                position=position, max_len=max_len, mask=mask, bias=bias,
             )  # fmt: skip
             q_name, k_name = self._names()
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)

@@ -3,7 +3,7 @@
 The unbroken version of the same small port passes every run (with its tiled ``flash_attention``
 too), so each failure below is caused by its bug; each bug also fails the one run named for it in
 ``broken_ports.BUGS``: functional bugs, module and KV-cache bugs, and the classic online-softmax
-bugs of ``tests/flash_broken.py``.
+bugs of ``flash_broken.py``.
 """
 
 from __future__ import annotations

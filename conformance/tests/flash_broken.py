@@ -12,8 +12,8 @@ right except for one bug, the kind that passes a test with one block or no maski
 - ``unguarded_max``: the row max of a row with nothing allowed yet (-inf) is used as the shift,
   so ``exp(-inf - -inf)`` is NaN in fully masked rows and blocks.
 
-tests/test_flash.py proves that its checks catch every one of them; the conformance suite reuses
-:data:`BROKEN` as broken ports (``from tests.flash_broken import BROKEN``).
+tests/test_flash.py proves that its checks catch every one of them; the conformance suite's
+broken ports (``broken_ports.py``) reuse :data:`BROKEN`.
 """
 
 from __future__ import annotations
@@ -23,9 +23,9 @@ from functools import partial
 
 import numpy as np
 
-from attention_spec import causal_offset, check_block_sizes
+from attention_spec import causal_offset, check_attention, check_block_sizes
 from impl_numpy.flash import BLOCK_K, BLOCK_Q, _block
-from impl_numpy.functional import _compute_dtype, _validate
+from impl_numpy.functional import _compute_dtype
 
 __all__ = ["BROKEN"]
 
@@ -50,7 +50,10 @@ def _broken_flash(
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(
+        query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment, scale=scale,
+        softcap=softcap,
+    )  # fmt: skip
     check_block_sizes(block_q, block_k)
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
