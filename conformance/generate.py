@@ -36,7 +36,9 @@ import re
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -172,13 +174,56 @@ def _cross_check(
 BLOCK_KEYWORDS = ("block_q", "block_k")
 
 
-def _sdpa_fixture(
-    case: C.SdpaCase, dtype: str, op: str = "sdpa"
-) -> tuple[dict, bytes, dict, dict, Golden, dict]:
-    """One attention fixture: ``op`` is ``sdpa`` (runs against sdpa, weights and flash) or
-    ``flash`` (a case with block sizes, run against flash_attention alone; no weights stored).
-    Returns the entry, the file's bytes, the oracle's keywords, the inputs, the golden and the
-    bounds of output and weights (the cross-check compares both)."""
+def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, **fields) -> dict:
+    """A manifest entry: what every case has (id, op, feature, variant, kind, functions, dtype,
+    seed), then ``fields`` in the order given. ``name`` (default: the case's) is split into
+    feature and variant at its first dot."""
+    feature, _, variant = (name or case.name).partition(".")
+    return {
+        "id": case_id,
+        "op": case.op,
+        "feature": feature,
+        "variant": variant,
+        "kind": case.kind,
+        "functions": list(case.functions),
+        "dtype": dtype,
+        "seed": case.seed if case.kind == "values" and case.op != "causal_mask" else None,
+        **fields,
+    }
+
+
+def _values_fields(
+    case_id: str, case: C.CaseDef, keywords: dict, tensors: dict[str, np.ndarray], bounds: dict
+) -> tuple[dict, bytes]:
+    """The fields of a value entry (keywords, shapes, dtypes, file, sha256, tolerance, doc) and
+    its file's bytes."""
+    data = tensor_bytes(tensors, case_id)
+    fields = {
+        "keywords": encode_keywords(keywords),
+        "shapes": {k: list(v.shape) for k, v in tensors.items()},
+        "dtypes": {k: v.dtype.name for k, v in tensors.items()},
+        "file": f"{case_id}.safetensors",
+        "sha256": sha256_of(data),
+    }
+    if bounds:
+        fields["tolerance"] = bounds
+    fields["doc"] = case.doc
+    return fields, data
+
+
+@dataclass
+class Fixture:
+    """What one case and dtype make: the manifest entry, the file's bytes (None for an error
+    case), and, for an attention case, what the cross-check needs."""
+
+    entry: dict
+    data: bytes | None = None
+    check: tuple | None = None  # (inputs, semantic keywords, golden, bounds)
+
+
+def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """One attention fixture: op ``sdpa`` (run against sdpa, weights and flash) or ``flash`` (a
+    case with block sizes, run against flash_attention alone; no weights stored)."""
     rng = np.random.default_rng(case.seed)
     c = case.build(rng, dtype)
     dt = NP_DTYPES[dtype]
@@ -190,7 +235,7 @@ def _sdpa_fixture(
     if c.mask is not None:
         inputs["mask"] = np.asarray(c.mask, dtype=bool)
     if c.bias is not None:
-        inputs["bias"] = np.asarray(c.bias, np.float64).astype(dt)
+        inputs["bias"] = np.asarray(c.bias, np.float64).astype(NP_DTYPES[c.bias_dtype or dtype])
     as64 = {k: (v if v.dtype == bool else v.astype(np.float64)) for k, v in inputs.items()}
 
     semantics = {k: v for k, v in c.keywords.items() if k not in BLOCK_KEYWORDS}
@@ -201,32 +246,17 @@ def _sdpa_fixture(
         "weights": tolerance_bound(golden.weights, plain.weights, dtype),
     }
     tensors = {**inputs, "output": golden.output}
-    if op == "sdpa":
+    if case.op == "sdpa":
         tensors["weights"] = golden.weights
-    case_id = f"{op}.{case.name}.{dtype}"
-    data = tensor_bytes(tensors, case_id)
-    feature, _, variant = case.name.partition(".")
-    entry = {
-        "id": case_id,
-        "op": op,
-        "feature": feature,
-        "variant": variant,
-        "kind": "values",
-        "functions": ["sdpa", "weights", "flash"] if op == "sdpa" else ["flash"],
-        "dtype": dtype,
-        "seed": case.seed,
-        "keywords": encode_keywords(c.keywords),
-        "shapes": {k: list(v.shape) for k, v in tensors.items()},
-        "dtypes": {k: v.dtype.name for k, v in tensors.items()},
-        "file": f"{case_id}.safetensors",
-        "sha256": sha256_of(data),
-        "tolerance": bounds if op == "sdpa" else {"output": bounds["output"]},
-        "doc": case.doc,
-    }
-    return entry, data, semantics, inputs, golden, bounds
+    case_id = f"{case.op}.{case.name}.{dtype}"
+    stored = bounds if case.op == "sdpa" else {"output": bounds["output"]}
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, stored)
+    return [
+        Fixture(_entry(case_id, case, dtype, **fields), data, (inputs, semantics, golden, bounds))
+    ]
 
 
-def _module_inputs(c: C.ModuleCall, dtype: str) -> tuple[dict, dict]:
+def _module_inputs(c: C.base.ModuleCall, dtype: str) -> tuple[dict, dict]:
     """The canonical weights and the call's inputs, rounded to ``dtype`` (bool masks as they
     are): what is stored, and what the oracle computes from."""
     dt = NP_DTYPES[dtype]
@@ -241,7 +271,7 @@ def _module_inputs(c: C.ModuleCall, dtype: str) -> tuple[dict, dict]:
     return weights, inputs
 
 
-def _module_goldens(c: C.ModuleCall, weights: dict, inputs: dict, dtype: str):
+def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: str):
     """The float64 golden of the module call and the plain same-dtype module's result."""
     as64 = {k: (v if v.dtype == bool else v.astype(np.float64)) for k, v in inputs.items()}
     w64 = {k: v.astype(np.float64) for k, v in weights.items()}
@@ -260,7 +290,7 @@ def _module_goldens(c: C.ModuleCall, weights: dict, inputs: dict, dtype: str):
     return golden, plain
 
 
-def _module_spec(c: C.ModuleCall) -> dict[str, Any]:
+def _module_spec(c: C.base.ModuleCall) -> dict[str, Any]:
     """How a port loads the module: class name and the head counts for ``from_canonical``."""
     spec: dict[str, Any] = {"class": c.cls, "n_heads": c.n_heads}
     if c.cls != "MultiHeadAttention":
@@ -268,7 +298,7 @@ def _module_spec(c: C.ModuleCall) -> dict[str, Any]:
     return spec
 
 
-def _module_fixture(case: C.ModuleCase, dtype: str) -> tuple[dict, bytes]:
+def _module_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     c = case.build(np.random.default_rng(case.seed), dtype)
     weights, inputs = _module_inputs(c, dtype)
     golden, plain = _module_goldens(c, weights, inputs, dtype)
@@ -278,13 +308,11 @@ def _module_fixture(case: C.ModuleCase, dtype: str) -> tuple[dict, bytes]:
         tensors["weights"] = golden.weights
         bounds["weights"] = tolerance_bound(golden.weights, plain.weights, dtype)
     case_id = f"module.{case.name}.{dtype}"
-    data = tensor_bytes(tensors, case_id)
-    entry = _values_entry(case_id, "module", case, dtype, c.keywords, tensors, bounds, data)
-    entry["module"] = _module_spec(c)
-    return entry, data
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds)
+    return [Fixture(_entry(case_id, case, dtype, **fields, module=_module_spec(c)), data)]
 
 
-def _decode_fixtures(case: C.DecodeCase, dtype: str) -> list[tuple[dict, bytes]]:
+def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """One fixture per chunking of :data:`cases.DECODE_CHUNKINGS`, sharing one golden: the
     module's full causal forward over the whole sequence (self-attention, L = S = T)."""
     c = case.build(np.random.default_rng(case.seed), dtype)
@@ -300,145 +328,95 @@ def _decode_fixtures(case: C.DecodeCase, dtype: str) -> list[tuple[dict, bytes]]
             tensors["weights"] = golden.weights
             bounds["weights"] = tolerance_bound(golden.weights, plain.weights, dtype)
         case_id = f"decode.{case.name}.{chunking}.{dtype}"
-        data = tensor_bytes(tensors, case_id)
-        entry = _values_entry(case_id, "decode", case, dtype, keywords, tensors, bounds, data)
-        entry["variant"] = f"{entry['variant']}.{chunking}"
-        entry["module"] = _module_spec(c)
-        entry["decode"] = {"max_len": plan["max_len"], "chunks": list(plan["chunks"])}
-        out.append((entry, data))
+        fields, data = _values_fields(case_id, case, keywords, tensors, bounds)
+        decode = {"max_len": plan["max_len"], "chunks": list(plan["chunks"])}
+        entry = _entry(case_id, case, dtype, f"{case.name}.{chunking}", **fields,
+                       module=_module_spec(c), decode=decode)  # fmt: skip
+        out.append(Fixture(entry, data))
     return out
 
 
-def _values_entry(
-    case_id: str,
-    op: str,
-    case: Any,
-    dtype: str,
-    keywords: dict,
-    tensors: dict[str, np.ndarray],
-    bounds: dict[str, float],
-    data: bytes,
-) -> dict:
-    """The manifest entry of a module or decode fixture (``data``: its file's bytes)."""
-    feature, _, variant = case.name.partition(".")
-    return {
-        "id": case_id,
-        "op": op,
-        "feature": feature,
-        "variant": variant,
-        "kind": "values",
-        "functions": [op],
-        "dtype": dtype,
-        "seed": case.seed,
-        "keywords": encode_keywords(keywords),
-        "shapes": {k: list(v.shape) for k, v in tensors.items()},
-        "dtypes": {k: v.dtype.name for k, v in tensors.items()},
-        "file": f"{case_id}.safetensors",
-        "sha256": sha256_of(data),
-        "tolerance": bounds,
-        "doc": case.doc,
-    }
+def _causal_mask_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    keywords = case.build()
+    mask = causal_mask(keywords["q_len"], keywords["kv_len"], keywords["alignment"])
+    case_id = f"causal_mask.{case.name}.bool"
+    fields, data = _values_fields(case_id, case, keywords, {"mask": mask}, {})
+    return [Fixture(_entry(case_id, case, dtype, **fields), data)]
 
 
-def _causal_mask_fixture(alignment: str, q_len: int, kv_len: int) -> tuple[dict, bytes]:
-    case_id = f"causal_mask.{alignment}.l{q_len}_s{kv_len}.bool"
-    mask = causal_mask(q_len, kv_len, alignment)
-    data = tensor_bytes({"mask": mask}, case_id)
-    entry = {
-        "id": case_id,
-        "op": "causal_mask",
-        "feature": alignment,
-        "variant": f"l{q_len}_s{kv_len}",
-        "kind": "values",
-        "functions": ["causal_mask"],
-        "dtype": "bool",
-        "seed": None,
-        "keywords": {"q_len": q_len, "kv_len": kv_len, "alignment": alignment},
-        "shapes": {"mask": list(mask.shape)},
-        "dtypes": {"mask": "bool"},
-        "file": f"{case_id}.safetensors",
-        "sha256": sha256_of(data),
-        "doc": f"causal_mask({q_len}, {kv_len}, alignment={alignment!r}): j <= i + offset.",
-    }
-    return entry, data
-
-
-def _error_entry(case: C.ErrorCase) -> dict:
-    c = case.build()
-    inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias}
-    inputs = {
-        name: {"shape": list(spec.shape), "dtype": spec.dtype}
-        for name, spec in inputs.items()
-        if spec is not None
-    }
-    return {
-        "id": f"sdpa.error.{case.name}.{c.query.dtype}",
-        "op": "sdpa",
-        "feature": "error",
-        "variant": case.name,
-        "kind": "error",
-        "functions": list(case.functions),
-        "dtype": c.query.dtype,
-        "seed": None,
-        "keywords": encode_keywords(c.keywords),
-        "inputs": inputs,
-        "expected_error": {"class": case.error_class, "code": case.code},
-        "doc": case.doc,
-    }
-
-
-def _spec(zeros: C.Zeros) -> dict[str, Any]:
+def _spec(zeros: C.base.Zeros) -> dict[str, Any]:
     return {"shape": list(zeros.shape), "dtype": zeros.dtype}
 
 
-def _module_error_entry(case: C.ModuleErrorCase) -> dict:
+def _expected(case: C.CaseDef) -> dict[str, str]:
+    error_class, code = case.error
+    return {"class": error_class, "code": code}
+
+
+def _error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """A functional error case: its inputs as shapes and dtypes (the runner passes zeros)."""
     c = case.build()
-    op = case.op
+    inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias}
+    inputs = {name: _spec(spec) for name, spec in inputs.items() if spec is not None}
+    entry = _entry(f"sdpa.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
+                   keywords=encode_keywords(c.keywords), inputs=inputs,
+                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+    return [Fixture(entry)]
+
+
+def _causal_mask_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    entry = _entry(f"causal_mask.error.{case.name}.bool", case, dtype, f"error.{case.name}",
+                   keywords=encode_keywords(case.build()), inputs={},
+                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+    return [Fixture(entry)]
+
+
+def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """A module or decode error case: the call to make and the expected error."""
+    c = case.build()
     if c.call == "construct":
         module = {"class": c.cls, "arguments": dict(c.arguments)}
     else:
         module = {"class": c.cls, "n_heads": c.n_heads}
         if c.n_kv_heads is not None:
             module["n_kv_heads"] = c.n_kv_heads
-    entry = {
-        "id": f"{op}.error.{case.name}.float32",
-        "op": op,
-        "feature": "error",
-        "variant": case.name,
-        "kind": "error",
-        "functions": [op],
-        "dtype": "float32",
-        "seed": None,
-        "call": c.call,
-        "module": module,
-        "keywords": encode_keywords(c.keywords),
-    }
+    fields: dict[str, Any] = {"call": c.call, "module": module,
+                              "keywords": encode_keywords(c.keywords)}  # fmt: skip
     if c.weights:
-        entry["weights"] = {name: _spec(w) for name, w in c.weights.items()}
+        fields["weights"] = {name: _spec(w) for name, w in c.weights.items()}
     if c.inputs:
-        entry["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}
+        fields["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}
     if c.decode:
-        entry["decode"] = dict(c.decode)
-    entry["expected_error"] = {"class": case.error_class, "code": case.code}
-    entry["doc"] = case.doc
-    return entry
+        fields["decode"] = dict(c.decode)
+    fields["expected_error"] = _expected(case)
+    fields["doc"] = case.doc
+    return [Fixture(_entry(f"{case.op}.error.{case.name}.{dtype}", case, dtype,
+                           f"error.{case.name}", **fields))]  # fmt: skip
 
 
-def _causal_mask_error_entry(name: str, keywords: dict, error_class: str, code: str) -> dict:
-    return {
-        "id": f"causal_mask.error.{name}.bool",
-        "op": "causal_mask",
-        "feature": "error",
-        "variant": name,
-        "kind": "error",
-        "functions": ["causal_mask"],
-        "dtype": "bool",
-        "seed": None,
-        "keywords": encode_keywords(keywords),
-        "inputs": {},
-        "expected_error": {"class": error_class, "code": code},
-        "doc": f"causal_mask({', '.join(f'{k}={v!r}' for k, v in keywords.items())}) raises.",
-    }
+#: (op, kind) -> the builder of its fixtures, in the order the manifest lists them.
+BUILDERS: dict[tuple[str, str], Callable[[C.CaseDef, str], list[Fixture]]] = {
+    ("sdpa", "values"): _attention_fixtures,
+    ("flash", "values"): _attention_fixtures,
+    ("causal_mask", "values"): _causal_mask_fixtures,
+    ("module", "values"): _module_fixtures,
+    ("decode", "values"): _decode_fixtures,
+    ("sdpa", "error"): _error_fixtures,
+    ("causal_mask", "error"): _causal_mask_error_fixtures,
+    ("module", "error"): _module_error_fixtures,
+    ("decode", "error"): _module_error_fixtures,
+}
+#: The groups of the manifest, in order; module and decode errors share one, as registered.
+_GROUPS: list[tuple[tuple[str, str], ...]] = [
+    (("sdpa", "values"),),
+    (("flash", "values"),),
+    (("causal_mask", "values"),),
+    (("module", "values"),),
+    (("decode", "values"),),
+    (("sdpa", "error"),),
+    (("causal_mask", "error"),),
+    (("module", "error"), ("decode", "error")),
+]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -446,47 +424,39 @@ def _causal_mask_error_entry(name: str, keywords: dict, error_class: str, code: 
 # ---------------------------------------------------------------------------------------------
 
 
-def generate(out: str | Path, *, cross_check: bool = True, verbose: bool = False) -> dict:
-    """Write every fixture and the manifest into ``out``; return the manifest.
+def generate(
+    out: str | Path,
+    *,
+    cross_check: bool = True,
+    verbose: bool = False,
+    select: Callable[[C.CaseDef], bool] | None = None,
+) -> dict:
+    """Write every fixture (of the registered cases ``select`` keeps) and the manifest into
+    ``out``; return the manifest.
 
     Raises SystemExit, writing nothing, when a framework kernel disagrees with a golden.
     """
     out = Path(out)
     kernels, versions = _load_kernels() if cross_check else ({}, {"numpy": np.__version__})
-    entries, files, said, refused = [], {}, {}, []
-
-    checks = []
-    attention_cases = [("sdpa", c) for c in C.SDPA_CASES] + [("flash", c) for c in C.FLASH_CASES]
-    for op, case in attention_cases:
-        for dtype in case.dtypes:
-            entry, data, semantics, inputs, golden, bounds = _sdpa_fixture(case, dtype, op)
-            entries.append(entry)
-            files[entry["file"]] = data
-            said[entry["id"]] = {name: "not checked" for name in KERNELS}
-            checks.append((entry["id"], inputs, semantics, golden, bounds))
+    entries, files, said, refused, checks = [], {}, {}, [], []
+    for group in _GROUPS:
+        for case in C.REGISTRY:
+            if (case.op, case.kind) not in group or (select is not None and not select(case)):
+                continue
+            for dtype in case.dtypes:
+                for fixture in BUILDERS[case.op, case.kind](case, dtype):
+                    entries.append(fixture.entry)
+                    if fixture.data is not None:
+                        files[fixture.entry["file"]] = fixture.data
+                    if fixture.check is not None:
+                        said[fixture.entry["id"]] = {name: "not checked" for name in KERNELS}
+                        checks.append((fixture.entry["id"], *fixture.check))
     # Two threads: JAX spends the time compiling one kernel per case, outside the GIL.
     with ThreadPoolExecutor(max_workers=2) as pool:
         verdicts = pool.map(lambda args: _cross_check(kernels, *args), checks if kernels else [])
         for (case_id, *_), (verdict, bad) in zip(checks, verdicts):
             said[case_id] = verdict
             refused += [f"{case_id}: {b}" for b in bad]
-    for alignment, q_len, kv_len in C.CAUSAL_MASK_CASES:
-        entry, data = _causal_mask_fixture(alignment, q_len, kv_len)
-        entries.append(entry)
-        files[entry["file"]] = data
-    for case in C.MODULE_CASES:
-        for dtype in case.dtypes:
-            entry, data = _module_fixture(case, dtype)
-            entries.append(entry)
-            files[entry["file"]] = data
-    for case in C.DECODE_CASES:
-        for dtype in case.dtypes:
-            for entry, data in _decode_fixtures(case, dtype):
-                entries.append(entry)
-                files[entry["file"]] = data
-    entries += [_error_entry(case) for case in C.ERROR_CASES]
-    entries += [_causal_mask_error_entry(*row) for row in C.CAUSAL_MASK_ERROR_CASES]
-    entries += [_module_error_entry(case) for case in C.MODULE_ERROR_CASES]
 
     ids = [e["id"] for e in entries]
     if len(set(ids)) != len(ids):

@@ -1,0 +1,23 @@
+"""The case list: every point of the contract, one short named function each, in one registry.
+
+Read these files as documentation. Each case is a function registered by
+:func:`~conformance.cases.base.case` (through its named forms) in
+:data:`~conformance.cases.base.REGISTRY`, split by op:
+
+- :mod:`~conformance.cases.sdpa`: the functional API (``sdpa.*``, also run against
+  ``attention_weights`` and ``flash_attention``) and ``causal_mask``;
+- :mod:`~conformance.cases.flash`: block sizes for ``flash_attention`` (``flash.tiling.*``);
+- :mod:`~conformance.cases.modules`: ``GroupedQueryAttention``/``MultiHeadAttention`` calls;
+- :mod:`~conformance.cases.decode`: KV-cache decoding in several chunkings;
+- :mod:`~conformance.cases.errors`: every error of the taxonomy, functional and module.
+
+``conformance/generate.py`` turns each registered case into fixtures, one per dtype it lists.
+A new case is one decorated function in the file of its op; a new op is a new file here, a
+fixture builder in generate.py and a row in the runner's table.
+"""
+
+from conformance.cases import decode, errors, flash, modules, sdpa  # noqa: F401  (registers)
+from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
+from conformance.cases.decode import DECODE_CHUNKINGS
+
+__all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "CaseDef", "cases"]
