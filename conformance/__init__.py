@@ -2,9 +2,10 @@
 
 - :mod:`conformance.oracle`: the float64 oracle the goldens come from (and the plain same-dtype
   computation that sets each case's tolerance);
-- :mod:`conformance.cases`: the case list, readable code;
+- :mod:`conformance.cases`: the case list, readable code, one registry split by op;
 - :mod:`conformance.generate`: ``python -m conformance.generate --out|--check DIR``;
-- :mod:`conformance.runner`: applies the fixtures to a port; ``python -m conformance --impl M``;
+- :mod:`conformance.runner`: applies the fixtures to a port; ``python -m conformance --impl M``
+  (each port in a child process, :mod:`conformance.worker`, so a crash is one failed case);
 - :mod:`conformance.ports`: adapters for non-NumPy ports and the frameworks' own kernels.
 
 See conformance/PORTING.md to check a port of your own, and docs/CONFORMANCE.md.
@@ -19,6 +20,7 @@ from conformance.runner import (
     Report,
     Xfails,
     load_port,
+    plan_runs,
     quick_check,
     run_suite,
     runs_for,
@@ -34,6 +36,7 @@ __all__ = [
     "Xfails",
     "load_manifest",
     "load_port",
+    "plan_runs",
     "quick_check",
     "run_suite",
     "runs_for",

@@ -1,17 +1,38 @@
 """``python -m conformance --impl MODULE [--impl ...]``: run the golden fixtures against ports.
 
-Prints a compact table per port and family (runs passed, worst error as a fraction of its
-bound) and one line per failure; exits non-zero when any port has an unexpected failure, an
-XPASS, or cannot be imported.
+Each port runs in a child process, so a port that crashes (a signal, an abort) in one case is
+reported as ``crash`` for that case and the others still run. Failures are printed as they
+happen; at the end, a compact table per port and family (runs passed, worst error as a fraction
+of its bound). ``--report FILE`` is rewritten after every run, so an interrupted run leaves what
+it had. Exits non-zero when any port has an unexpected failure, a crash, an XPASS, or cannot be
+imported. ``--list`` prints the run ids that would run, and runs nothing.
 """
 
 from __future__ import annotations
 
 import argparse
-import fnmatch
 import sys
 
-from conformance.runner import FUNCTIONS, Report, Xfails, load_port, run_suite, write_report
+from conformance.runner import (
+    FUNCTIONS,
+    Outcome,
+    Report,
+    Xfails,
+    load_port,
+    plan_runs,
+    run_suite,
+    write_report,
+)
+
+
+def _xfails_for(impl: str, items: list[str]) -> Xfails:
+    """The ``--xfails [MODULE=]FILE`` that apply to ``impl``."""
+    extra = Xfails()
+    for item in items:
+        target, sep, path = item.rpartition("=")
+        if not sep or target == impl:
+            extra = extra + Xfails.from_file(path)
+    return extra
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -40,41 +61,69 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-k", dest="pattern", help="only runs whose id matches this glob")
     parser.add_argument("--fixtures", help="fixture folder (default: the committed v1)")
-    parser.add_argument("--show-xfails", action="store_true", help="list xfails too")
+    parser.add_argument("--show-xfails", action="store_true", help="list xfails and skips too")
+    parser.add_argument("--list", action="store_true", help="print the run ids; run nothing")
+    parser.add_argument(
+        "--in-process",
+        action="store_true",
+        help="run the ports in this process (a crashing port then ends the run; for debuggers)",
+    )
     args = parser.parse_args(argv)
 
-    select = None
-    if args.pattern:
-        pattern = args.pattern if any(ch in args.pattern for ch in "*?[") else f"*{args.pattern}*"
-        select = lambda run: fnmatch.fnmatchcase(run.id, pattern)  # noqa: E731
+    if args.list:
+        return _list(args)
 
-    reports = []
+    reports: list[Report] = []
+
+    def progress(report: Report, outcome: Outcome) -> None:
+        if not outcome.ok or (args.show_xfails and outcome.status in ("xfail", "skip")):
+            print("  " + outcome.line(), flush=True)
+        if args.report:
+            write_report([*reports, report], args.report)
+
     for impl in args.impl:
-        extra = Xfails()
-        for item in args.xfails:
-            target, sep, path = item.rpartition("=")
-            if not sep or target == impl:
-                extra = extra + Xfails.from_file(path)
+        print(f"{impl} on {args.device}:", flush=True)
         try:
-            port = load_port(impl, xfails=extra)
-        except Exception as exc:  # one broken port never stops the others
-            report = Report(impl, args.device, [], error=f"{type(exc).__name__}: {exc}")
-        else:
             report = run_suite(
-                port,
+                impl,
                 device=args.device,
                 functions=args.function,
+                xfails=_xfails_for(impl, args.xfails),
                 fixtures=args.fixtures,
-                select=select,
+                pattern=args.pattern,
+                isolate=not args.in_process,
+                on_outcome=progress,
             )
-        print(report.table(show_xfails=args.show_xfails))
+        except KeyboardInterrupt:
+            print("interrupted: the report holds the runs made so far")
+            return 130
+        print(report.table(failures=False))
         print()
         reports.append(report)
-    if args.report:
-        write_report(reports, args.report)
+        if args.report:
+            write_report(reports, args.report)
     bad = [r.port for r in reports if not r.ok]
     print("conformance: " + (f"FAILED for {', '.join(bad)}" if bad else "all ports pass"))
     return 1 if bad else 0
+
+
+def _list(args: argparse.Namespace) -> int:
+    """``--list``: the run ids each port would run (its optional functions included)."""
+    for impl in args.impl:
+        try:
+            port = load_port(impl, xfails=_xfails_for(impl, args.xfails))
+        except Exception as exc:
+            print(f"{impl}: could not load the port: {type(exc).__name__}: {exc}")
+            return 1
+        runs = plan_runs(
+            port, functions=args.function, fixtures=args.fixtures, pattern=args.pattern
+        )
+        for run in runs:
+            entry = port.xfails.lookup(run.id, args.device)
+            tag = "" if entry is None else ("  # skip" if entry.skip else "  # xfail")
+            print(run.id + tag)
+        print(f"# {impl}: {len(runs)} runs", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Apply the golden fixtures to any port and report, per case, pass or fail with the numbers.
 
 A *port* is a module (or any object) exposing the public names of SEMANTICS.md. Each fixture
-is run against one or more of its functions, named here by a short alias:
+is run against one or more of its functions, named here by a short alias; :data:`FUNCTIONS` is
+the table, one row per alias, saying which attribute of the port is called, how, and against
+which golden:
 
 =========== ================================ ============================================
 alias       port attribute                   checked against
@@ -23,7 +25,11 @@ One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<v
 ``attention_weights``). A run passes when the port's result has the golden's shape and the
 input dtype, and its max error against the float64 golden is at most the manifest's bound;
 an error case passes when the call raises an exception whose class (or a base class) has the
-expected name and whose ``.code`` is the expected code.
+expected name and whose ``.code`` is the expected code. A failure says where: the element with
+the largest error, the expected and the got values to full precision, the relative error and
+the error as a multiple of the bound; an exception names the line of the port that raised it,
+and an exception inside the port's adapters (``from_numpy``, ``to_numpy``, ``prepare``) names
+the adapter.
 
 A missing function (or module class, or module method) makes each of its runs fail as "not
 implemented", one line each. Optional functions (``flash``) are run only when the port has them
@@ -38,7 +44,13 @@ NumPy arrays (plus ``device=`` when the function takes it), and called as
 ``nnx.jit``s them).
 
 Known failures live in the port's xfails file (see :class:`Xfails`); a listed run that passes
-is reported as XPASS and counts as a failure, so the list stays true.
+is reported as XPASS and counts as a failure, so the list stays true. A ``skip:`` entry is not
+run at all (a case that crashes the port).
+
+``run_suite(..., isolate=True)`` (what ``python -m conformance`` does) runs the port in a child
+process (:mod:`conformance.worker`): a port that dies of a signal or an abort in one case is
+reported as ``crash`` for that case, with the signal's name, and a new child carries on with the
+remaining runs.
 """
 
 from __future__ import annotations
@@ -48,9 +60,14 @@ import importlib
 import inspect
 import json
 import math
+import os
+import signal
+import subprocess
+import sys
+import tempfile
 import time
 import traceback
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from types import ModuleType
@@ -62,63 +79,103 @@ from conformance.fixtures import NP_DTYPES, Case, Manifest, load_manifest
 from conformance.ports import BUILTIN_ADAPTERS, SHORT_NAMES
 
 __all__ = [
+    "FLASH_BLOCKS",
     "FUNCTIONS",
+    "Comparison",
+    "Function",
     "Outcome",
     "Port",
     "QuickCheckResult",
     "Report",
     "Run",
+    "XfailEntry",
     "Xfails",
     "check",
     "load_port",
+    "module_decode",
+    "module_forward",
+    "plan_runs",
     "quick_check",
     "run_suite",
     "runs_for",
+    "select_functions",
+    "write_report",
 ]
-
-
-@dataclass(frozen=True)
-class Function:
-    """A port function the suite knows: its attribute name and whether every port needs it.
-
-    For the module aliases the attribute is the module class the port must have; the function
-    run is the runner's own call (:func:`module_forward`, :func:`module_decode`).
-    """
-
-    attribute: str
-    required: bool
-    call: Callable[..., Any] | None = None
-
-
-def module_forward(module: Any, x: Any, context: Any = None, **keywords: Any) -> Any:
-    """The runner's module call: ``module(x, context, **keywords)`` (wrapped by ``prepare``)."""
-    return module(x, context, **keywords)
-
-
-def module_decode(module: Any, x: Any, cache: Any, **keywords: Any) -> Any:
-    """The runner's decode step: ``module.decode(x, cache, **keywords)`` (wrapped by
-    ``prepare``); returns ``(y, cache)`` or ``(y, weights, cache)``."""
-    return module.decode(x, cache, **keywords)
-
-
-#: Alias -> port function. A new op adds a row here and a checker below.
-FUNCTIONS: dict[str, Function] = {
-    "sdpa": Function("scaled_dot_product_attention", required=True),
-    "weights": Function("attention_weights", required=True),
-    "causal_mask": Function("causal_mask", required=True),
-    "flash": Function("flash_attention", required=False),
-    "module": Function("GroupedQueryAttention", required=True, call=module_forward),
-    "decode": Function("GroupedQueryAttention", required=True, call=module_decode),
-}
-
 
 #: Block sizes passed to ``flash_attention``: small and dividing neither L nor S of the fixtures
 #: (L, S in 0..9), so every fixture spans several query and key blocks, with ragged last blocks.
 FLASH_BLOCKS: dict[str, int] = {"block_q": 2, "block_k": 3}
 
+
+# ---------------------------------------------------------------------------------------------
+# Failures and where they come from
+# ---------------------------------------------------------------------------------------------
+
+
+class _Failed(Exception):
+    """A run's check failed; carries the numbers for the report."""
+
+    def __init__(self, message: str, error: float | None = None, bound: float | None = None):
+        super().__init__(message)
+        self.error, self.bound = error, bound
+
+
+def _first_line(exc: BaseException, limit: int = 200) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return text[:limit]
+
+
+def _frame(f: traceback.FrameSummary) -> str:
+    return f"{Path(f.filename).name}:{f.lineno} in {f.name}"
+
+
+def _where_raised(exc: BaseException) -> str:
+    """`` (file.py:12 in function)``: the innermost frame that raised ``exc``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    return f" (at {_frame(frames[-1])})" if frames else ""
+
+
+def _raised(exc: BaseException, prefix: str = "") -> _Failed:
+    """The failure of a port function that raised ``exc``: its class, message and line."""
+    return _Failed(f"{prefix}raised {type(exc).__name__}: {_first_line(exc)}{_where_raised(exc)}")
+
+
+class _AdapterFailed(_Failed):
+    """One of the port's adapters (``from_numpy``, ``to_numpy``, ``prepare``) raised."""
+
+
+def _adapter(port_name: str, which: str, fn: Callable[..., Any], *args: Any) -> Any:
+    """Call the adapter ``which``; an exception becomes a failure naming it, with the tail of
+    its traceback (innermost frame first)."""
+    try:
+        return fn(*args)
+    except Exception as exc:
+        frames = traceback.extract_tb(exc.__traceback__)[1:][-4:]
+        tail = " <- ".join(_frame(f) for f in reversed(frames)) or "no frames"
+        raise _AdapterFailed(
+            f"the adapter `{which}` of {port_name} raised {type(exc).__name__}: "
+            f"{_first_line(exc)} [traceback tail: {tail}]"
+        ) from exc
+
+
 # ---------------------------------------------------------------------------------------------
 # Ports
 # ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class XfailEntry:
+    """One line of an xfails file (see :class:`Xfails`)."""
+
+    pattern: str
+    device: str | None = None
+    reason: str = ""
+    skip: bool = False
+    negate: bool = False
+
+    def matches(self, run_id: str, device: str) -> bool:
+        on_device = self.device is None or device.split(":")[0] == self.device
+        return on_device and fnmatch.fnmatchcase(run_id, self.pattern)
 
 
 class Xfails:
@@ -129,24 +186,40 @@ class Xfails:
         # torch_fused.xfails
         causal_mask.*            # torch has no public causal-mask function
         cuda: sdpa.foo.float16   # only on that device
+        skip: decode.error.*     # crashes the port: not run, reported as skipped
+        *.float64                # no float64 at all ...
+        !*.scale.zero.float64    # ... but scale zero passes: not listed after all
+
+    Prefixes ending in ``:`` may come in any order before the glob: ``skip:`` and a device
+    (``cuda:``, ``cpu:``, ``tpu:``). A glob starting with ``!`` excludes what it matches from
+    the lines above it. The last line that matches a run decides, as in ``.gitignore``.
     """
 
-    def __init__(self, entries: Sequence[tuple[str, str | None, str]] = ()) -> None:
-        self.entries = list(entries)  # (pattern, device or None, reason)
+    def __init__(self, entries: Iterable[XfailEntry] = ()) -> None:
+        self.entries = list(entries)
 
     @classmethod
     def parse(cls, text: str) -> Xfails:
         entries = []
         for line in text.splitlines():
             body, _, reason = line.partition("#")
-            body = body.strip()
-            if not body:
+            tokens = body.split()
+            if not tokens:
                 continue
-            device = None
-            if ":" in body.split()[0]:
-                device, _, body = body.partition(":")
-                device, body = device.strip(), body.strip()
-            entries.append((body, device, reason.strip()))
+            device, skip = None, False
+            while tokens and tokens[0].endswith(":"):
+                prefix = tokens.pop(0)[:-1]
+                if prefix == "skip":
+                    skip = True
+                else:
+                    device = prefix
+            if len(tokens) != 1:
+                raise ValueError(f"xfails line {line.strip()!r}: expected [device:] [skip:] glob")
+            pattern = tokens[0]
+            negate = pattern.startswith("!")
+            entries.append(
+                XfailEntry(pattern.removeprefix("!"), device, reason.strip(), skip, negate)
+            )
         return cls(entries)
 
     @classmethod
@@ -156,14 +229,25 @@ class Xfails:
     def __add__(self, other: Xfails) -> Xfails:
         return Xfails(self.entries + other.entries)
 
-    def reason(self, run_id: str, device: str) -> str | None:
-        """The reason a run is expected to fail on ``device``, or None."""
-        for pattern, dev, reason in self.entries:
-            if (dev is None or device.split(":")[0] == dev) and fnmatch.fnmatchcase(
-                run_id, pattern
-            ):
-                return reason or "listed in xfails"
+    def lookup(self, run_id: str, device: str) -> XfailEntry | None:
+        """The entry that decides ``run_id`` on ``device`` (the last that matches), or None when
+        it is not listed (or excluded by a ``!`` line)."""
+        for entry in reversed(self.entries):
+            if entry.matches(run_id, device):
+                return None if entry.negate else entry
         return None
+
+    def reason(self, run_id: str, device: str) -> str | None:
+        """The reason a run is expected to fail (or skipped) on ``device``, or None."""
+        entry = self.lookup(run_id, device)
+        return None if entry is None else entry.reason or "listed in xfails"
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return [asdict(e) for e in self.entries]
+
+    @classmethod
+    def from_json(cls, data: Sequence[dict[str, Any]]) -> Xfails:
+        return cls(XfailEntry(**d) for d in data)
 
 
 @dataclass
@@ -182,6 +266,7 @@ class Port:
     numpy_native: bool = True
     prepare: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None
     _prepared: dict[str, Any] = field(default_factory=dict, repr=False)
+    _round_trips: dict[tuple[str, str], str | None] = field(default_factory=dict, repr=False)
 
     def function(self, alias: str) -> Callable[..., Any] | None:
         """The port's function for ``alias``, or None when the port does not have it.
@@ -195,9 +280,35 @@ class Port:
             if fn is not None and spec.call is not None:
                 fn = spec.call
             if fn is not None and self.prepare is not None:
-                fn = self.prepare(alias, fn)
+                fn = _adapter(self.name, "prepare", self.prepare, alias, fn)
             self._prepared[alias] = fn
         return self._prepared[alias]
+
+    def array_in(self, array: np.ndarray, device: str) -> Any:
+        """``from_numpy(array, device)``; an exception names the adapter."""
+        return _adapter(self.name, "from_numpy", self.from_numpy, array, device)
+
+    def array_out(self, array: Any) -> np.ndarray:
+        """``to_numpy(array)`` as a NumPy array; an exception names the adapter."""
+        return np.asarray(_adapter(self.name, "to_numpy", self.to_numpy, array))
+
+    def check_round_trip(self, dtype: str, device: str) -> None:
+        """Fail when ``to_numpy(from_numpy(x))`` does not keep ``dtype`` (checked once per dtype
+        and device): a port that silently turns float64 into float32 would otherwise fail every
+        case with a misleading dtype message about its own output."""
+        if self.numpy_native or dtype not in NP_DTYPES:
+            return
+        if (dtype, device) not in self._round_trips:
+            sample = np.zeros((2,), NP_DTYPES[dtype])
+            got = self.array_out(self.array_in(sample, device)).dtype.name
+            self._round_trips[dtype, device] = None if got == dtype else got
+        changed = self._round_trips[dtype, device]
+        if changed is not None:
+            raise _AdapterFailed(
+                f"the adapters of {self.name} turn {dtype} into {changed} "
+                f"(to_numpy(from_numpy(x)).dtype): from_numpy must keep the dtype exactly "
+                "(conformance/PORTING.md, 'Framework traps')"
+            )
 
 
 def _numpy_in(array: np.ndarray, device: str) -> np.ndarray:
@@ -282,10 +393,15 @@ def runs_for(
     return [Run(c, f) for f in wanted for c in manifest.cases if f in c.functions]
 
 
+#: The statuses of a run. ``ok``: pass, xfail (failed as listed) and skip (listed ``skip:``,
+#: not run); a failure: fail, xpass (listed, but passed: so the list stays true) and crash (the
+#: port killed its process: a signal or an abort).
+STATUSES = ("pass", "fail", "xfail", "xpass", "skip", "crash")
+
+
 @dataclass
 class Outcome:
-    """The result of one run. ``status``: pass, fail, xfail (failed as listed) or xpass
-    (listed in the xfails, but passed: a failure, so the list stays true)."""
+    """The result of one run (``status``: one of :data:`STATUSES`)."""
 
     run_id: str
     family: str
@@ -299,7 +415,7 @@ class Outcome:
 
     @property
     def ok(self) -> bool:
-        return self.status in ("pass", "xfail")
+        return self.status in ("pass", "xfail", "skip")
 
     @property
     def ratio(self) -> float | None:
@@ -308,19 +424,11 @@ class Outcome:
         return self.error / self.bound
 
     def line(self) -> str:
-        tag = {"fail": "FAIL", "xpass": "XPASS", "xfail": "xfail", "pass": "pass"}[self.status]
+        tag = {"fail": "FAIL", "xpass": "XPASS", "crash": "CRASH"}.get(self.status, self.status)
         text = f"{tag} {self.run_id} [{self.device} {self.dtype}]: {self.message}"
         if self.status == "xpass":
             text += f" (listed as known failure: {self.xfail_reason}; remove it from the xfails)"
         return text
-
-
-class _Failed(Exception):
-    """A run's check failed; carries the numbers for the report."""
-
-    def __init__(self, message: str, error: float | None = None, bound: float | None = None):
-        super().__init__(message)
-        self.error, self.bound = error, bound
 
 
 def _fmt_index(index: tuple[int, ...]) -> str:
@@ -328,7 +436,11 @@ def _fmt_index(index: tuple[int, ...]) -> str:
 
 
 def _compare(got: Any, golden: np.ndarray, dtype: str, bound: float, what: str) -> float:
-    """Max |got - golden| (NaN counts as inf); raises _Failed on shape, dtype or bound."""
+    """Max |got - golden| (NaN counts as inf); raises _Failed on shape, dtype or bound.
+
+    The failure locates the error: the index of the worst element, expected and got to full
+    precision (Python's shortest round-trip repr), the relative error there and the error as a
+    multiple of the bound."""
     got = np.asarray(got)
     if got.shape != golden.shape:
         raise _Failed(f"{what} shape {got.shape}, expected {golden.shape}")
@@ -341,72 +453,108 @@ def _compare(got: Any, golden: np.ndarray, dtype: str, bound: float, what: str) 
         return 0.0
     with np.errstate(all="ignore"):
         values = got.astype(np.float64)
-        diff = np.abs(values - golden)
+        want = golden.astype(np.float64)
+        diff = np.abs(values - want)
         diff[~np.isfinite(values)] = math.inf
     flat = int(np.argmax(diff))
     err = float(diff.flat[flat])
     if not err <= bound:
         index = np.unravel_index(flat, golden.shape)
+        expected, actual = float(want[index]), float(values[index])
+        relative = err / abs(expected) if expected != 0 else math.inf
+        times = err / bound if bound > 0 else math.inf
         raise _Failed(
-            f"{what} max error {err:.3g} at {_fmt_index(index)} > bound {bound:.3g} "
-            f"(expected {golden[index]:.6g}, got {values[index]:.6g})",
+            f"{what} max error {err:.3g} > bound {bound:.3g} ({times:.3g}x the bound; relative "
+            f"error {relative:.3g}) at {_fmt_index(index)}: expected {expected!r}, "
+            f"got {actual!r}",
             err,
             bound,
         )
     return err
 
 
-def _call_values(port: Port, fn: Callable, case: Case, function: str, device: str) -> Any:
-    t = case.tensors()
-    if function == "causal_mask":
-        kw = case.keywords
-        return fn(kw["q_len"], kw["kv_len"], alignment=kw["alignment"])
-    kwargs = (FLASH_BLOCKS if function == "flash" else {}) | dict(case.keywords)
-    for name in ("mask", "bias"):
-        if name in t:
-            kwargs[name] = port.from_numpy(t[name], device)
-    q, k = port.from_numpy(t["query"], device), port.from_numpy(t["key"], device)
-    if function == "weights":
-        return fn(q, k, **kwargs)
-    return fn(q, k, port.from_numpy(t["value"], device), **kwargs)
+@dataclass
+class Comparison:
+    """One result of a port against its golden: ``got`` (NumPy) against ``want``, under the
+    case's bound for ``name`` (0 when the case has none: exact). ``where`` prefixes messages."""
+
+    name: str
+    got: Any
+    want: np.ndarray
+    where: str = ""
+
+
+# ---------------------------------------------------------------------------------------------
+# The functions: how each alias is called, and what it is compared with
+# ---------------------------------------------------------------------------------------------
 
 
 def _zeros(port: Port, spec: dict[str, Any], device: str) -> Any:
-    return port.from_numpy(np.zeros(spec["shape"], dtype=NP_DTYPES[spec["dtype"]]), device)
+    return port.array_in(np.zeros(spec["shape"], dtype=NP_DTYPES[spec["dtype"]]), device)
 
 
-def _call_error(port: Port, fn: Callable, case: Case, function: str, device: str) -> Any:
-    if case.op in ("module", "decode"):
-        return _call_module_error(port, fn, case, device)
-    kwargs = (FLASH_BLOCKS if function == "flash" else {}) | dict(case.keywords)
-    if function == "causal_mask":
-        return fn(kwargs.pop("q_len"), kwargs.pop("kv_len"), **kwargs)
+def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    """sdpa, weights, flash: the case's tensors through the port, one golden."""
+    t = case.tensors()
+    kwargs = dict(spec.defaults) | dict(case.keywords)
+    for name in ("mask", "bias"):
+        if name in t:
+            kwargs[name] = port.array_in(t[name], device)
+    args = [port.array_in(t["query"], device), port.array_in(t["key"], device)]
+    if spec.golden == "output":
+        args.append(port.array_in(t["value"], device))
+    try:
+        result = fn(*args, **kwargs)
+    except Exception as exc:
+        raise _raised(exc) from exc
+    yield Comparison(spec.golden, port.array_out(result), t[spec.golden])
+
+
+def _attention_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
+    kwargs = dict(spec.defaults) | dict(case.keywords)
     inputs = case.entry["inputs"]
     for name in ("mask", "bias"):
         if name in inputs:
             kwargs[name] = _zeros(port, inputs[name], device)
-    q, k = _zeros(port, inputs["query"], device), _zeros(port, inputs["key"], device)
-    if function == "weights":
-        return fn(q, k, **kwargs)
-    return fn(q, k, _zeros(port, inputs["value"], device), **kwargs)
+    args = [_zeros(port, inputs["query"], device), _zeros(port, inputs["key"], device)]
+    if spec.golden == "output":
+        args.append(_zeros(port, inputs["value"], device))
+    return fn(*args, **kwargs)
 
 
-# ---------------------------------------------------------------------------------------------
-# Modules and KV-cache decoding
-# ---------------------------------------------------------------------------------------------
+def _causal_mask_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    kw = case.keywords
+    try:
+        result = fn(kw["q_len"], kw["kv_len"], alignment=kw["alignment"])
+    except Exception as exc:
+        raise _raised(exc) from exc
+    yield Comparison("mask", port.array_out(result), case.tensors()["mask"])
 
-#: The module methods each module alias needs, besides the class's ``from_canonical``.
-_MODULE_METHODS = {"module": (), "decode": ("init_cache", "decode")}
+
+def _causal_mask_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
+    kwargs = dict(case.keywords)
+    return fn(kwargs.pop("q_len"), kwargs.pop("kv_len"), **kwargs)
 
 
-def _module_class(port: Port, case: Case, function: str) -> Any:
+def module_forward(module: Any, x: Any, context: Any = None, **keywords: Any) -> Any:
+    """The runner's module call: ``module(x, context, **keywords)`` (wrapped by ``prepare``)."""
+    return module(x, context, **keywords)
+
+
+def module_decode(module: Any, x: Any, cache: Any, **keywords: Any) -> Any:
+    """The runner's decode step: ``module.decode(x, cache, **keywords)`` (wrapped by
+    ``prepare``); returns ``(y, cache)`` or ``(y, weights, cache)``."""
+    return module.decode(x, cache, **keywords)
+
+
+def _module_class(port: Port, case: Case, spec: Function) -> Any:
     """The case's module class of the port; raises "not implemented" for a missing class or
     a missing method, before anything runs."""
     name = case.entry["module"]["class"]
     cls = getattr(port.module, name, None)
     if cls is None:
         raise _Failed(f"not implemented: port has no `{name}`")
-    needed = _MODULE_METHODS[function]
+    needed = spec.methods
     if case.entry.get("call", "load") != "construct":
         needed = ("from_canonical", *needed)
     for method in needed:
@@ -447,45 +595,31 @@ def _split_result(result: Any, return_weights: bool, with_cache: bool) -> tuple[
     return output, weights, cache
 
 
-def _check_module(
-    port: Port, fn: Callable, run: Run, device: str
-) -> tuple[str, float | None, float | None]:
+def _module_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
     """A module fixture: one forward call against the golden output (and weights)."""
-    case = run.case
-    cls = _module_class(port, case, run.function)
+    cls = _module_class(port, case, spec)
     t = case.tensors()
     kwargs = dict(case.keywords)
     for name in ("mask", "bias"):
         if name in t:
-            kwargs[name] = port.from_numpy(t[name], device)
+            kwargs[name] = port.array_in(t[name], device)
+    context = port.array_in(t["context"], device) if "context" in t else None
+    x = port.array_in(t["x"], device)
     try:
         module = _load_module(cls, case.entry["module"], _canonical_weights(t), case.dtype, device)
-        context = port.from_numpy(t["context"], device) if "context" in t else None
-        result = fn(module, port.from_numpy(t["x"], device), context, **kwargs)
+        result = fn(module, x, context, **kwargs)
         output, weights, _ = _split_result(result, bool(kwargs.get("return_weights")), False)
-        got = {"output": port.to_numpy(output)}
-        if weights is not None:
-            got["weights"] = port.to_numpy(weights)
     except Exception as exc:
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise _Failed(f"raised {type(exc).__name__}: {first}") from exc
-    messages, worst, worst_bound = [], 0.0, None
-    for name, value in got.items():
-        bound = case.tolerance[name]
-        err = _compare(value, t[name], case.dtype, bound, name)
-        messages.append(f"{name} max error {err:.3g} <= bound {bound:.3g}")
-        if worst_bound is None or err / bound > worst / worst_bound:
-            worst, worst_bound = err, bound
-    return "; ".join(messages), worst, worst_bound
+        raise _raised(exc) from exc
+    yield Comparison("output", port.array_out(output), t["output"])
+    if weights is not None:
+        yield Comparison("weights", port.array_out(weights), t["weights"])
 
 
-def _check_decode(
-    port: Port, fn: Callable, run: Run, device: str
-) -> tuple[str, float | None, float | None]:
+def _decode_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
     """A decode fixture: the sequence fed in the case's chunks through ``init_cache`` and
     ``decode``; every step's rows against the same rows of the full causal forward."""
-    case = run.case
-    cls = _module_class(port, case, run.function)
+    cls = _module_class(port, case, spec)
     t = case.tensors()
     plan = case.entry["decode"]
     kwargs = dict(case.keywords)
@@ -495,42 +629,25 @@ def _check_decode(
         module = _load_module(cls, case.entry["module"], _canonical_weights(t), case.dtype, device)
         cache = module.init_cache(x.shape[0], plan["max_len"])
     except Exception as exc:
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise _Failed(f"raised {type(exc).__name__} before decoding: {first}") from exc
-    ratio, worst, worst_bound, start = -1.0, 0.0, None, 0
-    chunks = plan["chunks"]
+        raise _raised(exc, "before decoding: ") from exc
+    start, chunks = 0, plan["chunks"]
     for step, n in enumerate(chunks):
         stop = start + n
-        where = f"decode step {step + 1} of {len(chunks)} (tokens {start}..{stop - 1})"
+        where = f"decode step {step + 1} of {len(chunks)} (tokens {start}..{stop - 1}): "
+        new = port.array_in(x[:, start:stop], device)
         try:
-            result = fn(module, port.from_numpy(x[:, start:stop], device), cache, **kwargs)
+            result = fn(module, new, cache, **kwargs)
             output, weights, cache = _split_result(result, return_weights, True)
-            got = {"output": port.to_numpy(output)}
-            if weights is not None:
-                got["weights"] = port.to_numpy(weights)
         except Exception as exc:
-            first = str(exc).splitlines()[0][:200] if str(exc) else ""
-            raise _Failed(f"{where}: raised {type(exc).__name__}: {first}") from exc
-        want = {"output": golden[:, start:stop]}  # (B, n, M)
-        if return_weights:  # (B, H, n, S): these rows against the keys written so far
-            want["weights"] = t["weights"][:, :, start:stop, :stop]
-        for name, value in got.items():
-            bound = case.tolerance[name]
-            try:
-                err = _compare(value, want[name], case.dtype, bound, name)
-            except _Failed as failed:
-                raise _Failed(f"{where}: {failed}", failed.error, failed.bound) from None
-            if err / bound > ratio:
-                ratio, worst, worst_bound = err / bound, err, bound
+            raise _raised(exc, where) from exc
+        yield Comparison("output", port.array_out(output), golden[:, start:stop], where)
+        if weights is not None:  # (B, H, n, S): these rows against the keys written so far
+            want = t["weights"][:, :, start:stop, :stop]
+            yield Comparison("weights", port.array_out(weights), want, where)
         start = stop
-    what = "output and weights" if return_weights else "output"
-    message = (
-        f"{len(chunks)} steps {chunks}: {what} max error {worst:.3g} <= bound {worst_bound:.3g}"
-    )
-    return message, worst, worst_bound
 
 
-def _call_module_error(port: Port, fn: Callable, case: Case, device: str) -> Any:
+def _module_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
     """Construct, load, call or decode as the error case says; the expected error must come."""
     entry = case.entry
     cls = getattr(port.module, entry["module"]["class"])
@@ -542,7 +659,7 @@ def _call_module_error(port: Port, fn: Callable, case: Case, device: str) -> Any
     module = _load_module(cls, entry["module"], weights, None, device)
     if entry["call"] == "load":
         return module
-    inputs = {name: _zeros(port, spec, device) for name, spec in entry["inputs"].items()}
+    inputs = {name: _zeros(port, spec_, device) for name, spec_ in entry["inputs"].items()}
     if entry["call"] == "forward":
         kwargs = dict(case.keywords)
         for name in ("mask", "bias"):
@@ -554,86 +671,146 @@ def _call_module_error(port: Port, fn: Callable, case: Case, device: str) -> Any
     cache = module.init_cache(plan["batch_size"], plan["max_len"])
     start = 0
     for n in plan["chunks"]:
-        *_, cache = fn(module, port.from_numpy(x[:, start : start + n], device), cache)
+        *_, cache = fn(module, port.array_in(x[:, start : start + n], device), cache)
         start += n
     return cache
 
 
+@dataclass(frozen=True)
+class Function:
+    """One row of the table: a port function the suite knows.
+
+    ``attribute``: the port's function (for the module aliases, the class the port must have;
+    the function run is then the runner's own ``call``, with the class ``methods`` it needs).
+    ``required``: every port is checked on it (optional ones run when present or asked for).
+    ``values(port, fn, case, device, spec)`` yields :class:`Comparison` s of a value case;
+    ``error(...)`` makes the call of an error case, which must raise. ``golden``: the golden the
+    attention aliases compare; ``defaults``: keywords added to every call (flash's blocks).
+    """
+
+    attribute: str
+    required: bool
+    values: Callable[..., Iterator[Comparison]]
+    error: Callable[..., Any]
+    golden: str = "output"
+    defaults: dict[str, Any] = field(default_factory=dict)
+    call: Callable[..., Any] | None = None
+    methods: tuple[str, ...] | None = None
+
+
+#: Alias -> port function. A new op adds a row here (and its case file and fixture builder).
+FUNCTIONS: dict[str, Function] = {
+    "sdpa": Function("scaled_dot_product_attention", True, _attention_values, _attention_error),
+    "weights": Function(
+        "attention_weights", True, _attention_values, _attention_error, golden="weights"
+    ),
+    "causal_mask": Function("causal_mask", True, _causal_mask_values, _causal_mask_error),
+    "flash": Function(
+        "flash_attention", False, _attention_values, _attention_error, defaults=FLASH_BLOCKS
+    ),
+    "module": Function(
+        "GroupedQueryAttention",
+        True,
+        _module_values,
+        _module_error,
+        call=module_forward,
+        methods=(),
+    ),
+    "decode": Function(
+        "GroupedQueryAttention",
+        True,
+        _decode_values,
+        _module_error,
+        call=module_decode,
+        methods=("init_cache", "decode"),
+    ),
+}
+
+
 def _check(port: Port, run: Run, device: str) -> tuple[str, float | None, float | None]:
     """Run one case; returns (message, error, bound) on success, raises _Failed otherwise."""
-    case, function = run.case, run.function
-    fn = port.function(function)
+    case, spec = run.case, FUNCTIONS[run.function]
+    fn = port.function(run.function)
     if fn is None:
-        raise _Failed(f"not implemented: port has no `{FUNCTIONS[function].attribute}`")
-    if function in _MODULE_METHODS:
-        _module_class(port, case, function)  # "not implemented" before anything runs
-        if case.kind == "values":
-            check_values = _check_module if function == "module" else _check_decode
-            return check_values(port, fn, run, device)
+        raise _Failed(f"not implemented: port has no `{spec.attribute}`")
+    if spec.methods is not None:
+        _module_class(port, case, spec)  # "not implemented" before anything runs
 
     if case.kind == "error":
         want = case.entry["expected_error"]
         expected = f"{want['class']}[{want['code']}]"
         try:
-            _call_error(port, fn, case, function, device)
+            spec.error(port, fn, case, device, spec)
+        except _Failed:  # the runner's own checks, or an adapter: not the port's answer
+            raise
         except Exception as exc:  # the port's error, whatever it is, is the thing under test
             names = [c.__name__ for c in type(exc).__mro__]
             code = getattr(exc, "code", None)
             if want["class"] in names and code == want["code"]:
                 return f"raised {expected}", None, None
-            first = str(exc).splitlines()[0][:160] if str(exc) else ""
             raise _Failed(
-                f"raised {type(exc).__name__}[{code}] {first!r}, expected {expected}"
+                f"raised {type(exc).__name__}[{code}] {_first_line(exc, 160)!r}"
+                f"{_where_raised(exc)}, expected {expected}"
             ) from None
         raise _Failed(f"no error raised, expected {expected}")
 
-    try:
-        result = _call_values(port, fn, case, function, device)
-        got = port.to_numpy(result)
-    except Exception as exc:
-        first = str(exc).splitlines()[0][:200] if str(exc) else ""
-        raise _Failed(f"raised {type(exc).__name__}: {first}") from exc
-    golden = case.tensors()
-    if function == "causal_mask":
-        got = np.asarray(got)
-        want = golden["mask"]
-        if got.shape != want.shape or got.dtype != np.bool_:
-            raise _Failed(f"causal_mask {got.dtype.name}{got.shape}, expected bool{want.shape}")
-        if not np.array_equal(got, want):
-            bad = _fmt_index(np.argwhere(got != want)[0])
-            raise _Failed(f"causal_mask differs from the golden at {bad}")
-        return "exact", 0.0, 0.0
-    name = "weights" if function == "weights" else "output"
-    bound = case.tolerance[name]
-    err = _compare(got, golden[name], case.dtype, bound, name)
-    return f"{name} max error {err:.3g} <= bound {bound:.3g}", err, bound
+    port.check_round_trip(case.dtype, device)
+    errors: dict[str, float] = {}  # the largest error of each golden, over every comparison
+    worst = (-1.0, 0.0, 0.0)  # (error / bound, error, bound) of the closest call
+    for c in spec.values(port, fn, case, device, spec):
+        bound = case.tolerance.get(c.name, 0.0)  # no bound: exact (causal_mask)
+        try:
+            err = _compare(c.got, c.want, case.dtype, bound, c.name)
+        except _Failed as failed:
+            raise _Failed(c.where + str(failed), failed.error, failed.bound) from None
+        errors[c.name] = max(errors.get(c.name, 0.0), err)
+        worst = max(worst, (err / bound if bound else 0.0, err, bound))
+    _, err, bound = worst
+    if not case.tolerance:
+        return "exact", err, bound
+    if run.function == "decode":
+        chunks = case.entry["decode"]["chunks"]
+        what = " and ".join(errors)
+        return (
+            f"{len(chunks)} steps {chunks}: {what} max error {err:.3g} <= bound {bound:.3g}",
+            err,
+            bound,
+        )
+    text = "; ".join(
+        f"{n} max error {e:.3g} <= bound {case.tolerance[n]:.3g}" for n, e in errors.items()
+    )
+    return text, err, bound
 
 
 def check(port: Port, run: Run, device: str = "cpu") -> Outcome:
     """Run one case against a port, apply its xfails, return the outcome."""
-    reason = port.xfails.reason(run.id, device)
+    listed = port.xfails.lookup(run.id, device)
+    reason = "" if listed is None else listed.reason or "listed in xfails"
     base = dict(run_id=run.id, family=run.family, dtype=run.case.dtype, device=device)
+    if listed is not None and listed.skip:
+        return Outcome(**base, status="skip", message=f"skipped: {reason}", xfail_reason=reason)
     try:
         message, error, bound = _check(port, run, device)
     except _Failed as failed:
-        status = "xfail" if reason else "fail"
         return Outcome(
             **base,
-            status=status,
+            status="xfail" if listed else "fail",
             message=str(failed),
             error=failed.error,
             bound=failed.bound,
-            xfail_reason=reason or "",
+            xfail_reason=reason,
         )
     except Exception as exc:  # a bug in the port that escaped its own call
-        status = "xfail" if reason else "fail"
         detail = "".join(traceback.format_exception_only(type(exc), exc)).strip()
         return Outcome(
-            **base, status=status, message=f"crashed: {detail}", xfail_reason=reason or ""
+            **base,
+            status="xfail" if listed else "fail",
+            message=f"raised outside the port's call: {detail}{_where_raised(exc)}",
+            xfail_reason=reason,
         )
-    status = "xpass" if reason else "pass"
+    status = "xpass" if listed else "pass"
     return Outcome(
-        **base, status=status, message=message, error=error, bound=bound, xfail_reason=reason or ""
+        **base, status=status, message=message, error=error, bound=bound, xfail_reason=reason
     )
 
 
@@ -652,6 +829,7 @@ class Report:
     seconds: float = 0.0
     error: str = ""  # set when the port could not be loaded at all
     host_port: bool = False  # a NumPy port asked for another device: it ran on the host
+    complete: bool = True  # False while the run is going on, or when it was interrupted
 
     @property
     def failures(self) -> list[Outcome]:
@@ -659,10 +837,10 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        return not self.error and not self.failures
+        return not self.error and not self.failures and self.complete
 
     def counts(self) -> dict[str, int]:
-        out = {"pass": 0, "fail": 0, "xfail": 0, "xpass": 0}
+        out = dict.fromkeys(STATUSES, 0)
         for o in self.outcomes:
             out[o.status] += 1
         return out
@@ -673,30 +851,47 @@ class Report:
             groups.setdefault(o.family, []).append(o)
         return groups
 
-    def table(self, *, show_xfails: bool = False) -> str:
-        """A compact table per family, then one line per failure."""
+    def summary(self) -> str:
+        """``impl_numpy on cpu: 503 runs: 500 passed, 1 failed, ...``."""
         if self.error:
             return f"{self.port} [{self.device}]: could not load the port: {self.error}"
         c = self.counts()
         where = self.device + (" (NumPy port, computes on the host)" if self.host_port else "")
+        parts = [f"{c[s]} {s}" for s in ("pass", "fail", "xfail", "xpass")]
+        parts[:2] = [f"{c['pass']} passed", f"{c['fail']} failed"]
+        parts += [f"{c['crash']} crashed"] * bool(c["crash"]) + [f"{c['skip']} skipped"] * bool(
+            c["skip"]
+        )
+        note = "" if self.complete else " INCOMPLETE (interrupted)"
+        return (
+            f"{self.port} on {where}: {len(self.outcomes)} runs: {', '.join(parts)} "
+            f"({self.seconds:.1f} s){note}"
+        )
+
+    def table(self, *, show_xfails: bool = False, failures: bool = True) -> str:
+        """A compact table per family, then (``failures``) one line per failure."""
+        if self.error:
+            return self.summary()
         lines = [
-            f"{self.port} on {where}: {len(self.outcomes)} runs: {c['pass']} passed, "
-            f"{c['fail']} failed, {c['xfail']} xfail, {c['xpass']} xpass ({self.seconds:.1f} s)",
-            f"  {'family':<30} {'passed':>8} {'xfail':>6} {'failed':>7}  worst err/bound",
+            self.summary(),
+            f"  {'family':<30} {'passed':>8} {'xfail':>6} {'skip':>5} {'failed':>7}  "
+            "worst err/bound",
         ]
         for family, outs in sorted(self.families().items()):
             n_pass = sum(o.status == "pass" for o in outs)
             n_xfail = sum(o.status == "xfail" for o in outs)
-            n_fail = sum(o.status in ("fail", "xpass") for o in outs)
+            n_skip = sum(o.status == "skip" for o in outs)
+            n_fail = sum(not o.ok for o in outs)
             ratios = [o.ratio for o in outs if o.status == "pass" and o.ratio is not None]
             worst = f"{max(ratios):.2f}" if ratios else "-"
             lines.append(
                 f"  {family:<30} {f'{n_pass}/{len(outs)}':>8} {n_xfail or '':>6} "
-                f"{n_fail or '':>7}  {worst}"
+                f"{n_skip or '':>5} {n_fail or '':>7}  {worst}"
             )
-        for o in self.outcomes:
-            if not o.ok or (show_xfails and o.status == "xfail"):
-                lines.append("  " + o.line())
+        if failures:
+            for o in self.outcomes:
+                if not o.ok or (show_xfails and o.status in ("xfail", "skip")):
+                    lines.append("  " + o.line())
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
@@ -704,6 +899,7 @@ class Report:
             "port": self.port,
             "device": self.device,
             "ok": self.ok,
+            "complete": self.complete,
             "error": self.error,
             "seconds": round(self.seconds, 3),
             "counts": self.counts(),
@@ -718,6 +914,30 @@ def select_functions(port: Port, functions: Iterable[str] | None) -> list[str]:
     return [a for a, f in FUNCTIONS.items() if f.required or port.function(a) is not None]
 
 
+def _matcher(pattern: str | None) -> Callable[[Run], bool] | None:
+    """``-k``: a glob over run ids; a plain word matches anywhere in the id."""
+    if not pattern:
+        return None
+    glob = pattern if any(ch in pattern for ch in "*?[") else f"*{pattern}*"
+    return lambda run: fnmatch.fnmatchcase(run.id, glob)
+
+
+def plan_runs(
+    port: Port,
+    *,
+    functions: Iterable[str] | None = None,
+    fixtures: str | Path | None = None,
+    select: Callable[[Run], bool] | None = None,
+    pattern: str | None = None,
+) -> list[Run]:
+    """The runs :func:`run_suite` makes, in order (``--list`` prints their ids)."""
+    runs = runs_for(load_manifest(fixtures), select_functions(port, functions))
+    for keep in (select, _matcher(pattern)):
+        if keep is not None:
+            runs = [r for r in runs if keep(r)]
+    return runs
+
+
 def run_suite(
     port: str | ModuleType | Any,
     *,
@@ -726,25 +946,173 @@ def run_suite(
     xfails: str | Path | Xfails | None = None,
     fixtures: str | Path | None = None,
     select: Callable[[Run], bool] | None = None,
+    pattern: str | None = None,
+    isolate: bool = False,
+    on_outcome: Callable[[Report, Outcome], None] | None = None,
 ) -> Report:
     """Run every fixture against ``port`` on ``device`` and return the report.
 
     ``functions`` restricts (or, for optional ones such as ``flash``, demands) the aliases;
-    ``select`` filters the runs. A port that cannot be imported gives a report with ``error``.
+    ``select`` (a predicate) and ``pattern`` (a glob over run ids) filter the runs. A port that
+    cannot be imported gives a report with ``error``. ``on_outcome(report, outcome)`` is called
+    after every run, with the report so far (the CLI prints and saves it as it goes).
+
+    ``isolate=True`` runs the port in child processes (``port`` must then be an importable
+    name, and ``select`` is not available: use ``pattern``): a run that kills its process is
+    reported as ``crash`` and the rest go on in a new child.
     """
     start = time.perf_counter()
+    if isolate:
+        if not isinstance(port, str) or select is not None:
+            raise ValueError("isolate=True needs an importable port name and no select=")
+        extra = xfails if isinstance(xfails, Xfails) else Xfails()
+        if xfails is not None and not isinstance(xfails, Xfails):
+            extra = Xfails.from_file(xfails)
+        return _run_isolated(port, device, functions, extra, fixtures, pattern, on_outcome, start)
     try:
         loaded = port if isinstance(port, Port) else load_port(port, xfails=xfails)
     except Exception as exc:
         name = port if isinstance(port, str) else getattr(port, "__name__", repr(port))
         return Report(str(name), device, [], error=f"{type(exc).__name__}: {exc}")
-    manifest = load_manifest(fixtures)
-    runs = runs_for(manifest, select_functions(loaded, functions))
-    if select is not None:
-        runs = [r for r in runs if select(r)]
-    outcomes = [check(loaded, r, device) for r in runs]
+    runs = plan_runs(loaded, functions=functions, fixtures=fixtures, select=select, pattern=pattern)
     host_port = loaded.numpy_native and device != "cpu"
-    return Report(loaded.name, device, outcomes, time.perf_counter() - start, host_port=host_port)
+    report = Report(loaded.name, device, [], host_port=host_port, complete=False)
+    for run in runs:
+        report.outcomes.append(check(loaded, run, device))
+        report.seconds = time.perf_counter() - start
+        if on_outcome is not None:
+            on_outcome(report, report.outcomes[-1])
+    report.complete = True
+    report.seconds = time.perf_counter() - start
+    return report
+
+
+# ---------------------------------------------------------------------------------------------
+# Running a port in child processes (conformance/worker.py is the child)
+# ---------------------------------------------------------------------------------------------
+
+
+def _signal_name(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _crash_site(stderr_text: str) -> str:
+    """The innermost Python frame of faulthandler's dump in the child's stderr, if any."""
+    for line in stderr_text.splitlines():
+        line = line.strip()
+        if line.startswith("File "):
+            return line
+    return ""
+
+
+def _child_env() -> dict[str, str]:
+    """The environment of a worker: this process's, with everything on ``sys.path`` that can
+    be imported from, so the child finds the port exactly as the parent would."""
+    paths = [p for p in sys.path if p and Path(p).is_dir()]
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), *paths])
+    return env
+
+
+def _run_isolated(
+    port: str,
+    device: str,
+    functions: Iterable[str] | None,
+    xfails: Xfails,
+    fixtures: str | Path | None,
+    pattern: str | None,
+    on_outcome: Callable[[Report, Outcome], None] | None,
+    start: float,
+) -> Report:
+    job = {
+        "port": port,
+        "device": device,
+        "functions": None if functions is None else list(functions),
+        "xfails": xfails.to_json(),
+        "fixtures": None if fixtures is None else str(fixtures),
+        "pattern": pattern,
+        "only": None,
+    }
+    report = Report(port, device, [], complete=False)
+    order: list[str] = []
+    done: set[str] = set()
+    known = Xfails()
+    while True:
+        current, error = None, None
+        with tempfile.TemporaryFile("w+") as err:
+            child = subprocess.Popen(
+                [sys.executable, "-m", "conformance.worker"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=_child_env(),
+                text=True,
+            )
+            try:
+                child.stdin.write(json.dumps(job))
+                child.stdin.close()
+                for line in child.stdout:
+                    message = json.loads(line)
+                    if "error" in message:
+                        error = message["error"]
+                    elif "plan" in message:
+                        order = order or message["plan"]
+                        report.port, report.host_port = message["port"], message["host_port"]
+                        known = Xfails.from_json(message["xfails"])
+                    elif "start" in message:
+                        current = message["start"]
+                    elif "outcome" in message:
+                        outcome = Outcome(**message["outcome"])
+                        report.outcomes.append(outcome)
+                        done.add(outcome.run_id)
+                        current = None
+                        report.seconds = time.perf_counter() - start
+                        if on_outcome is not None:
+                            on_outcome(report, outcome)
+                returncode = child.wait()
+            except BaseException:  # KeyboardInterrupt: stop the child, keep what it gave
+                child.kill()
+                child.wait()
+                raise
+            err.seek(0)
+            stderr_text = err.read()
+        if error is not None:
+            report.error = error
+            break
+        if returncode == 0 and current is None:
+            report.complete = True
+            break
+        if current is None:  # died between runs (or before the first): nothing to blame
+            report.error = (
+                f"the worker process died ({_signal_name(returncode)}) outside any run; "
+                f"its last words: {stderr_text.strip()[-300:]!r}"
+            )
+            break
+        listed = known.lookup(current["run_id"], device)
+        site = _crash_site(stderr_text)
+        outcome = Outcome(
+            **current,
+            device=device,
+            status="xfail" if listed is not None else "crash",
+            message=f"crashed ({_signal_name(returncode)})" + (f": {site}" if site else ""),
+            xfail_reason="" if listed is None else listed.reason or "listed in xfails",
+        )
+        report.outcomes.append(outcome)
+        done.add(outcome.run_id)
+        report.seconds = time.perf_counter() - start
+        if on_outcome is not None:
+            on_outcome(report, outcome)
+        job["only"] = [run_id for run_id in order if run_id not in done]
+        if not job["only"]:
+            report.complete = True
+            break
+    report.seconds = time.perf_counter() - start
+    return report
 
 
 # ---------------------------------------------------------------------------------------------
@@ -788,7 +1156,7 @@ def quick_check(
     ]
     candidates.sort(key=lambda r: (r.case.n_elements, r.id))
     outcomes = [check(loaded, r, device) for r in candidates[:n_cases]]
-    failures = [o.line() for o in outcomes if o.status == "fail"]
+    failures = [o.line() for o in outcomes if o.status in ("fail", "crash")]
     return QuickCheckResult(not failures, len(outcomes), failures, loaded.name, device)
 
 
@@ -799,4 +1167,8 @@ def _result_size(case: Case, op: str) -> int:
 
 
 def write_report(reports: Sequence[Report], path: str | Path) -> None:
-    Path(path).write_text(json.dumps([r.to_json() for r in reports], indent=1) + "\n")
+    """Write the reports as JSON, atomically (a run killed while writing leaves the last one)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps([r.to_json() for r in reports], indent=1) + "\n")
+    os.replace(tmp, path)
