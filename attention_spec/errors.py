@@ -90,19 +90,28 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "bias_kv_heads": (MaskError, "bias head axis has size K (neither 1 nor H)"),
     "dtype_mismatch": (DTypeError, "query, key and value dtypes differ"),
     "unsupported_dtype": (DTypeError, "dtype outside float64, float32, float16, bfloat16"),
+    "not_an_array": (DTypeError, "None where an array is required"),
     "scale_not_finite": (ConfigError, "scale is not a finite real number"),
+    "scale_range": (ConfigError, "scale is not finite in the compute dtype"),
     "softcap_not_positive": (ConfigError, "softcap is not a finite number > 0"),
+    "softcap_range": (ConfigError, "softcap outside [2**-64, 2**64]"),
+    "not_a_bool": (ConfigError, "a flag (is_causal, return_weights, bias=) is not a bool"),
     "unknown_alignment": (ConfigError, "causal_alignment is not 'top_left' or 'bottom_right'"),
     "non_positive_size": (ConfigError, "a size that must be positive is not"),
     "cache_overflow": (ConfigError, "a KV-cache write past its max_len"),
+    "cache_mismatch": (
+        DimensionMismatchError,
+        "a KV cache whose heads K, head dims D/E or length do not fit the module",
+    ),
 }
 
 
 #: The codes only the modules raise (construction, forward input, weights, KV cache); every
 #: other code belongs to the functional API.
 MODULE_ERROR_CODES: frozenset[str] = frozenset(
-    {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow"}
-)
+    {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
+     "cache_mismatch"}
+)  # fmt: skip
 
 
 def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:

@@ -22,19 +22,27 @@ S key/value length, D query/key head dim, E value head dim, M model width (d_mod
 from __future__ import annotations
 
 import json
+import math
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from attention_spec.errors import AttentionError, make_error
 from attention_spec.validate import (
+    SUPPORTED_DTYPES,
     ArraySpec,
     AttentionDims,
     broadcast_shapes,
+    check_alignment,
     check_attention,
     check_dtype,
+    check_flag,
+    check_given,
     check_size,
     describe,
+    divisors,
+    dtype_name,
     format_dims,
 )
 
@@ -51,6 +59,7 @@ __all__ = [
     "check_module_inputs",
     "check_padding_mask_args",
     "heads_from_metadata",
+    "module_dtype",
     "weights_metadata",
 ]
 
@@ -98,6 +107,34 @@ class ModuleDims:
         return format_dims("MHKDE", (self.M, self.H, self.K, self.D, self.E))
 
 
+def module_dtype(dtype: object) -> str:
+    """The canonical name of a module's ``dtype`` argument, the same in all three frameworks.
+
+    None is float32. A name must be one of the four canonical ones (``"float32"``, not ``"f4"``);
+    a framework's dtype object (``np.float16``, ``np.dtype("float64")``, ``torch.bfloat16``,
+    ``jnp.float32``, ``ml_dtypes.bfloat16``) must name one of them. Anything else is DTypeError
+    ``unsupported_dtype``.
+    """
+    if dtype is None:
+        return "float32"
+    if isinstance(dtype, str):
+        name = dtype
+    elif isinstance(dtype, type):  # np.float32, jnp.bfloat16, ml_dtypes.bfloat16: classes
+        name = dtype.__name__
+    else:  # np.dtype(...), torch.float16
+        name = dtype_name(dtype)
+    if name not in SUPPORTED_DTYPES:
+        shown = repr(dtype) if isinstance(dtype, str) else name
+        raise make_error(
+            "unsupported_dtype",
+            f"module dtype must be one of {SUPPORTED_DTYPES} (a name, or the framework's dtype "
+            f"for one of them); got {shown}",
+            expected=" | ".join(SUPPORTED_DTYPES),
+            actual=shown,
+        )
+    return name
+
+
 def check_module_config(
     d_model: int,
     n_heads: int,
@@ -125,26 +162,63 @@ def check_module_config(
         check_size("head_dim (D)", head_dim)
     if value_head_dim is not None:
         check_size("value_head_dim (E)", value_head_dim)
+    bias = check_flag("bias", bias)
     check_dtype("module", dtype)
     if head_dim is None and d_model % n_heads:
-        divisors = [h for h in range(1, d_model + 1) if d_model % h == 0]
+        choices = divisors(d_model)
         raise make_error(
             "d_model_not_divisible",
             f"d_model (M={d_model}) must be divisible by n_heads (H={n_heads}) when head_dim is "
-            f"not given; pass head_dim= or use n_heads in {divisors}",
-            expected=f"M % H == 0 (H in {divisors}) or head_dim given",
+            "not given; pass head_dim=" + (f" or use n_heads in {choices}" if choices else ""),
+            expected="M % H == 0"
+            + (f" (H in {choices})" if choices else "")
+            + " or head_dim given",
             actual=f"M={d_model}, H={n_heads}",
         )
     if n_heads % n_kv_heads:
+        choices = divisors(n_heads)
         raise make_error(
             "heads_not_divisible",
             f"n_kv_heads (K={n_kv_heads}) must divide n_heads (H={n_heads})",
-            expected=f"H % K == 0 (K in {[k for k in range(1, n_heads + 1) if n_heads % k == 0]})",
+            expected="H % K == 0" + (f" (K in {choices})" if choices else ""),
             actual=f"H={n_heads}, K={n_kv_heads}",
         )
     D = d_model // n_heads if head_dim is None else head_dim
     E = D if value_head_dim is None else value_head_dim
-    return ModuleDims(M=d_model, H=n_heads, K=n_kv_heads, D=D, E=E, bias=bool(bias))
+    dims = ModuleDims(M=int(d_model), H=int(n_heads), K=int(n_kv_heads), D=int(D), E=int(E),
+                      bias=bias)  # fmt: skip
+    check_allocatable(dims, dtype)
+    return dims
+
+
+#: Bytes per element of each supported dtype.
+ITEMSIZE: dict[str, int] = {"float64": 8, "float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, or None where the OS does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def check_allocatable(dims: ModuleDims, dtype: str) -> None:
+    """``MemoryError`` when the module's weights need more bytes than this machine has.
+
+    One behaviour in all three frameworks, at construction: without it NumPy raises
+    MemoryError, torch a RuntimeError, and JAX returns a module whose first call aborts the
+    process. The bound is physical memory (or 2**62 bytes where the OS does not say); a module
+    below it may still not fit a smaller accelerator, and then the framework says so.
+    """
+    n = sum(math.prod(shape) for shape in dims.canonical_shapes().values())
+    needed = n * ITEMSIZE[dtype]
+    have = _memory_bytes() or 2**62
+    if needed > have:
+        raise MemoryError(
+            f"the weights of a module {dims} in {dtype} need {needed / 2**30:.4g} GiB "
+            f"({n} numbers); this machine has {have / 2**30:.4g} GiB of memory"
+        )
 
 
 def _check_sequence(name: str, array: ArraySpec, dims: ModuleDims, param_dtype: str) -> None:
@@ -183,21 +257,29 @@ def check_module_inputs(
     *,
     mask: Any = None,
     bias: Any = None,
+    is_causal: object = False,
     causal_alignment: str = "top_left",
+    return_weights: object = False,
 ) -> AttentionDims:
     """Validate a whole module call before any arithmetic and return its attention sizes.
 
-    ``x (B, L, M)`` and the optional ``context (B, S, M)`` (arrays, read by
-    :func:`~attention_spec.validate.describe`) must have the module's dtype ``param_dtype`` and
-    width M, and batch dims that broadcast; then the attention call the module will make,
-    ``q (B, H, L, D)``, ``k (B, K, S, D)``, ``v (B, K, S, E)`` with ``mask``, ``bias`` and
-    ``causal_alignment``, is checked by :func:`check_attention` (S = L for self-attention).
+    The flags must be bools and ``causal_alignment`` a known one; ``x (B, L, M)`` and the
+    optional ``context (B, S, M)`` (arrays, read by :func:`~attention_spec.validate.describe`)
+    must have the module's dtype ``param_dtype`` and width M, and batch dims that broadcast;
+    then the attention call the module will make, ``q (B, H, L, D)``, ``k (B, K, S, D)``,
+    ``v (B, K, S, E)`` with ``mask``, ``bias`` and ``causal_alignment``, is checked by
+    :func:`check_attention` (S = L for self-attention).
 
     Raises:
+        ConfigError ``not_a_bool``, ``unknown_alignment``;
         DimensionMismatchError ``rank``, ``model_width_mismatch``, ``batch_not_broadcastable``;
-        DTypeError ``unsupported_dtype``, ``dtype_mismatch``; and every error of
-        :func:`check_attention` for mask, bias and causal_alignment.
+        DTypeError ``not_an_array``, ``unsupported_dtype``, ``dtype_mismatch``; and every error of
+        :func:`check_attention` for mask and bias.
     """
+    check_flag("return_weights", return_weights)
+    is_causal = check_flag("is_causal", is_causal)
+    check_alignment(causal_alignment)
+    check_given(x=x)
     x, context = describe(x), describe(context)
     _check_sequence("x", x, dims, param_dtype)
     if context is not None:
@@ -215,7 +297,7 @@ def check_module_inputs(
         ArraySpec((Bx, dims.H, L, dims.D), param_dtype),  # q: the projections to come
         ArraySpec((Bc, dims.K, S, dims.D), param_dtype),  # k
         ArraySpec((Bc, dims.K, S, dims.E), param_dtype),  # v
-        mask=mask, bias=bias, causal_alignment=causal_alignment,
+        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment,
     )  # fmt: skip
 
 
@@ -376,32 +458,73 @@ def check_cache_size(batch_size: int, max_len: int) -> None:
     check_size("max_len", max_len)
 
 
+def _check_cache(dims: ModuleDims, param_dtype: str, key: ArraySpec, value: ArraySpec) -> None:
+    """A KV cache's buffers ``key (B, K, T, D)``, ``value (B, K, T, E)`` are this module's."""
+    for name, spec, last in (("key", key, dims.D), ("value", value, dims.E)):
+        want = f"(B, K={dims.K}, T, {'D' if name == 'key' else 'E'}={last})"
+        if len(spec.shape) != 4 or spec.shape[1] != dims.K or spec.shape[3] != last:
+            raise _error(
+                "cache_mismatch",
+                f"the KV cache's {name} must be {want} for this module {dims}; got "
+                f"{spec.shape}. A cache belongs to the module that made it (init_cache)",
+                expected=want,
+                actual=str(spec.shape),
+            )
+        if spec.dtype != param_dtype:
+            raise make_error(
+                "dtype_mismatch",
+                f"the KV cache's {name} dtype must be the module's ({param_dtype}); got "
+                f"{spec.dtype}",
+                expected=param_dtype,
+                actual=spec.dtype,
+            )
+    if key.shape[:3] != value.shape[:3]:
+        raise _error(
+            "cache_mismatch",
+            f"the KV cache's key and value must share (B, K, T); got key {key.shape}, value "
+            f"{value.shape}",
+            expected=f"value (B={key.shape[0]}, K={key.shape[1]}, T={key.shape[2]}, E)",
+            actual=str(value.shape),
+        )
+
+
 def check_decode_inputs(
     dims: ModuleDims,
     param_dtype: str,
     x: Any,
     *,
-    cache_batch: int,
+    cache_key: Any,
+    cache_value: Any,
     position: int,
     max_len: int,
     mask: Any = None,
     bias: Any = None,
+    return_weights: object = False,
 ) -> AttentionDims:
-    """Validate a cached forward: new tokens ``x (B, L, M)`` into a KV cache of batch B holding
-    ``position`` of ``max_len`` tokens, before any arithmetic.
+    """Validate a cached forward before any projection or write: new tokens ``x (B, L, M)``
+    into a KV cache whose buffers ``cache_key (B, K, T, D)`` and ``cache_value (B, K, T, E)``
+    hold ``position`` of at most ``max_len`` tokens (T is the buffers' length: ``max_len`` for a
+    preallocated cache, ``position`` for one that grows).
 
     The new queries attend to S = position + L keys with the bottom-right causal rule; mask and
-    bias broadcast to ``(B, H, L, S)``.
+    bias broadcast to ``(B, H, L, S)``. Nothing is written before this returns, so on any error
+    the cache is unchanged.
 
     Raises:
         the errors of :func:`check_module_inputs` for x, mask and bias;
+        DimensionMismatchError ``cache_mismatch``: a cache of another module (K, D, E);
+        DTypeError ``dtype_mismatch``: a cache of another dtype;
         DimensionMismatchError ``batch_not_broadcastable``: x's batch is not the cache's;
         ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or truncation).
     """
+    check_flag("return_weights", return_weights)
+    check_given(x=x, cache_key=cache_key, cache_value=cache_value)
     x = describe(x)
     _check_sequence("x", x, dims, param_dtype)
+    _check_cache(dims, param_dtype, describe(cache_key), describe(cache_value))
     x_shape = x.shape
     n_batch, new_len, _ = x_shape
+    cache_batch = describe(cache_key).shape[0]
     if n_batch != cache_batch:
         raise make_error(
             "batch_not_broadcastable",

@@ -7,15 +7,20 @@ implementation hands its arrays over as they are and the three frameworks raise 
 class, code and message for the same mistake. Where there is no array yet (the query a module is
 about to project), an :class:`ArraySpec` stands in for it.
 
+Keyword scalars (``scale``, ``softcap``, sizes) are turned into Python numbers here, once, so the
+implementations compute with the same ``float`` whatever the caller passed (a NumPy scalar, a
+0-d tensor, a ``Fraction``), and messages show Python numbers, never the caller's ``repr()``.
+
 Rules are checked in a fixed order, so an input with several mistakes reports the same one
-everywhere: keywords, ranks, dtypes, sizes, head/length/batch agreement, mask, bias.
+everywhere: keywords, arrays given, ranks, dtypes, ranges in the compute dtype, sizes,
+head/length/batch agreement, mask, bias.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,21 +28,33 @@ from attention_spec.errors import make_error
 
 __all__ = [
     "ALIGNMENTS",
+    "BLOCK_K",
+    "BLOCK_Q",
+    "FINITE_MAX",
     "FLOAT_DTYPES",
+    "NO_VALUE",
+    "SOFTCAP_RANGE",
     "SUPPORTED_DTYPES",
     "ArraySpec",
     "AttentionDims",
     "broadcast_shapes",
     "causal_offset",
+    "check_alignment",
     "check_attention",
     "check_block_sizes",
     "check_causal_mask_args",
     "check_config",
     "check_dtype",
+    "check_flag",
+    "check_float64",
+    "check_given",
     "check_size",
+    "compute_dtype",
     "describe",
+    "divisors",
     "dtype_name",
     "format_dims",
+    "real_keyword",
 ]
 
 #: The dtypes query, key and value may have (NumPy spells bfloat16 through ml_dtypes).
@@ -46,6 +63,11 @@ SUPPORTED_DTYPES: tuple[str, ...] = ("float64", "float32", "float16", "bfloat16"
 FLOAT_DTYPES: tuple[str, ...] = SUPPORTED_DTYPES
 #: The two causal alignments (see :func:`causal_offset`).
 ALIGNMENTS: tuple[str, ...] = ("top_left", "bottom_right")
+#: The largest finite number of each compute dtype (float32 for float32, float16, bfloat16).
+FINITE_MAX: dict[str, float] = {"float64": 1.7976931348623157e308, "float32": 3.4028234663852886e38}
+#: softcap's range: beyond it the cap is either no cap at all for any score a float32 holds
+#: that matters, or flush-to-zero (XLA's) changes ``s / softcap`` (docs/SEMANTICS.md).
+SOFTCAP_RANGE: tuple[float, float] = (2.0**-64, 2.0**64)
 
 Shape = tuple[int, ...]
 
@@ -97,7 +119,9 @@ class AttentionDims:
     """The sizes of one attention call, after validation.
 
     ``batch`` is the broadcast of the leading dims of query, key and value; ``scale`` is the
-    resolved score scale (``1/sqrt(D)`` unless given).
+    resolved score scale (``1/sqrt(D)`` unless given), ``softcap`` the cap as a Python float (or
+    None), ``is_causal`` the flag as a Python bool: the implementations compute with these, not
+    with the caller's objects.
     """
 
     batch: Shape
@@ -108,6 +132,8 @@ class AttentionDims:
     D: int
     E: int
     scale: float
+    softcap: float | None = None
+    is_causal: bool = False
 
     @property
     def G(self) -> int:
@@ -166,9 +192,9 @@ def check_size(name: str, n: object, *, minimum: int = 1) -> None:
     if not (_is_int(n) and n >= minimum):
         raise make_error(
             "non_positive_size",
-            f"{name} must be an integer >= {minimum}; got {n!r}",
+            f"{name} must be an integer >= {minimum}; got {_value_text(n)}",
             expected=f"integer >= {minimum}",
-            actual=repr(n),
+            actual=_value_text(n),
         )
 
 
@@ -183,31 +209,162 @@ def check_dtype(name: str, dtype: str) -> None:
         )
 
 
-def check_config(
-    *, causal_alignment: str = "top_left", scale: float | None = None, softcap: float | None = None
-) -> None:
-    """Validate the scalar keywords (ConfigError)."""
-    if causal_alignment not in ALIGNMENTS:
+def _value_text(x: object) -> str:
+    """How a message shows a keyword's value: a number as Python writes it (``np.float64(0.5)``
+    is shown ``0.5``), an array by its shape (never the caller's ``repr()``, which differs
+    between frameworks)."""
+    if x is None or isinstance(x, bool | str):
+        return repr(x)
+    if isinstance(x, float | complex):
+        return repr(complex(x) if isinstance(x, complex) else float(x))
+    if isinstance(x, int):
+        digits = str(abs(int(x)))
+        if len(digits) > 30:
+            return f"{'-' if x < 0 else ''}{digits[0]}.{digits[1:4]}e+{len(digits) - 1}"
+        return str(int(x))
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return f"an array of shape {tuple(int(n) for n in shape)}"
+    if isinstance(x, numbers.Number):
+        return f"{x} ({type(x).__name__})"
+    return type(x).__name__
+
+
+def _is_numpy_bool(x: object) -> bool:
+    return type(x).__module__ == "numpy" and type(x).__name__ in ("bool", "bool_")
+
+
+def check_flag(name: str, x: object) -> bool:
+    """``x`` as a bool: a Python or NumPy bool, else ConfigError ``not_a_bool`` (a string such as
+    ``"False"`` would otherwise be true)."""
+    if isinstance(x, bool) or _is_numpy_bool(x):
+        return bool(x)
+    raise make_error(
+        "not_a_bool",
+        f"{name} must be a bool (True or False); got {_value_text(x)}",
+        expected="bool",
+        actual=_value_text(x),
+    )
+
+
+def real_keyword(name: str, code: str, x: object) -> float:
+    """A keyword scalar as a Python float: a real number (int, float, NumPy scalar, Fraction) or
+    an array of exactly one real element. Anything else is ConfigError ``code``; a number too
+    large for a float is returned as +/-inf (the caller's range rule then says so)."""
+    value = x
+    if not isinstance(x, numbers.Real) and hasattr(x, "shape") and hasattr(x, "item"):
+        if math.prod(int(n) for n in x.shape) == 1:
+            try:
+                value = x.item()
+            except Exception:  # a traced value under jax.jit: not a concrete number
+                raise make_error(
+                    code,
+                    f"{name} must be a concrete number; got a traced value (under jax.jit, mark "
+                    f"{name} static)",
+                    expected="real number",
+                    actual=type(x).__name__,
+                ) from None
+    if isinstance(value, bool) or _is_numpy_bool(value) or not isinstance(value, numbers.Real):
+        raise make_error(
+            code,
+            f"{name} must be a real number; got {_value_text(x)}",
+            expected="real number",
+            actual=_value_text(x),
+        )
+    try:
+        return float(value)
+    except OverflowError:  # an int (or Fraction) beyond float64
+        return math.inf if value > 0 else -math.inf
+
+
+def check_alignment(alignment: object) -> None:
+    """``causal_alignment`` is one of :data:`ALIGNMENTS` (ConfigError ``unknown_alignment``)."""
+    if not (isinstance(alignment, str) and alignment in ALIGNMENTS):
         raise make_error(
             "unknown_alignment",
-            f"causal_alignment must be one of {ALIGNMENTS}; got {causal_alignment!r}",
+            f"causal_alignment must be one of {ALIGNMENTS}; got {_value_text(alignment)}",
             expected=" | ".join(ALIGNMENTS),
-            actual=repr(causal_alignment),
+            actual=_value_text(alignment),
         )
-    if scale is not None and not (_is_real(scale) and math.isfinite(float(scale))):
+
+
+def check_config(
+    *, causal_alignment: str = "top_left", scale: object = None, softcap: object = None
+) -> tuple[float | None, float | None]:
+    """Validate the scalar keywords that need no array (ConfigError); return ``scale`` and
+    ``softcap`` as Python floats (None stays None). An integer too large for a float is not
+    finite here; :func:`check_attention` then checks them against the compute dtype."""
+    check_alignment(causal_alignment)
+    if scale is not None:
+        exact = isinstance(scale, numbers.Rational)  # an int or Fraction: inf only by overflow
+        shown = _shown(scale)
+        scale = real_keyword("scale", "scale_not_finite", scale)
+        if math.isnan(scale) or (math.isinf(scale) and not exact):
+            raise make_error(
+                "scale_not_finite",
+                f"scale must be a finite real number (zero and negative are allowed); "
+                f"got {shown(scale)}",
+                expected="finite real number",
+                actual=shown(scale),
+            )
+    if softcap is not None:
+        exact = isinstance(softcap, numbers.Rational)
+        shown = _shown(softcap)
+        softcap = real_keyword("softcap", "softcap_not_positive", softcap)
+        if not softcap > 0 or (math.isinf(softcap) and not exact):
+            raise make_error(
+                "softcap_not_positive",
+                f"softcap must be a finite number > 0 (or None for no cap); got {shown(softcap)}",
+                expected="finite number > 0",
+                actual=shown(softcap),
+            )
+    return scale, softcap
+
+
+def _shown(given: object) -> Callable[[float], str]:
+    """How a message shows a keyword: as given when it is a Python int or float, else as the
+    Python float it was converted to (``got 0.5`` for a 0-d array, in every framework)."""
+    if type(given) in (int, float):  # exactly Python's: np.float64(0.5) is shown 0.5
+        return lambda converted: _value_text(given)
+    return _value_text
+
+
+def compute_dtype(dtype: str) -> str:
+    """The dtype the arithmetic runs in: float64 for float64, float32 for the other three."""
+    return "float64" if dtype == "float64" else "float32"
+
+
+def _check_ranges(dtype: str, scale: float | None, softcap: float | None, given: dict) -> None:
+    """``scale`` finite in the compute dtype (``scale_range``), ``softcap`` in
+    :data:`SOFTCAP_RANGE` (``softcap_range``)."""
+    ct = compute_dtype(dtype)
+    if scale is not None and not abs(scale) <= FINITE_MAX[ct]:
         raise make_error(
-            "scale_not_finite",
-            f"scale must be a finite real number (zero and negative are allowed); got {scale!r}",
-            expected="finite real number",
-            actual=repr(scale),
+            "scale_range",
+            f"scale must be finite in the compute dtype {ct} (|scale| <= {FINITE_MAX[ct]:.8g}, "
+            f"for {dtype} inputs); got {_shown(given['scale'])(scale)}",
+            expected=f"|scale| <= {FINITE_MAX[ct]:.8g}",
+            actual=_shown(given["scale"])(scale),
         )
-    if softcap is not None and not (_is_real(softcap) and math.isfinite(softcap) and softcap > 0):
+    low, high = SOFTCAP_RANGE
+    if softcap is not None and not low <= softcap <= high:
         raise make_error(
-            "softcap_not_positive",
-            f"softcap must be a finite number > 0 (or None for no cap); got {softcap!r}",
-            expected="finite number > 0",
-            actual=repr(softcap),
+            "softcap_range",
+            f"softcap must be in [2**-64, 2**64] (a larger cap leaves every score a float "
+            f"keeps as it is, and flush-to-zero would make s / softcap differ between backends); "
+            f"got {_shown(given['softcap'])(softcap)}. Use None for no cap",
+            expected="2**-64 <= softcap <= 2**64",
+            actual=_shown(given["softcap"])(softcap),
         )
+
+
+def divisors(n: int, limit: int = 10**6) -> list[int] | None:
+    """The divisors of ``n`` for an error message, or None when ``n`` is too large to list them
+    (a message never costs work proportional to a size)."""
+    if not (0 < n <= limit):
+        return None
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return sorted({*small, *(n // d for d in small)})
 
 
 def causal_offset(q_len: int, kv_len: int, alignment: str = "top_left") -> int:
@@ -218,15 +375,23 @@ def causal_offset(q_len: int, kv_len: int, alignment: str = "top_left") -> int:
     query row lines up with the last key, offset ``S - L``. With L > S the first ``L - S`` rows
     are then fully masked.
     """
-    check_config(causal_alignment=alignment)
+    check_alignment(alignment)
     return 0 if alignment == "top_left" else kv_len - q_len
 
 
 def check_causal_mask_args(q_len: int, kv_len: int, alignment: str) -> None:
     """Validate the arguments of ``causal_mask`` (ConfigError)."""
-    check_config(causal_alignment=alignment)
+    check_alignment(alignment)
     check_size("q_len (L)", q_len, minimum=0)
     check_size("kv_len (S)", kv_len, minimum=0)
+
+
+#: The default block sizes of the tiled path, in all three implementations (docs/FLASH.md,
+#: "Block sizes"): on a 2-core Xeon, L = S = 2048 and 4096, H = 8, D = 64, float32, 256 x 512 was
+#: within noise of the fastest choice for NumPy, torch and JAX alike, and one block of scores is
+#: then H x 256 x 512 x 4 bytes (4 MiB at H = 8). A GPU kernel wants other sizes.
+BLOCK_Q: int = 256
+BLOCK_K: int = 512
 
 
 def check_block_sizes(block_q: int, block_k: int) -> None:
@@ -306,35 +471,72 @@ def _check_additive(
         )
 
 
+#: ``check_attention``'s ``value`` when the call has none (``attention_weights``); an explicit
+#: None is a missing array.
+NO_VALUE: Any = ArraySpec((), "absent")
+
+
+def check_given(**arrays: Any) -> None:
+    """Each named argument is an array, not None (DTypeError ``not_an_array``)."""
+    for name, array in arrays.items():
+        if array is None:
+            raise make_error(
+                "not_an_array",
+                f"{name} must be an array (or anything the framework converts to one); got None",
+                expected="array",
+                actual="None",
+            )
+
+
+def check_float64(dtype: str, available: bool, how: str) -> None:
+    """float64 inputs need the framework's 64-bit mode (``how`` says how to turn it on); without
+    it they would silently be computed in float32 (DTypeError ``unsupported_dtype``)."""
+    if dtype == "float64" and not available:
+        raise make_error(
+            "unsupported_dtype",
+            f"float64 inputs need {how}; without it they would be computed in float32",
+            expected="float32 | float16 | bfloat16 (or float64 with 64-bit mode on)",
+            actual="float64",
+        )
+
+
 def check_attention(
     query: Any,
     key: Any,
-    value: Any = None,
+    value: Any = NO_VALUE,
     *,
     mask: Any = None,
     bias: Any = None,
+    is_causal: object = False,
     causal_alignment: str = "top_left",
-    scale: float | None = None,
-    softcap: float | None = None,
+    scale: object = None,
+    softcap: object = None,
 ) -> AttentionDims:
-    """Validate one attention call and return its sizes.
+    """Validate one attention call and return its sizes and its keywords as Python values.
 
     The arrays are read through :func:`describe` (anything with ``.shape`` and ``.dtype``, or an
     :class:`ArraySpec`). Shapes: query ``(..., H, L, D)``, key ``(..., K, S, D)``, value
-    ``(..., K, S, E)`` (None for ``attention_weights``), mask and bias broadcastable to
-    ``(..., H, L, S)``.
+    ``(..., K, S, E)`` (left out for ``attention_weights``), mask and bias broadcastable to
+    ``(..., H, L, S)``. ``scale`` and ``softcap`` come back as floats (``scale`` resolved to
+    ``1/sqrt(D)`` when None), ``is_causal`` as a bool.
 
     Raises:
         ConfigError, DimensionMismatchError, DTypeError, MaskError: see SEMANTICS.md.
     """
-    check_config(causal_alignment=causal_alignment, scale=scale, softcap=softcap)
-    q, k, v = describe(query), describe(key), describe(value)
+    given = {"scale": scale, "softcap": softcap}
+    is_causal = check_flag("is_causal", is_causal)
+    scale, softcap = check_config(causal_alignment=causal_alignment, scale=scale, softcap=softcap)
+    with_value = value is not NO_VALUE
+    check_given(query=query, key=key, **({"value": value} if with_value else {}))
+    q, k = describe(query), describe(key)
+    v = describe(value) if with_value else None
     m, b = describe(mask), describe(bias)
     _check_rank("query", q.shape, "HLD")
     _check_rank("key", k.shape, "KSD")
     if v is not None:
         _check_rank("value", v.shape, "KSE")
     _check_dtypes(q.dtype, k.dtype, None if v is None else v.dtype)
+    _check_ranges(q.dtype, scale, softcap, given)
 
     H, L, D = q.shape[-3:]
     K, S, Dk = k.shape[-3:]
@@ -379,10 +581,11 @@ def check_attention(
             actual=str(v.shape),
         )
     if H % K:
+        choices = divisors(H)
         raise make_error(
             "heads_not_divisible",
             f"key heads (K={K}) must divide query heads (H={H})",
-            expected=f"H % K == 0 (K in {[k for k in range(1, H + 1) if H % k == 0]})",
+            expected="H % K == 0" + (f" (K in {choices})" if choices else ""),
             actual=f"H={H}, K={K}",
         )
     batches = [q.shape[:-3], k.shape[:-3]]
@@ -402,5 +605,8 @@ def check_attention(
     if b is not None:
         _check_additive("bias", b.shape, b.dtype, batch, H, K, L, S)
 
-    resolved = 1.0 / math.sqrt(D) if scale is None else float(scale)
-    return AttentionDims(batch=batch, H=H, K=K, L=L, S=S, D=D, E=E, scale=resolved)
+    resolved = 1.0 / math.sqrt(D) if scale is None else scale
+    return AttentionDims(
+        batch=batch, H=H, K=K, L=L, S=S, D=D, E=E, scale=resolved, softcap=softcap,
+        is_causal=is_causal,
+    )  # fmt: skip

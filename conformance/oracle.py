@@ -63,11 +63,14 @@ class Golden:
     weights: ``(..., H, L, S)`` float64 (batch = broadcast of query and key batch dims).
     allowed: ``(..., H, L, S)`` bool, True where the mask, the causal rule and the bias
              (not -inf) all allow the key.
+    lse:     ``(..., H, L)`` float64, the log-sum-exp of each row's allowed scores (the
+             normalizer ``flash_attention(return_lse=True)`` returns); -inf for a row with none.
     """
 
     output: np.ndarray | None
     weights: np.ndarray
     allowed: np.ndarray
+    lse: np.ndarray
 
 
 def rounding(dtype: str | None) -> Callable[[float], float]:
@@ -144,6 +147,7 @@ def attention(
 
     weights = np.zeros(scores_shape, dtype=np.float64)
     allowed = np.zeros(scores_shape, dtype=bool)
+    lse = np.full(scores_shape[:-1], -math.inf, dtype=np.float64)
     for b in np.ndindex(*batch):
         for h in range(H):
             kv = h // G
@@ -159,10 +163,12 @@ def attention(
                     if softcap is not None:
                         s = rnd(softcap * rnd(math.tanh(rnd(s / softcap))))
                     # 3. bias (may be -inf)
+                    excluded = False  # a -inf bias excludes the key, whatever its score
                     if add is not None:
+                        excluded = float(add[(*b, h, i, j)]) == -math.inf
                         s = rnd(s + float(add[(*b, h, i, j)]))
                     # 4. and 5. mask and causal rule: a False position is out
-                    ok = bool(keep[(*b, h, i, j)]) and s != -math.inf
+                    ok = bool(keep[(*b, h, i, j)]) and not excluded and s != -math.inf
                     scores.append((s, ok))
                 # 6. softmax over the allowed keys; no allowed key -> all-zero weights
                 row = [s for s, ok in scores if ok]
@@ -171,29 +177,32 @@ def attention(
                 m = max(row)
                 e = [rnd(math.exp(rnd(s - m))) if ok else 0.0 for s, ok in scores]
                 total = rnd(math.fsum(e))
+                lse[(*b, h, i)] = rnd(m + rnd(math.log(total)))
                 for j in range(S):
                     weights[(*b, h, i, j)] = rnd(e[j] / total)
                     allowed[(*b, h, i, j)] = scores[j][1]
 
     output = None
     if value is not None:
-        # 7. output = weights @ value, over the batch of query, key and value together.
+        # 7. output = weights @ value over the allowed keys only, over the batch of query, key
+        #    and value together: a value row no query attends (padding holding NaN) is no term.
         v = np.asarray(value, dtype=np.float64)
         E = v.shape[-1]
         out_batch = np.broadcast_shapes(batch, v.shape[:-3])
         w = np.broadcast_to(weights, (*out_batch, H, L, S))
+        ok = np.broadcast_to(allowed, (*out_batch, H, L, S))
         v = np.broadcast_to(v, (*out_batch, K, S, E))
         output = np.zeros((*out_batch, H, L, E), dtype=np.float64)
         for b in np.ndindex(*out_batch):
             for h in range(H):
                 v_rows = v[(*b, h // G)].T.tolist()  # E columns of S numbers
                 for i in range(L):
-                    w_row = w[(*b, h, i)].tolist()
+                    terms = [
+                        (a, j) for j, a in enumerate(w[(*b, h, i)].tolist()) if ok[(*b, h, i, j)]
+                    ]
                     for e_ in range(E):
-                        output[(*b, h, i, e_)] = rnd(
-                            math.fsum(a * c for a, c in zip(w_row, v_rows[e_]))
-                        )
-    return Golden(output=output, weights=weights, allowed=allowed)
+                        output[(*b, h, i, e_)] = rnd(math.fsum(a * v_rows[e_][j] for a, j in terms))
+    return Golden(output=output, weights=weights, allowed=allowed, lse=lse)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -306,8 +315,9 @@ def tolerance_bound(golden: np.ndarray, plain: np.ndarray, dtype: str) -> float:
 
     ``plain`` is the same case computed by :func:`attention` with ``round_to=dtype``.
     """
-    if golden.size == 0:
+    finite = np.isfinite(golden)  # a log-sum-exp is -inf where a row has no key: exact there
+    if not finite.any():
         return _round_up_2_digits(NOISE_FLOOR[dtype])
-    err = float(np.max(np.abs(plain - golden)))
-    scale = max(1.0, float(np.max(np.abs(golden))))
+    err = float(np.max(np.abs(plain[finite] - golden[finite])))
+    scale = max(1.0, float(np.max(np.abs(golden[finite]))))
     return _round_up_2_digits(2.0 * err + NOISE_FLOOR[dtype] * scale)

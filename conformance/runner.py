@@ -455,7 +455,9 @@ def _compare(got: Any, golden: np.ndarray, dtype: str, bound: float, what: str) 
         values = got.astype(np.float64)
         want = golden.astype(np.float64)
         diff = np.abs(values - want)
-        diff[~np.isfinite(values)] = math.inf
+        exact = np.isinf(want) & (values == want)  # a golden -inf (an empty row's lse) is met
+        diff[~np.isfinite(values) & ~exact] = math.inf
+        diff[exact] = 0.0
     flat = int(np.argmax(diff))
     err = float(diff.flat[flat])
     if not err <= bound:
@@ -482,6 +484,7 @@ class Comparison:
     got: Any
     want: np.ndarray
     where: str = ""
+    dtype: str | None = None  # the result's dtype when it is not the case's (lse: compute dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -490,6 +493,9 @@ class Comparison:
 
 
 def _zeros(port: Port, spec: dict[str, Any], device: str) -> Any:
+    """Zeros of an error case's input spec, through the port's adapter (``"none"``: None)."""
+    if spec["dtype"] == "none":
+        return None
     return port.array_in(np.zeros(spec["shape"], dtype=NP_DTYPES[spec["dtype"]]), device)
 
 
@@ -503,11 +509,26 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
     args = [port.array_in(t["query"], device), port.array_in(t["key"], device)]
     if spec.golden == "output":
         args.append(port.array_in(t["value"], device))
+    lse = "lse" in t and _takes(fn, "return_lse")  # a flash case's row log-sum-exp, if it can
+    if lse:
+        kwargs["return_lse"] = True
     try:
         result = fn(*args, **kwargs)
     except Exception as exc:
         raise _raised(exc) from exc
+    if lse:
+        result, row_lse = result
+        compute = "float64" if case.dtype == "float64" else "float32"
+        yield Comparison("lse", port.array_out(row_lse), t["lse"], dtype=compute)
     yield Comparison(spec.golden, port.array_out(result), t[spec.golden])
+
+
+def _takes(fn: Callable, keyword: str) -> bool:
+    """Whether ``fn`` has the parameter ``keyword`` (through jit wrappers)."""
+    try:
+        return keyword in inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # a builtin or extension without a signature
+        return False
 
 
 def _attention_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
@@ -572,11 +593,7 @@ def _load_module(
     kwargs = {k: v for k, v in spec.items() if k != "class"}
     if dtype is not None:
         kwargs["dtype"] = dtype
-    try:
-        takes_device = "device" in inspect.signature(load).parameters
-    except (TypeError, ValueError):  # a builtin or extension without a signature
-        takes_device = False
-    if takes_device:
+    if _takes(load, "device"):
         kwargs["device"] = device
     return load(weights, **kwargs)
 
@@ -668,7 +685,16 @@ def _module_error(port: Port, fn: Callable, case: Case, device: str, spec: Funct
         return fn(module, inputs["x"], inputs.get("context"), **kwargs)
     plan = entry["decode"]
     x = np.zeros(entry["inputs"]["x"]["shape"], NP_DTYPES[entry["inputs"]["x"]["dtype"]])
-    cache = module.init_cache(plan["batch_size"], plan["max_len"])
+    maker = module
+    if "cache_from" in plan:  # a cache made by another module (other sizes, another dtype)
+        other = plan["cache_from"]
+        spec_ = {"class": entry["module"]["class"], "n_heads": other["n_heads"],
+                 "n_kv_heads": other["n_kv_heads"]}  # fmt: skip
+        zeros = {
+            n: np.zeros(w["shape"], NP_DTYPES[w["dtype"]]) for n, w in other["weights"].items()
+        }
+        maker = _load_module(cls, spec_, zeros, None, device)
+    cache = maker.init_cache(plan["batch_size"], plan["max_len"])
     start = 0
     for n in plan["chunks"]:
         *_, cache = fn(module, port.array_in(x[:, start : start + n], device), cache)
@@ -760,7 +786,7 @@ def _check(port: Port, run: Run, device: str) -> tuple[str, float | None, float 
     for c in spec.values(port, fn, case, device, spec):
         bound = case.tolerance.get(c.name, 0.0)  # no bound: exact (causal_mask)
         try:
-            err = _compare(c.got, c.want, case.dtype, bound, c.name)
+            err = _compare(c.got, c.want, c.dtype or case.dtype, bound, c.name)
         except _Failed as failed:
             raise _Failed(c.where + str(failed), failed.error, failed.bound) from None
         errors[c.name] = max(errors.get(c.name, 0.0), err)

@@ -9,7 +9,7 @@ row max, what was summed under the old max is rescaled by ``exp(m_old - m_new)``
 the row sum happens once, after the last key block. Under causal masking, key blocks that lie
 entirely above the diagonal are skipped, so causal attention costs about half.
 
-The same steps, numbers, names and comments as ``impl_jax/functional.py`` (steps 1-7) and as
+The same steps, numbers, names and comments as ``impl_jax/functional.py`` (steps 1-6) and as
 ``impl_numpy/flash.py`` and ``impl_torch/flash.py``; docs/FLASH.md puts the plain and tiled paths
 side by side and gives the measured memory and time. What JAX asks for:
 
@@ -44,8 +44,24 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_spec import AttentionDims, causal_offset, check_attention, check_block_sizes
-from impl_jax.functional import _PRECISION, _compute_dtype
+from attention_spec import (
+    BLOCK_K,
+    BLOCK_Q,
+    AttentionDims,
+    causal_offset,
+    check_attention,
+    check_block_sizes,
+    check_flag,
+)
+from impl_jax.functional import (
+    _PRECISION,
+    _as_given,
+    _asarray,
+    _attended,
+    _check_x64,
+    _compute_dtype,
+    _unattended_zeroed,
+)
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention"]
@@ -53,13 +69,6 @@ __all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention"]
 #: The keywords to mark static under ``jax.jit``: those of ``scaled_dot_product_attention`` and
 #: the block sizes and ``return_lse``, which decide the shapes and loops XLA compiles.
 STATIC_ARGNAMES: tuple[str, ...] = (*_SDPA_STATIC_ARGNAMES, "block_q", "block_k", "return_lse")
-
-#: Default block sizes, measured (docs/FLASH.md): on a 2-core Xeon, L = S = 4096, H = 8, D = 64,
-#: float32, 512 x 256 and 512 x 512 were the fastest, about twice 128 x 256 (XLA runs each
-#: block's einsums as separate calls, which want large blocks); 256 keys per step keeps the score
-#: block, and the compiled temp memory, at H x 512 x 256 x 4 bytes (4 MiB at H = 8).
-BLOCK_Q: int = 512
-BLOCK_K: int = 256
 
 
 def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.Array | None:
@@ -71,50 +80,60 @@ def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.A
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
 
 
+def _visible(j0: jax.Array, i1: jax.Array, offset: int) -> jax.Array:
+    """Whether the key block starting at key ``j0`` has a key some query row ``< i1`` may see."""
+    # 4. allowed, whole blocks: a key block whose first key is causally masked for the block's
+    #    last row (row i1 - 1) is masked for every row: skipped (causal costs about half).
+    return j0 <= i1 - 1 + offset
+
+
 def _attend_block(
-    carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, i, j, j0, *, dims: AttentionDims,
-    is_causal: bool, offset: int, softcap: float | None
+    carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, i, j, j0, *, dims: AttentionDims, offset: int
 ):  # fmt: skip
-    """Steps 1-7 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
+    """Steps 1-6 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
     ``(1, bk)``, of which those below ``j0`` are not this block's: ``(m, l, acc)`` in and out."""
     m, l, acc = carry  # (..., H, bq, 1), (..., H, bq, 1), (..., H, bq, E)
     H, K, G = dims.H, dims.K, dims.G
     bq, bk = q_blk.shape[-2], k_blk.shape[-2]
 
-    # 1. scores = (query @ key^T) * scale, one group of G query heads per key/value head.
+    # 4. allowed, this block: mask AND causal (all True in a block below the diagonal), and only
+    #    the keys from j0 on (tiling: a last block shifted back to end at S shares its keys
+    #    below j0 with the block before it, which counted them already).
+    allowed = j >= j0  # (1, bk)
+    if dims.is_causal:
+        allowed = allowed & (j <= i + offset)  # (bq, bk)
+    if mask_blk is not None:
+        allowed = allowed & mask_blk  # (..., bq, bk)
+    attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
+    k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
+    v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
+
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     s = jnp.einsum("...kgld,...ksd->...kgls", q_blk, k_blk, precision=_PRECISION)
     s = s.reshape(*s.shape[:-4], H, bq, bk) * dims.scale  # (..., H, bq, bk); h reads kv h // G
 
-    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-    if softcap is not None:
-        s = softcap * jnp.tanh(s / softcap)
+    # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    if dims.softcap is not None:
+        s = dims.softcap * jnp.tanh(s / dims.softcap)
 
-    # 3. bias: this block's slice of it is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias is added, may hold -inf.
     if bias_blk is not None:
         s = s + bias_blk
 
-    # 4. mask: False -> -inf, this block's slice of it.
-    if mask_blk is not None:
-        s = jnp.where(mask_blk, s, -jnp.inf)
-
-    # 5. causal, inside the block: query i sees key j iff j <= i + offset (all True in a block
-    #    below the diagonal; a block the diagonal crosses is masked elementwise).
-    if is_causal:
-        s = jnp.where(j <= i + offset, s, -jnp.inf)
-    # 5. (tiling) a last block shifted back to end at S shares its keys below j0 with the block
-    #    before it, which counted them already.
-    s = jnp.where(j >= j0, s, -jnp.inf)
+    # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+    s = jnp.where(allowed, s, -jnp.inf)
     s = jnp.broadcast_to(s, (*dims.batch, H, bq, bk))  # a value with more batch than query, key
 
-    # 6. online softmax: raise the running max, rescale what was summed under the old one by
+    # 5. online softmax: raise the running max, rescale what was summed under the old one by
     #    exp(m_old - m_new), add this block's exp(s - m_new).
     m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
     shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: exp(-inf) = 0
     alpha = jnp.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
-    p = jnp.exp(s - shift)  # (..., H, bq, bk), unnormalized weights
+    s = s - shift
+    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., H, bq, bk); exp(s - max) <= 1
     l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
 
-    # 7. output, accumulated: acc = alpha * acc + p @ value, per group.
+    # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
     p = p.reshape(*dims.batch, K, G, bq, bk)  # (..., K, G, bq, bk)
     pv = jnp.einsum("...kgls,...kse->...kgle", p, v_blk, precision=_PRECISION)
     acc = alpha * acc + pv.reshape(*dims.batch, H, bq, dims.E)  # (..., H, bq, E)
@@ -156,20 +175,24 @@ def flash_attention(
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
-    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    mask = None if mask is None else jnp.asarray(mask)
-    bias = None if bias is None else jnp.asarray(bias)
+    query, key, value = _as_given(query), _as_given(key), _as_given(value)
+    mask, bias = _as_given(mask), _as_given(bias)
     dims = check_attention(
         query,
         key,
         value,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
     check_block_sizes(block_q, block_k)
+    return_lse = check_flag("return_lse", return_lse)
+    _check_x64(query)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
     offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
@@ -184,10 +207,10 @@ def flash_attention(
     bias = None if bias is None else bias.astype(ct)
     bq, bk = min(block_q, L), min(block_k, S)
     n_q, n_k = -(-L // bq), -(-S // bk)  # blocks of query rows, blocks of keys
-    step = dict(dims=dims, is_causal=is_causal, offset=offset, softcap=softcap)
+    step = dict(dims=dims, offset=offset)
 
     def query_block(_, t):
-        """Query rows ``t * bq ..`` (the last block shifted back to end at L): steps 1-7."""
+        """Query rows ``t * bq ..`` (the last block shifted back to end at L): steps 1-6."""
         i0 = jnp.minimum(t * bq, L - bq)  # first row
         q_blk = jax.lax.dynamic_slice_in_dim(q, i0, bq, axis=q.ndim - 2)  # (..., K, G, bq, D)
         i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
@@ -207,23 +230,20 @@ def flash_attention(
                 _block(mask_rows, -1, j_start, bk),
                 i, j, j0,
             )  # fmt: skip
-            if not is_causal:
+            if not dims.is_causal:
                 return _attend_block(carry, *blk, **step), None
-            # 5. causal, whole blocks: a key block whose first key is masked for the block's
-            #    last row is masked for every row: skipped (causal costs about half).
-            visible = j0 <= i0 + bq - 1 + offset
 
             def attend(c):
                 return _attend_block(c, *blk, **step)
 
-            return jax.lax.cond(visible, attend, lambda c: c, carry), None
+            return jax.lax.cond(_visible(j0, i0 + bq, offset), attend, lambda c: c, carry), None
 
         m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
         l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
         acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
         (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(n_k))
 
-        # 6. (end) divide by the row sum once, after the last key block; a row with no allowed
+        # 5. (end) divide by the row sum once, after the last key block; a row with no allowed
         #    key has l = 0 and acc = 0: 0 / 1 = 0, and its log-sum-exp is -inf + log 1 = -inf.
         l = jnp.where(l == 0.0, 1.0, l)
         return None, (acc / l, (m + jnp.log(l))[..., 0])  # (..., H, bq, E), (..., H, bq)

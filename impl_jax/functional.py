@@ -20,7 +20,14 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from attention_spec import AttentionDims, causal_offset, check_attention, check_causal_mask_args
+from attention_spec import (
+    AttentionDims,
+    causal_offset,
+    check_attention,
+    check_causal_mask_args,
+    check_float64,
+    dtype_name,
+)
 
 __all__ = ["STATIC_ARGNAMES", "attention_weights", "causal_mask", "scaled_dot_product_attention"]
 
@@ -48,8 +55,65 @@ def _compute_dtype(dtype: jnp.dtype) -> jnp.dtype:
     return jnp.dtype(jnp.float64) if dtype == jnp.float64 else jnp.dtype(jnp.float32)
 
 
-def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alignment, softcap):
-    """Steps 1-6 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
+def _as_given(x: object) -> object:
+    """What validation reads: an array (NumPy, JAX, a tracer) as given, so its own dtype is the
+    one a message names (JAX without x64 would turn an int64 mask into int32 first); any other
+    array-like converted with ``jnp.asarray``. None stays None (not given)."""
+    return x if x is None or hasattr(x, "dtype") else jnp.asarray(x)
+
+
+def _asarray(x: object) -> jax.Array | None:
+    """An array-like as a JAX array (``jnp.asarray``); None stays None."""
+    return None if x is None else jnp.asarray(x)
+
+
+def _check_x64(query: object) -> None:
+    """float64 inputs need JAX's 64-bit mode; without it they would be computed in float32."""
+    check_float64(dtype_name(query.dtype), jax.config.jax_enable_x64, _X64_HOW)
+
+
+_X64_HOW = "JAX's 64-bit mode: jax.config.update('jax_enable_x64', True)"
+
+
+def _allowed(dims: AttentionDims, mask, causal_alignment: str) -> jax.Array | None:
+    """Step 4's rule, ``allowed(i, j) = mask AND causal``, broadcastable to ``(..., H, L, S)``;
+    None when every position is allowed."""
+    allowed = mask
+    if dims.is_causal:
+        causal = causal_mask(dims.L, dims.S, alignment=causal_alignment)  # (L, S)
+        allowed = causal if allowed is None else allowed & causal
+    return allowed
+
+
+def _attended(allowed, bias, scores_shape: tuple[int, ...], K: int) -> jax.Array | None:
+    """``(..., K, S)``: True where some query of key/value head k's group may attend key j (it
+    is allowed, and its bias is not -inf), for scores of ``scores_shape`` ``(..., H, L, S)`` (a
+    whole call, or one block of the tiled path); None when no rule excludes any position."""
+    seen = allowed
+    if bias is not None:
+        seen = bias != -jnp.inf if seen is None else seen & (bias != -jnp.inf)
+    if seen is None:
+        return None
+    seen = seen.reshape((1,) * (3 - seen.ndim) + seen.shape).any(axis=-2)  # (..., H|1, S|1)
+    *batch, H, _, S = scores_shape
+    seen = jnp.broadcast_to(seen, (*batch, H, S))  # (..., H, S)
+    return seen.reshape(*batch, K, H // K, S).any(axis=-2)  # (..., K, S)
+
+
+def _unattended_zeroed(x: jax.Array, attended) -> jax.Array:
+    """Key or value rows ``(..., K, S, D|E)`` that no query attends set to zero, so NaN or inf
+    held there (padding, unused cache slots) never reaches the output or a gradient."""
+    return x if attended is None else jnp.where(attended[..., None], x, 0.0)
+
+
+def _finite_max(s: jax.Array) -> jax.Array:
+    """The row max of ``s (..., S)`` as ``(..., 1)``, 0 for a row that has no finite entry."""
+    row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
+    return jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+
+
+def _weights(query, key, dims: AttentionDims, allowed, bias) -> jax.Array:
+    """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D
 
@@ -61,26 +125,27 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     s = s * dims.scale
     s = jnp.broadcast_to(s, dims.scores_shape)  # a mask, bias or value with more batch than q, k
 
-    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-    if softcap is not None:
-        s = softcap * jnp.tanh(s / softcap)
+    # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    if dims.softcap is not None:
+        s = dims.softcap * jnp.tanh(s / dims.softcap)
 
-    # 3. bias: added, may hold -inf.
+    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf).
     if bias is not None:
-        s = s + bias.astype(ct)
+        s = s + bias
 
-    # 4. mask: False -> -inf.
-    if mask is not None:
-        s = jnp.where(mask, s, -jnp.inf)
+    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal is False.
+    if allowed is not None:
+        s = jnp.where(allowed, s, -jnp.inf)
 
-    # 5. causal: query i sees key j iff j <= i + offset.
-    if is_causal:
-        s = jnp.where(causal_mask(L, S, alignment=causal_alignment), s, -jnp.inf)
-
-    # 6. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
+    # 5. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
     row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)  # (..., H, L, 1)
     row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # exp(-inf - 0) = 0, not NaN
-    e = jnp.exp(s - jax.lax.stop_gradient(row_max))  # (..., H, L, S)
+    s = s - jax.lax.stop_gradient(row_max)
+    s = s - jax.lax.stop_gradient(_finite_max(s))  # XLA computes s - max as one FMA of the
+    #    unrounded s * scale (off by up to an ulp of s: exp(-800) at logits of 1e10), so shift
+    #    again by the largest of these very differences: it is 0, and its exp exactly 1
+    s = jnp.where(s > 0.0, 0.0, s)  # exp(s - max) <= 1 even if s was rounded differently
+    e = jnp.exp(s)  # (..., H, L, S)
     row_sum = jnp.sum(e, axis=-1, keepdims=True)  # (..., H, L, 1)
     return e / jnp.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
 
@@ -107,21 +172,26 @@ def attention_weights(
         scale: score scale, default ``1/sqrt(D)``.
         softcap: if given, scores become ``softcap * tanh(scores / softcap)`` before bias/mask.
 
-    Rows with no allowed key are all zeros, with zero gradient.
+    Array-likes are converted with ``jnp.asarray`` (after validation, which reads a NumPy
+    array's own dtype). Rows with no allowed key are all zeros, with zero gradient.
     """
-    query, key = jnp.asarray(query), jnp.asarray(key)
-    mask = None if mask is None else jnp.asarray(mask)
-    bias = None if bias is None else jnp.asarray(bias)
+    query, key, mask, bias = _as_given(query), _as_given(key), _as_given(mask), _as_given(bias)
     dims = check_attention(
         query,
         key,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
-    weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+    _check_x64(query)
+    query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
+    bias = None if bias is None else bias.astype(_compute_dtype(query.dtype))
+    allowed = _allowed(dims, mask, causal_alignment)
+    key = _unattended_zeroed(key, _attended(allowed, bias, dims.scores_shape, dims.K))
+    weights = _weights(query, key, dims, allowed, bias)
     return weights.astype(query.dtype)
 
 
@@ -145,25 +215,33 @@ def scaled_dot_product_attention(
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap: see :func:`attention_weights`.
 
-    Returns the output in the query's dtype; rows with no allowed key are zeros.
+    Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
+    that no query may attend never reach the output or a gradient, even holding NaN or inf.
     """
-    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    mask = None if mask is None else jnp.asarray(mask)
-    bias = None if bias is None else jnp.asarray(bias)
+    query, key, value = _as_given(query), _as_given(key), _as_given(value)
+    mask, bias = _as_given(mask), _as_given(bias)
     dims = check_attention(
         query,
         key,
         value,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
-    weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+    _check_x64(query)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
+    bias = None if bias is None else bias.astype(_compute_dtype(query.dtype))
+    allowed = _allowed(dims, mask, causal_alignment)
+    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
+    weights = _weights(query, key, dims, allowed, bias)
     K, G, L, E = dims.K, dims.G, dims.L, dims.E
 
-    # 7. output = weights @ value, per group, then back to the input dtype.
+    # 6. output = weights @ value, per group, then back to the input dtype.
     w = weights.reshape(*weights.shape[:-3], K, G, L, dims.S)  # (..., K, G, L, S)
     v = value.astype(weights.dtype)  # (..., K, S, E)
     out = jnp.einsum("...kgls,...kse->...kgle", w, v, precision=_PRECISION)  # (..., K, G, L, E)

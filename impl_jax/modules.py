@@ -52,9 +52,10 @@ from attention_spec.modules import (
     check_module_inputs,
     check_padding_mask_args,
     heads_from_metadata,
+    module_dtype,
     weights_metadata,
 )
-from impl_jax.functional import attention_weights, scaled_dot_product_attention
+from impl_jax.functional import _asarray, attention_weights, scaled_dot_product_attention
 
 __all__ = ["GroupedQueryAttention", "KVCache", "MultiHeadAttention", "padding_mask"]
 
@@ -164,7 +165,7 @@ class GroupedQueryAttention(nnx.Module):
         dtype: jnp.dtype | str = jnp.float32,
         rngs: nnx.Rngs | None = None,
     ) -> None:
-        dtype = jnp.dtype(dtype)
+        dtype = jnp.dtype(module_dtype(dtype))
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
         )
@@ -236,20 +237,20 @@ class GroupedQueryAttention(nnx.Module):
 
         Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
         """
-        x = jnp.asarray(x)
-        context = None if context is None else jnp.asarray(context)
-        mask = None if mask is None else jnp.asarray(mask)
-        bias = None if bias is None else jnp.asarray(bias)
+        x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
         check_module_inputs(
-            self.dims, self.dtype.name, x, context, mask=mask, bias=bias,
-            causal_alignment=causal_alignment,
+            self.dims, self.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
+            causal_alignment=causal_alignment, return_weights=return_weights,
         )  # fmt: skip
+        # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
         k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
+        # 2. attention of every head: the functional API (query head h reads kv head h // G).
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
         )  # fmt: skip
+        # 3. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights) if return_weights else y
 
@@ -291,23 +292,27 @@ class GroupedQueryAttention(nnx.Module):
         tokens; ``(y, weights, cache)`` when ``return_weights``.
 
         Raises:
-            ConfigError (``cache_overflow`` once registered): ``position + L > max_len``.
+            ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or a
+                truncation).
         """
-        x = jnp.asarray(x)
-        mask = None if mask is None else jnp.asarray(mask)
-        bias = None if bias is None else jnp.asarray(bias)
+        x, mask, bias = _asarray(x), _asarray(mask), _asarray(bias)
         check_decode_inputs(
-            self.dims, self.dtype.name, x,
-            cache_batch=cache.key.shape[0], position=cache.position, max_len=cache.max_len,
-            mask=mask, bias=bias,
+            self.dims, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
+            position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
+            return_weights=return_weights,
         )  # fmt: skip
+        # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
-        cache = cache.write(*self._project_key_value(x))  # holds S = position + L tokens
+        k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
+        # 2. the cache: the new keys and values written at position .. position + L - 1.
+        cache = cache.write(k_new, v_new)  # holds S = position + L tokens
         k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
+        # 3. attention over all S keys, bottom-right causal: new token i sees the cache and 0..i.
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
         )  # fmt: skip
+        # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
 
@@ -358,7 +363,7 @@ class GroupedQueryAttention(nnx.Module):
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
         )
-        dtype = weights["q_proj.kernel"].dtype if dtype is None else jnp.dtype(dtype)
+        dtype = jnp.dtype(module_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype))
         # An abstract module (shapes only, no random init; how flax restores checkpoints).
         module = nnx.eval_shape(lambda: cls._with_dims(dims, dtype))
         module.load_canonical(weights)

@@ -7,9 +7,11 @@ at a time, and a running row max ``m``, a running row sum ``l`` and an output ac
 carry what the earlier key blocks contributed (the online softmax). When a new block raises the
 row max, what was summed under the old max is rescaled by ``exp(m_old - m_new)``; the division by
 the row sum happens once, after the last key block. Under causal masking, key blocks that lie
-entirely above the diagonal are never visited, so causal attention costs about half.
+entirely above the diagonal are never visited, so causal attention costs about half; only the
+blocks a rule's boundary crosses are masked elementwise, and in those, key and value rows that
+no row of the block may attend are zeroed (garbage there never reaches the output).
 
-The same steps, numbers, names and comments as ``impl_numpy/functional.py`` (steps 1-7) and as
+The same steps, numbers, names and comments as ``impl_numpy/functional.py`` (steps 1-6) and as
 ``impl_torch/flash.py`` and ``impl_jax/flash.py``; docs/FLASH.md puts the plain and tiled paths
 side by side and gives the measured memory and time.
 
@@ -24,17 +26,17 @@ from __future__ import annotations
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
-from attention_spec import causal_offset, check_attention, check_block_sizes
-from impl_numpy.functional import _compute_dtype
+from attention_spec import (
+    BLOCK_K,
+    BLOCK_Q,
+    causal_offset,
+    check_attention,
+    check_block_sizes,
+    check_flag,
+)
+from impl_numpy.functional import _asarray, _attended, _cast, _compute_dtype, _unattended_zeroed
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
-
-#: Default block sizes, measured (docs/FLASH.md): on a 2-core Xeon, L = S = 2048 and 4096, H = 8,
-#: D = 64, float32, 256 x 512 was within noise of the fastest and about 25% faster than 128 x 256;
-#: smaller blocks pay Python's per-block overhead and short BLAS calls, larger ones gained nothing
-#: and cost memory. One block of scores is then H x 256 x 512 x 4 bytes (4 MiB at H = 8).
-BLOCK_Q: int = 256
-BLOCK_K: int = 512
 
 
 def _block(x: np.ndarray | None, axis: int, start: int, stop: int) -> np.ndarray | None:
@@ -82,20 +84,21 @@ def flash_attention(
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
-    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
-    mask = None if mask is None else np.asarray(mask)
-    bias = None if bias is None else np.asarray(bias)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
     dims = check_attention(
         query,
         key,
         value,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
     check_block_sizes(block_q, block_k)
+    return_lse = check_flag("return_lse", return_lse)
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
     offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
@@ -103,7 +106,7 @@ def flash_attention(
     q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
     k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
     v = value.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
-    bias = None if bias is None else bias.astype(ct, copy=False)
+    bias = None if bias is None else _cast(bias, ct)
 
     out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E), filled one query block at a time
     lse = np.empty((*dims.batch, H, L), ct)  # (..., H, L)
@@ -114,58 +117,64 @@ def flash_attention(
         l = np.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
         acc = np.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
 
-        # 5. causal, whole blocks: every key j >= i1 + offset is masked for every row of this
-        #    block, so the key blocks from there on are never visited (causal costs about half).
-        j_end = min(S, max(0, i1 + offset)) if is_causal else S
+        # 4. allowed, whole blocks: every key j >= i1 + offset is causally masked for every row
+        #    of this block, so the key blocks from there on are never visited (causal: half).
+        j_end = min(S, max(0, i1 + offset)) if dims.is_causal else S
         for j0 in range(0, j_end, block_k):  # one block of keys at a time
             j1 = min(j0 + block_k, S)
             bk = j1 - j0
 
-            # 1. scores = (query @ key^T) * scale, one group of G query heads per kv head.
-            s = q[..., i0:i1, :] @ np.swapaxes(k[..., j0:j1, :], -1, -2)  # (..., K, G, bq, bk)
+            # 4. allowed, this block: mask AND causal; only a block the diagonal crosses (its
+            #    last key is past its first row's diagonal) has a causal boundary to mask.
+            allowed = _block(_block(mask, -2, i0, i1), -1, j0, j1)  # (..., bq|1, bk|1) or None
+            if dims.is_causal and j1 - 1 > i0 + offset:
+                i = np.arange(i0, i1)[:, None]  # (bq, 1)
+                j = np.arange(j0, j1)[None, :]  # (1, bk)
+                allowed = j <= i + offset if allowed is None else allowed & (j <= i + offset)
+            bias_blk = _block(_block(bias, -2, i0, i1), -1, j0, j1)
+            attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
+            attended = None if attended is None else attended[..., None, :]  # (..., K, 1, bk)
+            k_blk = _unattended_zeroed(k[..., j0:j1, :], attended)  # (..., K, 1, bk, D)
+            v_blk = _unattended_zeroed(v[..., j0:j1, :], attended)  # (..., K, 1, bk, E)
+
+            # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
+            s = q[..., i0:i1, :] @ np.swapaxes(k_blk, -1, -2)  # (..., K, G, bq, bk)
             s = s.reshape(*s.shape[:-4], H, bq, bk)  # (..., H, bq, bk); head h reads kv h // G
             if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
                 s = np.broadcast_to(s, (*dims.batch, H, bq, bk)).copy()
             s *= dims.scale
 
-            # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-            if softcap is not None:
-                s /= softcap
+            # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+            if dims.softcap is not None:
+                s /= dims.softcap
                 np.tanh(s, out=s)
-                s *= softcap
+                s *= dims.softcap
 
-            # 3. bias: this block's slice of it is added, may hold -inf.
-            if bias is not None:
-                s += _block(_block(bias, -2, i0, i1), -1, j0, j1)
+            # 3. additive terms: this block's slice of the bias is added, may hold -inf.
+            if bias_blk is not None:
+                s += bias_blk
 
-            # 4. mask: False -> -inf, this block's slice of it.
-            if mask is not None:
-                np.copyto(s, -np.inf, where=~_block(_block(mask, -2, i0, i1), -1, j0, j1))
+            # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+            if allowed is not None:
+                np.copyto(s, -np.inf, where=~allowed)
 
-            # 5. causal, inside the block: query i sees key j iff j <= i + offset. Only a block
-            #    the diagonal crosses (its last key is past its first row's diagonal) has
-            #    anything to mask; a block below the diagonal is left as it is.
-            if is_causal and j1 - 1 > i0 + offset:
-                i = np.arange(i0, i1)[:, None]  # (bq, 1)
-                j = np.arange(j0, j1)[None, :]  # (1, bk)
-                np.copyto(s, -np.inf, where=j > i + offset)
-
-            # 6. online softmax: raise the running max, rescale what was summed under the old
+            # 5. online softmax: raise the running max, rescale what was summed under the old
             #    one by exp(m_old - m_new), add this block's exp(s - m_new).
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., H, bq, 1)
             shift = np.where(np.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
             alpha = np.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
             s -= shift
+            np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently
             p = np.exp(s, out=s)  # (..., H, bq, bk), unnormalized weights
             l = alpha * l + p.sum(axis=-1, keepdims=True)
 
-            # 7. output, accumulated: acc = alpha * acc + p @ value, per group.
-            pv = p.reshape(*dims.batch, K, G, bq, bk) @ v[..., j0:j1, :]  # (..., K, G, bq, E)
+            # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
+            pv = p.reshape(*dims.batch, K, G, bq, bk) @ v_blk  # (..., K, G, bq, E)
             acc = alpha * acc + pv.reshape(*dims.batch, H, bq, E)  # (..., H, bq, E)
             m = m_new
             del s, p  # this block's scores go before the next block's are made
 
-        # 6. (end) divide by the row sum once, after the last key block; a row with no allowed
+        # 5. (end) divide by the row sum once, after the last key block; a row with no allowed
         #    key has l = 0 and acc = 0: 0 / 1 = 0, and its log-sum-exp is -inf + log 1 = -inf.
         l = np.where(l == 0.0, 1.0, l)
         out[..., i0:i1, :] = acc / l  # (..., H, bq, E)

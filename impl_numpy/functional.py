@@ -36,8 +36,51 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
     return np.dtype(np.float64) if dtype == np.float64 else np.dtype(np.float32)
 
 
-def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alignment, softcap):
-    """Steps 1-6 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
+def _asarray(x: object) -> np.ndarray | None:
+    """An array-like as a NumPy array (``np.asarray``); None stays None (not given)."""
+    return None if x is None else np.asarray(x)
+
+
+def _cast(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """``x`` in ``dtype``; a finite value too large for it becomes +/-inf (a float64 bias of
+    -1e300 is -inf in float32, and masks), as IEEE casting says."""
+    with np.errstate(over="ignore"):
+        return x.astype(dtype, copy=False)
+
+
+def _allowed(dims: AttentionDims, mask, causal_alignment: str) -> np.ndarray | None:
+    """Step 4's rule, ``allowed(i, j) = mask AND causal``, broadcastable to ``(..., H, L, S)``;
+    None when every position is allowed."""
+    allowed = mask
+    if dims.is_causal:
+        causal = causal_mask(dims.L, dims.S, alignment=causal_alignment)  # (L, S)
+        allowed = causal if allowed is None else allowed & causal
+    return allowed
+
+
+def _attended(allowed, bias, scores_shape: tuple[int, ...], K: int) -> np.ndarray | None:
+    """``(..., K, S)``: True where some query of key/value head k's group may attend key j (it
+    is allowed, and its bias is not -inf), for scores of ``scores_shape`` ``(..., H, L, S)`` (a
+    whole call, or one block of the tiled path); None when no rule excludes any position."""
+    seen = allowed
+    if bias is not None:
+        seen = bias != -np.inf if seen is None else seen & (bias != -np.inf)
+    if seen is None:
+        return None
+    seen = seen.reshape((1,) * (3 - seen.ndim) + seen.shape).any(axis=-2)  # (..., H|1, S|1)
+    *batch, H, _, S = scores_shape
+    seen = np.broadcast_to(seen, (*batch, H, S))  # (..., H, S)
+    return seen.reshape(*batch, K, H // K, S).any(axis=-2)  # (..., K, S)
+
+
+def _unattended_zeroed(x: np.ndarray, attended) -> np.ndarray:
+    """Key or value rows ``(..., K, S, D|E)`` that no query attends set to zero, so NaN or inf
+    held there (padding, unused cache slots) never reaches the output through 0 * NaN."""
+    return x if attended is None else np.where(attended[..., None], x, 0.0)
+
+
+def _weights(query, key, dims: AttentionDims, allowed, bias) -> np.ndarray:
+    """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
     K, G, L, S, D = dims.K, dims.G, dims.L, dims.S, dims.D
 
@@ -50,28 +93,25 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
         s = np.broadcast_to(s, dims.scores_shape).copy()  # (..., H, L, S)
 
-    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-    if softcap is not None:
-        s /= softcap
+    # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    if dims.softcap is not None:
+        s /= dims.softcap
         np.tanh(s, out=s)
-        s *= softcap
+        s *= dims.softcap
 
-    # 3. bias: added, may hold -inf.
+    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf).
     if bias is not None:
-        s += bias.astype(ct, copy=False)
+        s += bias
 
-    # 4. mask: False -> -inf.
-    if mask is not None:
-        np.copyto(s, -np.inf, where=~mask)
+    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal is False.
+    if allowed is not None:
+        np.copyto(s, -np.inf, where=~allowed)
 
-    # 5. causal: query i sees key j iff j <= i + offset.
-    if is_causal:
-        np.copyto(s, -np.inf, where=~causal_mask(L, S, alignment=causal_alignment))
-
-    # 6. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
+    # 5. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
     row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., H, L, 1)
     row_max[~np.isfinite(row_max)] = 0.0  # fully masked row: exp(-inf - 0) = 0, not NaN
     s -= row_max
+    np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently (XLA's FMA)
     np.exp(s, out=s)
     row_sum = s.sum(axis=-1, keepdims=True)  # (..., H, L, 1)
     row_sum[row_sum == 0.0] = 1.0  # fully masked row: 0 / 1 = 0
@@ -101,21 +141,23 @@ def attention_weights(
         scale: score scale, default ``1/sqrt(D)``.
         softcap: if given, scores become ``softcap * tanh(scores / softcap)`` before bias/mask.
 
-    Rows with no allowed key are all zeros.
+    Array-likes are converted with ``np.asarray``. Rows with no allowed key are all zeros.
     """
-    query, key = np.asarray(query), np.asarray(key)
-    mask = None if mask is None else np.asarray(mask)
-    bias = None if bias is None else np.asarray(bias)
+    query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
     dims = check_attention(
         query,
         key,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
-    weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+    bias = None if bias is None else _cast(bias, _compute_dtype(query.dtype))
+    allowed = _allowed(dims, mask, causal_alignment)
+    key = _unattended_zeroed(key, _attended(allowed, bias, dims.scores_shape, dims.K))
+    weights = _weights(query, key, dims, allowed, bias)
     return weights.astype(query.dtype, copy=False)
 
 
@@ -139,25 +181,30 @@ def scaled_dot_product_attention(
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap: see :func:`attention_weights`.
 
-    Returns the output in the query's dtype; rows with no allowed key are zeros.
+    Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
+    that no query may attend never reach the output, even when they hold NaN or inf.
     """
-    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
-    mask = None if mask is None else np.asarray(mask)
-    bias = None if bias is None else np.asarray(bias)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
     dims = check_attention(
         query,
         key,
         value,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
-    weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+    bias = None if bias is None else _cast(bias, _compute_dtype(query.dtype))
+    allowed = _allowed(dims, mask, causal_alignment)
+    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
+    weights = _weights(query, key, dims, allowed, bias)
     K, G, L, E = dims.K, dims.G, dims.L, dims.E
 
-    # 7. output = weights @ value, per group, then back to the input dtype.
+    # 6. output = weights @ value, per group, then back to the input dtype.
     w = weights.reshape(*weights.shape[:-3], K, G, L, dims.S)  # (..., K, G, L, S)
     v = value.astype(weights.dtype, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
     out = (w @ v).reshape(*dims.batch, K * G, L, E)  # (..., H, L, E)

@@ -45,9 +45,10 @@ from attention_spec.modules import (
     check_module_inputs,
     check_padding_mask_args,
     heads_from_metadata,
+    module_dtype,
     weights_metadata,
 )
-from impl_numpy.functional import attention_weights, scaled_dot_product_attention
+from impl_numpy.functional import _asarray, attention_weights, scaled_dot_product_attention
 
 __all__ = ["GroupedQueryAttention", "KVCache", "Linear", "MultiHeadAttention", "padding_mask"]
 
@@ -157,7 +158,7 @@ class GroupedQueryAttention:
         dtype: np.typing.DTypeLike = np.float32,
         rng: np.random.Generator | int = 0,
     ) -> None:
-        dtype = np.dtype(dtype)
+        dtype = np.dtype(module_dtype(dtype))
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
         )
@@ -229,20 +230,20 @@ class GroupedQueryAttention:
 
         Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
         """
-        x = np.asarray(x)
-        context = None if context is None else np.asarray(context)
-        mask = None if mask is None else np.asarray(mask)
-        bias = None if bias is None else np.asarray(bias)
+        x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
         check_module_inputs(
-            self.dims, self.dtype.name, x, context, mask=mask, bias=bias,
-            causal_alignment=causal_alignment,
+            self.dims, self.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
+            causal_alignment=causal_alignment, return_weights=return_weights,
         )  # fmt: skip
+        # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
         k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
+        # 2. attention of every head: the functional API (query head h reads kv head h // G).
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
         )  # fmt: skip
+        # 3. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights) if return_weights else y
 
@@ -284,23 +285,27 @@ class GroupedQueryAttention:
         tokens; ``(y, weights, cache)`` when ``return_weights``.
 
         Raises:
-            ConfigError (``cache_overflow`` once registered): ``position + L > max_len``.
+            ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or a
+                truncation).
         """
-        x = np.asarray(x)
-        mask = None if mask is None else np.asarray(mask)
-        bias = None if bias is None else np.asarray(bias)
+        x, mask, bias = _asarray(x), _asarray(mask), _asarray(bias)
         check_decode_inputs(
-            self.dims, self.dtype.name, x,
-            cache_batch=cache.key.shape[0], position=cache.position, max_len=cache.max_len,
-            mask=mask, bias=bias,
+            self.dims, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
+            position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
+            return_weights=return_weights,
         )  # fmt: skip
+        # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
-        cache = cache.write(*self._project_key_value(x))  # holds S = position + L tokens
+        k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
+        # 2. the cache: the new keys and values written at position .. position + L - 1.
+        cache = cache.write(k_new, v_new)  # holds S = position + L tokens
         k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
+        # 3. attention over all S keys, bottom-right causal: new token i sees the cache and 0..i.
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
         )  # fmt: skip
+        # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
 
@@ -350,7 +355,7 @@ class GroupedQueryAttention:
             n_heads=n_heads,
             n_kv_heads=n_kv_heads,
         )
-        dtype = weights["q_proj.kernel"].dtype if dtype is None else np.dtype(dtype)
+        dtype = np.dtype(module_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype))
         module = cls._with_dims(dims, dtype)
         module.load_canonical(weights)
         return module

@@ -7,9 +7,11 @@ at a time, and a running row max ``m``, a running row sum ``l`` and an output ac
 carry what the earlier key blocks contributed (the online softmax). When a new block raises the
 row max, what was summed under the old max is rescaled by ``exp(m_old - m_new)``; the division by
 the row sum happens once, after the last key block. Under causal masking, key blocks that lie
-entirely above the diagonal are never visited, so causal attention costs about half.
+entirely above the diagonal are never visited, so causal attention costs about half; only the
+blocks a rule's boundary crosses are masked elementwise, and in those, key and value rows that
+no row of the block may attend are zeroed (garbage there never reaches the output).
 
-The same steps, numbers, names and comments as ``impl_torch/functional.py`` (steps 1-7) and as
+The same steps, numbers, names and comments as ``impl_torch/functional.py`` (steps 1-6) and as
 ``impl_numpy/flash.py`` and ``impl_jax/flash.py``; docs/FLASH.md puts the plain and tiled paths
 side by side and gives the measured memory and time. Each step makes a new block tensor (a step
 works in place only on a tensor it has just made and autograd does not keep: the scaled scores,
@@ -28,17 +30,17 @@ from __future__ import annotations
 
 import torch
 
-from attention_spec import causal_offset, check_attention, check_block_sizes
-from impl_torch.functional import _compute_dtype
+from attention_spec import (
+    BLOCK_K,
+    BLOCK_Q,
+    causal_offset,
+    check_attention,
+    check_block_sizes,
+    check_flag,
+)
+from impl_torch.functional import _as_tensors, _attended, _compute_dtype, _unattended_zeroed
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
-
-#: Default block sizes, measured (docs/FLASH.md): on a 2-core Xeon, L = S = 2048 and 4096, H = 8,
-#: D = 64, float32, the choices from 256 x 256 to 512 x 512 were within noise of each other and
-#: faster than 128 x 256 (torch's per-op overhead, a few microseconds a kernel, wants blocks
-#: large enough for the matmuls to dominate). The same as NumPy's, so the two read alike.
-BLOCK_Q: int = 256
-BLOCK_K: int = 512
 
 
 def _block(x: torch.Tensor | None, axis: int, start: int, stop: int) -> torch.Tensor | None:
@@ -84,19 +86,22 @@ def flash_attention(
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
+    query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
     dims = check_attention(
         query,
         key,
         value,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
     check_block_sizes(block_q, block_k)
+    return_lse = check_flag("return_lse", return_lse)
     ct = _compute_dtype(query.dtype)
-    H, G, L, S, E = dims.H, dims.G, dims.L, dims.S, dims.E
+    H, K, G, L, S, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.E
     offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
     device = query.device
 
@@ -114,52 +119,57 @@ def flash_attention(
         l = q.new_zeros((*dims.batch, H, bq, 1))  # running row sum of exp(s - m)
         acc = q.new_zeros((*dims.batch, H, bq, E))  # running sum of exp(s - m) @ value
 
-        # 5. causal, whole blocks: every key j >= i1 + offset is masked for every row of this
-        #    block, so the key blocks from there on are never visited (causal costs about half).
-        j_end = min(S, max(0, i1 + offset)) if is_causal else S
+        # 4. allowed, whole blocks: every key j >= i1 + offset is causally masked for every row
+        #    of this block, so the key blocks from there on are never visited (causal: half).
+        j_end = min(S, max(0, i1 + offset)) if dims.is_causal else S
         for j0 in range(0, j_end, block_k):  # one block of keys at a time
             j1 = min(j0 + block_k, S)
+            bk = j1 - j0
 
-            # 1. scores = (query @ key^T) * scale; kv head k serves query heads k*G .. k*G+G-1.
-            q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
-            k_blk = k[..., j0:j1, :].repeat_interleave(G, dim=-3)  # (..., H, bk, D); h -> h // G
-            s = (q_blk @ k_blk.transpose(-2, -1)).mul_(dims.scale)  # (..., H, bq, bk)
-
-            # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-            if softcap is not None:
-                s = softcap * torch.tanh(s / softcap)
-
-            # 3. bias: this block's slice of it is added, may hold -inf.
-            if bias is not None:
-                s = s + _block(_block(bias, -2, i0, i1), -1, j0, j1)
-
-            # 4. mask: False -> -inf, this block's slice of it.
-            if mask is not None:
-                s = torch.where(_block(_block(mask, -2, i0, i1), -1, j0, j1), s, float("-inf"))
-
-            # 5. causal, inside the block: query i sees key j iff j <= i + offset. Only a block
-            #    the diagonal crosses (its last key is past its first row's diagonal) has
-            #    anything to mask; a block below the diagonal is left as it is.
-            if is_causal and j1 - 1 > i0 + offset:
+            # 4. allowed, this block: mask AND causal; only a block the diagonal crosses (its
+            #    last key is past its first row's diagonal) has a causal boundary to mask.
+            allowed = _block(_block(mask, -2, i0, i1), -1, j0, j1)  # (..., bq|1, bk|1) or None
+            if dims.is_causal and j1 - 1 > i0 + offset:
                 i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
                 j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
-                s = torch.where(j <= i + offset, s, float("-inf"))
+                allowed = j <= i + offset if allowed is None else allowed & (j <= i + offset)
+            bias_blk = _block(_block(bias, -2, i0, i1), -1, j0, j1)
+            attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
+            k_blk = _unattended_zeroed(k[..., j0:j1, :], attended)  # (..., K, bk, D)
+            v_blk = _unattended_zeroed(v[..., j0:j1, :], attended)  # (..., K, bk, E)
 
-            # 6. online softmax: raise the running max, rescale what was summed under the old
+            # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
+            q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
+            k_blk = k_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, D); h reads kv h // G
+            s = (q_blk @ k_blk.transpose(-2, -1)).mul_(dims.scale)  # (..., H, bq, bk)
+
+            # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+            if dims.softcap is not None:
+                s = dims.softcap * torch.tanh(s / dims.softcap)
+
+            # 3. additive terms: this block's slice of the bias is added, may hold -inf.
+            if bias_blk is not None:
+                s = s + bias_blk
+
+            # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+            if allowed is not None:
+                s = torch.where(allowed, s, float("-inf"))
+
+            # 5. online softmax: raise the running max, rescale what was summed under the old
             #    one by exp(m_old - m_new), add this block's exp(s - m_new).
             m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
             shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
             alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
-            p = (s - shift).exp_()  # (..., H, bq, bk), unnormalized weights
+            p = (s - shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); exp(s - max) <= 1
             l = alpha * l + p.sum(dim=-1, keepdim=True)
 
-            # 7. output, accumulated: acc = alpha * acc + p @ value.
-            v_blk = v[..., j0:j1, :].repeat_interleave(G, dim=-3)  # (..., H, bk, E)
+            # 6. output, accumulated: acc = alpha * acc + p @ value.
+            v_blk = v_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, E)
             acc = alpha * acc + p @ v_blk  # (..., H, bq, E)
             m = m_new
             del s, p  # this block's scores go before the next block's are made
 
-        # 6. (end) divide by the row sum once, after the last key block; a row with no allowed
+        # 5. (end) divide by the row sum once, after the last key block; a row with no allowed
         #    key has l = 0 and acc = 0: 0 / 1 = 0, and its log-sum-exp is -inf + log 1 = -inf.
         l = torch.where(l == 0.0, 1.0, l)
         outs.append(acc / l)  # (..., H, bq, E)

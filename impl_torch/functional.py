@@ -46,10 +46,58 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
-def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alignment, softcap):
-    """Steps 1-6 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
+def _as_tensor(x: object, device: torch.device | None) -> torch.Tensor | None:
+    """An array-like as a tensor (``torch.as_tensor``) on ``device``; None stays None (not
+    given). A NumPy bfloat16 array (``ml_dtypes``), which torch cannot read, goes through
+    float32, exactly."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    if getattr(getattr(x, "dtype", None), "name", None) == "bfloat16":
+        return torch.as_tensor(x.astype("float32"), device=device).to(torch.bfloat16)
+    return torch.as_tensor(x, device=device)
+
+
+def _as_tensors(*arrays: object) -> tuple[torch.Tensor | None, ...]:
+    """:func:`_as_tensor` of each, on the device of the first tensor among them."""
+    device = next((a.device for a in arrays if isinstance(a, torch.Tensor)), None)
+    return tuple(_as_tensor(a, device) for a in arrays)
+
+
+def _allowed(dims: AttentionDims, mask, causal_alignment: str, device) -> torch.Tensor | None:
+    """Step 4's rule, ``allowed(i, j) = mask AND causal``, broadcastable to ``(..., H, L, S)``;
+    None when every position is allowed."""
+    allowed = mask
+    if dims.is_causal:
+        causal = causal_mask(dims.L, dims.S, alignment=causal_alignment, device=device)  # (L, S)
+        allowed = causal if allowed is None else allowed & causal
+    return allowed
+
+
+def _attended(allowed, bias, scores_shape: tuple[int, ...], K: int) -> torch.Tensor | None:
+    """``(..., K, S)``: True where some query of key/value head k's group may attend key j (it
+    is allowed, and its bias is not -inf), for scores of ``scores_shape`` ``(..., H, L, S)`` (a
+    whole call, or one block of the tiled path); None when no rule excludes any position."""
+    seen = allowed
+    if bias is not None:
+        seen = bias != float("-inf") if seen is None else seen & (bias != float("-inf"))
+    if seen is None:
+        return None
+    seen = seen.reshape((1,) * (3 - seen.dim()) + tuple(seen.shape)).any(dim=-2)  # (..., H|1, S|1)
+    *batch, H, _, S = scores_shape
+    seen = seen.expand(*batch, H, S)  # (..., H, S)
+    return seen.reshape(*batch, K, H // K, S).any(dim=-2)  # (..., K, S)
+
+
+def _unattended_zeroed(x: torch.Tensor, attended) -> torch.Tensor:
+    """Key or value rows ``(..., K, S, D|E)`` that no query attends set to zero, so NaN or inf
+    held there (padding, unused cache slots) never reaches the output or a gradient."""
+    return x if attended is None else torch.where(attended[..., None], x, 0.0)
+
+
+def _weights(query, key, dims: AttentionDims, allowed, bias) -> torch.Tensor:
+    """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
-    G, L, S = dims.G, dims.L, dims.S
+    G, S = dims.G, dims.S
 
     # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     q = query.to(ct)  # (..., H, L, D)
@@ -59,30 +107,26 @@ def _weights(query, key, dims: AttentionDims, mask, bias, is_causal, causal_alig
     if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
         s = s.expand(dims.scores_shape).clone()  # (..., H, L, S)
 
-    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)  # out of place: tanh keeps its output for backward
+    # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    if dims.softcap is not None:
+        s = dims.softcap * torch.tanh(s / dims.softcap)  # out of place: tanh keeps its output
 
-    # 3. bias: added, may hold -inf.
+    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf).
     if bias is not None:
-        s.add_(bias.to(ct))
+        s.add_(bias)
 
-    # 4. mask: False -> -inf.
-    if mask is not None:
-        s.masked_fill_(~mask, float("-inf"))
-
-    # 5. causal: query i sees key j iff j <= i + offset.
-    if is_causal:
-        allowed = causal_mask(L, S, alignment=causal_alignment, device=s.device)  # (L, S)
+    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal is False.
+    if allowed is not None:
         s.masked_fill_(~allowed, float("-inf"))
 
-    # 6. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
+    # 5. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
     if S > 0:
         row_max = s.detach().amax(dim=-1, keepdim=True)  # (..., H, L, 1)
     else:
         row_max = s.new_zeros((*s.shape[:-1], 1))  # no keys at all: every row is fully masked
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # exp(-inf - 0) = 0, not NaN
-    e = s.sub_(row_max).exp_()  # (..., H, L, S)
+    s.sub_(row_max).clamp_(max=0.0)  # exp(s - max) <= 1 even if s was rounded differently
+    e = s.exp_()  # (..., H, L, S)
     row_sum = e.sum(dim=-1, keepdim=True)  # (..., H, L, 1)
     return e / torch.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
 
@@ -109,18 +153,24 @@ def attention_weights(
         scale: score scale, default ``1/sqrt(D)``.
         softcap: if given, scores become ``softcap * tanh(scores / softcap)`` before bias/mask.
 
+    Array-likes are converted with ``torch.as_tensor`` (on the device of the tensors given).
     Rows with no allowed key are all zeros, with zero gradient.
     """
+    query, key, mask, bias = _as_tensors(query, key, mask, bias)
     dims = check_attention(
         query,
         key,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
-    weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+    bias = None if bias is None else bias.to(_compute_dtype(query.dtype))
+    allowed = _allowed(dims, mask, causal_alignment, query.device)
+    key = _unattended_zeroed(key, _attended(allowed, bias, dims.scores_shape, dims.K))
+    weights = _weights(query, key, dims, allowed, bias)
     return weights.to(query.dtype)
 
 
@@ -144,20 +194,27 @@ def scaled_dot_product_attention(
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap: see :func:`attention_weights`.
 
-    Returns the output in the query's dtype; rows with no allowed key are zeros.
+    Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
+    that no query may attend never reach the output or a gradient, even holding NaN or inf.
     """
+    query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
     dims = check_attention(
         query,
         key,
         value,
         mask=mask,
         bias=bias,
+        is_causal=is_causal,
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
     )
-    weights = _weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+    bias = None if bias is None else bias.to(_compute_dtype(query.dtype))
+    allowed = _allowed(dims, mask, causal_alignment, query.device)
+    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
+    weights = _weights(query, key, dims, allowed, bias)
 
-    # 7. output = weights @ value, then back to the input dtype.
+    # 6. output = weights @ value, then back to the input dtype.
     v = value.to(weights.dtype).repeat_interleave(dims.G, dim=-3)  # (..., H, S, E)
     return (weights @ v).to(query.dtype)  # (..., H, L, E)

@@ -2,8 +2,9 @@
 
 The same classes, methods, steps and comments as ``impl_numpy/modules.py`` and
 ``impl_jax/modules.py``; only the idiom differs. Here a projection is an ``nn.Linear``, heads are
-split with ``view``/``transpose``, and initialization draws from a ``torch.Generator`` (or the
-global one, seeded by ``torch.manual_seed``).
+split with ``view``/``transpose``, and initialization draws from a ``torch.Generator``, seeded
+with 0 unless one is given (as NumPy's ``rng=0`` and JAX's ``nnx.Rngs(0)``): the same arguments
+make the same module, whatever else has used torch's global generator.
 
 The attention itself is the functional API (``impl_torch.functional``); a module only projects,
 splits heads, calls it, merges heads and projects back:
@@ -50,9 +51,10 @@ from attention_spec.modules import (
     check_module_inputs,
     check_padding_mask_args,
     heads_from_metadata,
+    module_dtype,
     weights_metadata,
 )
-from impl_torch.functional import attention_weights, scaled_dot_product_attention
+from impl_torch.functional import _as_tensors, attention_weights, scaled_dot_product_attention
 
 __all__ = [
     "GroupedQueryAttention",
@@ -63,14 +65,6 @@ __all__ = [
     "tensor_from_numpy",
     "tensor_to_numpy",
 ]
-
-
-def _torch_dtype(dtype: torch.dtype | str | np.dtype) -> torch.dtype:
-    """A torch dtype from a torch dtype, a name (``"bfloat16"``) or a NumPy dtype."""
-    if isinstance(dtype, torch.dtype):
-        return dtype
-    name = np.dtype(dtype).name if not isinstance(dtype, str) else dtype
-    return getattr(torch, name)
 
 
 def tensor_from_numpy(
@@ -111,6 +105,12 @@ def padding_mask(lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
     check_padding_mask_args(lengths, kv_len)
     j = torch.arange(kv_len, device=lengths.device)  # (S,)
     return (j[None, :] < lengths[:, None])[:, None, None, :]  # (B, 1, 1, S)
+
+
+def _torch_dtype(dtype: object) -> torch.dtype:
+    """The torch dtype of a module's ``dtype`` argument: None (float32), a canonical name, or
+    a torch, NumPy or ml_dtypes dtype (``attention_spec.modules.module_dtype``)."""
+    return getattr(torch, module_dtype(dtype))
 
 
 def _uniform_(t: torch.Tensor, fan_in: int, generator: torch.Generator | None) -> None:
@@ -174,7 +174,8 @@ class GroupedQueryAttention(nn.Module):
         dtype: the weights' dtype (float64, float32, float16 or bfloat16; default torch's
             default dtype); inputs must match it.
         device: where the weights live.
-        generator: a ``torch.Generator`` for the initialization (default: torch's global one).
+        generator: a ``torch.Generator`` for the initialization (default: one seeded with 0, on
+            the weights' device).
 
     Raises:
         DimensionMismatchError, ConfigError, DTypeError: see ``check_module_config``.
@@ -194,7 +195,7 @@ class GroupedQueryAttention(nn.Module):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__()
-        dtype = torch.get_default_dtype() if dtype is None else _torch_dtype(dtype)
+        dtype = _torch_dtype(dtype)
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
             dtype=dtype_name(dtype),
@@ -210,7 +211,11 @@ class GroupedQueryAttention(nn.Module):
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
-        """Draw every kernel and bias from ``U(-1/sqrt(in), 1/sqrt(in))``, in forward order."""
+        """Draw every kernel and bias from ``U(-1/sqrt(in), 1/sqrt(in))``, in forward order
+        (from a generator seeded with 0 when none is given)."""
+        device = self.q_proj.weight.device
+        if generator is None and device.type != "meta":  # meta tensors hold no values to draw
+            generator = torch.Generator(device=device).manual_seed(0)
         for name in PROJECTIONS:
             proj = getattr(self, name)
             _uniform_(proj.weight, proj.in_features, generator)  # (out, in)
@@ -277,16 +282,20 @@ class GroupedQueryAttention(nn.Module):
 
         Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
         """
+        x, context, mask, bias = _as_tensors(x, context, mask, bias)
         check_module_inputs(
             self.dims, dtype_name(self.dtype), x, context, mask=mask, bias=bias,
-            causal_alignment=causal_alignment,
+            is_causal=is_causal, causal_alignment=causal_alignment, return_weights=return_weights,
         )  # fmt: skip
+        # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
         k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
+        # 2. attention of every head: the functional API (query head h reads kv head h // G).
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
         )  # fmt: skip
+        # 3. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights) if return_weights else y
 
@@ -332,20 +341,27 @@ class GroupedQueryAttention(nn.Module):
         tokens; ``(y, weights, cache)`` when ``return_weights``.
 
         Raises:
-            ConfigError (``cache_overflow`` once registered): ``position + L > max_len``.
+            ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or a
+                truncation).
         """
+        x, mask, bias = _as_tensors(x, mask, bias)
         check_decode_inputs(
-            self.dims, dtype_name(self.dtype), x,
-            cache_batch=cache.key.shape[0], position=cache.position, max_len=cache.max_len,
-            mask=mask, bias=bias,
+            self.dims, dtype_name(self.dtype), x, cache_key=cache.key, cache_value=cache.value,
+            position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
+            return_weights=return_weights,
         )  # fmt: skip
+        # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
-        cache = cache.write(*self._project_key_value(x))  # holds S = position + L tokens
+        k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
+        # 2. the cache: the new keys and values written at position .. position + L - 1.
+        cache = cache.write(k_new, v_new)  # holds S = position + L tokens
         k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
+        # 3. attention over all S keys, bottom-right causal: new token i sees the cache and 0..i.
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
         )  # fmt: skip
+        # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
 

@@ -63,7 +63,7 @@ class Framework:
 
     def sdpa(self, q, k, v, **kw) -> np.ndarray:
         """The implementation's scaled_dot_product_attention on NumPy inputs and keywords."""
-        args = [self.asarray(x) for x in (q, k, v)]
+        args = [None if x is None else self.asarray(x) for x in (q, k, v)]
         return self.to_numpy(self.module.scaled_dot_product_attention(*args, **self._kw(kw)))
 
     def weights(self, q, k, **kw) -> np.ndarray:

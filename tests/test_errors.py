@@ -108,6 +108,21 @@ CASES = {
         _arrays(q=(8, 5, 0), k=(2, 7, 0)), {}, ConfigError, "non_positive_size",
         "head dim D must be >= 1; got 0",
     ),
+    "scale_range": (
+        _arrays(dtype="float16"), {"scale": 1e39}, ConfigError, "scale_range",
+        "scale must be finite in the compute dtype float32",
+    ),
+    "softcap_range": (
+        _arrays(), {"softcap": 2.0**65}, ConfigError, "softcap_range",
+        "softcap must be in [2**-64, 2**64]",
+    ),
+    "is_causal_string": (
+        _arrays(), {"is_causal": "False"}, ConfigError, "not_a_bool",
+        "is_causal must be a bool (True or False); got 'False'",
+    ),
+    "value_none": (
+        (*_arrays()[:2], None), {}, DTypeError, "not_an_array", "value must be an array",
+    ),
 }  # fmt: skip
 
 
@@ -128,7 +143,7 @@ def test_error_row_is_identical_in_all_three(case):
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c][0][0].ndim >= 3])
 def test_attention_weights_raises_the_same(case, fw):
     (q, k, _), kw, cls, code, _ = CASES[case]
-    if code in ("kv_length_mismatch", "kv_heads_mismatch"):  # no value in attention_weights
+    if code in ("kv_length_mismatch", "kv_heads_mismatch", "not_an_array"):  # value errors
         assert fw.weights(q, k, **kw).shape == (*q.shape[:-1], k.shape[-2])
         return
     with pytest.raises(cls) as info:

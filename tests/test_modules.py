@@ -216,6 +216,20 @@ def test_init_is_deterministic_from_seed(name):
 
 
 @pytest.mark.parametrize("name", list(MODULE_FRAMEWORKS))
+def test_default_init_is_seeded_in_all_three(name):
+    """Without a generator argument, the same constructor arguments give the same weights, even
+    after something else has drawn from the framework's global generator (torch used to draw
+    from its global one, while NumPy's rng and JAX's Rngs default to seed 0)."""
+    cls = MODULE_FRAMEWORKS[name].modules.GroupedQueryAttention
+    first = cls(64, 8, 2).to_canonical()
+    torch.manual_seed(1234)
+    torch.rand(17)  # the global generator moves on
+    second = cls(64, 8, 2).to_canonical()
+    for n in first:
+        np.testing.assert_array_equal(first[n], second[n])
+
+
+@pytest.mark.parametrize("name", list(MODULE_FRAMEWORKS))
 def test_init_in_each_dtype(name):
     for dtype in ("float64", "float16", "bfloat16"):
         weights = _init_weights(name, 0, dtype=dtype)

@@ -213,6 +213,47 @@ def err_zero_head_dim():
     return call(z(B, H, L, 0), z(B, K, S, 0), z(B, K, S, E))
 
 
+@error_case("mask_rank", "MaskError", "mask_shape")
+def err_mask_rank():
+    """A mask with more dims than the scores: (3, B, H, L, S) against (B, H, L, S). (Dropping
+    this rule once let JAX's attention_weights silently return a (3, ...) array.)"""
+    return call(*QKV, mask=z(3, B, H, L, S, dtype="bool"))
+
+
+@error_case("bias_rank", "MaskError", "bias_shape")
+def err_bias_rank():
+    """A bias with more dims than the scores: (2, B, H, L, S)."""
+    return call(*QKV, bias=z(2, B, H, L, S))
+
+
+@error_case("scale_range", "ConfigError", "scale_range")
+def err_scale_range():
+    """scale=1e39 with float32 inputs: finite in Python, but not in the float32 compute dtype
+    (it would make every score inf, and the weights NaN)."""
+    return call(*QKV, scale=1e39)
+
+
+@error_case("softcap_range", "ConfigError", "softcap_range")
+def err_softcap_range():
+    """softcap=1e30, above 2**64: XLA's flush-to-zero makes s / softcap zero, and JAX uniform,
+    where NumPy and torch keep it; the range is refused for all alike."""
+    return call(*QKV, softcap=1e30)
+
+
+@error_case("is_causal_string", "ConfigError", "not_a_bool")
+def err_is_causal_string():
+    """is_causal="False": a string is true in Python, so a port that tests its truth applies the
+    causal rule the caller meant to turn off. Flags must be bools."""
+    return call(*QKV, is_causal="False")
+
+
+@error_case("value_none", "DTypeError", "not_an_array", WITH_VALUE)
+def err_value_none():
+    """value=None: a missing array is DTypeError not_an_array, not an AttributeError from deep
+    inside (nor a weights-only call)."""
+    return call(z(B, H, L, D), z(B, K, S, D), z(dtype="none"))
+
+
 # ---------------------------------------------------------------------------------------------
 # causal_mask
 # ---------------------------------------------------------------------------------------------
@@ -279,11 +320,23 @@ def forward(x=None, context=None, *, mask=None, bias=None, **keywords) -> Module
                            keywords=keywords)  # fmt: skip
 
 
-def decode(chunks: list[int], *, max_len: int, batch_size=MB, x=None) -> ModuleErrorCall:
+def decode(
+    chunks: list[int], *, max_len: int, batch_size=MB, x=None, cache_from=None
+) -> ModuleErrorCall:
+    """Decode ``chunks`` of zeros into a cache of ``max_len``; ``cache_from`` (a module's
+    ``{"n_heads", "n_kv_heads", "weights", "dtype"}``) makes the cache with another module."""
     x = z(MB, sum(chunks), EM) if x is None else x
-    return ModuleErrorCall("decode", weights=error_weights(), inputs={"x": x},
-                           decode={"batch_size": batch_size, "max_len": max_len,
-                                   "chunks": list(chunks)})  # fmt: skip
+    plan = {"batch_size": batch_size, "max_len": max_len, "chunks": list(chunks)}
+    if cache_from is not None:
+        plan["cache_from"] = cache_from
+    return ModuleErrorCall("decode", weights=error_weights(), inputs={"x": x}, decode=plan)
+
+
+def other_module(*, k=EK, d=ED, e=EE, dtype="float32") -> dict[str, Any]:
+    """A module of other sizes or dtype (zeros), whose cache is given to the error module."""
+    weights = {n: {"shape": list(w.shape), "dtype": w.dtype}
+               for n, w in error_weights(k=k, d=d, e=e, dtype=dtype).items()}  # fmt: skip
+    return {"n_heads": EH, "n_kv_heads": k, "weights": weights, "dtype": dtype}
 
 
 @module_error_case("d_model_not_divisible", "DimensionMismatchError", "d_model_not_divisible")
@@ -452,3 +505,41 @@ def err_cache_batch():
 def err_decode_width():
     """New tokens of width 21 into a module of d_model M = 20."""
     return decode([2], max_len=6, x=z(MB, 2, EM + 1))
+
+
+@module_error_case("cache_of_other_heads", "DimensionMismatchError", "cache_mismatch")
+def err_cache_of_other_heads():
+    """A cache made by a module with K = 3 key/value heads given to one with K = 2: refused
+    before any projection or write (NumPy and torch used to half-write it, then fail)."""
+    return decode([2], max_len=6, cache_from=other_module(k=3))
+
+
+@module_error_case("cache_of_other_head_dim", "DimensionMismatchError", "cache_mismatch")
+def err_cache_of_other_head_dim():
+    """A cache whose value head dim is E = 5, given to a module with E = 3."""
+    return decode([2], max_len=6, cache_from=other_module(e=5))
+
+
+@module_error_case("cache_of_other_dtype", "DTypeError", "dtype_mismatch")
+def err_cache_of_other_dtype():
+    """A float16 cache given to a float32 module: refused before the new keys are written."""
+    return decode([2], max_len=6, cache_from=other_module(dtype="float16"))
+
+
+@module_error_case("construct_dtype_name", "DTypeError", "unsupported_dtype")
+def err_construct_dtype_name():
+    """dtype="f4": a NumPy shorthand, not one of the four canonical names (which every
+    framework accepts, with its own dtype objects)."""
+    return construct("GroupedQueryAttention", d_model=24, n_heads=6, n_kv_heads=2, dtype="f4")
+
+
+@module_error_case("construct_bias_flag", "ConfigError", "not_a_bool")
+def err_construct_bias_flag():
+    """bias="no": a flag must be a bool (the string is true)."""
+    return construct("GroupedQueryAttention", d_model=24, n_heads=6, n_kv_heads=2, bias="no")
+
+
+@module_error_case("return_weights_flag", "ConfigError", "not_a_bool")
+def err_return_weights_flag():
+    """return_weights="yes" in a forward call."""
+    return forward(return_weights="yes")

@@ -88,3 +88,16 @@ def flash_block_one(rng, dtype):
     at almost every step; with a mask, a bias, and bottom_right causal."""
     return call(*qkv(rng), mask=random_mask(rng, B, 1, L, S), bias=0.5 * normal(rng, H, L, S),
                 is_causal=True, causal_alignment="bottom_right", block_q=1, block_k=1)  # fmt: skip
+
+
+@flash_case("tiling.garbage_padding.l17_s203", ("float32", "bfloat16"))
+def flash_garbage_padding(rng, dtype):
+    """Left padding as above, with the 40 padded keys and values holding NaN and inf, and a
+    padded block boundary inside a key block (keys 32..39 share the block with allowed keys 40..63):
+    the tiled path must mask those keys and zero their value rows, not multiply by them."""
+    q, k, v = long_qkv(rng, batch=(2,), l=17)
+    k[1, :, :40, :] = np.nan
+    v[1, :, :40, :] = np.inf
+    mask = np.ones((2, 1, 1, LONG_S), dtype=bool)
+    mask[1, ..., :40] = False
+    return call(q, k, v, mask=mask, block_q=16, block_k=32)

@@ -94,6 +94,17 @@ def module_padding(rng, dtype):
                       keywords={"return_weights": True})  # fmt: skip
 
 
+@module_case("padding.nan_context", ("float32", "bfloat16"))
+def module_padding_nan_context(rng, dtype):
+    """The padding case with the padded context tokens of example 1 holding NaN (uninitialized
+    padding): their keys and values are NaN, no query attends them, and the output is clean."""
+    context = normal(rng, MB, MS, MM)
+    context[1, 4:, :] = float("nan")
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      context=context, mask=padding([7, 4], MS),
+                      keywords={"return_weights": True})  # fmt: skip
+
+
 @module_case("bias.full")
 def module_bias(rng, dtype):
     """An additive attention bias (B, H, L, S) passed through the module to the attention."""

@@ -275,6 +275,16 @@ def bias_broadcast_ls(rng, dtype):
     return call(*qkv(rng), bias=-0.5 * np.abs(i - j).astype(np.float64))
 
 
+@sdpa_case("bias.float32_bias", ("float16", "bfloat16"))
+def bias_float32_with_low_precision(rng, dtype):
+    """A float32 bias with float16 or bfloat16 queries: the contract lets the bias have a dtype
+    of its own, and the sum is taken in the compute dtype (float32). A port that refuses the
+    mixed dtypes (MLX's kernel does) fails here; its entries are finer than bfloat16 can hold,
+    so the golden is the float32 bias's, not a rounded one's."""
+    bias = np.round(normal(rng, B, H, L, S) * 1024.0) / 1024.0 + 1.0 / 3.0
+    return call(*qkv(rng), bias=bias, bias_dtype="float32")
+
+
 # ---------------------------------------------------------------------------------------------
 # Scale and softcap
 # ---------------------------------------------------------------------------------------------
@@ -438,3 +448,46 @@ def _register_causal_mask(alignment: str, q_len: int, kv_len: int) -> None:
 
 for _size in CAUSAL_MASK_SIZES:
     _register_causal_mask(*_size)
+
+
+# ---------------------------------------------------------------------------------------------
+# Garbage at keys no query attends
+# ---------------------------------------------------------------------------------------------
+
+
+@sdpa_case("garbage.padding", ALL_DTYPES)
+def garbage_padding(rng, dtype):
+    """A (B, 1, 1, S) padding mask (example 1 keeps its first 4 of 7 keys) whose padded keys and
+    values hold NaN and inf: no query attends them, so they never reach the output or the
+    weights. A plain path that multiplies their zero weights by NaN values (0 * NaN = NaN) fails
+    here; it must zero those rows or select, as the tiled path does by skipping them."""
+    q, k, v = qkv(rng)
+    k[1, :, 4:, :] = math.nan
+    v[1, :, 4:, :] = math.nan
+    v[1, :, 5, 0] = math.inf
+    lengths = np.array([7, 4])
+    mask = np.arange(S)[None, :] < lengths[:, None]  # (B, S)
+    return call(q, k, v, mask=mask[:, None, None, :])
+
+
+@sdpa_case("garbage.causal_tail")
+def garbage_causal_tail(rng, dtype):
+    """top_left causal with L = 5 < S = 7: keys 5 and 6 are seen by no query (unused cache slots,
+    say), and hold NaN; the output is the clean one."""
+    q, k, v = qkv(rng)
+    k[..., 5:, :] = math.nan
+    v[..., 5:, :] = -math.inf
+    return call(q, k, v, is_causal=True)
+
+
+@sdpa_case("garbage.neg_inf_bias_column")
+def garbage_neg_inf_bias_column(rng, dtype):
+    """A key that every row's bias excludes (-inf in its whole column) holds NaN in its key and
+    value: a -inf bias excludes a key as a False mask does, so the NaN never shows (a NaN score
+    plus -inf is NaN, which an arithmetic-only mask would let through)."""
+    q, k, v = qkv(rng)
+    k[..., 3, :] = math.nan
+    v[..., 3, :] = math.nan
+    bias = 0.5 * normal(rng, B, H, L, S)
+    bias[..., 3] = -math.inf
+    return call(q, k, v, bias=bias)

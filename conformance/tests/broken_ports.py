@@ -169,7 +169,7 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
             dims = check_attention(
                 query,
                 key,
-                value,
+                *([] if value is None else [value]),  # no value: attention_weights
                 mask=mask,
                 bias=bias,
                 causal_alignment=causal_alignment,
@@ -364,8 +364,8 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             return_weights=False,
         ):
             check_module_inputs(
-                self.dims, self.dtype.name, x, context, mask=mask, bias=bias,
-                causal_alignment=causal_alignment,
+                self.dims, self.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
+                causal_alignment=causal_alignment, return_weights=return_weights,
             )  # fmt: skip
             context = x if context is None else context
             q_name, k_name = self._names()
@@ -392,8 +392,9 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             if bug == "cache_no_overflow_check":
                 max_len = max(max_len, position + x.shape[1])
             check_decode_inputs(
-                self.dims, self.dtype.name, x, cache_batch=cache.key.shape[0],
+                self.dims, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
                 position=position, max_len=max_len, mask=mask, bias=bias,
+                return_weights=return_weights,
             )  # fmt: skip
             q_name, k_name = self._names()
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)

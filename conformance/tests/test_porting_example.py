@@ -48,3 +48,17 @@ def test_a_ports_own_xfails_file_is_found_next_to_it(tmp_path: Path) -> None:
     assert done.returncode == 1
     assert "XPASS sdpa.gqa.h6_k2.float32 [cpu float32]" in done.stdout
     assert "believed broken" in done.stdout
+
+
+def test_the_failure_line_quoted_in_porting_md_is_what_the_runner_prints() -> None:
+    """PORTING.md shows the failure of a port that forgets 1/sqrt(D); the runner, applied to
+    the broken port with that bug, prints exactly that line (so the document cannot drift)."""
+    from conformance.runner import run_suite
+    from conformance.tests.broken_ports import make_port
+
+    (quoted,) = [
+        line for line in PORTING.read_text().splitlines() if line.startswith("FAIL sdpa.saturation")
+    ]
+    run_id = quoted.split()[1]
+    report = run_suite(make_port("scale_missing"), select=lambda r: r.id == run_id)
+    assert [o.line() for o in report.outcomes] == [quoted]

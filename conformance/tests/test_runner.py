@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import numpy as np
@@ -13,6 +17,8 @@ from conformance import quick_check
 from conformance.__main__ import main
 from conformance.runner import Xfails, load_port, run_suite
 from conformance.tests.broken_ports import make_port
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_a_missing_function_fails_its_runs_as_not_implemented_one_line_each() -> None:
@@ -238,3 +244,178 @@ def test_quick_check_honours_the_builtin_xfails() -> None:
     pytest.importorskip("torch")
     result = quick_check("torch_fused", n_cases=200)  # includes softcap and the (S,) mask
     assert result.ok, result.failures
+
+
+# ---------------------------------------------------------------------------------------------
+# Porting experience: crashes, skips, --list, messages that locate the error
+# ---------------------------------------------------------------------------------------------
+
+CRASHING_PORT = """
+import os
+import signal
+import time
+
+import impl_numpy
+from impl_numpy import attention_weights, causal_mask  # noqa: F401
+
+
+def scaled_dot_product_attention(query, key, value, **keywords):
+    H, K = query.shape[-3], key.shape[-3]
+    if H == 8 and query.dtype.name == "float32":  # sdpa.gqa.h8_k1.float32: a SIGFPE
+        os.kill(os.getpid(), signal.SIGFPE)
+    if K == 3 and H == 6:  # sdpa.gqa.h6_k3.float32: a hard abort
+        os.abort()
+    if H == 8 and query.dtype.name == "bfloat16" and "KILL_PARENT" in os.environ:
+        time.sleep(2)  # let the parent write what it has, then kill it, as a user would
+        os.kill(os.getppid(), signal.SIGKILL)
+    return impl_numpy.scaled_dot_product_attention(query, key, value, **keywords)
+"""
+
+
+def _run_cli(tmp_path: Path, *args: str, env_extra: dict | None = None):
+    (tmp_path / "crashy.py").write_text(CRASHING_PORT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+    env.update(env_extra or {})
+    return subprocess.run(
+        [sys.executable, "-m", "conformance", "--impl", "crashy", *args],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+
+
+def test_a_crashing_port_is_reported_per_case_and_the_rest_still_runs(tmp_path) -> None:
+    report_file = tmp_path / "report.json"
+    done = _run_cli(tmp_path, "-k", "sdpa.gqa.*", "--report", str(report_file))
+    assert done.returncode == 1, done.stdout + done.stderr
+    out = done.stdout
+    assert "CRASH sdpa.gqa.h8_k1.float32 [cpu float32]: crashed (SIGFPE)" in out
+    assert "CRASH sdpa.gqa.h6_k3.float32 [cpu float32]: crashed (SIGABRT)" in out
+    assert "crashy.py" in out  # faulthandler's innermost frame: the port's line
+    (report,) = json.loads(report_file.read_text())
+    status = {o["run_id"]: o["status"] for o in report["outcomes"]}
+    assert status["sdpa.gqa.h8_k1.float32"] == status["sdpa.gqa.h6_k3.float32"] == "crash"
+    # every other gqa run still ran, after the crashes too, in the planned order
+    assert len(status) == 11 and list(status.values()).count("pass") == 9
+    assert report["complete"] and report["counts"]["crash"] == 2
+
+
+def test_a_killed_run_leaves_the_report_it_had(tmp_path) -> None:
+    """The report is written after every run: killing the whole run (here the port kills the
+    CLI itself, at sdpa.gqa.h8_k1.bfloat16) leaves the runs made before, marked incomplete."""
+    report_file = tmp_path / "report.json"
+    done = _run_cli(tmp_path, "-k", "sdpa.gqa.h8_k1.*", "--report", str(report_file),
+                    env_extra={"KILL_PARENT": "1"})  # fmt: skip
+    assert done.returncode == -9
+    (report,) = json.loads(report_file.read_text())
+    assert not report["complete"] and not report["ok"]
+    assert [o["run_id"] for o in report["outcomes"]] == [
+        "sdpa.gqa.h8_k1.float64", "sdpa.gqa.h8_k1.float32", "sdpa.gqa.h8_k1.float16",
+    ]  # fmt: skip
+
+
+def test_skip_entries_do_not_run_and_bang_lines_exclude(tmp_path) -> None:
+    """'every gqa float32 case except h6_k3' is two lines; skip: keeps the crash from running."""
+    xfails = tmp_path / "crashy.xfails"
+    xfails.write_text(
+        "skip: sdpa.gqa.*.float32   # crashes\n"
+        "!sdpa.gqa.h6_k2.float32     # this one runs\n"
+        "skip: sdpa.gqa.h6_k3.float32   # aborts\n"
+    )
+    done = _run_cli(tmp_path, "-k", "sdpa.gqa.*", "--show-xfails")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "skip sdpa.gqa.h8_k1.float32 [cpu float32]: skipped: crashes" in done.stdout
+    assert "skip sdpa.gqa.h6_k3.float32 [cpu float32]: skipped: aborts" in done.stdout
+    assert "sdpa.gqa.h6_k2.float32" not in done.stdout  # ran and passed: not listed
+    assert "CRASH" not in done.stdout and "3 skipped" in done.stdout
+
+
+def test_xfails_grammar() -> None:
+    x = Xfails.parse(
+        "*.float64            # no float64\n"
+        "!*.scale.zero.float64\n"
+        "cuda: skip: decode.* # crashes on cuda\n"
+    )
+    assert x.reason("sdpa.gqa.h6_k2.float64", "cpu") == "no float64"
+    assert x.lookup("sdpa.scale.zero.float64", "cpu") is None
+    assert x.lookup("decode.gqa.h6_k2.tokens.float32", "cpu") is None
+    entry = x.lookup("decode.gqa.h6_k2.tokens.float32", "cuda:0")
+    assert entry.skip and entry.reason == "crashes on cuda"
+    with pytest.raises(ValueError, match="expected"):
+        Xfails.parse("sdpa.a sdpa.b  # two globs on one line")
+
+
+def test_list_prints_the_run_ids_and_runs_nothing(capsys) -> None:
+    assert main(["--impl", "impl_numpy", "--list", "--function", "sdpa", "-k", "gqa.h6"]) == 0
+    ids = capsys.readouterr().out.split()
+    assert ids == [
+        "sdpa.gqa.h6_k2.float64", "sdpa.gqa.h6_k2.float32", "sdpa.gqa.h6_k2.float16",
+        "sdpa.gqa.h6_k2.bfloat16", "sdpa.gqa.h6_k3.float32", "sdpa.gqa.h6_k2.head_mask.float32",
+        "sdpa.gqa.h6_k2.head_mask.bfloat16",
+    ]  # fmt: skip
+    assert main(["--impl", "torch_fused", "--list", "-k", "*softcap.cap2*float32"]) == 0
+    listed = capsys.readouterr().out.splitlines()
+    assert "sdpa.softcap.cap2_neg_inf_bias.float32  # xfail" in listed
+
+
+def test_a_failure_locates_the_worst_element_to_full_precision() -> None:
+    def off_by_a_bit(query, key, value, **keywords):
+        out = impl_numpy.scaled_dot_product_attention(query, key, value, **keywords)
+        out[1, 4, 3, 2] += np.float32(0.001)
+        return out
+
+    port = SimpleNamespace(__name__="bit", scaled_dot_product_attention=off_by_a_bit)
+    report = run_suite(port, functions=["sdpa"], select=lambda r: r.id == "sdpa.gqa.h6_k2.float32")
+    (failure,) = report.failures
+    expected = float(_golden("sdpa.gqa.h6_k2.float32")["output"][1, 4, 3, 2])
+    assert f"at (1, 4, 3, 2): expected {expected!r}, got " in failure.message
+    assert "x the bound; relative error " in failure.message
+    got = float(failure.message.rsplit("got ", 1)[1])
+    assert abs(got - expected - 0.001) < 1e-6 and repr(got) != f"{got:.6g}"  # all the digits
+
+
+def _golden(case_id: str) -> dict:
+    from conformance import load_manifest
+
+    return load_manifest().by_id()[case_id].tensors()
+
+
+def test_an_exception_names_the_line_of_the_port_that_raised_it() -> None:
+    def broken(query, key, value, **keywords):
+        raise RuntimeError("shapes do not fit")
+
+    port = SimpleNamespace(__name__="raiser", scaled_dot_product_attention=broken)
+    report = run_suite(port, functions=["sdpa"], select=lambda r: r.id == "sdpa.gqa.h6_k2.float32")
+    message = report.failures[0].message
+    assert message.startswith("raised RuntimeError: shapes do not fit (at test_runner.py:")
+    assert "in broken)" in message
+
+
+def test_an_adapter_that_raises_is_named_with_its_traceback_tail() -> None:
+    def from_numpy(array, device):
+        return _convert(array)
+
+    def _convert(array):
+        raise TypeError("no bfloat16 here")
+
+    port = SimpleNamespace(
+        __name__="adapted", scaled_dot_product_attention=impl_numpy.scaled_dot_product_attention,
+        from_numpy=from_numpy, to_numpy=np.asarray,
+    )  # fmt: skip
+    report = run_suite(port, functions=["sdpa"], select=lambda r: r.id == "sdpa.basic.mha.float32")
+    message = report.failures[0].message
+    assert message.startswith("the adapter `from_numpy` of adapted raised TypeError: no bfloat16")
+    assert "traceback tail: test_runner.py:" in message and "in _convert" in message
+
+
+def test_an_adapter_that_downcasts_float64_is_told_so() -> None:
+    """MLX's from_numpy silently turns float64 into float32; the suite says that, not 'output
+    dtype float32, expected float64'."""
+    port = SimpleNamespace(
+        __name__="downcaster", scaled_dot_product_attention=impl_numpy.scaled_dot_product_attention,
+        from_numpy=lambda a, device: a.astype(np.float32) if a.dtype == np.float64 else a,
+        to_numpy=np.asarray,
+    )  # fmt: skip
+    report = run_suite(port, functions=["sdpa"], select=lambda r: r.case.feature == "basic")
+    status = {o.run_id: o for o in report.outcomes}
+    assert status["sdpa.basic.mha.float32"].status == "pass"
+    message = status["sdpa.basic.mha.float64"].message
+    assert "turn float64 into float32" in message and "from_numpy must keep the dtype" in message
