@@ -110,7 +110,7 @@ def test_every_call_is_a_right_answer_or_the_same_error(call) -> None:
         seen = {(type(e).__name__, e.code, str(e)) for e in errors.values()}
         assert len(seen) == 1, f"the three raised differently: {seen}"
         return
-    q, k, v = (call[n] for n in ("query", "key", "value"))
+    q = call["query"]
     dtype = q.dtype.name
     semantic = {n: call[n] for n in ("is_causal", "causal_alignment") if n in call}
     for name in ("scale", "softcap"):
