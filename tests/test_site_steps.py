@@ -13,7 +13,7 @@ import pytest
 from docs.site import idioms
 from docs.site.page import build, check_idioms, readme_block, readme_excerpt
 from docs.site.sections import SECTIONS, Section
-from docs.site.steps import DriftError, all_steps, section_steps
+from docs.site.steps import DriftError, Incomplete, all_steps, section_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 FUNCTIONAL = ["1 scores", "2 softcap", "3 bias", "4 mask", "5 causal", "6 softmax", "7 output"]
@@ -161,16 +161,26 @@ def test_helpers_are_read_where_called_and_a_tagged_repeat_continues_its_step(tm
     assert steps[0].code["numpy"].text == "# 1. first: one line.\ny = y + 1"  # dedented, no blank
 
 
-def test_an_optional_section_appears_once_its_file_exists(tmp_path):
+def test_an_optional_section_appears_once_all_three_have_it_and_is_then_checked(tmp_path):
     section = Section("toy", "Toy", "toy.py", functions=("*",), optional=True)
     assert section_steps(section, tmp_path) is None
-    _write(tmp_path, "numpy", PLAIN)
-    with pytest.raises(DriftError, match=r"impl_numpy/toy\.py exist\(s\) but impl_torch/toy\.py"):
+    _write(tmp_path, "numpy", PLAIN)  # one framework first: left off the page, and said why
+    with pytest.raises(Incomplete, match=r"impl_numpy/toy\.py exist\(s\) but impl_torch/toy\.py"):
         section_steps(section, tmp_path)
+    skipped: list[str] = []
+    assert all_steps(tmp_path, (section,), skipped) == [] and skipped[0].startswith("toy: ")
     for fw in ("torch", "jax"):
         _write(tmp_path, fw, PLAIN)
     found = section_steps(section, tmp_path)
     assert found.groups == ("run", "helper")  # "*": every function with numbered steps
+    _write(tmp_path, "jax", PLAIN.replace("# 3. third", "# 4. third"))  # now drift is an error
+    with pytest.raises(DriftError, match=r'step "3\. third" is in impl_numpy/toy\.py:8'):
+        section_steps(section, tmp_path)
+    # a fixed section with a file missing in one framework is drift, not incomplete
+    fixed = Section("toy", "Toy", "toy.py", functions=("run",))
+    (tmp_path / "impl_torch" / "toy.py").unlink()
+    with pytest.raises(DriftError, match=r"impl_torch/toy\.py does not"):
+        section_steps(fixed, tmp_path)
 
 
 def test_every_row_of_the_fixed_sections_has_an_idiom_note(real):

@@ -45,6 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(built.figures)} figures) in {time.perf_counter() - t0:.1f} s; "
         f"open file://{built.index}"
     )
+    for reason in built.skipped:
+        print(f"  left off until all three implementations have it: {reason}")
     for note in built.missing_notes:
         print(f"  no idiom note yet (docs/site/idioms.py): {note}")
     return 0

@@ -36,6 +36,7 @@ class Built:
     sections: list[SectionSteps]
     figures: list[str]
     missing_notes: list[str] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # optional sections not complete yet
 
 
 # ---------------------------------------------------------------------------------------------
@@ -168,7 +169,8 @@ def build(
     from docs.site.figures import FIGURES
 
     figures_dir = figures_dir or root / "docs" / "figures"
-    sections = all_steps(root)
+    skipped: list[str] = []
+    sections = all_steps(root, skipped=skipped)
     missing = check_idioms(sections)
     lacking = [f.name for f in FIGURES if not (figures_dir / f"{f.name}.png").is_file()]
     if lacking:
@@ -218,7 +220,7 @@ each step, one sentence on what differs in the idiom; each cell links to its fil
 </html>
 """
     (out / "index.html").write_text(page)
-    return Built(out / "index.html", sections, [f.name for f in FIGURES], missing)
+    return Built(out / "index.html", sections, [f.name for f in FIGURES], missing, skipped)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -6,7 +6,8 @@ differently, as torch's ``forward`` is NumPy's and JAX's ``__call__``). A functi
 step comments (``# 1. ...``) gives one row per step; one without gives a single row. A helper is
 read where the function calls it: its steps come right after the caller's step that calls it.
 ``"*"`` means every function of the file that has numbered steps. An optional section appears by
-itself once its file or functions exist (and is then checked like the others).
+itself once its file and functions exist in all three implementations, and is then checked like
+the others; while only some have them it is left off the page, and the build says so.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ class Section:
     file: str  # the file name inside each impl_<framework>/ package
     functions: tuple[str, ...]  # shown in this order; "*": every function with numbered steps
     helpers: tuple[str, ...] = ()  # read where the functions call them
-    optional: bool = False  # shown once its file and functions exist, skipped before that
+    optional: bool = False  # shown once all three have its file and functions
 
 
 SECTIONS: tuple[Section, ...] = (

@@ -39,6 +39,11 @@ class DriftError(Exception):
     of them lacks). The message says which file, function, step and line."""
 
 
+class Incomplete(Exception):
+    """An optional section whose file or functions exist in some implementations only: it is
+    left off the page (with this message) until all three have them, and then checked."""
+
+
 @dataclass(frozen=True)
 class Code:
     """One framework's source of one step (or of one whole function without steps)."""
@@ -291,7 +296,7 @@ def section_steps(section: Section, root: Path = ROOT) -> SectionSteps | None:
     """The rows of one section; None for an optional section whose code does not exist yet.
 
     Raises DriftError when the three implementations differ in their steps, or a function the
-    section names is in some of them and not in the others.
+    section names is in some of them and not in the others (Incomplete for an optional section).
     """
     sources = _sources(section, root)
     present = [fw for fw in FRAMEWORKS if sources[fw] is not None]
@@ -299,7 +304,7 @@ def section_steps(section: Section, root: Path = ROOT) -> SectionSteps | None:
         return None
     if len(present) < len(FRAMEWORKS):
         lacking = ", ".join(_where(fw, section) for fw in FRAMEWORKS if sources[fw] is None)
-        raise DriftError(
+        raise (Incomplete if section.optional else DriftError)(
             f'"{section.title}": {", ".join(_where(fw, section) for fw in present)} exist(s) but '
             f"{lacking} does not; the three implementations have the same files."
         )
@@ -312,7 +317,7 @@ def section_steps(section: Section, root: Path = ROOT) -> SectionSteps | None:
         if any(n is None for n in names.values()):
             has = ", ".join(f"{_where(fw, section)} ({n})" for fw, n in names.items() if n)
             lacks = ", ".join(_where(fw, section) for fw, n in names.items() if n is None)
-            raise DriftError(
+            raise (Incomplete if section.optional else DriftError)(
                 f'"{section.title}": {spec!r} is in {has} but not in {lacks}; the three '
                 f"implementations have the same functions (or list each name in docs/site/"
                 f"sections.py as 'a | b')."
@@ -337,6 +342,22 @@ def section_steps(section: Section, root: Path = ROOT) -> SectionSteps | None:
     return SectionSteps(section, tuple(steps), tuple(groups))
 
 
-def all_steps(root: Path = ROOT, sections: tuple[Section, ...] = SECTIONS) -> list[SectionSteps]:
-    """Every section that exists, checked; raises DriftError at the first that does not line up."""
-    return [s for sec in sections if (s := section_steps(sec, root)) is not None]
+def all_steps(
+    root: Path = ROOT, sections: tuple[Section, ...] = SECTIONS, skipped: list[str] | None = None
+) -> list[SectionSteps]:
+    """Every section that exists, checked; raises DriftError at the first that does not line up.
+
+    An optional section present in only some implementations is left out, and why is appended
+    to ``skipped``.
+    """
+    out = []
+    for sec in sections:
+        try:
+            found = section_steps(sec, root)
+        except Incomplete as e:
+            if skipped is not None:
+                skipped.append(f"{sec.id}: {e}")
+            continue
+        if found is not None:
+            out.append(found)
+    return out
