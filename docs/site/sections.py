@@ -81,5 +81,12 @@ SECTIONS: tuple[Section, ...] = (
         functions=("flash_attention_vjp",),
         optional=True,
     ),
-    Section("sharded", "Sharded attention", "sharded.py", functions=("*",), optional=True),
+    Section(
+        "sharded",
+        "Sharded attention",
+        "sharded.py",
+        functions=("ring_attention", "head_parallel_attention", "head_parallel_gqa"),
+        helpers=("_ring_device", "_attend_block"),
+        optional=True,
+    ),
 )

@@ -7,7 +7,8 @@ next step comment, or to the end of the block the comment sits in (the first lin
 or to the end of the function. Two refinements keep the reading order honest:
 
 - a helper named in the section (``_weights``, ``_attend_block``) is read where its caller calls
-  it (the last call): its steps come right after the caller's step that contains the call;
+  it or hands it on (the last such line): its steps come right after the caller's step that
+  contains that line;
 - a comment that repeats the current step's number with a tag in parentheses right after it,
   such as JAX's ``# 5. (tiling)``, continues that step; ``# 6. (end)`` after step 7 is a step of
   its own.
@@ -82,7 +83,7 @@ class _Raw:
     function: str
     start: int
     end: int  # last line of the step before trailing blank lines are dropped
-    col: int  # the comment's column: the step's lines are dedented by it
+    col: int  # the indentation of the comment's line: the step ends below it; -1: a whole function
     path: str = ""
 
 
@@ -137,9 +138,9 @@ class _Source:
         """The numbered steps written inside function ``name`` (nested functions included)."""
         node = self.functions[name]
         first, last = node.lineno, node.end_lineno
-        marks = [
-            (line, col, m)
-            for line, col, text in self.comments
+        marks = [  # a step comment on a line of its own, or after the code it names
+            (line, len(self.lines[line - 1]) - len(self.lines[line - 1].lstrip()), m)
+            for line, _, text in self.comments
             if first <= line <= last and (m := STEP_COMMENT.fullmatch(text))
         ]
         steps: list[_Raw] = []
@@ -160,17 +161,47 @@ class _Source:
             steps.append(_Raw(key, f"{head} {title}".strip(), name, line, end, col, self.rel))
         return steps
 
-    def calls(self, name: str, callee: str) -> list[int]:
-        """Lines in function ``name`` that call ``callee`` (by its last name component)."""
-        short = callee.rsplit(".", 1)[-1]
-        lines = []
-        for node in ast.walk(self.functions[name]):
-            if isinstance(node, ast.Call):
-                f = node.func
-                called = f.id if isinstance(f, ast.Name) else getattr(f, "attr", None)
-                if called == short:
+    def runs(self, name: str, callee: str) -> int | None:
+        """The line of function ``name`` where ``callee`` runs: the last line that calls it or
+        hands it on (``shard_map(partial(_ring_device, ...))``); a use inside a local function
+        without step comments of its own (``def attend(c): return _attend_block(...)``) counts
+        where that function is used."""
+        top = self.functions[name]
+        marked = {line for line, _, text in self.comments if STEP_COMMENT.fullmatch(text)}
+        parent: dict[ast.AST, ast.AST] = {}
+        for node in ast.walk(top):
+            for child in ast.iter_child_nodes(node):
+                parent[child] = node
+
+        def local_def(node: ast.AST) -> ast.FunctionDef | ast.AsyncFunctionDef | None:
+            while node in parent:
+                node = parent[node]
+                if node is top:
+                    return None
+                if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                    return node
+            return None
+
+        def last_use(short: str, seen: frozenset[str]) -> int | None:
+            lines = []
+            for node in ast.walk(top):
+                used = (isinstance(node, ast.Name) and node.id == short) or (
+                    isinstance(node, ast.Attribute) and node.attr == short
+                )
+                if not used:
+                    continue
+                inner = local_def(node)
+                if (
+                    inner is None
+                    or inner.name in seen
+                    or any(inner.lineno <= n <= inner.end_lineno for n in marked)
+                ):
                     lines.append(node.lineno)
-        return lines
+                elif (line := last_use(inner.name, seen | {inner.name})) is not None:
+                    lines.append(line)
+            return max(lines, default=None)
+
+        return last_use(callee.rsplit(".", 1)[-1], frozenset())
 
     def steps(self, name: str, helpers: tuple[str, ...], seen: tuple[str, ...] = ()) -> list[_Raw]:
         """The steps of ``name`` in reading order, with the helpers' steps where they are called."""
@@ -179,11 +210,11 @@ class _Source:
             helper = self.find(spec)
             if helper is None or helper == name or helper in seen:
                 continue
-            lines = self.calls(name, helper)
-            if not lines:
+            line = self.runs(name, helper)
+            if line is None:
                 continue
             inner = self.steps(helper, helpers, (*seen, name))
-            at = sum(1 for s in steps if s.start <= max(lines))  # after the step holding the call
+            at = sum(1 for s in steps if s.start <= line)  # after the step holding the call
             steps[at:at] = inner
         return steps
 
