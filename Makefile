@@ -28,7 +28,7 @@ BENCH ?= quick
 # Test parallelism (pytest-xdist workers).
 WORKERS ?= 2
 
-.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare clean
+.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare docs figures clean
 
 help:
 	@echo "make test         create/reuse .venv, install, run every test"
@@ -37,6 +37,8 @@ help:
 	@echo "make conformance-frameworks  the same suite against torch's and jax's own kernels"
 	@echo "make lint         ruff"
 	@echo "make fixtures     regenerate conformance/fixtures/v1 (fixtures-check: prove no drift)"
+	@echo "make docs         the side-by-side page, build/docs/index.html (and make figures)"
+	@echo "make figures      remake the PNGs in docs/figures/"
 	@echo "make install      only build the environment;  make clean: remove it and caches"
 	@echo "ACCEL=$(ACCEL) TORCH_SPEC='$(TORCH_SPEC)' JAX_SPEC='$(JAX_SPEC)' PY=$(PY)"
 
@@ -77,6 +79,12 @@ bench: $(ENV_READY)
 
 bench-compare: $(ENV_READY)
 	$(PY) -m bench.compare $(A) $(B)
+
+figures: $(ENV_READY)
+	$(PY) -m docs.site.figures --out docs/figures
+
+docs: figures
+	$(PY) -m docs.site --out build/docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .benchmarks *.egg-info
