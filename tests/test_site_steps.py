@@ -67,14 +67,24 @@ FUNCTIONAL_SECTION = next(s for s in SECTIONS if s.id == "functional")
         # a step missing in one script: named with the file and line where the others have it
         (
             "torch",
-            "# 3. bias:",
-            "# bias:",
-            r'step "3\. bias" is in impl_numpy/functional\.py:\d+ but not in PyTorch',
+            "# 3. additive terms:",
+            "# additive terms:",
+            r'step "3\. additive terms" is in impl_numpy/functional\.py:\d+ but not in PyTorch',
         ),
         # two steps swapped: the row where the sequences part
-        ("jax", "# 3. bias:", "# 4. mask:", r'step "3\. bias" is in .* but not in JAX'),
+        (
+            "jax",
+            "# 3. additive terms:",
+            "# 4. allowed:",
+            r'step "3\. additive terms" is in .* but not in JAX',
+        ),
         # a renumbered step
-        ("numpy", "# 5. causal:", "# 4. causal:", r"step \"4\. causal\" is in impl_numpy"),
+        (
+            "numpy",
+            "# 5. softmax over S",
+            "# 4. softmax over S",
+            r"step \"4\. softmax over S, stable\" is in impl_numpy",
+        ),
     ],
 )
 def test_a_drifted_copy_fails_the_build(tmp_path, framework, old, new, expected):
@@ -91,14 +101,14 @@ def test_a_reordered_step_names_the_row(tmp_path):
     root = _copy(tmp_path / "repo")
     path = root / "impl_jax" / "functional.py"
     text = path.read_text()
-    bias = re.search(r"\n    # 3\. bias.*?\n\n", text, re.S).group(0)
-    mask = re.search(r"\n    # 4\. mask.*?\n\n", text, re.S).group(0)
+    bias = re.search(r"\n    # 3\. additive.*?\n\n", text, re.S).group(0)
+    mask = re.search(r"\n    # 4\. allowed.*?\n\n", text, re.S).group(0)
     path.write_text(
         text.replace(bias, "\n#BIAS#\n").replace(mask, bias).replace("\n#BIAS#\n", mask)
     )
     with pytest.raises(
         DriftError,
-        match=r'differ at row 3: NumPy has "3\. bias" .* JAX has "4\. mask" '
+        match=r'differ at row 3: NumPy has "3\. additive terms" .* JAX has "4\. allowed" '
         r"\(impl_jax/functional\.py:\d+\)",
     ):
         section_steps(FUNCTIONAL_SECTION, root)
@@ -228,7 +238,7 @@ def test_every_row_of_the_fixed_sections_has_an_idiom_note(real):
 def test_a_note_quoting_code_that_is_gone_fails(real, monkeypatch):
     notes = {**idioms.IDIOMS, "functional": {**idioms.IDIOMS["functional"]}}
     # what the hand-written README table said after torch moved to masked_fill_
-    notes["functional"]["4. mask"] = "torch selects with `torch.where(mask, s, -inf)`"
+    notes["functional"]["4. allowed"] = "torch selects with `torch.where(mask, s, -inf)`"
     monkeypatch.setattr("docs.site.page.IDIOMS", notes)
     with pytest.raises(DriftError, match=r"quotes `torch\.where\(mask, s, -inf\)`, which none"):
         check_idioms(list(real.values()))
@@ -240,7 +250,7 @@ def test_a_note_quoting_code_that_is_gone_fails(real, monkeypatch):
 def test_the_readme_excerpt_is_what_the_generator_makes(real):
     block = readme_block((ROOT / "README.md").read_text())
     assert block == readme_excerpt(list(real.values())), "README.md is stale: run `make docs`"
-    assert "| 3. bias |" in block and "`add_`" in block
+    assert "| 3. additive terms |" in block and "`add_`" in block
 
 
 def test_the_page_is_static_and_has_every_row(tmp_path, real):
