@@ -42,7 +42,8 @@ def require_backend(name: str) -> None:
         raise ImportError(
             f"keras is already imported in this process with the {keras.backend.backend()!r} "
             f"backend, and picks its backend once per process: run the {name} keras port in a "
-            "process of its own (python -m conformance does: one child process per port)"
+            "process of its own (python -m conformance gives each port a child process, except "
+            "with --in-process or --list)"
         )
 
 
