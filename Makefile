@@ -34,7 +34,8 @@ help:
 	@echo "make test         create/reuse .venv, install, run every test"
 	@echo "make bench        benchmark on DEVICE=$(DEVICE) (BENCH=quick|full)"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax"
-	@echo "make conformance-frameworks  the same suite against torch's and jax's own kernels"
+	@echo "make conformance-frameworks  the same suite against the frameworks' own kernels"
+	@echo "                  (torch, jax; mlx and keras too with the frameworks extra)"
 	@echo "make lint         ruff"
 	@echo "make fixtures     regenerate conformance/fixtures/v1 (fixtures-check: prove no drift)"
 	@echo "make docs         the side-by-side page, build/docs/index.html (and make figures)"
@@ -65,8 +66,17 @@ format: $(ENV_READY)
 conformance: $(ENV_READY)
 	$(PY) -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax
 
+# torch's and jax's kernels always; MLX's and keras's when the `frameworks` extra is installed
+# (each keras backend is its own port: keras picks its backend once per process).
 conformance-frameworks: $(ENV_READY)
-	$(PY) -m conformance --impl torch_fused --impl jax_fused --show-xfails
+	@impls="--impl torch_fused --impl jax_fused"; \
+	if $(PY) -c "import mlx.core" 2>/dev/null; then impls="$$impls --impl mlx_fast"; \
+	else echo "conformance-frameworks: skipping mlx_fast: mlx is not installed (pip install -e '.[frameworks]')"; fi; \
+	if $(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('keras') is None)"; \
+	then impls="$$impls --impl keras_ops --impl keras_ops_torch"; \
+	else echo "conformance-frameworks: skipping keras_ops, keras_ops_torch: keras is not installed (pip install -e '.[frameworks]')"; fi; \
+	echo "$(PY) -m conformance $$impls --show-xfails"; \
+	$(PY) -m conformance $$impls --show-xfails
 
 fixtures: $(ENV_READY)
 	$(PY) -m conformance.generate --out conformance/fixtures/v1
