@@ -11,6 +11,7 @@ S key/value length, D query/key head dim, E value head dim, M model width.
 from attention_spec.errors import (
     ERROR_CODES,
     MODULE_ERROR_CODES,
+    SHARDED_ERROR_CODES,
     AttentionError,
     ConfigError,
     DimensionMismatchError,
@@ -44,6 +45,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "FUNCTIONAL_API",
     "MODULE_ERROR_CODES",
+    "SHARDED_ERROR_CODES",
     "SUPPORTED_DTYPES",
     "AttentionDims",
     "AttentionError",
