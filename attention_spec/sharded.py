@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attention_spec.errors import make_error
-from attention_spec.validate import AttentionDims
+from attention_spec.validate import AttentionDims, broadcast_shapes
 
 __all__ = [
     "LAYOUTS",
@@ -32,6 +32,7 @@ __all__ = [
     "check_shard_config",
     "check_shard_devices",
     "ring_bytes_per_step",
+    "ring_memory_per_device",
     "shard_chunks",
 ]
 
@@ -201,3 +202,48 @@ def block_visible(q_chunk, k_chunk, Lc: int, Sc: int, offset: int):
     Plain arithmetic, so the chunk indices may be Python ints or traced JAX integers.
     """
     return k_chunk * Sc <= (q_chunk + 1) * Lc - 1 + offset
+
+
+def ring_memory_per_device(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    n_shards: int,
+    layout: str,
+    itemsize: int,
+    compute_itemsize: int,
+) -> dict[str, int]:
+    """Bytes one device of the ring holds (docs/SHARDED.md, "Memory"), without mask and bias.
+
+    What it is handed and keeps: ``query_shard`` (its L/n rows) and ``kv_shard`` (its S/n keys
+    and values), in the input dtype (``itemsize``). What it adds at its peak, ``extra``: the
+    key/value shard arriving while it computes with the held one (``kv_arriving``), the
+    running output and row log-sum-exp of its rows (``accumulators``, compute dtype), and one
+    block's scratch, the scores and their exponentials for one (query chunk, key chunk) pair
+    (``block_scratch``, compute dtype); a 16-bit input adds its query shard in the compute
+    dtype. ``output_shard`` is what it returns.
+    """
+    *qb, H, L, D = query_shape
+    S, E = key_shape[-2], value_shape[-1]
+    batch = math.prod(broadcast_shapes(tuple(qb), tuple(key_shape[:-3]), tuple(value_shape[:-3])))
+    c = 1 if layout == "contiguous" else 2
+    rows, keys = L // n_shards, S // n_shards
+    kv = (math.prod(key_shape) + math.prod(value_shape)) // n_shards * itemsize
+    terms = {
+        "query_shard": math.prod(qb) * H * rows * D * itemsize,
+        "kv_shard": kv,
+        "kv_arriving": kv,
+        "accumulators": batch * H * rows * (E + 1) * compute_itemsize,
+        "block_scratch": 2 * batch * H * (rows // c) * (keys // c) * compute_itemsize,
+        "query_compute_copy": (
+            math.prod(qb) * H * rows * D * compute_itemsize if compute_itemsize != itemsize else 0
+        ),
+        "output_shard": batch * H * rows * E * itemsize,
+    }
+    terms["extra"] = (
+        terms["kv_arriving"]
+        + terms["accumulators"]
+        + terms["block_scratch"]
+        + terms["query_compute_copy"]
+    )
+    return terms

@@ -12,15 +12,13 @@ The lengths are long enough for several shards (L, S in 32 .. 96) and each case 
 counts it is written for (``shards``): 2n divides L and S for every one of them, so both layouts
 run. Which runs a fixture gets (SEMANTICS.md, "Sharded attention"):
 
-=============== ============================================== ===============================
-alias           call                                           the fixture runs when
-=============== ============================================== ===============================
-ring            ``ring_attention(q, k, v, n_shards=n,           n divides L and S
-                layout="contiguous", **keywords)``
-ring_zigzag     ``ring_attention(..., layout="zigzag")``        2n divides L and S
-head_parallel   ``head_parallel_attention(q, k, v,              n divides K
-                n_shards=n, **keywords)``
-=============== ============================================== ===============================
+- ``ring``: ``ring_attention(q, k, v, n_shards=n, layout="contiguous", **keywords)``, when n
+  divides L and S;
+- ``ring_zigzag``: ``ring_attention(..., layout="zigzag")``, when 2n divides L and S;
+- ``head_parallel``: ``head_parallel_attention(q, k, v, n_shards=n, **keywords)``, when n
+  divides K;
+- ``head_parallel_gqa`` (``module`` fixtures): ``head_parallel_gqa(module, x, context,
+  n_shards=n, **keywords)`` with the module loaded by ``from_canonical``, when n divides its K.
 
 :func:`sharded_runs` applies these rules to any list of fixtures (the v1 ``sdpa`` fixtures and
 these cases alike). Default sizes: B=1, H=4, K=2, D=5, E=3 (pairwise distinct where it matters;
@@ -57,6 +55,7 @@ SHARDED_FUNCTIONS: dict[str, tuple[str, str | None]] = {
     "ring": ("ring_attention", "contiguous"),
     "ring_zigzag": ("ring_attention", "zigzag"),
     "head_parallel": ("head_parallel_attention", None),
+    "head_parallel_gqa": ("head_parallel_gqa", None),
 }
 
 B, H, K, D, E = 1, 4, 2, 5, 3
@@ -180,15 +179,16 @@ def mask_padding(rng, dtype):
 
 @ring_case("fully_masked.rows.l64_s64", ("float64",), shards=(4, 8))
 def fully_masked_rows(rng, dtype):
-    """Rows 0 .. 7 and row 50 have an all-False mask row and row 30 a bias of -inf at every key:
-    zero output rows. Rows 0 .. 7 are a whole chunk for 8 shards (zigzag: two chunks of 4)."""
+    """Rows 0 .. 7 and row 50 have an all-False mask row and row 30 a bias of -inf at every key,
+    with the causal rule on top: zero output rows (and zero gradient). Rows 0 .. 7 are a whole
+    chunk for 8 shards (zigzag: two chunks of 4)."""
     mask = rng.random((64, 64)) < 0.8
     mask[:, 0] = True
     mask[0:8, :] = False
     mask[50, :] = False
     bias = 0.5 * rng.standard_normal((H, 64, 64))
     bias[:, 30, :] = -math.inf
-    return _call(*_qkv(rng, l=64, s=64), mask=mask, bias=bias)
+    return _call(*_qkv(rng, l=64, s=64), mask=mask, bias=bias, is_causal=True)
 
 
 @ring_case("fully_masked.key_shard.l64_s64", ("float64",), shards=(2, 4))
