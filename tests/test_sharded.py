@@ -112,12 +112,17 @@ def goldens(shared_dir) -> Goldens:
     return Goldens(shared_dir)
 
 
-#: Compile settings of the JAX subprocess: 8 host devices, and XLA's cheapest code generation
-#: (the programs are tiny; compiling them is what takes the time, about halved by these).
-JAX_XLA_FLAGS = (
-    f"--xla_force_host_platform_device_count={JAX_DEVICES} "
-    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true"
-)
+#: The JAX subprocess: 8 host devices; XLA's cheapest code generation (the programs are tiny,
+#: and compiling them is what takes the time, about halved by these); and JAX's persistent
+#: compilation cache in .pytest_cache, keyed by the program, so that a second run of the
+#: tests compiles nothing that has not changed (about 26 s of CPU down to 9 s here).
+JAX_ENV = {
+    "XLA_FLAGS": f"--xla_force_host_platform_device_count={JAX_DEVICES} "
+    "--xla_backend_optimization_level=0 --xla_llvm_disable_expensive_passes=true",
+    "JAX_COMPILATION_CACHE_DIR": str(ROOT / ".pytest_cache" / "jax-compilation-cache"),
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0",
+    "JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES": "0",
+}
 
 
 def _run_worker(which: str, out: Path, env: dict[str, str]) -> None:
@@ -152,7 +157,7 @@ def _jax_worker(shared_dir: Path, which: str) -> WorkerResults:
 
     def produce(done: Path) -> None:
         folder.mkdir(exist_ok=True)
-        _run_worker(which, folder, {"XLA_FLAGS": JAX_XLA_FLAGS})
+        _run_worker(which, folder, JAX_ENV)
         done.touch()
 
     _once(shared_dir / f"sharded_{which}.done", produce)
