@@ -11,8 +11,9 @@ for:
   not depend on it, so XLA may run the transfer of the next shard while they compute.
 - A device finds its rank with ``lax.axis_index``, so which key shard it holds at step t
   (``(r - t) mod n``) and whether causal masking empties a block are traced values: the skip is
-  a ``lax.cond``, as in ``impl_jax/flash.py``. The n steps and the c x c chunk pairs are Python
-  loops, unrolled into one program.
+  a ``lax.cond``, as in ``impl_jax/flash.py``. Steps 0 .. n-2 (send, then compute) are one
+  ``lax.scan``, so the compiled program does not grow with n; the last step, which sends
+  nothing, follows it. The c x c chunk pairs of a step are Python loops.
 - Everything is pure and differentiable: ``jax.grad`` goes through the ring (``ppermute``'s
   transpose is the reverse rotation), and the gradients equal the unsharded ones
   (tests/test_sharded.py). jit with the static keywords of :data:`STATIC_ARGNAMES`::
