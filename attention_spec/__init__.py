@@ -12,6 +12,7 @@ S key/value length, D query/key head dim, E value head dim, M model width.
 from attention_spec.errors import (
     ERROR_CODES,
     MODULE_ERROR_CODES,
+    SHARDED_ERROR_CODES,
     AttentionError,
     ConfigError,
     DimensionMismatchError,
@@ -54,6 +55,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "MODULE_ERROR_CODES",
     "NO_VALUE",
+    "SHARDED_ERROR_CODES",
     "SUPPORTED_DTYPES",
     "ArraySpec",
     "AttentionDims",

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "ERROR_CODES",
     "MODULE_ERROR_CODES",
+    "SHARDED_ERROR_CODES",
     "AttentionError",
     "ConfigError",
     "DTypeError",
@@ -103,6 +104,19 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         DimensionMismatchError,
         "a KV cache whose heads K, head dims D/E or length do not fit the module",
     ),
+    "length_not_divisible": (
+        DimensionMismatchError,
+        "ring attention: n_shards (2 n_shards for zigzag) does not divide L and S",
+    ),
+    "kv_heads_not_divisible": (
+        DimensionMismatchError,
+        "head-parallel attention: n_shards does not divide the K key/value heads",
+    ),
+    "unknown_layout": (ConfigError, "ring layout is not 'contiguous' or 'zigzag'"),
+    "shard_devices": (
+        ConfigError,
+        "fewer JAX devices, or another number of torch ranks, than n_shards",
+    ),
 }
 
 
@@ -112,6 +126,12 @@ MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
      "cache_mismatch"}
 )  # fmt: skip
+
+#: The codes only the sharded functions raise (``ring_attention``, ``head_parallel_attention``,
+#: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.
+SHARDED_ERROR_CODES: frozenset[str] = frozenset(
+    {"length_not_divisible", "kv_heads_not_divisible", "unknown_layout", "shard_devices"}
+)
 
 
 def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:
