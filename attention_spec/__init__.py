@@ -19,6 +19,7 @@ from attention_spec.errors import (
     DTypeError,
     MaskError,
 )
+from attention_spec.rules import alibi_slope_values
 from attention_spec.validate import (
     ALIGNMENTS,
     BLOCK_K,
@@ -40,6 +41,7 @@ from attention_spec.validate import (
     check_float64,
     check_given,
     check_size,
+    check_window,
     compute_dtype,
     describe,
     dtype_name,
@@ -64,6 +66,7 @@ __all__ = [
     "DTypeError",
     "DimensionMismatchError",
     "MaskError",
+    "alibi_slope_values",
     "broadcast_shapes",
     "causal_offset",
     "check_alignment",
@@ -76,6 +79,7 @@ __all__ = [
     "check_float64",
     "check_given",
     "check_size",
+    "check_window",
     "compute_dtype",
     "describe",
     "dtype_name",

@@ -104,6 +104,8 @@ def decode_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
     def dec(x: Any) -> Any:
         if isinstance(x, dict) and set(x) == {"float"}:
             return float(x["float"])
+        if isinstance(x, list):  # JSON has no tuples: window=(left, right) comes back a pair
+            return tuple(dec(item) for item in x)
         return x
 
     return {k: dec(v) for k, v in keywords.items()}

@@ -1,13 +1,19 @@
 """NumPy reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_numpy.flash import flash_attention
-from impl_numpy.functional import attention_weights, causal_mask, scaled_dot_product_attention
+from impl_numpy.functional import (
+    alibi_slopes,
+    attention_weights,
+    causal_mask,
+    scaled_dot_product_attention,
+)
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "alibi_slopes",
     "attention_weights",
     "causal_mask",
     "flash_attention",
