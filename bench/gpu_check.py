@@ -310,94 +310,103 @@ def summarize(out: Path, steps: list[StepResult], *, device: str, max_lines: int
     return text
 
 
+def _tf32_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, list[str]]:
+    data = _load(out / "tf32.json")
+    if not data:
+        return "no tf32.json", []
+    from bench.tf32_probe import must_be_ieee
+
+    probes = data["probes"]
+    leaks = [p for p in probes if must_be_ieee(p) and p.get("reads_as") != "ieee"]
+    tf32 = [
+        f"{p['framework']} {p['what']} ({p['setting']})"
+        for p in probes
+        if p.get("reads_as") == "tf32" and not must_be_ieee(p)
+    ]
+    rows = [
+        f"- {p['framework']} {p['what']}, {p['setting']}: "
+        f"{p.get('reads_as') or p.get('error')} ({p.get('rel_error', float('nan')):.1e})"
+        for p in probes
+    ]
+    note = f"TF32 where allowed: {', '.join(tf32) or 'none'}"
+    if leaks:
+        note = f"**{len(leaks)} gate/port probes not IEEE**; " + note
+    return note, rows
+
+
+def _gates_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, list[str]]:
+    data = _load(out / "gates" / "gates.json")
+    if not data:
+        return "no gates.json", []
+    bad = [g for g in data if g["status"] not in ("passed", "unsupported")]
+    uns = [g for g in data if g["status"] == "unsupported"]
+    note = f"{len(data) - len(bad)}/{len(data)} passed or unsupported ({len(uns)} unsupported)"
+    more = [
+        f"- {g['status']}: {g['port']} {g['op']} {g['pin'] or ''} ({', '.join(g['rows'])}):"
+        f" {g['detail'][:300]}"
+        for g in bad
+    ]
+    return note, more[:max_lines]
+
+
+def _conformance_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, list[str]]:
+    data = _load(out / f"{s.name}.json")
+    if not data:
+        return "no report", []
+    notes, more = [], []
+    for rep in data:
+        c = rep["counts"]
+        loaded = " (did not load)" if rep.get("error") else ""
+        notes.append(
+            f"{rep['port'].rsplit('.', 1)[-1]} {c['pass']} pass, {c['fail']} fail, "
+            f"{c['xfail']} xfail, {c['xpass']} xpass{loaded}"
+        )
+        bad = [o for o in rep["outcomes"] if o["status"] in ("fail", "xpass")]
+        if rep.get("error"):
+            more.append(f"- {rep['port']}: could not load: {rep['error']}")
+        for o in bad[:max_lines]:
+            more.append(f"- {rep['port']} {o['status']} `{o['run_id']}`: {o['message'][:200]}")
+        if len(bad) > max_lines:
+            more.append(f"- ... {len(bad) - max_lines} more in {s.name}.json")
+        if bad and s.name == "conformance-fused":  # a framework kernel's deviation on CUDA
+            fails = [_xfail_line(o) for o in bad if o["status"] == "fail"]
+            xpasses = [f"# XPASS on cuda, narrow its entry: {o['run_id']}" for o in bad
+                       if o["status"] == "xpass"]  # fmt: skip
+            more += ["", f"Candidate `cuda:` lines for {rep['port']}'s xfails (check each):"]
+            more += ["", "```", *fails[:max_lines], *xpasses[:max_lines], "```"]
+    return "; ".join(notes), more
+
+
+def _bench_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, list[str]]:
+    data = _load(out / s.name / "results.json")
+    if not data:
+        return "no results.json", []
+    counts: dict[str, int] = {}
+    bad: dict[str, dict] = {}
+    for r in data["records"]:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+        if r["status"] in ("failed", "error"):
+            bad.setdefault(r["row"], r)
+    note = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    more = [f"- {r['status']}: {row}: {r['reason'][:250]}" for row, r in bad.items()]
+    return note, more[:max_lines]
+
+
+#: How each kind of step is summarized, by the first word of its name.
+_NOTES: dict[str, Callable[[Path, StepResult, int], tuple[str, list[str]]]] = {
+    "tf32": _tf32_notes,
+    "gates": _gates_notes,
+    "conformance": _conformance_notes,
+    "bench": _bench_notes,
+}
+
+
 def _step_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, list[str]]:
     """A table cell and the detail lines of one step, from the files it wrote."""
     if s.status == "not run":
         return s.tail, []
-    if s.name == "tf32":
-        data = _load(out / "tf32.json")
-        if not data:
-            return "no tf32.json", []
-        probes = data["probes"]
-        from bench.tf32_probe import must_be_ieee
-
-        leaks = [p for p in probes if must_be_ieee(p) and p.get("reads_as") != "ieee"]
-        tf32 = [
-            f"{p['framework']} {p['what']} ({p['setting']})"
-            for p in probes
-            if p.get("reads_as") == "tf32" and not must_be_ieee(p)
-        ]
-        rows = [
-            f"- {p['framework']} {p['what']}, {p['setting']}: "
-            f"{p.get('reads_as') or p.get('error')} ({p.get('rel_error', float('nan')):.1e})"
-            for p in probes
-        ]
-        note = f"TF32 where allowed: {', '.join(tf32) or 'none'}"
-        if leaks:
-            note = f"**{len(leaks)} gate/port probes not IEEE**; " + note
-        return note, rows
-    if s.name == "gates":
-        data = _load(out / "gates" / "gates.json")
-        if not data:
-            return "no gates.json", []
-        bad = [g for g in data if g["status"] in ("failed", "error")]
-        uns = [g for g in data if g["status"] == "unsupported"]
-        note = f"{len(data) - len(bad)}/{len(data)} passed or unsupported ({len(uns)} unsupported)"
-        more = [
-            f"- {g['status']}: {g['port']} {g['op']} {g['pin'] or ''} ({', '.join(g['rows'])}):"
-            f" {g['detail'][:300]}"
-            for g in bad
-        ]
-        return note, more
-    if s.name.startswith("conformance"):
-        data = _load(out / f"{s.name}.json")
-        if not data:
-            return "no report", []
-        notes, more = [], []
-        for rep in data:
-            c = rep["counts"]
-            notes.append(
-                f"{rep['port'].rsplit('.', 1)[-1]} {c['pass']} pass, {c['fail']} fail, "
-                f"{c['xfail']} xfail, {c['xpass']} xpass"
-                + (" (did not load)" if rep.get("error") else "")
-            )
-            bad = [o for o in rep["outcomes"] if o["status"] in ("fail", "xpass")]
-            if rep.get("error"):
-                more.append(f"- {rep['port']}: could not load: {rep['error']}")
-            for o in bad[:max_lines]:
-                more.append(f"- {rep['port']} {o['status']} `{o['run_id']}`: {o['message'][:200]}")
-            if len(bad) > max_lines:
-                more.append(f"- ... {len(bad) - max_lines} more in {s.name}.json")
-            if bad and s.name == "conformance-fused":
-                more += [
-                    "",
-                    f"Candidate `cuda:` lines for {rep['port']}'s xfails (check each):",
-                    "",
-                    "```",
-                ]
-                more += [_xfail_line(o) for o in bad if o["status"] == "fail"][:max_lines]
-                more += [
-                    f"# XPASS on cuda, narrow its entry: {o['run_id']}"
-                    for o in bad
-                    if o["status"] == "xpass"
-                ][:max_lines]
-                more.append("```")
-        return "; ".join(notes), more
-    if s.name.startswith("bench"):
-        data = _load(out / s.name / "results.json")
-        if not data:
-            return "no results.json", []
-        counts: dict[str, int] = {}
-        for r in data["records"]:
-            counts[r["status"]] = counts.get(r["status"], 0) + 1
-        bad: dict[str, dict] = {}
-        for r in data["records"]:
-            if r["status"] in ("failed", "error"):
-                bad.setdefault(r["row"], r)
-        note = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
-        more = [f"- {r['status']}: {row}: {r['reason'][:250]}" for row, r in bad.items()]
-        return note, more[:max_lines]
-    return "", []
+    notes = _NOTES.get(s.name.split("-")[0])
+    return notes(out, s, max_lines) if notes else ("", [])
 
 
 def _xfail_line(o: dict) -> str:
