@@ -49,11 +49,15 @@ BENCH_FILE = Path(__file__).resolve().parent / "bench_attention.py"
 #: Timing settings per grid: pytest-benchmark's time budget per case and minimum rounds, and
 #: each goal's interleaved rounds and shortest sample (``bench/goals.py``).
 GRID_TIMING = {
-    "quick": {"max_time": 0.25, "min_rounds": 3, "goal_rounds": 9, "goal_sample_s": 0.005},
-    "full": {"max_time": 1.0, "min_rounds": 5, "goal_rounds": 21, "goal_sample_s": 0.02},
-    "small": {"max_time": 0.05, "min_rounds": 3, "goal_rounds": 5, "goal_sample_s": 0.005},
-    "smoke": {"max_time": 0.01, "min_rounds": 2, "goal_rounds": 5, "goal_sample_s": 0.001},
-}
+    "quick": {"max_time": 0.25, "min_rounds": 3, "goal_rounds": 9, "goal_sample_s": 0.005,
+              "goal_max_s": 10.0},
+    "full": {"max_time": 1.0, "min_rounds": 5, "goal_rounds": 21, "goal_sample_s": 0.02,
+             "goal_max_s": 60.0},
+    "small": {"max_time": 0.05, "min_rounds": 3, "goal_rounds": 5, "goal_sample_s": 0.005,
+              "goal_max_s": 5.0},
+    "smoke": {"max_time": 0.01, "min_rounds": 2, "goal_rounds": 5, "goal_sample_s": 0.001,
+              "goal_max_s": 2.0},
+}  # fmt: skip
 
 
 def select_rows(spec: str, rows: tuple[Row, ...] = ROWS) -> tuple[Row, ...]:
@@ -93,6 +97,7 @@ def make_session(
         tf32=tf32,
         goal_rounds=timing.get("goal_rounds", 5),
         goal_sample_s=timing.get("goal_sample_s", 0.005),
+        goal_max_s=timing.get("goal_max_s"),
     )
 
 

@@ -23,7 +23,6 @@ __all__ = [
     "DEVICES",
     "JAX_MEM_FRACTION",
     "CpuSnapshot",
-    "available_memory_bytes",
     "configure_environment",
     "cpu_name",
     "cpu_snapshot",
@@ -175,12 +174,6 @@ def _jax_limit(platform_: str) -> int | None:
     if not stats or "bytes_limit" not in stats:
         return None
     return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
-
-
-def available_memory_bytes(device: str) -> int | None:
-    """The most any framework may use on ``device`` (see :func:`memory_budgets`)."""
-    budgets = [b for b in memory_budgets(device).values() if b is not None]
-    return max(budgets) if budgets else None
 
 
 def memory_budgets(device: str) -> dict[str, int | None]:

@@ -14,7 +14,9 @@ to 56.8 ms. So each goal is measured on its own (:func:`interleave`):
    (ABBA: a steady drift in the machine's speed cancels instead of biasing one side), and
    records the round's ratio A / B;
 4. the goal's ratio is the **median of the per-round ratios**, its spread their
-   inter-quartile range ``q1..q3`` (and ``min..max``), over at least 5 rounds.
+   inter-quartile range ``q1..q3`` (and ``min..max``), over at least 5 rounds; past ``max_s``
+   seconds of rounds no new round starts once those 5 are done (a slow pair on a busy
+   machine would otherwise take minutes).
 
 :func:`decide`: a goal is **met** only when the whole IQR meets it, **missed** when the whole
 IQR misses it, and **unclear** when the IQR straddles the limit (the measurement cannot tell;
@@ -79,10 +81,12 @@ def interleave(
     *,
     rounds: int = MIN_ROUNDS,
     min_sample_s: float = 0.005,
+    max_s: float | None = None,
     clock: Callable[[], float] = time.perf_counter,
 ) -> Interleaved:
-    """Time ``call_a`` and ``call_b`` alternately (module docstring); at least
-    :data:`MIN_ROUNDS` rounds. Each call must synchronize (the runners' calls do)."""
+    """Time ``call_a`` and ``call_b`` alternately (module docstring): ``rounds`` rounds, at
+    least :data:`MIN_ROUNDS`, fewer (never below that) when the rounds pass ``max_s`` seconds.
+    Each call must synchronize (the runners' calls do)."""
     rounds = max(rounds, MIN_ROUNDS)
     call_a(), call_b()  # warm-up: first-call effects stay out of every sample
 
@@ -102,7 +106,10 @@ def interleave(
 
     a_s: list[float] = []
     b_s: list[float] = []
+    start = clock()
     for r in range(rounds):
+        if r >= MIN_ROUNDS and max_s is not None and clock() - start > max_s:
+            break
         if r % 2 == 0:
             a_s.append(sample(call_a))
             b_s.append(sample(call_b))

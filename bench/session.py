@@ -252,8 +252,9 @@ class BenchSession:
         cases: a prebuilt plan (tests); built from the arguments otherwise.
         goal_cases: prebuilt goal cases (tests); built from the arguments otherwise.
         tf32: the run's ``--tf32`` (the precision of the float32 peak matmul).
-        goal_rounds, goal_sample_s: rounds of each goal's interleaved timing (at least 5) and
-            the shortest sample (``goals.interleave``).
+        goal_rounds, goal_sample_s, goal_max_s: rounds of each goal's interleaved timing (at
+            least 5), the shortest sample, and the seconds after which no round beyond the
+            fifth starts (``goals.interleave``).
     """
 
     def __init__(
@@ -271,6 +272,7 @@ class BenchSession:
         tf32: str = "default",
         goal_rounds: int = goals.MIN_ROUNDS,
         goal_sample_s: float = 0.005,
+        goal_max_s: float | None = None,
     ) -> None:
         self.device = device
         self.grid = grid
@@ -282,6 +284,7 @@ class BenchSession:
         self.tf32 = tf32
         self.goal_rounds = goal_rounds
         self.goal_sample_s = goal_sample_s
+        self.goal_max_s = goal_max_s
         self._done = 0
         self._task = None
         if cases is None:
@@ -473,7 +476,7 @@ class BenchSession:
             before = cpu_snapshot()
             timing = goals.interleave(
                 prepared[0].call, prepared[1].call,
-                rounds=self.goal_rounds, min_sample_s=self.goal_sample_s,
+                rounds=self.goal_rounds, min_sample_s=self.goal_sample_s, max_s=self.goal_max_s,
             )  # fmt: skip
             contention = others_share(before, cpu_snapshot())
         except Exception as e:

@@ -61,6 +61,20 @@ def test_samples_repeat_a_fast_call_until_it_is_long_enough():
     assert t.inner >= 40 and t.summary()["rounds"] == goals.MIN_ROUNDS  # at least 5 rounds
 
 
+def test_a_slow_pair_stops_starting_rounds_past_its_time_budget():
+    """A round costs about 3 units here: no round starts past max_s, but never fewer than 5."""
+
+    def rounds(max_s):
+        m = DriftingMachine()
+        t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=9, min_sample_s=0.0,
+                             max_s=max_s, clock=m.clock)  # fmt: skip
+        return len(t.a_s)
+
+    assert rounds(None) == rounds(100.0) == 9
+    assert rounds(20.0) == 6  # five rounds end at ~17, the sixth starts before 20
+    assert rounds(1.0) == goals.MIN_ROUNDS
+
+
 def test_a_goal_is_met_only_when_its_whole_iqr_is():
     assert goals.decide("ratio", 2.5, 2.1, 2.4) == "met"
     assert goals.decide("ratio", 2.5, 2.4, 2.6) == "unclear"
