@@ -12,7 +12,14 @@ The wrapper only translates the contract's keywords into torch's, and never fixe
   ``torch.nn.attention.bias.causal_lower_right``; together with a mask or bias (which torch
   refuses next to ``is_causal``) the causal rule is folded into ``attn_mask``;
 - GQA is ``enable_gqa=True``;
-- ``softcap`` does not exist in torch: NotImplementedError.
+- ``softcap`` does not exist in torch: NotImplementedError;
+- float32 runs with IEEE float32 matmuls whatever the process allows (TF32 off inside the call,
+  :mod:`conformance.ports.precision`): the fixtures' float32 bounds are ~1e-6, TF32's errors
+  1e-4 to 1e-3, and that is a global setting, not the kernel's semantics.
+
+:func:`pinned` gives this port with one SDPA backend forced (``sdpa_kernel([backend])``), so a
+backend is checked on its own kernel; a backend that has no kernel for a case raises torch's
+"No available kernel" error, which the benchmark's gate reports as unsupported.
 
 torch has no weights function; :func:`attention_weights` runs the same kernel with the identity
 as value (one value column per key), so the output *is* the weight matrix. There is no public
@@ -21,15 +28,48 @@ causal-mask function, so this port has no ``causal_mask``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import types
 import warnings
+from collections.abc import Iterator
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
-__all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "to_numpy"]
+__all__ = [
+    "BACKENDS",
+    "attention_weights",
+    "backend",
+    "from_numpy",
+    "pinned",
+    "scaled_dot_product_attention",
+    "to_numpy",
+]
+
+#: The SDPA backends by the short names the benchmark's rows use.
+BACKENDS: dict[str, SDPBackend] = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+@contextlib.contextmanager
+def backend(name: str | None) -> Iterator[None]:
+    """Force one SDPA backend (``math``, ``flash``, ``efficient``, ``cudnn``) in the block;
+    None leaves torch's own dispatch."""
+    if name is None:
+        yield
+        return
+    with sdpa_kernel([BACKENDS[name]]):
+        yield
 
 
 def scaled_dot_product_attention(
@@ -75,15 +115,16 @@ def scaled_dot_product_attention(
             else:
                 attn_mask = torch.where(allowed, attn_mask, float("-inf"))
 
-    return F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attn_mask,
-        is_causal=torch_is_causal,
-        scale=scale,
-        enable_gqa=H != K,
-    )
+    with torch_ieee_float32():
+        return F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            is_causal=torch_is_causal,
+            scale=scale,
+            enable_gqa=H != K,
+        )
 
 
 def attention_weights(
@@ -112,3 +153,25 @@ def attention_weights(
         scale=scale,
         softcap=softcap,
     )
+
+
+def pinned(name: str) -> types.ModuleType:
+    """This port with the SDPA backend ``name`` forced (a key of :data:`BACKENDS`), named
+    ``conformance.ports.torch_fused[<name>]``; its xfails are this port's own file."""
+    if name not in BACKENDS:
+        raise ValueError(f"no SDPA backend {name!r}; backends: {sorted(BACKENDS)}")
+    port = types.ModuleType(f"{__name__}[{name}]", f"torch SDPA pinned to the {name} backend")
+    port.__file__ = __file__
+
+    def pin(function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            with backend(name):
+                return function(*args, **kwargs)
+
+        return run
+
+    port.scaled_dot_product_attention = pin(scaled_dot_product_attention)
+    port.attention_weights = pin(attention_weights)
+    port.from_numpy, port.to_numpy = from_numpy, to_numpy
+    return port
