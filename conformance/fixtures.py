@@ -25,6 +25,7 @@ import safetensors
 import safetensors.numpy
 
 __all__ = [
+    "ARRAY_KEYWORDS",
     "FIXTURES_DIR",
     "NP_DTYPES",
     "Case",
@@ -36,6 +37,10 @@ __all__ = [
     "sha256_of",
     "tensor_bytes",
 ]
+
+#: The optional array arguments of the attention functions, stored in a fixture when a case
+#: gives them: v1's mask and bias, v2's segment ids, sinks and ALiBi slopes.
+ARRAY_KEYWORDS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
 
 #: The committed fixtures of this version of the contract.
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "v1"
@@ -59,6 +64,7 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "BOOL": np.dtype(bool),
     "I32": np.dtype(np.int32),
+    "I8": np.dtype(np.int8),
     "I64": np.dtype(np.int64),
 }
 

@@ -75,7 +75,7 @@ from typing import Any
 
 import numpy as np
 
-from conformance.fixtures import NP_DTYPES, Case, Manifest, load_manifest
+from conformance.fixtures import ARRAY_KEYWORDS, NP_DTYPES, Case, Manifest, load_manifest
 from conformance.ports import BUILTIN_ADAPTERS, SHORT_NAMES
 
 __all__ = [
@@ -503,7 +503,7 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
     """sdpa, weights, flash: the case's tensors through the port, one golden."""
     t = case.tensors()
     kwargs = dict(spec.defaults) | dict(case.keywords)
-    for name in ("mask", "bias"):
+    for name in ARRAY_KEYWORDS:
         if name in t:
             kwargs[name] = port.array_in(t[name], device)
     args = [port.array_in(t["query"], device), port.array_in(t["key"], device)]
@@ -534,7 +534,7 @@ def _takes(fn: Callable, keyword: str) -> bool:
 def _attention_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
     kwargs = dict(spec.defaults) | dict(case.keywords)
     inputs = case.entry["inputs"]
-    for name in ("mask", "bias"):
+    for name in ARRAY_KEYWORDS:
         if name in inputs:
             kwargs[name] = _zeros(port, inputs[name], device)
     args = [_zeros(port, inputs["query"], device), _zeros(port, inputs["key"], device)]

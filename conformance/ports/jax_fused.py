@@ -72,17 +72,40 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
     implementation: str | None = None,
 ) -> jax.Array:
     """JAX's dot_product_attention on the contract's layout: query (..., H, L, D),
     key (..., K, S, D), value (..., K, S, E) -> (..., H, L, E). ``implementation`` is passed
-    through (None: JAX's default, XLA)."""
+    through (None: JAX's default, XLA). A window goes to JAX's own ``local_window_size``
+    (top-left only, as its causal rule); packed segments become a boolean mask and ALiBi an
+    additive bias, built here from the formulas."""
     if softcap is not None:
         raise NotImplementedError("jax.nn.dot_product_attention has no softcap")
-    if is_causal and causal_alignment != "top_left":
+    if sinks is not None:
+        raise NotImplementedError("jax.nn.dot_product_attention has no sinks")
+    if (is_causal or window is not None) and causal_alignment != "top_left":
         raise NotImplementedError(
-            f"jax.nn.dot_product_attention's is_causal is top-left only; got {causal_alignment!r}"
+            "jax.nn.dot_product_attention's is_causal and local_window_size are top-left only; "
+            f"got {causal_alignment!r}"
         )
+    local_window = None
+    if window is not None:  # JAX's (left, right) in keys before and after the diagonal
+        left, right = window
+        big = max(query.shape[-2], key.shape[-2])  # an unbounded side: the whole sequence
+        local_window = (big if left is None else left, big if right is None else right)
+    if q_segment_ids is not None:
+        same = q_segment_ids[..., None, :, None] == kv_segment_ids[..., None, None, :]
+        mask = same if mask is None else mask & same
+    if alibi_slopes is not None:
+        rows = jnp.arange(query.shape[-2])[:, None]  # top-left: the diagonal is j = i
+        distance = jnp.abs(rows - jnp.arange(key.shape[-2])[None, :]).astype(alibi_slopes.dtype)
+        alibi = -alibi_slopes[:, None, None] * distance  # (H, L, S)
+        bias = alibi if bias is None else bias + alibi
     H, L, D = query.shape[-3:]
     S, E = key.shape[-2], value.shape[-1]
     batch = jnp.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
@@ -112,6 +135,7 @@ def scaled_dot_product_attention(
             mask=flat_scores(mask),
             scale=scale,
             is_causal=is_causal,
+            local_window_size=local_window,
             implementation=implementation,
         )  # (B, L, H, width)
     out = jnp.swapaxes(out, -3, -2)[..., :E]  # (B, H, L, E)
@@ -129,6 +153,7 @@ def attention_weights(
     scale: float | None = None,
     softcap: float | None = None,
     implementation: str | None = None,
+    **v2: Any,
 ) -> jax.Array:
     """The weights (..., H, L, S) from JAX's kernel: attention with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -144,6 +169,7 @@ def attention_weights(
         scale=scale,
         softcap=softcap,
         implementation=implementation,
+        **v2,
     )
 
 

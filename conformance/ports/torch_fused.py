@@ -33,6 +33,7 @@ import functools
 import types
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -83,13 +84,26 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """torch's SDPA on the contract's layout: query (..., H, L, D), key (..., K, S, D),
-    value (..., K, S, E) -> (..., H, L, E)."""
+    value (..., K, S, E) -> (..., H, L, E). The v2 rules are what a torch user hands SDPA: a
+    window and packed segments as a boolean ``attn_mask``, ALiBi as an additive one (built
+    here, from the formulas, not from this project's rules)."""
     if softcap is not None:
         raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no softcap")
+    if sinks is not None:
+        raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no sinks")
     H, L = query.shape[-3], query.shape[-2]
     K, S = key.shape[-3], key.shape[-2]
+    mask, bias = _v2_as_mask_and_bias(
+        mask, bias, query.device, L, S, causal_alignment, window, q_segment_ids,
+        kv_segment_ids, alibi_slopes,
+    )  # fmt: skip
 
     attn_mask = None
     if bias is not None:
@@ -127,6 +141,29 @@ def scaled_dot_product_attention(
         )
 
 
+def _v2_as_mask_and_bias(mask, bias, device, L, S, alignment, window, q_ids, kv_ids, slopes):
+    """The window and segments folded into the boolean mask, ALiBi into the bias."""
+    offset = 0 if alignment == "top_left" else S - L
+    rows = torch.arange(L, device=device)[:, None] + offset  # (L, 1): each row's diagonal key
+    keys = torch.arange(S, device=device)[None, :]  # (1, S)
+    extra = []
+    if window is not None:
+        left, right = window
+        if left is not None:
+            extra.append(keys >= rows - left)
+        if right is not None:
+            extra.append(keys <= rows + right)
+    if q_ids is not None:
+        extra.append(q_ids[..., None, :, None] == kv_ids[..., None, None, :])  # (..., 1, L, S)
+    for allowed in extra:
+        mask = allowed if mask is None else mask & allowed
+    if slopes is not None:
+        distance = (rows - keys).abs().to(slopes.dtype)  # (L, S)
+        alibi = -slopes[:, None, None] * distance  # (H, L, S)
+        bias = alibi if bias is None else bias + alibi
+    return mask, bias
+
+
 def attention_weights(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -137,6 +174,7 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    **v2: Any,
 ) -> torch.Tensor:
     """The weights (..., H, L, S) from torch's kernel: SDPA with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -152,6 +190,7 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        **v2,
     )
 
 
