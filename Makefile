@@ -28,13 +28,15 @@ BENCH ?= quick
 # Test parallelism (pytest-xdist workers).
 WORKERS ?= 2
 
-.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare clean
+.PHONY: help install test lint format conformance conformance-frameworks conformance-kernels fixtures fixtures-check bench bench-compare clean
 
 help:
 	@echo "make test         create/reuse .venv, install, run every test"
 	@echo "make bench        benchmark on DEVICE=$(DEVICE) (BENCH=quick|full)"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax"
 	@echo "make conformance-frameworks  the same suite against torch's and jax's own kernels"
+	@echo "make conformance-kernels  every fixture against the Triton and Pallas kernel ports"
+	@echo "                 (interpreted on CPU: slow, several minutes; DEVICE=cuda on a GPU)"
 	@echo "make lint         ruff"
 	@echo "make fixtures     regenerate conformance/fixtures/v1 (fixtures-check: prove no drift)"
 	@echo "make install      only build the environment;  make clean: remove it and caches"
@@ -65,6 +67,12 @@ conformance: $(ENV_READY)
 
 conformance-frameworks: $(ENV_READY)
 	$(PY) -m conformance --impl torch_fused --impl jax_fused --show-xfails
+
+# The Triton and Pallas kernel ports: interpreted on the CPU (TRITON_INTERPRET, interpret=True),
+# compiled with DEVICE=cuda. Several minutes on the CPU; make test runs a fixed subset.
+conformance-kernels: $(ENV_READY)
+	$(PY) -m conformance --impl conformance.ports.triton_flash --impl conformance.ports.pallas_flash \
+		--device $(if $(filter auto,$(DEVICE)),cpu,$(DEVICE))
 
 fixtures: $(ENV_READY)
 	$(PY) -m conformance.generate --out conformance/fixtures/v1
