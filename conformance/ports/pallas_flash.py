@@ -154,11 +154,13 @@ def _flash_forward_kernel(
 
         # 6. online softmax: raise the running max, rescale what was summed under the old one
         #    by exp(m_old - m_new), add this block's exp(s - m_new). Nothing allowed yet: the
-        #    max is -inf, and the shift 0 keeps exp(-inf - shift) = 0 instead of NaN.
+        #    max is -inf, and the shift 0 keeps exp(-inf - shift) = 0 instead of NaN. The
+        #    exponent is clamped at 0: XLA or Triton may fuse s - shift with the scaling into
+        #    one FMA that rounds differently from the max (SEMANTICS.md v2).
         m_new = jnp.maximum(m, s.max(axis=1))  # (bq,)
         shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
         alpha = jnp.exp(m - shift)  # (bq,); 0 while m is still -inf
-        p = jnp.exp(s - shift[:, None])  # (bq, bk), unnormalized weights
+        p = jnp.exp(jnp.minimum(s - shift[:, None], 0.0))  # (bq, bk), unnormalized weights
         l = l * alpha + p.sum(axis=1)
 
         # 7. output, accumulated: acc = alpha * acc + p @ value, the weights first rounded to

@@ -182,11 +182,14 @@ def _flash_forward_kernel(
 
         # 6. online softmax: raise the running max, rescale what was summed under the old one
         #    by exp(m_old - m_new), add this block's exp(s - m_new). Nothing allowed yet: the
-        #    max is -inf, and the shift 0 keeps exp(-inf - shift) = 0 instead of NaN.
+        #    max is -inf, and the shift 0 keeps exp(-inf - shift) = 0 instead of NaN. The
+        #    exponent is clamped at 0: compiled, s - shift may be fused with the scaling into
+        #    one FMA that rounds differently from the max (SEMANTICS.md v2); NaN stays NaN.
         m_new = tl.maximum(m, tl.max(s, 1))  # (bq,)
         shift = tl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = tl.exp(m - shift)  # (bq,); 0 while m is still -inf
-        p = tl.exp(s - shift[:, None])  # (bq, bk), unnormalized weights
+        z = tl.minimum(s - shift[:, None], 0.0, propagate_nan=tl.PropagateNan.ALL)
+        p = tl.exp(z)  # (bq, bk), unnormalized weights
         l = l * alpha + tl.sum(p, 1)
 
         # 7. output, accumulated: acc = alpha * acc + p @ value, the weights first rounded to

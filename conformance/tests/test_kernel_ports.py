@@ -19,6 +19,9 @@ import importlib
 import importlib.util
 import inspect
 import linecache
+import os
+import subprocess
+import sys
 import types
 from pathlib import Path
 
@@ -187,3 +190,67 @@ def test_porting_md_quotes_the_triton_port_as_it_is() -> None:
     (xfails,) = [body for language, body in blocks if language == ""]
     listed = (ports / "triton_flash.xfails").read_text().splitlines()
     assert xfails.splitlines() == [line for line in listed if line and not line.startswith("#")]
+
+
+#: Compiles the Triton kernel for an H100 (sm_90), every feature on, with the PTX assembler
+#: Triton ships; run in a process of its own, where Triton compiles instead of interpreting.
+_TRITON_COMPILE = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from conformance.ports import triton_flash
+
+kernel = triton_flash._flash_forward_kernel
+assert not triton_flash.INTERPRETED
+constexprs = dict(
+    TILE_Q=16, TILE_K=16, TILE_D=16, TILE_E=16, HAS_MASK=True, HAS_BIAS=True,
+    HAS_SOFTCAP=True, IS_CAUSAL=True, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32",
+)
+pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Mask": "*u8",
+            "Bias": "*fp32", "Offsets": "*i64"}
+scalars = {"scale": "fp32", "softcap": "fp32"}  # every other scalar is an int
+signature = {
+    n: "constexpr" if n in constexprs else pointers.get(n) or scalars.get(n, "i32")
+    for n in kernel.arg_names
+}
+source = ASTSource(
+    fn=kernel, signature=signature,
+    constexprs={(kernel.arg_names.index(n),): v for n, v in constexprs.items()},
+)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+print("ptx", len(compiled.asm["ptx"]), "cubin", len(compiled.asm["cubin"]))
+"""
+
+
+@pytest.mark.slow  # about 10 s: a Python start and one compilation through ptxas
+def test_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
+    """The code the interpreter runs is the code a GPU compiles: here, to a cubin for sm_90."""
+    _kernel_module("triton")  # skips without triton
+    repo = Path(__file__).resolve().parent.parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", _TRITON_COMPILE],
+        env=env, cwd=repo, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("ptx ") and "cubin 0" not in done.stdout
+
+
+def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
+    """On a GPU the pallas_call is compiled, not interpreted: lowered for CUDA here, every
+    feature on, it becomes one Triton kernel call (Pallas's Triton lowering accepted it)."""
+    module = _kernel_module("pallas")
+    import jax
+    import jax.numpy as jnp
+
+    def spec(*shape, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    q, k, v = spec(2, 6, 5, 11), spec(2, 2, 7, 11), spec(2, 2, 7, 13)
+    mask, bias = spec(2, 1, 1, 7, dtype=jnp.bool_), spec(6, 5, 7, dtype=jnp.float32)
+    keywords = dict(is_causal=True, causal_alignment="bottom_right", softcap=30.0)
+    flash = jax.jit(module.flash_attention, static_argnames=[*keywords, "block_q", "block_k"])
+    traced = flash.trace(q, k, v, mask=mask, bias=bias, block_q=2, block_k=3, **keywords)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
