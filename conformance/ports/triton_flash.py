@@ -15,9 +15,10 @@ once at the end. Everything around it is Python that runs before the launch:
   (stride 0 along every broadcast axis), and the leading batch dims, however many and however
   broadcast, become one table of element offsets per batch element (``(B, 6)`` int64, one
   column per tensor), so the kernel reads any layout through strides;
-- the choice of how to run: CUDA tensors launch the compiled kernel; CPU tensors run it in
-  Triton's interpreter (the same code, executed with NumPy), as ``TRITON_INTERPRET=1`` does
-  for every kernel of a process.
+- the choice of how to run, made when triton is first imported: on a machine where torch
+  sees no CUDA this module sets ``TRITON_INTERPRET=1`` before importing it, and the kernel
+  runs in Triton's interpreter (the same code, executed with NumPy) on CPU tensors; with CUDA
+  it is compiled (CPU tensors then need ``TRITON_INTERPRET=1`` set by the caller).
 
 The steps and their numbers are the contract's (SEMANTICS.md): 1. scores, 2. softcap,
 3. bias, 4. mask, 5. causal, 6. softmax with fully masked rows giving zeros, 7. output in the
@@ -45,7 +46,7 @@ import os
 import torch
 
 # Without CUDA, Triton can only interpret: switch its interpreter on before triton is imported
-# (its standard library, tl.zeros, tl.sum, ..., is compiled or interpreted at import time).
+# (its standard library, tl.sum, tl.max, ..., is compiled or interpreted at import time).
 # Set TRITON_INTERPRET yourself to choose either way.
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
