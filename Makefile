@@ -39,7 +39,7 @@ WORKERS ?= 2
 # `make gpu-check` installs nothing: the box's own python3 unless PY= names another.
 GPU_PY ?= $(if $(filter $(VENV)/bin/python,$(PY)),python3,$(PY))
 
-.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare gpu-check docs figures clean
+.PHONY: help install test lint format conformance conformance-frameworks conformance-kernels fixtures fixtures-check bench bench-compare gpu-check docs figures clean
 
 help:
 	@echo "make test         create/reuse .venv, install, run every test"
@@ -48,6 +48,8 @@ help:
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax (DEVICE=$(CONFORMANCE_DEVICE))"
 	@echo "make conformance-frameworks  the same suite against the frameworks' own kernels"
 	@echo "                  (torch, jax; mlx and keras too with the frameworks extra)"
+	@echo "make conformance-kernels  every fixture against the Triton and Pallas kernel ports"
+	@echo "                 (interpreted on CPU: slow, several minutes; DEVICE=cuda on a GPU)"
 	@echo "make lint         ruff"
 	@echo "make fixtures     regenerate conformance/fixtures/v1 (fixtures-check: prove no drift)"
 	@echo "make docs         the side-by-side page, build/docs/index.html (and make figures)"
@@ -95,6 +97,12 @@ conformance-frameworks: $(ENV_READY)
 	else echo "conformance-frameworks: skipping keras_ops, keras_ops_torch: keras is not installed (pip install -e '.[frameworks]')"; fi; \
 	echo "$(PY) -m conformance $$impls --show-xfails --device $(CONFORMANCE_DEVICE)"; \
 	$(PY) -m conformance $$impls --show-xfails --device $(CONFORMANCE_DEVICE)
+
+# The Triton and Pallas kernel ports: interpreted on the CPU (TRITON_INTERPRET, interpret=True),
+# compiled with DEVICE=cuda. Several minutes on the CPU; make test runs a fixed subset.
+conformance-kernels: $(ENV_READY)
+	$(PY) -m conformance --impl conformance.ports.triton_flash --impl conformance.ports.pallas_flash \
+		--device $(CONFORMANCE_DEVICE)
 
 fixtures: $(ENV_READY)
 	$(PY) -m conformance.generate --out conformance/fixtures/v1
