@@ -27,6 +27,7 @@ import safetensors.numpy
 __all__ = [
     "ARRAY_KEYWORDS",
     "FIXTURES_DIR",
+    "KEYWORD_GROUPS",
     "NP_DTYPES",
     "Case",
     "Manifest",
@@ -41,6 +42,14 @@ __all__ = [
 #: The optional array arguments of the attention functions, stored in a fixture when a case
 #: gives them: v1's mask and bias, v2's segment ids, sinks and ALiBi slopes.
 ARRAY_KEYWORDS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
+# The contract v2 keywords and the case family (``sdpa.<family>.*``) that pins each.
+KEYWORD_GROUPS = {
+    "window": "window",
+    "q_segment_ids": "segments",
+    "kv_segment_ids": "segments",
+    "sinks": "sinks",
+    "alibi_slopes": "alibi",
+}
 
 #: The committed fixtures of this version of the contract.
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "v1"

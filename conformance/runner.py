@@ -75,7 +75,14 @@ from typing import Any
 
 import numpy as np
 
-from conformance.fixtures import ARRAY_KEYWORDS, NP_DTYPES, Case, Manifest, load_manifest
+from conformance.fixtures import (
+    ARRAY_KEYWORDS,
+    KEYWORD_GROUPS,
+    NP_DTYPES,
+    Case,
+    Manifest,
+    load_manifest,
+)
 from conformance.ports import BUILTIN_ADAPTERS, SHORT_NAMES
 
 __all__ = [
@@ -509,6 +516,7 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
     args = [port.array_in(t["query"], device), port.array_in(t["key"], device)]
     if spec.golden == "output":
         args.append(port.array_in(t["value"], device))
+    _require_keywords(fn, kwargs)
     lse = "lse" in t and _takes(fn, "return_lse")  # a flash case's row log-sum-exp, if it can
     if lse:
         kwargs["return_lse"] = True
@@ -521,6 +529,26 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
         compute = "float64" if case.dtype == "float64" else "float32"
         yield Comparison("lse", port.array_out(row_lse), t["lse"], dtype=compute)
     yield Comparison(spec.golden, port.array_out(result), t[spec.golden])
+
+
+def _require_keywords(fn: Callable, kwargs: dict[str, Any]) -> None:
+    """A port written before a keyword joined the contract fails with what to do, not with a
+    TypeError from deep in the call (a signature with ``**kwargs`` takes everything)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [name for name in kwargs if name not in params]
+    if missing:
+        name = missing[0]
+        group = KEYWORD_GROUPS.get(name, name)
+        raise _Failed(
+            f"the port's {getattr(fn, '__name__', 'function')} has no keyword {name!r} "
+            f"(contract v2, docs/SEMANTICS.md): implement it, or list '*.{group}.*' in the "
+            "port's xfails"
+        )
 
 
 def _takes(fn: Callable, keyword: str) -> bool:
@@ -540,6 +568,7 @@ def _attention_error(port: Port, fn: Callable, case: Case, device: str, spec: Fu
     args = [_zeros(port, inputs["query"], device), _zeros(port, inputs["key"], device)]
     if spec.golden == "output":
         args.append(_zeros(port, inputs["value"], device))
+    _require_keywords(fn, kwargs)
     return fn(*args, **kwargs)
 
 
