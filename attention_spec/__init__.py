@@ -19,6 +19,7 @@ from attention_spec.errors import (
     DTypeError,
     MaskError,
 )
+from attention_spec.grads import AttentionGrads, check_grad_output
 from attention_spec.rules import alibi_slope_values
 from attention_spec.validate import (
     ALIGNMENTS,
@@ -61,6 +62,7 @@ __all__ = [
     "SUPPORTED_DTYPES",
     "ArraySpec",
     "AttentionDims",
+    "AttentionGrads",
     "AttentionError",
     "ConfigError",
     "DTypeError",
@@ -78,6 +80,7 @@ __all__ = [
     "check_flag",
     "check_float64",
     "check_given",
+    "check_grad_output",
     "check_size",
     "check_window",
     "compute_dtype",

@@ -8,6 +8,7 @@ from impl_jax.functional import (
     attention_weights,
     causal_mask,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_vjp,
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 
@@ -23,4 +24,5 @@ __all__ = [
     "flash_attention",
     "padding_mask",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
 ]

@@ -6,6 +6,7 @@ from impl_numpy.functional import (
     attention_weights,
     causal_mask,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_vjp,
 )
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 
@@ -19,4 +20,5 @@ __all__ = [
     "flash_attention",
     "padding_mask",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
 ]
