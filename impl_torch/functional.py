@@ -363,7 +363,8 @@ def scaled_dot_product_attention_vjp(
             sinks=leaves["sinks"], alibi_slopes=kw["alibi_slopes"], **keywords,
         )  # fmt: skip
     wrt = [x for x in leaves.values() if x is not None]
-    grads = torch.autograd.grad(out, wrt, grad_output.to(out.dtype), allow_unused=True,
-                                materialize_grads=True)  # an unused input (S = 0): zeros
+    grads = torch.autograd.grad(
+        out, wrt, grad_output.to(out.dtype), allow_unused=True, materialize_grads=True
+    )  # an unused input (S = 0): zeros
     grads = iter(grads)
     return AttentionGrads(**{n: None if x is None else next(grads) for n, x in leaves.items()})
