@@ -401,9 +401,11 @@ def attention_vjp(
     rule) rounds the forward (as :func:`attention` does) and every step here to that dtype.
     """
     rnd = rounding(round_to)
-    keywords = dict(mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment,
-                    scale=scale, softcap=softcap, window=window, q_segment_ids=q_segment_ids,
-                    kv_segment_ids=kv_segment_ids, sinks=sinks, alibi_slopes=alibi_slopes)  # fmt: skip
+    keywords = dict(
+        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+        softcap=softcap, window=window, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
     golden = attention(query, key, value, **keywords, round_to=round_to)
     q = np.asarray(query, dtype=np.float64)
     k = np.asarray(key, dtype=np.float64)

@@ -60,6 +60,8 @@ OP_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "causal_mask": ("causal_mask",),
     "module": ("module",),
     "decode": ("decode",),
+    "grad": ("grad", "flash_grad"),
+    "flash_grad": ("flash_grad",),
 }
 
 
