@@ -1,6 +1,6 @@
 """PyTorch reference implementation of the attention contract (SEMANTICS.md)."""
 
-from impl_torch.flash import flash_attention
+from impl_torch.flash import flash_attention, flash_attention_vjp
 from impl_torch.functional import (
     alibi_slopes,
     attention_weights,
@@ -18,6 +18,7 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "flash_attention",
+    "flash_attention_vjp",
     "padding_mask",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
