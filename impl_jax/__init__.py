@@ -1,7 +1,7 @@
 """JAX reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
-from impl_jax.flash import flash_attention
+from impl_jax.flash import flash_attention, flash_attention_vjp
 from impl_jax.functional import (
     STATIC_ARGNAMES,
     alibi_slopes,
@@ -22,6 +22,7 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "flash_attention",
+    "flash_attention_vjp",
     "padding_mask",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
