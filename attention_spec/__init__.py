@@ -12,11 +12,19 @@ S key/value length, D query/key head dim, E value head dim, M model width.
 from attention_spec.errors import (
     ERROR_CODES,
     MODULE_ERROR_CODES,
+    ROTARY_ERROR_CODES,
     AttentionError,
     ConfigError,
     DimensionMismatchError,
     DTypeError,
     MaskError,
+)
+from attention_spec.rotary import (
+    RopeConfig,
+    RotaryDims,
+    check_rope_config,
+    check_rotary,
+    rotary_frequencies,
 )
 from attention_spec.validate import (
     ALIGNMENTS,
@@ -54,6 +62,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "MODULE_ERROR_CODES",
     "NO_VALUE",
+    "ROTARY_ERROR_CODES",
     "SUPPORTED_DTYPES",
     "ArraySpec",
     "AttentionDims",
@@ -62,6 +71,8 @@ __all__ = [
     "DTypeError",
     "DimensionMismatchError",
     "MaskError",
+    "RopeConfig",
+    "RotaryDims",
     "broadcast_shapes",
     "causal_offset",
     "check_alignment",
@@ -73,10 +84,13 @@ __all__ = [
     "check_flag",
     "check_float64",
     "check_given",
+    "check_rope_config",
+    "check_rotary",
     "check_size",
     "compute_dtype",
     "describe",
     "dtype_name",
     "format_dims",
     "real_keyword",
+    "rotary_frequencies",
 ]

@@ -9,13 +9,16 @@ from impl_jax.functional import (
     scaled_dot_product_attention,
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
 
 __all__ = [
     "FLASH_STATIC_ARGNAMES",
+    "ROTARY_STATIC_ARGNAMES",
     "STATIC_ARGNAMES",
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "apply_rotary",
     "attention_weights",
     "causal_mask",
     "flash_attention",
