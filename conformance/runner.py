@@ -18,6 +18,7 @@ module      ``GroupedQueryAttention``,       the golden output (and weights) of 
             ``MultiHeadAttention``           loaded with ``from_canonical``
 decode      ``GroupedQueryAttention``,       the golden rows of one full causal forward,
             ``MultiHeadAttention``           step by step through ``init_cache``/``decode``
+rope        ``apply_rotary``                 the golden rotated x (optional)
 =========== ================================ ============================================
 
 One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<variant>].
@@ -702,6 +703,23 @@ def _module_error(port: Port, fn: Callable, case: Case, device: str, spec: Funct
     return cache
 
 
+def _rope_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    """rope: ``apply_rotary(x, positions, **keywords)`` against the golden rotated x."""
+    t = case.tensors()
+    args = [port.array_in(t["x"], device), port.array_in(t["positions"], device)]
+    try:
+        result = fn(*args, **case.keywords)
+    except Exception as exc:
+        raise _raised(exc) from exc
+    yield Comparison("output", port.array_out(result), t["output"])
+
+
+def _rope_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
+    inputs = case.entry["inputs"]
+    x, positions = _zeros(port, inputs["x"], device), _zeros(port, inputs["positions"], device)
+    return fn(x, positions, **case.keywords)
+
+
 @dataclass(frozen=True)
 class Function:
     """One row of the table: a port function the suite knows.
@@ -750,6 +768,7 @@ FUNCTIONS: dict[str, Function] = {
         call=module_decode,
         methods=("init_cache", "decode"),
     ),
+    "rope": Function("apply_rotary", False, _rope_values, _rope_error),
 }
 
 

@@ -50,6 +50,9 @@ _STATIC_KEYWORDS = (
     "block_q",
     "block_k",
     "return_lse",
+    "theta",
+    "rotary_dim",
+    "interleaved",
 )
 
 

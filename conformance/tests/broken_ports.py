@@ -25,6 +25,8 @@ from attention_spec import (
     causal_offset,
     check_attention,
     check_causal_mask_args,
+    check_rope_config,
+    check_rotary,
 )
 from attention_spec.modules import (
     check_cache_size,
@@ -120,6 +122,24 @@ BUGS: dict[str, tuple[str, str]] = {
     "cache_no_overflow_check": (
         "decode: no max_len check, the cache just grows (never the cache_overflow error)",
         "decode.error.cache_overflow.float32",
+    ),
+    # -- rotary position embedding ---------------------------------------------------------
+    "rope_pairs_swapped": (
+        "rope: interleaved pairs (x[2p], x[2p+1]) where half-split (x[p], x[p + R/2]) is asked, "
+        "and the other way round",
+        "rope.half.d12.float32",
+    ),
+    "rope_exponent_halved": (
+        "rope: frequencies theta ** (-p / R), the exponent off by a factor 2",
+        "rope.theta.small.float32",
+    ),
+    "rope_angles_low_precision": (
+        "rope: angles, cos and sin computed in the input dtype (bfloat16), not float32",
+        "rope.positions.large_1e5.bfloat16",
+    ),
+    "rope_decode_not_offset": (
+        "decode: new tokens rotated at 0 .. L-1, not cache.position + 0 .. L-1",
+        "decode.rope.gqa.h6_k2.tokens.float32",
     ),
     # -- flash_attention: flash_broken.py ---------------------------------------------
     "flash_no_rescale": (
@@ -266,8 +286,31 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
             out = w @ v  # (..., H, L, E)
         return out if bug == "output_not_cast" else out.astype(query.dtype)
 
+    def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False):
+        dims = check_rotary(
+            x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved
+        )
+        low = bug == "rope_angles_low_precision" and x.dtype != np.float64
+        ct = np.float64 if x.dtype == np.float64 else np.float32
+        R, P = dims.rotary_dim, dims.rotary_dim // 2
+        p = np.arange(P)
+        exponent = -p / R if bug == "rope_exponent_halved" else -2 * p / R
+        angle_dtype = x.dtype if low else ct
+        inv_freq = (dims.theta**exponent).astype(angle_dtype)  # (P,)
+        pos = np.broadcast_to(positions, dims.positions_shape).astype(angle_dtype)  # (..., L)
+        angle = (pos[..., None, :, None] * inv_freq).astype(angle_dtype)  # (..., 1, L, P)
+        cos, sin = np.cos(angle).astype(ct), np.sin(angle).astype(ct)
+        interleaved = dims.interleaved != (bug == "rope_pairs_swapped")
+        idx1 = 2 * p if interleaved else p  # the features of each pair
+        idx2 = 2 * p + 1 if interleaved else p + P
+        xr = x.astype(ct)
+        out = xr.copy()
+        out[..., idx1] = xr[..., idx1] * cos - xr[..., idx2] * sin
+        out[..., idx2] = xr[..., idx2] * cos + xr[..., idx1] * sin
+        return out.astype(x.dtype)
+
     GroupedQueryAttention, MultiHeadAttention = _modules(
-        bug, scaled_dot_product_attention, attention_weights
+        bug, scaled_dot_product_attention, attention_weights, apply_rotary
     )
     port = SimpleNamespace(
         __name__=f"broken_ports.{bug or 'correct'}",
@@ -276,6 +319,7 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         scaled_dot_product_attention=scaled_dot_product_attention,
         GroupedQueryAttention=GroupedQueryAttention,
         MultiHeadAttention=MultiHeadAttention,
+        apply_rotary=apply_rotary,
     )
     if flash or (bug or "").startswith("flash_"):
         from conformance.tests import flash_broken
@@ -286,21 +330,23 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
     return port
 
 
-def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
+def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, apply_rotary):
     """GroupedQueryAttention and MultiHeadAttention of the broken port, on its own functions."""
 
     class GroupedQueryAttention:
         def __init__(self, d_model, n_heads, n_kv_heads, *, head_dim=None, value_head_dim=None,
-                     bias=True, dtype="float32"):  # fmt: skip
+                     bias=True, rope_theta=None, rope_interleaved=False, rotary_dim=None,
+                     dtype="float32"):  # fmt: skip
             dtype = np.dtype(dtype)
             self.dims = check_module_config(
                 d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
             )
+            self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, self.dims.D)
             self.dtype = dtype
             self.w = {n: np.zeros(s, dtype) for n, s in self.dims.canonical_shapes().items()}
 
         @classmethod
-        def from_canonical(cls, weights, *, n_heads, n_kv_heads, dtype=None):
+        def from_canonical(cls, weights, *, n_heads, n_kv_heads, dtype=None, **rope):
             weights = {n: np.asarray(w) for n, w in weights.items()}
             shapes = {n: w.shape for n, w in weights.items()}
             if bug == "weights_not_checked":  # sizes read off two kernels, nothing else checked
@@ -312,7 +358,7 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             dtype = np.dtype(dtype or weights["q_proj.kernel"].dtype)
             module = GroupedQueryAttention(
                 dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                dtype=dtype,
+                dtype=dtype, **rope,
             )  # fmt: skip
             module.w = {n: w.astype(dtype) for n, w in weights.items()}
             return module
@@ -338,6 +384,13 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             if bug == "heads_wrong_end":
                 return out.transpose(0, 2, 3, 1).reshape(B, L, E * H)
             return out.transpose(0, 2, 1, 3).reshape(B, L, H * E)
+
+        def _rotate(self, q, k, q_start, k_start):  # RoPE: query i at q_start + i, key j at ...
+            if self.rope is None:
+                return q, k
+            kw = self.rope.keywords()
+            q = apply_rotary(q, q_start + np.arange(q.shape[2]), **kw)
+            return q, apply_rotary(k, k_start + np.arange(k.shape[2]), **kw)
 
         def _names(self):  # the projections of the queries and of the keys
             return ("k_proj", "q_proj") if bug == "qk_swapped" else ("q_proj", "k_proj")
@@ -372,6 +425,8 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
             k = self._split(self._linear(k_name, context), self.dims.K)  # (B, K, S, D)
             v = self._split(self._linear("v_proj", context), self.dims.K)  # (B, K, S, E)
+            offset = causal_offset(q.shape[2], k.shape[2], causal_alignment)
+            q, k = self._rotate(q, k, offset, 0)
             result = self._attend(
                 q, k, v, return_weights, mask=mask, bias=bias, is_causal=is_causal,
                 causal_alignment=causal_alignment,
@@ -400,6 +455,8 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
             new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
             new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
+            start = 0 if bug == "rope_decode_not_offset" else position
+            q, new_k = self._rotate(q, new_k, start, start)
             k = np.concatenate([cache.key, new_k], axis=2)  # (B, K, S, D), S = position + L
             v = np.concatenate([cache.value, new_v], axis=2)  # (B, K, S, E)
             alignment = "top_left" if bug == "decode_top_left" else "bottom_right"
@@ -414,10 +471,10 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             super().__init__(d_model, n_heads, n_heads, **keywords)
 
         @classmethod
-        def from_canonical(cls, weights, *, n_heads, n_kv_heads=None, dtype=None):
+        def from_canonical(cls, weights, *, n_heads, n_kv_heads=None, dtype=None, **rope):
             n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
             return GroupedQueryAttention.from_canonical(
-                weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype
+                weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, **rope
             )
 
     return GroupedQueryAttention, MultiHeadAttention

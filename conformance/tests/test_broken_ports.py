@@ -29,7 +29,7 @@ def test_the_unbroken_port_passes_everything() -> None:
     assert report.ok, "\n".join(o.line() for o in report.failures)
     assert report.counts()["pass"] == len(report.outcomes) > 400
     ran = {o.run_id.split(".")[0] for o in report.outcomes}
-    assert ran == {"sdpa", "weights", "causal_mask", "flash", "module", "decode"}
+    assert ran == {"sdpa", "weights", "causal_mask", "flash", "module", "decode", "rope"}
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
