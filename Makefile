@@ -28,15 +28,18 @@ BENCH ?= quick
 # Test parallelism (pytest-xdist workers).
 WORKERS ?= 2
 
-.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare clean
+.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare docs figures clean
 
 help:
 	@echo "make test         create/reuse .venv, install, run every test"
 	@echo "make bench        benchmark on DEVICE=$(DEVICE) (BENCH=quick|full)"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax"
-	@echo "make conformance-frameworks  the same suite against torch's and jax's own kernels"
+	@echo "make conformance-frameworks  the same suite against the frameworks' own kernels"
+	@echo "                  (torch, jax; mlx and keras too with the frameworks extra)"
 	@echo "make lint         ruff"
 	@echo "make fixtures     regenerate conformance/fixtures/v1 (fixtures-check: prove no drift)"
+	@echo "make docs         the side-by-side page, build/docs/index.html (and make figures)"
+	@echo "make figures      remake the PNGs in docs/figures/"
 	@echo "make install      only build the environment;  make clean: remove it and caches"
 	@echo "ACCEL=$(ACCEL) TORCH_SPEC='$(TORCH_SPEC)' JAX_SPEC='$(JAX_SPEC)' PY=$(PY)"
 
@@ -63,8 +66,17 @@ format: $(ENV_READY)
 conformance: $(ENV_READY)
 	$(PY) -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax
 
+# torch's and jax's kernels always; MLX's and keras's when the `frameworks` extra is installed
+# (each keras backend is its own port: keras picks its backend once per process).
 conformance-frameworks: $(ENV_READY)
-	$(PY) -m conformance --impl torch_fused --impl jax_fused --show-xfails
+	@impls="--impl torch_fused --impl jax_fused"; \
+	if $(PY) -c "import mlx.core" 2>/dev/null; then impls="$$impls --impl mlx_fast"; \
+	else echo "conformance-frameworks: skipping mlx_fast: mlx is not installed (pip install -e '.[frameworks]')"; fi; \
+	if $(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('keras') is None)"; \
+	then impls="$$impls --impl keras_ops --impl keras_ops_torch"; \
+	else echo "conformance-frameworks: skipping keras_ops, keras_ops_torch: keras is not installed (pip install -e '.[frameworks]')"; fi; \
+	echo "$(PY) -m conformance $$impls --show-xfails"; \
+	$(PY) -m conformance $$impls --show-xfails
 
 fixtures: $(ENV_READY)
 	$(PY) -m conformance.generate --out conformance/fixtures/v1
@@ -77,6 +89,12 @@ bench: $(ENV_READY)
 
 bench-compare: $(ENV_READY)
 	$(PY) -m bench.compare $(A) $(B)
+
+figures: $(ENV_READY)
+	$(PY) -m docs.site.figures --out docs/figures
+
+docs: figures
+	$(PY) -m docs.site --out build/docs
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .benchmarks *.egg-info

@@ -12,6 +12,7 @@ __all__ = [
     "ERROR_CODES",
     "MODULE_ERROR_CODES",
     "ROTARY_ERROR_CODES",
+    "SHARDED_ERROR_CODES",
     "AttentionError",
     "ConfigError",
     "DTypeError",
@@ -115,6 +116,19 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         DimensionMismatchError,
         "rotary positions do not broadcast to (..., L), the batch dims of x without heads",
     ),
+    "length_not_divisible": (
+        DimensionMismatchError,
+        "ring attention: n_shards (2 n_shards for zigzag) does not divide L and S",
+    ),
+    "kv_heads_not_divisible": (
+        DimensionMismatchError,
+        "head-parallel attention: n_shards does not divide the K key/value heads",
+    ),
+    "unknown_layout": (ConfigError, "ring layout is not 'contiguous' or 'zigzag'"),
+    "shard_devices": (
+        ConfigError,
+        "fewer JAX devices, or another number of torch ranks, than n_shards",
+    ),
 }
 
 
@@ -129,6 +143,12 @@ MODULE_ERROR_CODES: frozenset[str] = frozenset(
 #: ``rope_theta`` a module built with ``rope_theta``); the attention functions never do.
 ROTARY_ERROR_CODES: frozenset[str] = frozenset(
     {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape"}
+)
+
+#: The codes only the sharded functions raise (``ring_attention``, ``head_parallel_attention``,
+#: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.
+SHARDED_ERROR_CODES: frozenset[str] = frozenset(
+    {"length_not_divisible", "kv_heads_not_divisible", "unknown_layout", "shard_devices"}
 )
 
 

@@ -80,13 +80,6 @@ def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.A
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
 
 
-def _visible(j0: jax.Array, i1: jax.Array, offset: int) -> jax.Array:
-    """Whether the key block starting at key ``j0`` has a key some query row ``< i1`` may see."""
-    # 4. allowed, whole blocks: a key block whose first key is causally masked for the block's
-    #    last row (row i1 - 1) is masked for every row: skipped (causal costs about half).
-    return j0 <= i1 - 1 + offset
-
-
 def _attend_block(
     carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, i, j, j0, *, dims: AttentionDims, offset: int
 ):  # fmt: skip
@@ -230,13 +223,16 @@ def flash_attention(
                 _block(mask_rows, -1, j_start, bk),
                 i, j, j0,
             )  # fmt: skip
+            # 4. allowed, whole blocks: a key block whose first key is causally masked for the
+            #    block's last row is masked for every row: skipped (causal costs about half).
             if not dims.is_causal:
                 return _attend_block(carry, *blk, **step), None
+            visible = j0 <= i0 + bq - 1 + offset
 
             def attend(c):
                 return _attend_block(c, *blk, **step)
 
-            return jax.lax.cond(_visible(j0, i0 + bq, offset), attend, lambda c: c, carry), None
+            return jax.lax.cond(visible, attend, lambda c: c, carry), None
 
         m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
         l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)

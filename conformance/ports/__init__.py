@@ -11,7 +11,9 @@ The project's own PyTorch and JAX implementations stay free of conformance code:
 functions live here, in :mod:`conformance.ports.torch_adapter` and
 :mod:`conformance.ports.jax_adapter`, and :data:`BUILTIN_ADAPTERS` attaches them by module name.
 The frameworks' own fused kernels are ports too (:mod:`conformance.ports.torch_fused`,
-:mod:`conformance.ports.jax_fused`), with their known deviations from the contract in
+:mod:`conformance.ports.jax_fused`, and, with the ``frameworks`` extra,
+:mod:`conformance.ports.mlx_fast`, :mod:`conformance.ports.keras_ops` and
+:mod:`conformance.ports.keras_ops_torch`), with their known deviations from the contract in
 ``<name>.xfails`` next to them: any port's ``<module>.xfails`` file, beside its source, is its
 list of known failures.
 """
@@ -31,4 +33,7 @@ BUILTIN_ADAPTERS: dict[str, str] = {
 SHORT_NAMES: dict[str, str] = {
     "torch_fused": "conformance.ports.torch_fused",
     "jax_fused": "conformance.ports.jax_fused",
+    "mlx_fast": "conformance.ports.mlx_fast",
+    "keras_ops": "conformance.ports.keras_ops",
+    "keras_ops_torch": "conformance.ports.keras_ops_torch",
 }

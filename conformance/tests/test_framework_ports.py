@@ -2,15 +2,41 @@
 
 ``conformance/ports/torch_fused.xfails`` and ``jax_fused.xfails`` list, as globs over run ids,
 where ``torch.nn.functional.scaled_dot_product_attention`` and ``jax.nn.dot_product_attention``
-differ from the contract. A run that fails without being listed, or a listed run that passes,
-fails these tests, so the documented table (docs/CONFORMANCE.md) cannot go stale.
+differ from the contract; ``mlx_fast.xfails``, ``keras_ops.xfails`` and
+``keras_ops_torch.xfails`` do the same for ``mlx.core.fast.scaled_dot_product_attention`` and
+``keras.ops.dot_product_attention`` (on JAX and on torch), when the ``frameworks`` extra is
+installed. A run that fails without being listed, or a listed run that passes, fails these
+tests, so the documented table (docs/CONFORMANCE.md) cannot go stale. The torch and JAX kernels
+run every fixture here; the others a subset (one run per family and the pinned ones), and
+every fixture in ``make conformance-frameworks``. Each pinned deviation has a test asserting its
+numbers.
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+import numpy as np
 import pytest
 
-from conformance.runner import check, load_port, run_suite, runs_for
+from conformance.runner import (
+    FUNCTIONS,
+    Outcome,
+    Report,
+    Xfails,
+    check,
+    load_port,
+    run_suite,
+    runs_for,
+)
 
 
 @pytest.mark.parametrize("name", ["torch_fused", "jax_fused"])
@@ -44,3 +70,252 @@ def test_torch_fully_masked_rows_are_zero() -> None:
         for way in ("bool_row", "neg_inf_bias_row", "huge_negative_bias_row"):
             outcome = _outcome("torch_fused", f"sdpa.fully_masked.{way}.{dtype}")
             assert outcome.status == "pass", outcome.line()
+
+
+# ---------------------------------------------------------------------------------------------
+# More frameworks' kernels (the `frameworks` extra): MLX's fast SDPA, keras.ops on JAX and torch
+# ---------------------------------------------------------------------------------------------
+
+#: The required aliases: what a kernel port is run on (none of them has flash_attention).
+_KERNEL_FUNCTIONS = [alias for alias, spec in FUNCTIONS.items() if spec.required]
+
+
+def _subset(pinned: Iterable[str] = ()) -> list[str]:
+    """The runs of the keras ports' strict tests (each run compiles under JAX): per family of
+    ``sdpa``, ``causal_mask``, ``module`` and ``decode``, its float32 run (else its first), and
+    the ``pinned`` runs. ``weights`` goes through the same kernel with the identity as value:
+    its deviations are pinned by id. ``make conformance-frameworks`` runs them all."""
+    chosen: dict[str, str] = {}
+    for run in runs_for(functions=[a for a in _KERNEL_FUNCTIONS if a != "weights"]):
+        if run.family not in chosen or (
+            run.case.dtype == "float32" and not chosen[run.family].endswith(".float32")
+        ):
+            chosen[run.family] = run.id
+    return sorted(set(chosen.values()) | set(pinned))
+
+
+def _check_strict(report: Report) -> None:
+    print(report.table())
+    assert report.ok, "\n".join(o.line() for o in report.failures) or report.error
+    counts = report.counts()
+    assert counts["pass"] > 0 and counts["xfail"] > 0
+
+
+# MLX: mx.fast.scaled_dot_product_attention, in this process (MLX imports in a second).
+
+
+def _mlx():
+    return pytest.importorskip("mlx.core")
+
+
+def _mlx_outcome(run_id: str) -> Outcome:
+    _mlx()
+    return _outcome("mlx_fast", run_id)
+
+
+def test_mlx_fast_deviations_are_exactly_the_xfails() -> None:
+    """Every fixture (under a second: MLX's CPU kernel on small tensors, no compilation)."""
+    _mlx()
+    _check_strict(run_suite("mlx_fast"))
+
+
+def test_mlx_fast_causal_is_bottom_right_only() -> None:
+    """MLX's mask="causal" lines the last query up with the last key (passes bottom_right);
+    there is no top-left alignment."""
+    mx = _mlx()
+    assert _mlx_outcome("sdpa.causal.bottom_right.l5_s7.float32").status == "pass"
+    assert _mlx_outcome("sdpa.mask.with_causal_bottom_right.float32").status == "pass"
+    top_left = _mlx_outcome("sdpa.causal.top_left.l5_s7.float32")
+    assert top_left.status == "xfail" and "bottom-right only" in top_left.message
+    # The kernel itself: L = 2 queries, S = 4 keys, value = identity -> the weights. Row 0 sees
+    # keys 0..2 (bottom-right: j <= i + S - L), not key 0 alone (top-left).
+    q = mx.zeros((1, 1, 2, 3))
+    weights = mx.fast.scaled_dot_product_attention(
+        q, mx.zeros((1, 1, 4, 3)), mx.eye(4)[None, None], scale=1.0, mask="causal"
+    )
+    expected = np.tril(np.ones((2, 4)), k=2)
+    np.testing.assert_allclose(np.array(weights)[0, 0], expected / expected.sum(-1, keepdims=True))
+
+
+def test_mlx_fast_rows_with_no_allowed_key_are_uniform_or_nan() -> None:
+    """All-False mask rows (and bottom-right rows with L > S) get uniform weights 1/S, not
+    zeros; a row whose bias is -inf everywhere gives NaN."""
+    uniform = _mlx_outcome("weights.fully_masked.bool_row.float32")
+    assert uniform.status == "xfail" and "expected 0.0, got 0.14285714" in uniform.message  # 1/7
+    leading = _mlx_outcome("weights.causal.bottom_right.l9_s5.float32")  # L = 9 > S = 5
+    assert leading.status == "xfail" and "expected 0.0, got 0.2000000" in leading.message  # 1/5
+    nan = _mlx_outcome("weights.fully_masked.neg_inf_bias_row.float32")
+    assert nan.status == "xfail" and "got nan" in nan.message
+
+
+def test_mlx_fast_float64_is_computed_with_a_float32_accurate_exp() -> None:
+    """float64 goes in and comes out (the dtype check passes), but with errors of float32 size:
+    MLX's float64 exp has exactly the error of its float32 exp."""
+    mx = _mlx()
+    f64 = _mlx_outcome("weights.basic.mha.float64")
+    assert f64.status == "xfail" and f64.message.startswith("weights max error")
+    assert 1e-9 < f64.error < 1e-6 and f64.bound < 1e-11  # ~1.7e-8 against a bound of 1e-12
+    assert _mlx_outcome("sdpa.scale.zero.float64").status == "pass"  # exp(0) = 1 exactly
+
+    x = np.linspace(-20.0, 0.0, 20001).astype(np.float32).astype(np.float64)
+    err64 = np.abs(np.array(mx.exp(mx.array(x, dtype=mx.float64))) / np.exp(x) - 1).max()
+    err32 = np.abs(np.array(mx.exp(mx.array(x, dtype=mx.float32))) / np.exp(x) - 1).max()
+    assert 1e-7 < err64 < 1e-5  # float64's own exp would be ~1e-16
+    assert err64 == pytest.approx(err32, rel=0.05)
+
+
+def test_mlx_fast_has_no_softcap_and_takes_4d_only() -> None:
+    mx = _mlx()
+    q = mx.zeros((1, 1, 2, 3))
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        mx.fast.scaled_dot_product_attention(q, q, q, scale=1.0, softcap=2.0)
+    no_batch = _mlx_outcome("sdpa.shapes.no_batch.float32")
+    assert no_batch.status == "xfail" and "expected to be rank 4" in no_batch.message
+
+
+def test_mlx_fast_errors_are_plain_value_errors_and_masks_of_numbers_are_added() -> None:
+    """Bad input raises a plain ValueError without a code; a float (or int) mask is not refused
+    but added to the scores, exactly like a bias."""
+    mx = _mlx()
+    heads = _mlx_outcome("sdpa.error.heads_not_divisible.float32")
+    assert heads.status == "xfail" and "raised ValueError[None]" in heads.message
+    float_mask = _mlx_outcome("sdpa.error.mask_dtype_float.float32")
+    assert float_mask.status == "xfail" and float_mask.message.startswith("no error raised")
+
+    rng = np.random.default_rng(7)
+    q, k = (mx.array(rng.standard_normal((1, 2, 3, 4)), dtype=mx.float32) for _ in range(2))
+    v = mx.broadcast_to(mx.eye(3), (1, 2, 3, 3))  # value = identity: the output is the weights
+    numbers = rng.integers(0, 2, size=(3, 3))  # 0/1: as a bool mask, 0 would mean "masked"
+    sdpa = mx.fast.scaled_dot_product_attention
+    as_int = np.array(sdpa(q, k, v, scale=0.5, mask=mx.array(numbers.astype(np.int32))))
+    as_bias = np.array(sdpa(q, k, v, scale=0.5, mask=mx.array(numbers.astype(np.float32))))
+    scores = np.einsum("bhld,bhsd->bhls", np.array(q), np.array(k)) * 0.5 + numbers
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(as_int, expected, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(as_bias, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_mlx_fast_refuses_a_bias_wider_than_the_queries() -> None:
+    """Contract: the bias may be any float dtype, independently of the query's. MLX refuses an
+    additive mask that does not promote to the query dtype: a float32 bias with float16 or
+    bfloat16 queries raises (so will the registry's mixed-dtype bias fixture)."""
+    mx = _mlx()
+    bias = mx.zeros((3, 5), dtype=mx.float32)
+    for dtype, name in ((mx.float16, "float16"), (mx.bfloat16, "bfloat16")):
+        q, k = mx.zeros((1, 2, 3, 4), dtype=dtype), mx.zeros((1, 2, 5, 4), dtype=dtype)
+        with pytest.raises(ValueError, match=f"Mask type must promote to output type {name}"):
+            mx.eval(mx.fast.scaled_dot_product_attention(q, k, k, scale=0.5, mask=bias))
+    q, k = mx.zeros((1, 2, 3, 4)), mx.zeros((1, 2, 5, 4))  # float32: a narrower bias is taken
+    out = mx.fast.scaled_dot_product_attention(q, k, k, scale=0.5, mask=bias.astype(mx.float16))
+    assert out.dtype == mx.float32
+
+
+def test_mlx_fast_zero_kv_heads_kill_the_process_with_sigfpe() -> None:
+    """Why zero_heads is a `skip:` line: run anyway (a `!` line lifts the skip), it crashes the
+    worker with SIGFPE, and the runner reports the crash and carries on."""
+    _mlx()
+    if platform.machine().lower() not in ("x86_64", "amd64", "i686"):
+        pytest.skip("an integer division by zero traps (SIGFPE) on x86 only")
+    run_id = "sdpa.error.zero_heads.float32"
+    assert _mlx_outcome(run_id).status == "skip"
+    report = run_suite("mlx_fast", isolate=True, pattern=run_id, xfails=Xfails.parse(f"!{run_id}"))
+    (outcome,) = report.outcomes
+    assert outcome.status == "crash" and "SIGFPE" in outcome.message and report.complete
+
+
+# keras.ops.dot_product_attention: keras picks its backend once per process, so each backend's
+# port runs in a child process of its own, once per port (the runs each test reads are in it).
+
+_KERAS_PINNED = {
+    "keras_ops": (
+        "weights.basic.mha.float64",
+        "weights.fully_masked.bool_row.float32",
+        "weights.fully_masked.neg_inf_bias_row.float32",
+        "sdpa.causal.top_left.l5_s7.float32",
+        "sdpa.softcap.cap2_neg_inf_bias.float32",
+    ),
+    "keras_ops_torch": (
+        "weights.basic.mha.float64",
+        "weights.fully_masked.bool_row.float32",
+        "weights.fully_masked.bool_row.float16",
+        "weights.fully_masked.neg_inf_bias_row.float32",
+        "sdpa.bias.with_mask.float32",
+        "sdpa.mask_broadcast.s.float32",
+    ),
+}
+
+_CHILD = """
+import json, sys
+from conformance.runner import run_suite
+port, ids_file, out_file = sys.argv[1:]
+ids = set(json.load(open(ids_file)))
+report = run_suite(port, select=lambda run: run.id in ids)
+json.dump(report.to_json(), open(out_file, "w"))
+"""
+
+
+@functools.cache
+def _keras_report(port: str) -> Report:
+    """The strict subset and the pinned runs of a keras port, run in a child process."""
+    if importlib.util.find_spec("keras") is None:  # not imported here: it would fix a backend
+        pytest.skip("keras is not installed (the frameworks extra)")
+    with tempfile.TemporaryDirectory() as tmp:
+        ids_file, out_file = Path(tmp, "ids.json"), Path(tmp, "report.json")
+        ids_file.write_text(json.dumps(_subset(_KERAS_PINNED[port])))
+        subprocess.run(
+            [sys.executable, "-c", _CHILD, port, str(ids_file), str(out_file)],
+            check=True,
+            cwd=Path(__file__).resolve().parents[2],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        data = json.loads(out_file.read_text())
+    outcomes = [Outcome(**o) for o in data.pop("outcomes")]
+    return Report(data["port"], data["device"], outcomes, data["seconds"], data["error"])
+
+
+def _keras_outcome(port: str, run_id: str) -> Outcome:
+    (outcome,) = [o for o in _keras_report(port).outcomes if o.run_id == run_id]
+    return outcome
+
+
+@pytest.mark.parametrize("port", ["keras_ops", "keras_ops_torch"])
+def test_keras_deviations_are_exactly_the_xfails(port: str) -> None:
+    _check_strict(_keras_report(port))
+
+
+@pytest.mark.parametrize("port", ["keras_ops", "keras_ops_torch"])
+def test_keras_computes_float64_in_float32(port: str) -> None:
+    """keras's dtype promotion maps float64 to float32 (outside TensorFlow): a float64 call
+    returns float32."""
+    outcome = _keras_outcome(port, "weights.basic.mha.float64")
+    assert outcome.status == "xfail"
+    assert outcome.message.startswith("weights dtype float32, expected float64")
+
+
+def test_keras_on_jax_fully_masked_rows_are_uniform_or_nan_and_softcap_is_tpu_only() -> None:
+    port = "keras_ops"
+    uniform = _keras_outcome(port, "weights.fully_masked.bool_row.float32")
+    assert uniform.status == "xfail" and "expected 0.0, got 0.14285714" in uniform.message  # 1/S
+    nan = _keras_outcome(port, "weights.fully_masked.neg_inf_bias_row.float32")
+    assert nan.status == "xfail" and "got nan" in nan.message
+    assert _keras_outcome(port, "sdpa.causal.top_left.l5_s7.float32").status == "pass"
+    softcap = _keras_outcome(port, "sdpa.softcap.cap2_neg_inf_bias.float32")
+    assert softcap.status == "xfail" and "only supported for JAX on TPU" in softcap.message
+
+
+def test_keras_on_torch_masks_by_a_large_negative_bias_and_refuses_mask_with_bias() -> None:
+    """The torch backend turns the mask into a bias of -0.7 x the dtype's max: a fully masked
+    row is uniform in float32 and, in float16 (-45850 on a grid of 32), follows how the scores
+    round; a -inf bias row goes to torch's kernel as it is, and gives its zeros."""
+    port = "keras_ops_torch"
+    uniform = _keras_outcome(port, "weights.fully_masked.bool_row.float32")
+    assert uniform.status == "xfail" and "expected 0.0, got 0.14285714" in uniform.message
+    half = _keras_outcome(port, "weights.fully_masked.bool_row.float16")
+    assert half.status == "xfail" and "expected 0.0, got 0.749" in half.message  # not 1/7
+    assert _keras_outcome(port, "weights.fully_masked.neg_inf_bias_row.float32").status == "pass"
+    both = _keras_outcome(port, "sdpa.bias.with_mask.float32")
+    assert both.status == "xfail" and "Only one of `bias` and `mask`" in both.message
+    one_d = _keras_outcome(port, "sdpa.mask_broadcast.s.float32")
+    assert one_d.status == "xfail" and "raised IndexError" in one_d.message

@@ -1,0 +1,234 @@
+"""The shared, framework-free pieces of sharded attention (SEMANTICS.md, "Sharded attention").
+
+Ring (context-parallel) attention cuts the query rows L and the keys S into chunks and gives each
+of ``n`` devices one shard: one chunk (``layout="contiguous"``) or two (``"zigzag"``, shard r
+holds chunks r and 2n - 1 - r of 2n, which evens out the causal work). Head-parallel attention
+gives each device K / n key/value heads and the query heads that read them. Which chunks a shard
+holds, the checks on ``n_shards`` and ``layout``, and the communication formula of the ring are
+facts the NumPy, PyTorch and JAX versions share; they live here, once.
+
+Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads (G = H // K), L query
+length, S key/value length, D query/key head dim, E value head dim; n = ``n_shards``, c chunks
+per shard (1 or 2), ``Lc = L / (c n)`` and ``Sc = S / (c n)`` the rows and keys of one chunk.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from attention_spec.errors import make_error
+from attention_spec.validate import AttentionDims, broadcast_shapes, check_size, divisors
+
+__all__ = [
+    "LAYOUTS",
+    "RingLayout",
+    "RingStep",
+    "block_visible",
+    "check_head_parallel",
+    "check_ring",
+    "check_shard_config",
+    "check_shard_devices",
+    "ring_bytes_per_step",
+    "ring_memory_per_device",
+    "shard_chunks",
+]
+
+#: The two ways of cutting L and S into shards (see :func:`shard_chunks`).
+LAYOUTS: tuple[str, ...] = ("contiguous", "zigzag")
+
+
+def shard_chunks(n_shards: int, layout: str) -> tuple[tuple[int, ...], ...]:
+    """The chunks each shard holds, shard by shard; chunk i is positions ``[i*size, (i+1)*size)``.
+
+    ``contiguous``: n chunks, shard r holds chunk r.
+    ``zigzag``: 2n chunks, shard r holds chunks r and 2n - 1 - r: one from the start of the
+    sequence, one from its end. Under a causal mask the early rows see few keys and the late rows
+    many; pairing them gives every shard the same amount of work.
+
+    >>> shard_chunks(4, "zigzag")
+    ((0, 7), (1, 6), (2, 5), (3, 4))
+    """
+    if layout == "contiguous":
+        return tuple((r,) for r in range(n_shards))
+    return tuple((r, 2 * n_shards - 1 - r) for r in range(n_shards))
+
+
+@dataclass(frozen=True)
+class RingLayout:
+    """How one ring-attention call cuts L and S.
+
+    ``chunks[r]`` are the chunks of shard r (:func:`shard_chunks`); a chunk is ``Lc`` query rows
+    and ``Sc`` keys. Device r keeps query shard r for the whole call; key/value shards travel.
+    """
+
+    n: int
+    layout: str
+    chunks: tuple[tuple[int, ...], ...]
+    Lc: int
+    Sc: int
+
+    @property
+    def c(self) -> int:
+        """Chunks per shard: 1 (contiguous) or 2 (zigzag)."""
+        return len(self.chunks[0])
+
+
+def check_shard_config(n_shards: int, layout: str | None = None) -> None:
+    """Validate the sharding keywords (ConfigError): ``n_shards`` an integer >= 1, ``layout``
+    one of :data:`LAYOUTS` (None: head-parallel, which has no layout)."""
+    check_size("n_shards", n_shards)
+    if layout is not None and layout not in LAYOUTS:
+        raise make_error(
+            "unknown_layout",
+            f"layout must be one of {LAYOUTS}; got {layout!r}",
+            expected=" | ".join(LAYOUTS),
+            actual=repr(layout),
+        )
+
+
+def check_ring(dims: AttentionDims, n_shards: int, layout: str) -> RingLayout:
+    """Validate a ring-attention call whose attention arguments ``dims`` already passed
+    :func:`~attention_spec.check_attention`, and return how it cuts L and S.
+
+    Raises:
+        DimensionMismatchError ``length_not_divisible``: the chunk count (n, or 2n for zigzag)
+        does not divide both L and S.
+    """
+    L, S = dims.L, dims.S
+    n_chunks = n_shards if layout == "contiguous" else 2 * n_shards
+    if L % n_chunks or S % n_chunks:
+        how = (
+            f"{n_shards} contiguous shards"
+            if layout == "contiguous"
+            else f"2 * {n_shards} = {n_chunks} chunks (layout='zigzag')"
+        )
+        raise make_error(
+            "length_not_divisible",
+            f"ring attention with n_shards={n_shards} cuts L and S into {how}, so {n_chunks} "
+            f"must divide both; got L={L}, S={S}",
+            expected=f"L % {n_chunks} == 0 and S % {n_chunks} == 0",
+            actual=f"L={L}, S={S}",
+        )
+    chunks = shard_chunks(n_shards, layout)
+    return RingLayout(n_shards, layout, chunks, L // n_chunks, S // n_chunks)
+
+
+def check_head_parallel(H: int, K: int, n_shards: int) -> None:
+    """Validate a head-parallel split of K key/value heads (and their H query heads).
+
+    Raises:
+        DimensionMismatchError ``kv_heads_not_divisible``: n_shards does not divide K.
+    """
+    if K % n_shards:
+        raise make_error(
+            "kv_heads_not_divisible",
+            f"head-parallel attention with n_shards={n_shards} gives each device K/{n_shards} "
+            f"key/value heads (with their query heads), so {n_shards} must divide K; "
+            f"got K={K} (H={H})",
+            expected=f"K % n_shards == 0 (n_shards in {divisors(K)})",
+            actual=f"K={K}, n_shards={n_shards}",
+        )
+
+
+def check_shard_devices(n_shards: int, available: int, where: str, *, exact: bool) -> None:
+    """Validate that there are devices for the shards: at least ``n_shards`` JAX devices (the
+    first n make the mesh), exactly ``n_shards`` torch processes (``exact``: one per rank).
+
+    ``where`` says what was counted and how to get more, e.g. ``"the process group has 2
+    ranks"``. Raises ConfigError ``shard_devices``.
+    """
+    if available < n_shards or (exact and available != n_shards):
+        raise make_error(
+            "shard_devices",
+            f"n_shards={n_shards} needs {n_shards} devices, one per shard; {where}",
+            expected=f"{'exactly' if exact else 'at least'} {n_shards} devices",
+            actual=str(available),
+        )
+
+
+def ring_bytes_per_step(
+    key_shape: Sequence[int], value_shape: Sequence[int], n_shards: int, itemsize: int
+) -> list[int]:
+    """Bytes one device sends at each of the n ring steps (docs/SHARDED.md, "Communication").
+
+    At steps 0 .. n-2 a device passes the key/value shard it holds to its right neighbour:
+    ``prod(key batch) * K * S/n * D + prod(value batch) * K * S/n * E`` elements of the input
+    dtype. At the last step it sends nothing: every device has then seen every shard. Over the
+    call a device sends ``(n - 1) / n`` of the whole key and value.
+    """
+    per_step = (math.prod(key_shape) + math.prod(value_shape)) // n_shards * itemsize
+    return [per_step] * (n_shards - 1) + [0]
+
+
+@dataclass(frozen=True)
+class RingStep:
+    """What one device did at one ring step (recorded when a caller passes ``stats=[]``).
+
+    ``t`` the step, ``r`` the device, ``src`` the device whose key/value shard it held,
+    ``blocks`` the (query chunk, key chunk) pairs it computed (causal skips the others),
+    ``bytes_sent`` what it passed to its right neighbour after the step (0 at the last step).
+    """
+
+    t: int
+    r: int
+    src: int
+    blocks: tuple[tuple[int, int], ...]
+    bytes_sent: int
+
+
+def block_visible(q_chunk, k_chunk, Lc: int, Sc: int, offset: int):
+    """Causal, whole blocks: may some row of query chunk ``q_chunk`` see some key of key chunk
+    ``k_chunk``? Yes iff the chunk's first key is at or before its last row's diagonal,
+    ``k_chunk * Sc <= (q_chunk + 1) * Lc - 1 + offset`` (query i sees key j iff
+    ``j <= i + offset``). A block for which this is False is entirely masked and is skipped.
+
+    Plain arithmetic, so the chunk indices may be Python ints or traced JAX integers.
+    """
+    return k_chunk * Sc <= (q_chunk + 1) * Lc - 1 + offset
+
+
+def ring_memory_per_device(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    n_shards: int,
+    layout: str,
+    itemsize: int,
+    compute_itemsize: int,
+) -> dict[str, int]:
+    """Bytes one device of the ring holds (docs/SHARDED.md, "Memory"), without mask and bias.
+
+    What it is handed and keeps: ``query_shard`` (its L/n rows) and ``kv_shard`` (its S/n keys
+    and values), in the input dtype (``itemsize``). What it adds at its peak, ``extra``: the
+    key/value shard arriving while it computes with the held one (``kv_arriving``), the
+    running output and row log-sum-exp of its rows (``accumulators``, compute dtype), and one
+    block's scratch, the scores and their exponentials for one (query chunk, key chunk) pair
+    (``block_scratch``, compute dtype); a 16-bit input adds its query shard in the compute
+    dtype. ``output_shard`` is what it returns.
+    """
+    *qb, H, L, D = query_shape
+    S, E = key_shape[-2], value_shape[-1]
+    batch = math.prod(broadcast_shapes(tuple(qb), tuple(key_shape[:-3]), tuple(value_shape[:-3])))
+    c = 1 if layout == "contiguous" else 2
+    rows, keys = L // n_shards, S // n_shards
+    kv = (math.prod(key_shape) + math.prod(value_shape)) // n_shards * itemsize
+    terms = {
+        "query_shard": math.prod(qb) * H * rows * D * itemsize,
+        "kv_shard": kv,
+        "kv_arriving": kv,
+        "accumulators": batch * H * rows * (E + 1) * compute_itemsize,
+        "block_scratch": 2 * batch * H * (rows // c) * (keys // c) * compute_itemsize,
+        "query_compute_copy": (
+            math.prod(qb) * H * rows * D * compute_itemsize if compute_itemsize != itemsize else 0
+        ),
+        "output_shard": batch * H * rows * E * itemsize,
+    }
+    terms["extra"] = (
+        terms["kv_arriving"]
+        + terms["accumulators"]
+        + terms["block_scratch"]
+        + terms["query_compute_copy"]
+    )
+    return terms

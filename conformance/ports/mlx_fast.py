@@ -1,0 +1,138 @@
+"""``mlx.core.fast.scaled_dot_product_attention`` as a port: MLX's own kernel.
+
+Run through the same fixtures as the implementations, its failures are a measured list of
+where MLX's kernel differs from the contract (``mlx_fast.xfails``, and the table in
+docs/CONFORMANCE.md). On Linux it runs with the CPU build (``pip install "mlx[cpu]"``).
+
+The wrapper only translates the contract's keywords into MLX's, and never fixes semantics:
+
+- MLX has no default scale (``scale`` is required): the wrapper passes the contract's default
+  ``1/sqrt(D)`` when the caller gives none (inf for D = 0, so the kernel, not the wrapper, meets
+  that input);
+- ``mask`` and ``bias`` become MLX's one ``mask`` argument: a bool mask alone, else the bias with
+  -inf where the mask is False. MLX reads any non-boolean mask as additive, so a float or an
+  integer ``mask`` reaches the kernel as it is, and is added;
+- ``is_causal`` with bottom_right alone is MLX's ``mask="causal"`` (lower-right aligned);
+  together with a mask or bias (MLX takes one mask) the same rule is folded into that mask.
+  top_left does not exist in MLX: NotImplementedError, never a mask built in its place;
+- ``softcap`` does not exist in MLX: NotImplementedError;
+- shapes are passed as they are (MLX takes exactly 4-D query, key and value with equal batch
+  sizes; it does GQA itself and allows E != D).
+
+MLX is lazy: each function evaluates its result (``mx.eval``) before returning, so an error of
+the kernel surfaces in the call and not later inside ``to_numpy``.
+
+:func:`attention_weights` runs the same kernel with the identity as value (one value column per
+key), so the output *is* the weight matrix. There is no public causal-mask function, so this
+port has no ``causal_mask``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import ml_dtypes
+import mlx.core as mx
+import numpy as np
+
+__all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "to_numpy"]
+
+#: conformance's device names -> MLX devices (MLX arrays live in unified memory; the device is
+#: where the kernel runs, MLX's default device).
+_DEVICES = {"cpu": mx.cpu, "gpu": mx.gpu, "metal": mx.gpu, "mps": mx.gpu}
+
+
+def from_numpy(array: np.ndarray, device: str = "cpu") -> mx.array:
+    """An MLX array equal to ``array``, of the same dtype; MLX then computes on ``device``.
+
+    ``mx.array(x)`` silently turns float64 into float32: the dtype is always passed explicitly.
+    bfloat16 goes through float32, which is exact.
+    """
+    mx.set_default_device(_DEVICES[device.partition(":")[0]])
+    array = np.asarray(array)
+    if array.dtype == ml_dtypes.bfloat16:
+        return mx.array(array.astype(np.float32)).astype(mx.bfloat16)
+    dtype = getattr(mx, array.dtype.name, None)
+    return mx.array(array) if dtype is None else mx.array(array, dtype=dtype)
+
+
+def to_numpy(array: mx.array) -> np.ndarray:
+    """The array as a NumPy array of the same dtype (bfloat16 as ``ml_dtypes.bfloat16``: NumPy
+    cannot read MLX's bfloat16 buffer, so it goes through float32, which is exact)."""
+    if array.dtype == mx.bfloat16:
+        return np.array(array.astype(mx.float32)).astype(ml_dtypes.bfloat16)
+    return np.array(array)
+
+
+def scaled_dot_product_attention(
+    query: mx.array,
+    key: mx.array,
+    value: mx.array,
+    *,
+    mask: mx.array | None = None,
+    bias: mx.array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> mx.array:
+    """MLX's fast SDPA on the contract's layout: query (B, H, L, D), key (B, K, S, D),
+    value (B, K, S, E) -> (B, H, L, E)."""
+    if softcap is not None:
+        raise NotImplementedError("mx.fast.scaled_dot_product_attention has no softcap")
+    if is_causal and causal_alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"MLX has no causal alignment {causal_alignment!r}")
+    if is_causal and causal_alignment == "top_left":
+        raise NotImplementedError(
+            "mx.fast.scaled_dot_product_attention's causal mask is bottom-right only"
+        )
+    L, D = query.shape[-2], query.shape[-1]
+    S = key.shape[-2]
+    if scale is None:  # 1/sqrt(D), and inf for D = 0 (what the kernel then does is measured)
+        scale = 1.0 / math.sqrt(D) if D > 0 else math.inf
+
+    attn_mask: mx.array | str | None = None
+    if bias is not None:
+        attn_mask = bias if mask is None else mx.where(mask, bias, -math.inf)
+    elif mask is not None:
+        attn_mask = mask
+    if is_causal:
+        if attn_mask is None:
+            attn_mask = "causal"
+        else:  # MLX takes one mask: the same lower-right rule, folded into it
+            allowed = mx.tril(mx.ones((L, S), dtype=mx.bool_), k=S - L)
+            if attn_mask.dtype == mx.bool_:
+                attn_mask = mx.logical_and(attn_mask, allowed)
+            else:
+                attn_mask = mx.where(allowed, attn_mask, -math.inf)
+
+    out = mx.fast.scaled_dot_product_attention(query, key, value, scale=scale, mask=attn_mask)
+    mx.eval(out)
+    return out
+
+
+def attention_weights(
+    query: mx.array,
+    key: mx.array,
+    *,
+    mask: mx.array | None = None,
+    bias: mx.array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+) -> mx.array:
+    """The weights (B, H, L, S) from MLX's kernel: SDPA with value = identity (S x S)."""
+    K, S = key.shape[-3], key.shape[-2]
+    identity = mx.broadcast_to(mx.eye(S, dtype=query.dtype), (*key.shape[:-3], K, S, S))
+    return scaled_dot_product_attention(
+        query,
+        key,
+        identity,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+    )

@@ -1,0 +1,92 @@
+"""What the side-by-side page shows: one entry per section. Data only; ``steps.py`` reads it.
+
+Each section names a file that ``impl_numpy/``, ``impl_torch/`` and ``impl_jax/`` all have, and the
+functions in it to put side by side (``Class.method``; ``a | b`` when the frameworks name it
+differently, as torch's ``forward`` is NumPy's and JAX's ``__call__``). A function with numbered
+step comments (``# 1. ...``) gives one row per step; one without gives a single row. A helper is
+read where the function calls it: its steps come right after the caller's step that calls it.
+``"*"`` means every function of the file that has numbered steps. An optional section appears by
+itself once its file and functions exist in all three implementations, and is then checked like
+the others; while only some have them it is left off the page, and the build says so.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+FRAMEWORKS = ("numpy", "torch", "jax")  # the page's columns, in this order
+FRAMEWORK_NAMES = {"numpy": "NumPy", "torch": "PyTorch", "jax": "JAX"}
+
+
+@dataclass(frozen=True)
+class Section:
+    id: str  # the HTML anchor and the key of the section's idiom notes in idioms.py
+    title: str
+    file: str  # the file name inside each impl_<framework>/ package
+    functions: tuple[str, ...]  # shown in this order; "*": every function with numbered steps
+    helpers: tuple[str, ...] = ()  # read where the functions call them
+    optional: bool = False  # shown once all three have its file and functions
+
+
+SECTIONS: tuple[Section, ...] = (
+    Section(
+        "functional",
+        "Scaled dot-product attention",
+        "functional.py",
+        functions=("scaled_dot_product_attention",),
+        helpers=("_weights",),
+    ),
+    Section(
+        "flash",
+        "Tiled (flash) attention",
+        "flash.py",
+        functions=("flash_attention",),
+        helpers=("_attend_block",),
+    ),
+    Section(
+        "modules",
+        "Modules and their projections",
+        "modules.py",
+        functions=(
+            "GroupedQueryAttention.__init__",
+            "GroupedQueryAttention._project_query",
+            "GroupedQueryAttention._project_key_value",
+            "GroupedQueryAttention._attend",
+            "GroupedQueryAttention._project_output",
+            "GroupedQueryAttention.__call__ | GroupedQueryAttention.forward",
+        ),
+    ),
+    Section(
+        "decode",
+        "KV-cache decoding",
+        "modules.py",
+        functions=(
+            "GroupedQueryAttention.init_cache",
+            "KVCache.write",
+            "KVCache.read",
+            "GroupedQueryAttention.decode",
+        ),
+    ),
+    Section(
+        "backward",
+        "Backward pass (vjp)",
+        "functional.py",
+        functions=("scaled_dot_product_attention_vjp",),
+        optional=True,
+    ),
+    Section(
+        "flash_backward",
+        "Tiled backward pass (vjp)",
+        "flash.py",
+        functions=("flash_attention_vjp",),
+        optional=True,
+    ),
+    Section(
+        "sharded",
+        "Sharded attention",
+        "sharded.py",
+        functions=("ring_attention", "head_parallel_attention", "head_parallel_gqa"),
+        helpers=("_ring_device", "_attend_block"),
+        optional=True,
+    ),
+)

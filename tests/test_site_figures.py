@@ -1,0 +1,138 @@
+"""The figures' data (docs/site/figures.py), checked against numbers computed another way: the
+float64 oracle, finite differences, sums by hand, the known values at the ends of a curve.
+Pixels are not checked; the PNGs are remade by ``make figures``."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conformance import oracle
+from docs.site import figures
+
+ROOT = Path(__file__).resolve().parents[1]
+F64 = 1e-12  # float64 against the float64 oracle: a few roundings of numbers of order 1
+
+
+def test_every_figure_is_committed_and_named_once():
+    names = [f.name for f in figures.FIGURES]
+    assert len(names) == len(set(names))
+    assert {p.figure for p in figures.PANELS} <= set(names)
+    for name in names:
+        assert (ROOT / "docs" / "figures" / f"{name}.png").read_bytes()[:4] == b"\x89PNG", name
+
+
+@pytest.mark.parametrize("figure", sorted({p.figure for p in figures.PANELS}))
+def test_heatmaps_are_the_oracles_weights(figure):
+    data = figures.heatmap_data(figure)
+    assert len(data["panels"]) >= 2
+    for panel, w in zip(data["panels"], data["weights"]):
+        x = figures.panel_inputs(panel)
+        golden = oracle.attention(x["query"], x["key"], mask=x["mask"], **panel.keywords)
+        np.testing.assert_allclose(w, golden.weights[0, 0], rtol=0, atol=F64)
+        # where the rule says no, exactly zero; every row sums to one
+        L, S = panel.L, panel.S
+        allowed = np.ones((L, S), bool)
+        if panel.keywords.get("is_causal"):
+            offset = S - L if panel.keywords.get("causal_alignment") == "bottom_right" else 0
+            allowed &= np.arange(S)[None, :] <= np.arange(L)[:, None] + offset
+        if panel.lengths is not None:
+            allowed &= np.arange(S)[None, :] < panel.lengths
+        assert np.array_equal(w > 0, allowed), panel.title
+        np.testing.assert_allclose(w.sum(-1), 1.0, rtol=0, atol=F64)
+
+
+def test_the_causal_figure_shows_both_alignments_with_L_unlike_S():
+    panels = figures.heatmap_data("weights_causal")["panels"]
+    alignments = {p.keywords.get("causal_alignment", "top_left") for p in panels}
+    assert alignments == {"top_left", "bottom_right"} and all(p.L != p.S for p in panels)
+
+
+def test_gqa_heads_are_the_oracles_module_weights_grouped_by_kv_head():
+    data = figures.gqa_heads_data()
+    H, K = data["n_heads"], data["n_kv_heads"]
+    golden = oracle.module_forward(
+        data["canonical"], data["x"], n_heads=H, n_kv_heads=K, is_causal=True
+    )
+    np.testing.assert_allclose(data["weights"], golden.weights[0], rtol=0, atol=F64)
+    assert data["kv_head"] == [0, 0, 0, 1, 1, 1]  # H = 6, K = 2: contiguous groups of 3
+
+
+def test_softmax_temperature_runs_from_uniform_towards_one_hot():
+    data = figures.temperature_data(L=6, S=9, D=4, n=9)
+    S = 9
+    assert data["scale"][0] == 0.0
+    assert data["entropy"][0] == pytest.approx(math.log(S), rel=F64)  # uniform rows
+    assert data["largest"][0] == pytest.approx(1 / S, rel=F64)
+    assert np.all(np.diff(data["entropy"]) < 0) and np.all(np.diff(data["largest"]) > 0)
+    i = 5  # one point, recomputed from the oracle's weights
+    w = oracle.attention(data["query"], data["key"], scale=float(data["scale"][i])).weights[0, 0]
+    entropy = np.mean([-math.fsum(p * math.log(p) for p in row if p > 0) for row in w])
+    assert data["entropy"][i] == pytest.approx(entropy, rel=F64)
+    assert data["largest"][i] == pytest.approx(w.max(-1).mean(), rel=F64)
+
+
+def _finite_difference_query_gradient(q, k, v, do, scale, eps=1e-6):
+    """d<oracle(q, k, v), do>/dq by central differences, one element of q at a time."""
+
+    def f(q_):
+        return float((oracle.attention(q_, k, v, scale=scale).output * do).sum())
+
+    grad = np.zeros_like(q)
+    for index in np.ndindex(q.shape):
+        step = np.zeros_like(q)
+        step[index] = eps
+        grad[index] = (f(q + step) - f(q - step)) / (2 * eps)
+    return grad
+
+
+def test_missing_scale_variance_and_gradients():
+    dims = (4, 8)
+    data = figures.missing_scale_data(dims, L=5, S=6, E=3)
+    for n, D in enumerate(dims):
+        x = data["inputs"][D]
+        q, k = x["query"][0, 0], x["key"][0, 0]
+        scores = [math.fsum(a * b for a, b in zip(qi, kj)) for qi in q for kj in k]  # L * S
+        mean = math.fsum(scores) / len(scores)
+        var = math.fsum((s - mean) ** 2 for s in scores) / len(scores)
+        assert data["var_plain"][n] == pytest.approx(var, rel=F64)
+        assert data["var_scaled"][n] == pytest.approx(var / D, rel=F64)
+        for name, scale in (("grad_plain", 1.0), ("grad_scaled", 1 / math.sqrt(D))):
+            fd = _finite_difference_query_gradient(
+                x["query"], x["key"], x["value"], x["grad_output"], scale
+            )
+            rows = np.linalg.norm(fd[0, 0], axis=-1)
+            expected = np.percentile(rows, [10, 50, 90])
+            got = [data[f"{name}_lo"][n], data[name][n], data[f"{name}_hi"][n]]
+            np.testing.assert_allclose(got, expected, rtol=1e-6)  # eps^2 and rounding / eps
+
+
+def test_missing_scale_figure_shows_variance_growing_as_D():
+    # The figure's own data: with standard-normal entries Var(q . k) = D. The estimate over
+    # L * S scores has a relative standard deviation of about sqrt(2 (1 + 2 (L - 1) / D) / (L S))
+    # (scores sharing a query or a key are correlated, 1/D); allow five of those.
+    data = figures.missing_scale_data(dims=(4, 64, 1024))
+    L, S = data["L"], data["S"]
+    for D, plain, scaled in zip(data["D"], data["var_plain"], data["var_scaled"]):
+        tolerance = 5 * math.sqrt(2 * (1 + 2 * (L - 1) / D) / (L * S))
+        assert plain / D == pytest.approx(1, abs=tolerance), D
+        assert scaled == pytest.approx(plain / D, rel=F64)
+    # saturation: without the scale, the median row's gradient at D = 1024 is a small fraction
+    # of what it is with the scale, which stays within a factor of two across D
+    assert data["grad_plain"][-1] < 0.2 * data["grad_scaled"][-1]
+    assert max(data["grad_scaled"]) < 2 * min(data["grad_scaled"])
+
+
+@pytest.mark.slow  # about 5 s: torch's profiler starts, JAX compiles four programs
+def test_memory_wall_measures_the_scores_the_plain_path_holds():
+    lengths, H, D = (128, 256), 2, 16
+    data = figures.memory_wall_data(lengths, H=H, D=D, blocks={"block_q": 64, "block_k": 64})
+    assert list(data["scores"]) == [H * L * L * 4 for L in lengths]  # (H, L, S) float32 bytes
+    for fw in ("numpy", "torch", "jax"):
+        plain, tiled = data[fw]["plain"], data[fw]["tiled"]
+        assert np.all(plain >= data["scores"]), fw  # the plain path materializes the scores
+        assert plain[1] > 3 * plain[0], fw  # and they grow as L^2
+        assert tiled[1] < plain[1] / 4, fw  # the tiled path holds one block
