@@ -21,3 +21,38 @@ def test_readme_module_example_prints_the_documented_numbers(tmp_path):
         )
         assert run.returncode == 0, run.stderr
         assert run.stdout.strip() == documented
+
+
+def test_readme_hugging_face_example_is_within_the_float32_bound(tmp_path):
+    """The README's tiny-Llama example: Hugging Face's layer and our three modules, the largest
+    difference printed. It must be within the fixture rule's float32 bound of that layer (the
+    bound each of them has against the float64 oracle), recomputed here from the checkpoint the
+    example wrote and the same input."""
+    import numpy as np
+    import pytest
+
+    pytest.importorskip("transformers")
+    from conformance.oracle import module_forward, tolerance_bound
+    from impl_torch.hf import load_hf_attention
+
+    text = (ROOT / "README.md").read_text()
+    section = text[text.index("## Rotary positions and Hugging Face models") :]
+    block = re.findall(r"```python\n(.*?)```", section, flags=re.S)[0]
+    env = {"PYTHONPATH": str(ROOT), "JAX_PLATFORMS": "cpu"}
+    run = subprocess.run(
+        [sys.executable, "-c", block], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stderr
+    printed = float(
+        re.fullmatch(r"largest difference from Hugging Face: (\S+)", run.stdout.strip())[1]
+    )
+
+    weights, options = load_hf_attention(tmp_path / "tiny-llama", layer=1)
+    x = np.random.default_rng(0).standard_normal((1, 7, 64)).astype(np.float32)  # the example's
+    w64 = {n: a.astype(np.float64) for n, a in weights.items()}
+    kw = dict(n_heads=options["n_heads"], n_kv_heads=options["n_kv_heads"], is_causal=True,
+              rope_theta=options["rope_theta"])  # fmt: skip
+    golden = module_forward(w64, x.astype(np.float64), **kw).output
+    plain = module_forward(w64, x.astype(np.float64), **kw, round_to="float32").output
+    bound = tolerance_bound(golden, plain, "float32")
+    assert printed <= bound, (printed, bound)
