@@ -296,10 +296,11 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         p = np.arange(P)
         exponent = -p / R if bug == "rope_exponent_halved" else -2 * p / R
         angle_dtype = x.dtype if low else ct
-        inv_freq = (dims.theta**exponent).astype(angle_dtype)  # (P,)
-        pos = np.broadcast_to(positions, dims.positions_shape).astype(angle_dtype)  # (..., L)
-        angle = (pos[..., None, :, None] * inv_freq).astype(angle_dtype)  # (..., 1, L, P)
-        cos, sin = np.cos(angle).astype(ct), np.sin(angle).astype(ct)
+        with np.errstate(all="ignore"):  # float16 angles overflow at 1e5: the bug shows as NaN
+            inv_freq = (dims.theta**exponent).astype(angle_dtype)  # (P,)
+            pos = np.broadcast_to(positions, dims.positions_shape).astype(angle_dtype)  # (.., L)
+            angle = (pos[..., None, :, None] * inv_freq).astype(angle_dtype)  # (..., 1, L, P)
+            cos, sin = np.cos(angle).astype(ct), np.sin(angle).astype(ct)
         interleaved = dims.interleaved != (bug == "rope_pairs_swapped")
         idx1 = 2 * p if interleaved else p  # the features of each pair
         idx2 = 2 * p + 1 if interleaved else p + P

@@ -106,3 +106,25 @@ def test_a_failure_names_case_index_error_bound_device_and_dtype() -> None:
     ]
     assert line.startswith("FAIL sdpa.saturation.default_scale.bfloat16 [cpu bfloat16]: ")
     assert "output max error" in line and " at (" in line and "> bound" in line
+
+
+ROPE_BUGS = [b for b in BUGS if b.startswith("rope_")]
+
+
+def _rope_run(run_id: str) -> bool:
+    return run_id.startswith("rope.") or ".rope." in run_id
+
+
+@pytest.mark.parametrize("bug", ROPE_BUGS)
+def test_rope_bugs_fail_rope_runs_only(bug: str) -> None:
+    """A RoPE bug fails rope.*, module.rope.* or decode.rope.* runs and nothing the unbroken
+    port passes; the decode-offset bug fails decoding only, from its second step on."""
+    passing = {o.run_id for o in _report(None).outcomes if o.ok}
+    failed = {o.run_id: o for o in _report(bug).failures if o.run_id in passing}
+    assert failed and all(_rope_run(r) for r in failed), sorted(failed)
+    if bug == "rope_decode_not_offset":
+        assert all(r.startswith("decode.rope.") for r in failed)
+        message = failed["decode.rope.gqa.h6_k2.chunks_2_1_2.float32"].message
+        assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
+    if bug == "rope_angles_low_precision":  # float32 angles are what the bound allows, no more
+        assert set(failed) == {f"rope.positions.large_1e5.{d}" for d in ("float16", "bfloat16")}
