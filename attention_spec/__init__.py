@@ -27,6 +27,7 @@ from attention_spec.rotary import (
     check_rotary,
     rotary_frequencies,
 )
+from attention_spec.rules import alibi_slope_values
 from attention_spec.validate import (
     ALIGNMENTS,
     BLOCK_K,
@@ -48,6 +49,7 @@ from attention_spec.validate import (
     check_float64,
     check_given,
     check_size,
+    check_window,
     compute_dtype,
     describe,
     dtype_name,
@@ -75,6 +77,7 @@ __all__ = [
     "MaskError",
     "RopeConfig",
     "RotaryDims",
+    "alibi_slope_values",
     "broadcast_shapes",
     "causal_offset",
     "check_alignment",
@@ -89,6 +92,7 @@ __all__ = [
     "check_rope_config",
     "check_rotary",
     "check_size",
+    "check_window",
     "compute_dtype",
     "describe",
     "dtype_name",

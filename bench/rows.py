@@ -14,7 +14,9 @@ the report as "not available" instead of disappearing.
 - ``jax_dpa``: ``jax.nn.dot_product_attention`` on heads-second ``(B, L, H, D)`` inputs,
   ``implementation=`` ``xla`` | ``cudnn``;
 - ``module``: the project's ``GroupedQueryAttention`` / ``MultiHeadAttention`` on ``(B, L, M)``;
-- ``torch_mha`` / ``nnx_mha``: ``torch.nn.MultiheadAttention`` / ``flax.nnx.MultiHeadAttention``;
+- ``torch_mha`` / ``nnx_mha``: ``torch.nn.MultiheadAttention`` (its fast path off, so its
+  attention is ``F.scaled_dot_product_attention``, ``is_causal`` for causal workloads; the fast
+  path would build the full scores for a causal mask) / ``flax.nnx.MultiHeadAttention``;
 - ``decode``: one KV-cache step of the project's ``GroupedQueryAttention``,
   ``module.decode(x (B, 1, M), cache at position P)``;
 - ``torch_decode`` / ``jax_decode``: the same step written with framework ops around the fused
@@ -92,6 +94,10 @@ class Row:
             (conformance runs the package's ``GroupedQueryAttention`` on the module fixtures),
             ``decode`` for their decode step (``init_cache``/``decode`` on the decode
             fixtures), ``flash`` for a ``flash_attention`` target, else ``sdpa``.
+
+    A row pinned to one kernel (a torch SDPA backend, JAX's cuDNN attention) is gated on that
+    kernel (:attr:`gate_pin`), and only that kernel's own "not supported" errors make its
+    cases ``unsupported`` (:attr:`kernel`).
     """
 
     name: str
@@ -142,6 +148,23 @@ class Row:
         if self.call in ("module", "decode"):  # the port's GroupedQueryAttention on the
             return self.call  # module fixtures, or stepped through its KV cache (decode)
         return "flash" if self.target.endswith(":flash_attention") else "sdpa"
+
+    @property
+    def kernel(self) -> str | None:
+        """The kernel whose "not supported" messages this row may report as unsupported
+        (``runners.UNSUPPORTED``): ``torch_sdpa`` for a pinned SDPA backend, ``jax_cudnn``
+        for JAX's cuDNN attention, else None (every error is an error)."""
+        if self.call == "torch_sdpa" and self.backend is not None:
+            return "torch_sdpa"
+        if self.call in ("jax_dpa", "jax_decode") and self.backend == "cudnn":
+            return "jax_cudnn"
+        return None
+
+    @property
+    def gate_pin(self) -> str | None:
+        """The backend the gate forces (``torch_fused.pinned`` / ``jax_fused.pinned``), or
+        None for a row gated on its port as is."""
+        return self.backend if self.kernel is not None else None
 
     def resolve(self) -> Any:
         """Import the target. Raises ImportError/AttributeError when it does not exist (yet)."""

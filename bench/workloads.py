@@ -317,6 +317,22 @@ def _accel_full(dtypes: tuple[str, ...]) -> list[Workload]:
     return w
 
 
+def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
+    """A few minutes on one GPU with every row (``make gpu-check``): each dtype at 1k and 4k,
+    causal and not; float32 at 1k; GQA and MQA at 2k; MHA and GQA modules at 1k; MHA and GQA
+    decode at P = 4096."""
+    w = []
+    for dt in dtypes:
+        for causal in (False, True):
+            w += [_attn(2, 16, 16, n, 128, causal=causal, dtype=dt) for n in (1024, 4096)]
+    lo = dtypes[0]
+    w += [_attn(2, 16, 16, 1024, 128, dtype="float32")]
+    w += [_attn(2, 32, 8, 2048, 128, dtype=lo), _attn(2, 16, 1, 2048, 128, dtype=lo)]
+    w += [_module(2, 16, 16, 1024, 128, dtype=lo), _module(2, 16, 4, 1024, 128, dtype=lo)]
+    w += [_decode(2, 16, k, 4096, 128, dtype=lo) for k in (16, 4)]
+    return w
+
+
 def _smoke() -> list[Workload]:
     """Seconds, not minutes: proves the harness end to end (tests use it)."""
     return [_attn(1, 2, 2, n, 16) for n in (32, 64)] + [_attn(1, 2, 1, 64, 16, causal=True)]
@@ -329,6 +345,8 @@ GRIDS = {
     ("cpu", "full"): _cpu_full,
     ("cuda", "quick"): lambda: _accel_quick(("bfloat16", "float16")),
     ("cuda", "full"): lambda: _accel_full(("bfloat16", "float16")),
+    ("cuda", "small"): lambda: _accel_small(("bfloat16", "float16")),
+    ("tpu", "small"): lambda: _accel_small(("bfloat16",)),
     ("tpu", "quick"): lambda: _accel_quick(("bfloat16",)),
     ("tpu", "full"): lambda: _accel_full(("bfloat16",)),
     **{(d, "smoke"): _smoke for d in ("cpu", "cuda", "tpu")},
@@ -336,7 +354,8 @@ GRIDS = {
 
 
 def grid(device: str, name: str) -> list[Workload]:
-    """The workloads of grid ``name`` (``quick`` | ``full``) for ``device`` (cpu | cuda | tpu)."""
+    """The workloads of grid ``name`` (``quick`` | ``full`` | ``small`` (GPU/TPU) | ``smoke``)
+    for ``device`` (cpu | cuda | tpu)."""
     try:
         build = GRIDS[(device, name)]
     except KeyError:

@@ -46,6 +46,7 @@ import numpy as np
 
 from conformance import cases as C
 from conformance.fixtures import (
+    ARRAY_KEYWORDS,
     NP_DTYPES,
     encode_keywords,
     read_tensors,
@@ -138,7 +139,7 @@ def _cross_check(
     skipped = int(rows.size - rows.sum())
     for name, port in kernels.items():
         convert = {k: port.from_numpy(v, "cpu") for k, v in inputs.items()}
-        extra = {k: convert[k] for k in ("mask", "bias") if k in convert}
+        extra = {k: convert[k] for k in ARRAY_KEYWORDS if k in convert}
         try:
             out = port.function("sdpa")(
                 convert["query"], convert["key"], convert["value"], **extra, **keywords
@@ -246,7 +247,10 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         inputs["mask"] = np.asarray(c.mask, dtype=bool)
     if c.bias is not None:
         inputs["bias"] = np.asarray(c.bias, np.float64).astype(NP_DTYPES[c.bias_dtype or dtype])
-    as64 = {k: (v if v.dtype == bool else v.astype(np.float64)) for k, v in inputs.items()}
+    for name, array in c.arrays.items():  # segment ids as int32, sinks and slopes in the dtype
+        ids = name.endswith("segment_ids")
+        inputs[name] = np.asarray(array).astype(np.int32 if ids else dt)
+    as64 = {k: (v if v.dtype.kind in "biu" else v.astype(np.float64)) for k, v in inputs.items()}
 
     semantics = {k: v for k, v in c.keywords.items() if k not in BLOCK_KEYWORDS}
     golden = attention(**as64, **semantics)
@@ -398,7 +402,8 @@ def _expected(case: C.CaseDef) -> dict[str, str]:
 def _error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """A functional error case: its inputs as shapes and dtypes (the runner passes zeros)."""
     c = case.build()
-    inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias}
+    inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias,
+              **c.arrays}  # fmt: skip
     inputs = {name: _spec(spec) for name, spec in inputs.items() if spec is not None}
     entry = _entry(f"sdpa.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords), inputs=inputs,

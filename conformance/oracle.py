@@ -105,6 +105,17 @@ def causal_mask(q_len: int, kv_len: int, alignment: str = "top_left") -> np.ndar
     return allowed
 
 
+def in_window(i: int, j: int, offset: int, window: tuple | None) -> bool:
+    """The window rule, for one query row i and one key j: ``i + offset - left <= j <= i +
+    offset + right``, both ends included, a side of None unbounded (no window: always)."""
+    if window is None:
+        return True
+    left, right = window
+    after_start = left is None or j >= i + offset - left
+    before_end = right is None or j <= i + offset + right
+    return after_start and before_end
+
+
 def attention(
     query: np.ndarray,
     key: np.ndarray,
@@ -116,6 +127,11 @@ def attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     round_to: str | None = None,
 ) -> Golden:
     """Attention by the book, one query row at a time, in float64.
@@ -125,6 +141,8 @@ def attention(
         mask: bool, broadcastable to ``(..., H, L, S)`` (batch dims of query and key only).
         bias: float, broadcastable like mask; may hold -inf.
         is_causal, causal_alignment, scale, softcap: as in SEMANTICS.md.
+        window, q_segment_ids, kv_segment_ids, sinks, alibi_slopes: as in SEMANTICS.md's
+            contract v2 (the window's and ALiBi's diagonal is ``causal_alignment``'s).
         round_to: None for the oracle; a dtype name for the plain same-dtype implementation,
             which rounds to that dtype after every step.
     """
@@ -141,14 +159,21 @@ def attention(
     q = np.broadcast_to(q, (*batch, H, L, D))
     k = np.broadcast_to(k, (*batch, K, S, D))
     scores_shape = (*batch, H, L, S)
+    offset = 0 if causal_alignment == "top_left" else S - L  # the diagonal of causal and window
     keep = np.ones(scores_shape, dtype=bool)
     if mask is not None:
         keep = keep & np.broadcast_to(np.asarray(mask, dtype=bool), scores_shape)
     if is_causal:
         keep = keep & causal_mask(L, S, causal_alignment)  # (L, S) broadcasts
+    q_ids = kv_ids = None
+    if q_segment_ids is not None:  # one segment per query row and per key, for each batch
+        q_ids = np.broadcast_to(np.asarray(q_segment_ids), (*batch, L))
+        kv_ids = np.broadcast_to(np.asarray(kv_segment_ids), (*batch, S))
     add = None
     if bias is not None:
         add = np.broadcast_to(np.asarray(bias, dtype=np.float64), scores_shape)
+    slopes = None if alibi_slopes is None else [float(x) for x in alibi_slopes]  # (H,)
+    sink = None if sinks is None else [float(x) for x in sinks]  # (H,)
 
     weights = np.zeros(scores_shape, dtype=np.float64)
     allowed = np.zeros(scores_shape, dtype=bool)
@@ -172,16 +197,24 @@ def attention(
                     if add is not None:
                         excluded = float(add[(*b, h, i, j)]) == -math.inf
                         s = rnd(s + float(add[(*b, h, i, j)]))
-                    # 4. and 5. mask and causal rule: a False position is out
+                    # 3. (v2) ALiBi: -slope of the head times the distance to the diagonal
+                    if slopes is not None:
+                        s = rnd(s - rnd(slopes[h] * abs(i + offset - j)))
+                    # 4. mask, causal, window and segments: a position any of them refuses is out
                     ok = bool(keep[(*b, h, i, j)]) and not excluded and s != -math.inf
+                    ok = ok and in_window(i, j, offset, window)
+                    if q_ids is not None:
+                        ok = ok and q_ids[b][i] == kv_ids[b][j]
                     scores.append((s, ok))
-                # 6. softmax over the allowed keys; no allowed key -> all-zero weights
+                # 6. softmax over the allowed keys and the head's sink (one more logit, with no
+                #    value); no allowed key -> all-zero weights, sink or not
                 row = [s for s, ok in scores if ok]
                 if not row:
                     continue
-                m = max(row)
+                m = max(row) if sink is None else max(*row, sink[h])
                 e = [rnd(math.exp(rnd(s - m))) if ok else 0.0 for s, ok in scores]
-                total = rnd(math.fsum(e))
+                sink_share = 0.0 if sink is None else rnd(math.exp(rnd(sink[h] - m)))
+                total = rnd(math.fsum([*e, sink_share]))
                 lse[(*b, h, i)] = rnd(m + rnd(math.log(total)))
                 for j in range(S):
                     weights[(*b, h, i, j)] = rnd(e[j] / total)

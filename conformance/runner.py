@@ -76,7 +76,14 @@ from typing import Any
 
 import numpy as np
 
-from conformance.fixtures import NP_DTYPES, Case, Manifest, load_manifest
+from conformance.fixtures import (
+    ARRAY_KEYWORDS,
+    KEYWORD_GROUPS,
+    NP_DTYPES,
+    Case,
+    Manifest,
+    load_manifest,
+)
 from conformance.ports import BUILTIN_ADAPTERS, SHORT_NAMES
 
 __all__ = [
@@ -504,12 +511,13 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
     """sdpa, weights, flash: the case's tensors through the port, one golden."""
     t = case.tensors()
     kwargs = dict(spec.defaults) | dict(case.keywords)
-    for name in ("mask", "bias"):
+    for name in ARRAY_KEYWORDS:
         if name in t:
             kwargs[name] = port.array_in(t[name], device)
     args = [port.array_in(t["query"], device), port.array_in(t["key"], device)]
     if spec.golden == "output":
         args.append(port.array_in(t["value"], device))
+    _require_keywords(fn, kwargs)
     lse = "lse" in t and _takes(fn, "return_lse")  # a flash case's row log-sum-exp, if it can
     if lse:
         kwargs["return_lse"] = True
@@ -524,6 +532,26 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
     yield Comparison(spec.golden, port.array_out(result), t[spec.golden])
 
 
+def _require_keywords(fn: Callable, kwargs: dict[str, Any]) -> None:
+    """A port written before a keyword joined the contract fails with what to do, not with a
+    TypeError from deep in the call (a signature with ``**kwargs`` takes everything)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [name for name in kwargs if name not in params]
+    if missing:
+        name = missing[0]
+        group = KEYWORD_GROUPS.get(name, name)
+        raise _Failed(
+            f"the port's {getattr(fn, '__name__', 'function')} has no keyword {name!r} "
+            f"(contract v2, docs/SEMANTICS.md): implement it, or list '*.{group}.*' in the "
+            "port's xfails"
+        )
+
+
 def _takes(fn: Callable, keyword: str) -> bool:
     """Whether ``fn`` has the parameter ``keyword`` (through jit wrappers)."""
     try:
@@ -535,12 +563,13 @@ def _takes(fn: Callable, keyword: str) -> bool:
 def _attention_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
     kwargs = dict(spec.defaults) | dict(case.keywords)
     inputs = case.entry["inputs"]
-    for name in ("mask", "bias"):
+    for name in ARRAY_KEYWORDS:
         if name in inputs:
             kwargs[name] = _zeros(port, inputs[name], device)
     args = [_zeros(port, inputs["query"], device), _zeros(port, inputs["key"], device)]
     if spec.golden == "output":
         args.append(_zeros(port, inputs["value"], device))
+    _require_keywords(fn, kwargs)
     return fn(*args, **kwargs)
 
 

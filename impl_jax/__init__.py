@@ -4,6 +4,7 @@ from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
 from impl_jax.flash import flash_attention
 from impl_jax.functional import (
     STATIC_ARGNAMES,
+    alibi_slopes,
     attention_weights,
     causal_mask,
     scaled_dot_product_attention,
@@ -18,6 +19,7 @@ __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "alibi_slopes",
     "apply_rotary",
     "attention_weights",
     "causal_mask",

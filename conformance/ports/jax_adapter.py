@@ -47,6 +47,7 @@ _STATIC_KEYWORDS = (
     "causal_alignment",
     "scale",
     "softcap",
+    "window",
     "block_q",
     "block_k",
     "return_lse",
