@@ -7,9 +7,8 @@ bound (2 x the plain float32 computation's error + the noise floor): Hugging Fac
 our module in NumPy, torch and JAX must each be within it. Where a family needs a module option
 of contract v2 that the modules do not have yet (window, softcap, query pre-scale, sinks), the
 converter must refuse, naming the option, and the converted settings are checked instead
-against the same layer through the functional API (``apply_rotary`` and
-``scaled_dot_product_attention`` with ``window`` as a mask, ``scale`` and ``softcap``; sinks
-written out in four lines).
+against the same layer through the functional API, which has them (``apply_rotary``, then
+``scaled_dot_product_attention`` with ``window``, ``scale``, ``softcap`` and ``sinks``).
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from __future__ import annotations
 import copy
 import functools
 import importlib
-import math
 
 import numpy as np
 import pytest
@@ -354,8 +352,8 @@ def test_module_options_of_each_family():
 
 def _functional_reference(weights, options, x: np.ndarray) -> np.ndarray:
     """What our module will compute with the v2 options, through impl_numpy's functional API in
-    float64: projections, apply_rotary, scaled_dot_product_attention with the window as a mask,
-    scale and softcap; with sinks, the softmax of SEMANTICS v2 step 5 written out."""
+    float64: the projections, ``apply_rotary``, then ``scaled_dot_product_attention`` with
+    ``is_causal`` and the options ``window``, ``scale``, ``softcap`` and ``sinks``."""
     w = {n: a.astype(np.float64) for n, a in weights.items()}
     n_batch, n = x.shape[:2]
 
@@ -366,20 +364,10 @@ def _functional_reference(weights, options, x: np.ndarray) -> np.ndarray:
     rope = {"theta": options["rope_theta"], "interleaved": options["rope_interleaved"]}
     q = impl_numpy.apply_rotary(heads("q_proj", H), np.arange(n), **rope)
     k = impl_numpy.apply_rotary(heads("k_proj", K), np.arange(n), **rope)
-    v = heads("v_proj", K)
-    left = options.get("window", (n, 0))[0]
-    i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-    allowed = (j <= i) & (j >= i - left)  # causal and window
-    kw = {"scale": options.get("scale"), "softcap": options.get("softcap")}
-    if not options.get("sinks"):
-        out = impl_numpy.scaled_dot_product_attention(q, k, v, mask=allowed, **kw)
-    else:  # w_ij = exp(s_ij - m) / (sum_j exp(s_ij - m) + exp(sink_h - m))
-        kk, vv = np.repeat(k, H // K, axis=1), np.repeat(v, H // K, axis=1)
-        s = np.where(allowed, q @ kk.swapaxes(-1, -2) / math.sqrt(D), -np.inf)
-        sink = w["sinks"][None, :, None, None]  # (1, H, 1, 1)
-        m = np.maximum(s.max(-1, keepdims=True), sink)
-        e = np.exp(s - m)
-        out = e / (e.sum(-1, keepdims=True) + np.exp(sink - m)) @ vv
+    kw = {name: options[name] for name in ("window", "scale", "softcap") if name in options}
+    if options.get("sinks"):
+        kw["sinks"] = w["sinks"]  # (H,): one more logit per row, with no value
+    out = impl_numpy.scaled_dot_product_attention(q, k, heads("v_proj", K), is_causal=True, **kw)
     merged = out.transpose(0, 2, 1, 3).reshape(n_batch, n, H * D)
     return merged @ w["o_proj.kernel"] + w.get("o_proj.bias", 0.0)
 
