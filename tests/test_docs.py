@@ -56,3 +56,25 @@ def test_readme_hugging_face_example_is_within_the_float32_bound(tmp_path):
     plain = module_forward(w64, x.astype(np.float64), **kw, round_to="float32").output
     bound = tolerance_bound(golden, plain, "float32")
     assert printed <= bound, (printed, bound)
+
+
+def test_the_drawn_v2_grids_are_the_rules():
+    """Every grid in docs/SEMANTICS.md's "The v2 rules, drawn" is what attention_spec.rules
+    computes for the expression in the comment above it (L = 6 rows, S = 8 keys)."""
+    import numpy as np
+
+    from attention_spec import rules
+
+    text = (ROOT / "docs" / "SEMANTICS.md").read_text()
+    drawn = re.findall(r"<!-- (grid|distances): (.*?) -->\n```\n(.*?)\n```", text, flags=re.S)
+    assert len(drawn) >= 6
+    i, j = np.arange(6)[:, None], np.arange(8)[None, :]
+    for kind, expression, picture in drawn:
+        value = np.broadcast_to(
+            eval(expression, {"rules": rules, "np": np, "i": i, "j": j}), (6, 8)
+        )
+        if kind == "grid":
+            expected = "\n".join(" ".join("#" if x else "." for x in row) for row in value)
+        else:
+            expected = "\n".join(" ".join(str(int(x)) for x in row) for row in value)
+        assert picture == expected, expression
