@@ -229,9 +229,15 @@ def flash_attention(
         mask_rows = _block(mask, -2, i0, bq)
         q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
 
+        # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
+        #    (the keys before it are masked for every row), so a band of bk keys is one block.
+        lo = 0
+        if dims.window is not None and dims.window[0] is not None:
+            lo = jnp.clip(i0 + offset - dims.window[0], 0, S)
+
         def key_block(carry, u):
-            """Keys ``u * bk ..`` (the last block shifted back to end at S)."""
-            j0 = u * bk  # first key this block counts
+            """Keys ``lo + u * bk ..`` (the last block shifted back to end at S)."""
+            j0 = lo + u * bk  # first key this block counts
             j_start = jnp.minimum(j0, S - bk)  # first key it holds
             j = (j_start + jnp.arange(bk))[None, :]  # (1, bk)
             kv_ids_blk = _block(kv_ids, -1, j_start, bk)  # (..., bk)
@@ -249,6 +255,7 @@ def flash_attention(
                 return _attend_block(carry, *blk, **step), None
             some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + bq, j0,
                                   j_start + bk, q_ids_rows, kv_ids_blk)  # fmt: skip
+            some = some & (j0 < S)  # past the last key: the band started late, nothing left
 
             def attend(c):
                 return _attend_block(c, *blk, **step)

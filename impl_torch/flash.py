@@ -148,9 +148,10 @@ def flash_attention(
 
         # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows
         #    are masked for every row, so their blocks are never visited (a window of W keys
-        #    costs W, not S); a block whose segments cannot meet is skipped.
+        #    costs W, not S); a block whose segments cannot meet is skipped. The key blocks
+        #    start at the band's first key, so a band of block_k keys is one block, not two.
         lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, S)
-        for j0 in range(lo - lo % block_k, hi, block_k):  # one block of keys at a time
+        for j0 in range(lo, hi, block_k):  # one block of keys at a time
             j1 = min(j0 + block_k, S)
             bk = j1 - j0
             kv_ids_blk = _block(kv_ids, -1, j0, j1)  # (..., bk)
