@@ -12,6 +12,7 @@ S key/value length, D query/key head dim, E value head dim, M model width.
 from attention_spec.errors import (
     ERROR_CODES,
     MODULE_ERROR_CODES,
+    ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
     AttentionError,
     ConfigError,
@@ -20,6 +21,13 @@ from attention_spec.errors import (
     MaskError,
 )
 from attention_spec.grads import AttentionGrads, check_grad_output
+from attention_spec.rotary import (
+    RopeConfig,
+    RotaryDims,
+    check_rope_config,
+    check_rotary,
+    rotary_frequencies,
+)
 from attention_spec.rules import alibi_slope_values
 from attention_spec.validate import (
     ALIGNMENTS,
@@ -58,6 +66,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "MODULE_ERROR_CODES",
     "NO_VALUE",
+    "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
     "SUPPORTED_DTYPES",
     "ArraySpec",
@@ -68,6 +77,8 @@ __all__ = [
     "DTypeError",
     "DimensionMismatchError",
     "MaskError",
+    "RopeConfig",
+    "RotaryDims",
     "alibi_slope_values",
     "broadcast_shapes",
     "causal_offset",
@@ -81,6 +92,8 @@ __all__ = [
     "check_float64",
     "check_given",
     "check_grad_output",
+    "check_rope_config",
+    "check_rotary",
     "check_size",
     "check_window",
     "compute_dtype",
@@ -88,4 +101,5 @@ __all__ = [
     "dtype_name",
     "format_dims",
     "real_keyword",
+    "rotary_frequencies",
 ]

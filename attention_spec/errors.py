@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "ERROR_CODES",
     "MODULE_ERROR_CODES",
+    "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
     "AttentionError",
     "ConfigError",
@@ -113,6 +114,17 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         DimensionMismatchError,
         "a KV cache whose heads K, head dims D/E or length do not fit the module",
     ),
+    # -- rotary position embedding (apply_rotary; modules with rope_theta) -------------------
+    "rotary_dim": (ConfigError, "rotary_dim not an even integer in [2, D]"),
+    "rope_theta": (
+        ConfigError,
+        "theta / rope_theta not a finite number > 0, or RoPE options without rope_theta",
+    ),
+    "positions_dtype": (DTypeError, "rotary positions are not integers"),
+    "positions_shape": (
+        DimensionMismatchError,
+        "rotary positions do not broadcast to (..., L), the batch dims of x without heads",
+    ),
     "length_not_divisible": (
         DimensionMismatchError,
         "ring attention: n_shards (2 n_shards for zigzag) does not divide L and S",
@@ -135,6 +147,12 @@ MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
      "cache_mismatch"}
 )  # fmt: skip
+
+#: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,
+#: ``rope_theta`` a module built with ``rope_theta``); the attention functions never do.
+ROTARY_ERROR_CODES: frozenset[str] = frozenset(
+    {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape"}
+)
 
 #: The codes only the sharded functions raise (``ring_attention``, ``head_parallel_attention``,
 #: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.

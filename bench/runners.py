@@ -342,16 +342,18 @@ def _nnx_jit(module: Any, is_causal: bool, causal_kw: str) -> Any:
 
 
 def _prepare_functional(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
-    """The project's heads-first function: ``fn(q, k, v, is_causal=...)`` (JAX jitted)."""
-    fw, c = row.framework, w.is_causal
+    """The project's heads-first function: ``fn(q, k, v, is_causal=..., [window=(W, 0)])`` (JAX
+    jitted)."""
+    fw = row.framework
+    kw = {"is_causal": w.is_causal} | ({} if w.window is None else {"window": (w.window, 0)})
     if fw == "jax":
         import jax
 
         args = make_inputs("jax", w, fdevice)
-        jitted = jax.jit(functools.partial(target, is_causal=c))
+        jitted = jax.jit(functools.partial(target, **kw))
         return _with_inputs(_jax_prepared(jitted, args), args)
     q, k, v = args = make_inputs(fw, w, fdevice)
-    fn = functools.partial(target, q, k, v, is_causal=c)
+    fn = functools.partial(target, q, k, v, **kw)
     if fw == "numpy":
         return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn), inputs=args)
     return _with_inputs(_torch_prepared(fn, fdevice), args)

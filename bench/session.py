@@ -41,7 +41,7 @@ from bench.devices import (
 )
 from bench.gate import GateCache, GateResult
 from bench.rows import ROWS, Goal, Row
-from bench.workloads import Workload
+from bench.workloads import GOAL_WORKLOAD, Workload
 
 __all__ = [
     "HOST_LIMIT",
@@ -210,9 +210,13 @@ def build_goal_cases(
             w = goal.workload()
             if goal.kind == "causal":
                 pair = ((row, w), (row, dataclasses.replace(w, is_causal=False)))
+            elif goal.kind == "window":  # its two calls are its own, in a CPU goal-bearing grid
+                pair = ((row, w), (row, dataclasses.replace(w, window=None)))
+                if GOAL_WORKLOAD not in workloads:
+                    continue
             else:
                 pair = ((row, w), (by_name.get(goal.ref), w))
-            if any(r is None or wl not in workloads for r, wl in pair):
+            if goal.kind != "window" and any(r is None or wl not in workloads for r, wl in pair):
                 continue
             full = tuple((r, wl, fdevice_of(r.framework, device)) for r, wl in pair)
             missing = [e for e in (resolve_error(r) for r, _ in pair) if e]
@@ -231,6 +235,11 @@ def _summary(rec: Record) -> str:
         return (
             f"goal {rec.row} {rec.goal['text']} | {q['median']:.2f}x "
             f"(IQR {q['q1']:.2f}-{q['q3']:.2f}, {rec.goal['rounds']} rounds) {rec.goal['status']}"
+            + (
+                f", peak {rec.goal['a_peak_bytes'] / 2**20:.1f} MiB"
+                if rec.goal.get("a_peak_bytes") is not None
+                else ""
+            )
         )
     if rec.status == "ok" and rec.stats:
         return f"{what} | ok {rec.stats['median'] * 1e3:.3g} ms"
@@ -479,6 +488,8 @@ class BenchSession:
                 rounds=self.goal_rounds, min_sample_s=self.goal_sample_s, max_s=self.goal_max_s,
             )  # fmt: skip
             contention = others_share(before, cpu_snapshot())
+            if case.goal.kind == "window":  # the second number: the window's memory
+                info["a_peak_bytes"], info["a_memory_method"] = prepared[0].memory()
         except Exception as e:
             status = runners.classify_error(e)
             self._record(case, status, f"{type(e).__name__}: {e}".splitlines()[0][:300], goal=info)

@@ -62,6 +62,7 @@ from conformance.oracle import (
     attention_vjp,
     causal_mask,
     module_forward,
+    rotary,
     tolerance_bound,
 )
 
@@ -305,6 +306,7 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
         mask=as64.get("mask"),
         bias=as64.get("bias"),
         **semantics,
+        **c.options,
     )
     golden = module_forward(w64, as64["x"], as64.get("context"), **args)
     if dtype == "float64":  # rounding to float64 is the identity: plain *is* the golden
@@ -314,11 +316,12 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
 
 
 def _module_spec(c: C.base.ModuleCall) -> dict[str, Any]:
-    """How a port loads the module: class name and the head counts for ``from_canonical``."""
+    """How a port loads the module: class name, then the keywords of ``from_canonical``: the
+    head counts and the module's settings (``rope_theta``, ...)."""
     spec: dict[str, Any] = {"class": c.cls, "n_heads": c.n_heads}
     if c.cls != "MultiHeadAttention":
         spec["n_kv_heads"] = c.n_kv_heads
-    return spec
+    return spec | c.options
 
 
 def _module_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
@@ -357,6 +360,31 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
                        module=_module_spec(c), decode=decode)  # fmt: skip
         out.append(Fixture(entry, data))
     return out
+
+
+def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """One ``apply_rotary`` fixture: x rounded to the dtype, positions as int64, the oracle's
+    golden and the plain same-dtype computation's bound."""
+    c = case.build(np.random.default_rng(case.seed), dtype)
+    x = np.asarray(c.x, np.float64).astype(NP_DTYPES[dtype])
+    positions = np.asarray(c.positions).astype(np.int64)
+    golden = rotary(x.astype(np.float64), positions, **c.keywords)
+    plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, round_to=dtype)
+    bounds = {"output": tolerance_bound(golden, plain, dtype)}
+    case_id = f"rope.{case.name}.{dtype}"
+    tensors = {"x": x, "positions": positions, "output": golden}
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds)
+    return [Fixture(_entry(case_id, case, dtype, **fields), data)]
+
+
+def _rope_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """An ``apply_rotary`` error case: x and positions as shapes and dtypes."""
+    c = case.build()
+    entry = _entry(f"rope.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
+                   keywords=encode_keywords(c.keywords),
+                   inputs={"x": _spec(c.x), "positions": _spec(c.positions)},
+                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+    return [Fixture(entry)]
 
 
 def _causal_mask_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
@@ -605,6 +633,8 @@ BUILDERS: dict[tuple[str, str], Callable[[C.CaseDef, str], list[Fixture]]] = {
     ("grad", "values"): _grad_fixtures,
     ("flash_grad", "values"): _grad_fixtures,
     ("grad", "error"): _grad_error_fixtures,
+    ("rope", "values"): _rope_fixtures,
+    ("rope", "error"): _rope_error_fixtures,
 }
 #: The groups of the manifest, in order; module and decode errors share one, as registered.
 _GROUPS: list[tuple[tuple[str, str], ...]] = [
@@ -619,6 +649,8 @@ _GROUPS: list[tuple[tuple[str, str], ...]] = [
     (("grad", "values"),),
     (("flash_grad", "values"),),
     (("grad", "error"),),
+    (("rope", "values"),),
+    (("rope", "error"),),
 ]
 
 

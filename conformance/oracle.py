@@ -12,6 +12,10 @@ them, also written out element by element from the canonical weights: ``q_proj``
 ``v_proj`` (``y = x @ kernel + bias``), heads split off the feature axis (head h owns features
 ``[h*D:(h+1)*D]``), :func:`attention`, heads merged back, ``o_proj``.
 
+Rotary position embedding (:func:`rotary`) is written the same way: one feature pair of one token
+at a time, ``math.cos``/``math.sin`` of the angle ``position * theta ** (-2p / rotary_dim)``; a
+module with ``rope_theta`` rotates its queries and keys with it right after the projections.
+
 The same loop, told to round to a dtype after every step (``round_to="float16"``), is the
 "plain same-dtype implementation" of the tolerance rule: inputs, scores, softcapped scores,
 biased scores, exponentials, row sums, weights and outputs are each rounded to that dtype.
@@ -41,6 +45,7 @@ __all__ = [
     "causal_mask",
     "linear",
     "module_forward",
+    "rotary",
     "rounding",
     "tolerance_bound",
 ]
@@ -241,6 +246,57 @@ def attention(
 
 
 # ---------------------------------------------------------------------------------------------
+# Rotary position embedding
+# ---------------------------------------------------------------------------------------------
+
+
+def rotary(
+    x: np.ndarray,
+    positions: np.ndarray,
+    *,
+    theta: float = 10000.0,
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    round_to: str | None = None,
+) -> np.ndarray:
+    """RoPE by the book, one pair of one token of one head at a time, in float64.
+
+    Args:
+        x: ``(..., heads, L, D)``; positions: integers broadcastable to ``(..., L)`` (x's batch
+            dims without the heads axis: every head of token t sits at ``positions[..., t]``).
+        theta, rotary_dim (default D), interleaved: as in SEMANTICS.md.
+        round_to: None for the oracle; a dtype name for the plain same-dtype computation. Its
+            angle, cos and sin are rounded to the *compute* dtype (float32 for float32, float16
+            and bfloat16; SEMANTICS.md says where angles are computed), the products and sums of
+            the rotation to ``round_to`` itself.
+
+    Pair p is ``(x[p], x[p + R/2])`` (half-split) or ``(x[2p], x[2p + 1])`` (interleaved), and
+    turns by ``positions[t] * theta ** (-2p / R)``: ``(a, b) -> (a cos - b sin, b cos + a sin)``.
+    Features ``R .. D-1`` are copied.
+    """
+    rnd = rounding(round_to)
+    angle_rnd = rounding(None if round_to in (None, "float64") else "float32")
+    x = np.asarray(x, dtype=np.float64)
+    *batch, heads, L, D = x.shape
+    R = D if rotary_dim is None else rotary_dim
+    pos = np.broadcast_to(np.asarray(positions), (*batch, L))
+    out = x.copy()
+    for b in np.ndindex(*batch):
+        for t in range(L):
+            position = angle_rnd(float(pos[(*b, t)]))
+            for p in range(R // 2):
+                frequency = angle_rnd(theta ** (-2 * p / R))
+                angle = angle_rnd(position * frequency)
+                c, s = angle_rnd(math.cos(angle)), angle_rnd(math.sin(angle))
+                i, j = (2 * p, 2 * p + 1) if interleaved else (p, p + R // 2)
+                for h in range(heads):
+                    a, bb = float(x[(*b, h, t, i)]), float(x[(*b, h, t, j)])
+                    out[(*b, h, t, i)] = rnd(rnd(a * c) - rnd(bb * s))
+                    out[(*b, h, t, j)] = rnd(rnd(bb * c) + rnd(a * s))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
 # The attention modules: four projections around attention()
 # ---------------------------------------------------------------------------------------------
 
@@ -304,6 +360,9 @@ def module_forward(
     bias: np.ndarray | None = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
+    rope_theta: float | None = None,
+    rope_interleaved: bool = False,
+    rotary_dim: int | None = None,
     round_to: str | None = None,
 ) -> ModuleGolden:
     """The attention module of SEMANTICS.md, from its canonical weights, in float64.
@@ -314,6 +373,10 @@ def module_forward(
         x: ``(B, L, M)``; context: ``(B, S, M)`` or None (self-attention, S = L).
         n_heads, n_kv_heads: H and K (``H*D`` alone does not say H).
         mask, bias, is_causal, causal_alignment: as in :func:`attention`, to ``(B, H, L, S)``.
+        rope_theta, rope_interleaved, rotary_dim: RoPE (:func:`rotary`) of the queries and keys
+            after the projections, when ``rope_theta`` is given: query i at position
+            ``i + offset``, key j at position ``j``, with ``offset`` the causal alignment's
+            (0 for top_left, S - L for bottom_right; 0 for self-attention either way).
         round_to: None for the oracle; a dtype name for the plain same-dtype module, which rounds
             after every step (projections, bias additions, attention, output projection).
     """
@@ -327,6 +390,13 @@ def module_forward(
     q = _split_heads(project("q_proj", x), n_heads)  # (B, H, L, D)
     k = _split_heads(project("k_proj", context), n_kv_heads)  # (B, K, S, D)
     v = _split_heads(project("v_proj", context), n_kv_heads)  # (B, K, S, E)
+    if rope_theta is not None:  # rotary positions: query i at i + offset, key j at j
+        q_len, kv_len = q.shape[2], k.shape[2]
+        offset = 0 if causal_alignment == "top_left" else kv_len - q_len
+        rope = dict(theta=rope_theta, rotary_dim=rotary_dim, interleaved=rope_interleaved,
+                    round_to=round_to)  # fmt: skip
+        q = rotary(q, np.array([i + offset for i in range(q_len)]), **rope)  # (B, H, L, D)
+        k = rotary(k, np.array(list(range(kv_len))), **rope)  # (B, K, S, D)
     # 2. attention of every head (query head h reads key/value head h // (H // K))
     golden = attention(
         q, k, v, mask=mask, bias=bias, is_causal=is_causal,

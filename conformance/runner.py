@@ -22,6 +22,7 @@ grad        ``scaled_dot_product_attention_  the golden dq, dk, dv (dbias, dsink
             vjp``                            ``fn(q, k, v, grad_output, **kw)`` (optional)
 flash_grad  ``flash_attention_vjp``          the same, with ``block_q=2, block_k=3`` unless
                                              the case gives its own (optional)
+rope        ``apply_rotary``                 the golden rotated x (optional)
 =========== ================================ ============================================
 
 One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<variant>].
@@ -782,6 +783,23 @@ def _grad_error(port: Port, fn: Callable, case: Case, device: str, spec: Functio
     return fn(*args, **kwargs)
 
 
+def _rope_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    """rope: ``apply_rotary(x, positions, **keywords)`` against the golden rotated x."""
+    t = case.tensors()
+    args = [port.array_in(t["x"], device), port.array_in(t["positions"], device)]
+    try:
+        result = fn(*args, **case.keywords)
+    except Exception as exc:
+        raise _raised(exc) from exc
+    yield Comparison("output", port.array_out(result), t["output"])
+
+
+def _rope_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
+    inputs = case.entry["inputs"]
+    x, positions = _zeros(port, inputs["x"], device), _zeros(port, inputs["positions"], device)
+    return fn(x, positions, **case.keywords)
+
+
 @dataclass(frozen=True)
 class Function:
     """One row of the table: a port function the suite knows.
@@ -834,6 +852,7 @@ FUNCTIONS: dict[str, Function] = {
     "flash_grad": Function(
         "flash_attention_vjp", False, _grad_values, _grad_error, defaults=FLASH_BLOCKS
     ),
+    "rope": Function("apply_rotary", False, _rope_values, _rope_error),
 }
 
 

@@ -11,14 +11,17 @@ from impl_jax.functional import (
     scaled_dot_product_attention_vjp,
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
 
 __all__ = [
     "FLASH_STATIC_ARGNAMES",
+    "ROTARY_STATIC_ARGNAMES",
     "STATIC_ARGNAMES",
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
     "alibi_slopes",
+    "apply_rotary",
     "attention_weights",
     "causal_mask",
     "flash_attention",

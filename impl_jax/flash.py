@@ -262,11 +262,17 @@ class _Tiling:
 
 
 def _key_block(tiling: _Tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of):
-    """One step of the inner scan: key block ``u`` (the last shifted back to end at S), run
+    """One step of the inner scan: keys ``lo + u * bk ..`` (the last block shifted back to end
+    at S), run
     through ``step`` unless every one of its positions is outside the bands of rows
     ``i0 ..`` (4. allowed, whole blocks: skipped with ``jax.lax.cond``)."""
     dims, bk = tiling.dims, tiling.bk
-    j0 = u * bk  # first key this block counts
+    # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
+    #    (the keys before it are masked for every row), so a band of bk keys is one block.
+    lo = 0
+    if dims.window is not None and dims.window[0] is not None:
+        lo = jnp.clip(i0 + tiling.offset - dims.window[0], 0, dims.S)
+    j0 = lo + u * bk  # first key this block counts
     j_start = jnp.minimum(j0, dims.S - bk)  # first key it holds
     j = (j_start + jnp.arange(bk))[None, :]  # (1, bk)
     kv_ids_blk = _block(kv_ids, -1, j_start, bk)  # (..., bk)
@@ -275,6 +281,7 @@ def _key_block(tiling: _Tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of):
         return step(carry, *blk)
     some, _ = block_rules(dims.is_causal, dims.window, tiling.offset, i0, i0 + tiling.bq, j0,
                           j_start + bk, q_ids_rows, kv_ids_blk)  # fmt: skip
+    some = some & (j0 < dims.S)  # past the last key: the band started late, nothing left
     return jax.lax.cond(some, lambda c: step(c, *blk), lambda c: c, carry)
 
 

@@ -9,12 +9,14 @@ from impl_numpy.functional import (
     scaled_dot_product_attention_vjp,
 )
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_numpy.rotary import apply_rotary
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
     "alibi_slopes",
+    "apply_rotary",
     "attention_weights",
     "causal_mask",
     "flash_attention",

@@ -101,13 +101,14 @@ class _Blocks:
 
         4. allowed, whole blocks: the keys outside the causal and window bands of these rows
         are masked for every row, so their blocks are never visited (a window of W keys costs
-        W, not S); a block whose segments cannot meet is skipped. ``every``: every position of
-        the block is allowed by causal, window and segments (only the mask remains).
+        W, not S); a block whose segments cannot meet is skipped. The key blocks start at the
+        band's first key, so a band of block_k keys is one block, not two. ``every``: every
+        position of the block is allowed by causal, window and segments (only the mask remains).
         """
         dims, offset = self.dims, self.offset
         q_ids_rows = _block(self.q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
         lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, dims.S)
-        for j0 in range(lo - lo % self.block_k, hi, self.block_k):
+        for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, dims.S)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
             some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,

@@ -9,12 +9,14 @@ from impl_torch.functional import (
     scaled_dot_product_attention_vjp,
 )
 from impl_torch.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_torch.rotary import apply_rotary
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
     "alibi_slopes",
+    "apply_rotary",
     "attention_weights",
     "causal_mask",
     "flash_attention",

@@ -239,8 +239,11 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     has the goal workload (and its causal twin) and whose rows include both."""
     quick = grid("cpu", "quick")
     cases = build_goal_cases("cpu", quick, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None)
-    assert len(cases) == sum(len(r.goals) for r in ROWS) == 8
+    assert len(cases) == sum(len(r.goals) for r in ROWS) == 11
     by = {(c.row.name, c.goal.kind): c for c in cases}
+    (a, wa, _), (b, wb, _) = by[("torch flash", "window")].pair
+    assert a is b and (wa.window, wb.window) == (256, None) and wa.is_causal and wb.is_causal
+    assert wa.L == wb.L == 8192 and wa not in quick  # the window goal brings its own workloads
     (a, wa, _), (b, wb, _) = by[("numpy sdpa", "ratio")].pair
     assert (a.name, b.name, wa, wb) == ("numpy sdpa", "torch F.sdpa", GOAL_WORKLOAD, GOAL_WORKLOAD)
     (a, wa, _), (b, wb, _) = by[("jax flash", "causal")].pair

@@ -217,8 +217,9 @@ def most_negative(dtype: str) -> float:
 class ModuleCall:
     """One module case: float64 canonical weights, the call's inputs and keywords.
 
-    The module is ``<cls>.from_canonical(weights, n_heads=..., n_kv_heads=...)`` (``n_kv_heads``
-    left out for ``MultiHeadAttention``, which defaults it to H), called as
+    The module is ``<cls>.from_canonical(weights, n_heads=..., n_kv_heads=..., **options)``
+    (``n_kv_heads`` left out for ``MultiHeadAttention``, which defaults it to H; ``options``
+    are the module's settings, e.g. ``rope_theta``), called as
     ``module(x, context, mask=, bias=, **keywords)``.
     """
 
@@ -231,6 +232,7 @@ class ModuleCall:
     mask: Any = None
     bias: Any = None
     keywords: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def kernel_shapes(m: int, h: int, k: int, d: int, e: int) -> dict[str, tuple[int, int]]:

@@ -51,6 +51,9 @@ _STATIC_KEYWORDS = (
     "block_q",
     "block_k",
     "return_lse",
+    "theta",
+    "rotary_dim",
+    "interleaved",
 )
 
 
