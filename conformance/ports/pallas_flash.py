@@ -196,7 +196,7 @@ def _flash_forward_kernel(
         #    no row of this block attends is selected away, not multiplied by its zero weight:
         #    NaN or inf there (padding, unused cache slots) never reaches the output.
         v = v_ref[pl.ds(j0, tile_k), :]  # (bk, E)
-        attended = allowed.any(axis=0)  # (bk,) keys some row here attends
+        attended = allowed.astype(jnp.int32).max(axis=0) != 0  # (bk,) keys some row attends
         v = jnp.where(attended[:, None], v, jnp.zeros_like(v))
         acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, contract_b=0)  # (bq, E)
         return m_new, l, acc

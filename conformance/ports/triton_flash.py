@@ -11,20 +11,23 @@ once at the end. Everything around it is Python that runs before the launch:
 - validation through ``attention_spec.check_attention`` (the same call, errors and messages as
   impl_numpy, impl_torch and impl_jax), then this kernel's own limits: float32, float16 and
   bfloat16 only (a float64 input is ``DTypeError`` ``unsupported_dtype``);
-- the broadcasting of SEMANTICS.md without copies: mask and bias become ``expand``ed views
-  (stride 0 along every broadcast axis), and the leading batch dims, however many and however
-  broadcast, become one table of element offsets per batch element (``(B, 6)`` int64, one
-  column per tensor), so the kernel reads any layout through strides;
+- the broadcasting of SEMANTICS.md without copies: mask, bias and segment ids become
+  ``expand``ed views (stride 0 along every broadcast axis), and the leading batch dims, however
+  many and however broadcast, become one table of element offsets per batch element
+  (``(B, 8)`` int64, one column per tensor), so the kernel reads any layout through strides;
 - the choice of how to run, made when triton is first imported: on a machine where torch
   sees no CUDA this module sets ``TRITON_INTERPRET=1`` before importing it, and the kernel
   runs in Triton's interpreter (the same code, executed with NumPy) on CPU tensors; with CUDA
   it is compiled (CPU tensors then need ``TRITON_INTERPRET=1`` set by the caller).
 
-The steps and their numbers are the contract's (SEMANTICS.md): 1. scores, 2. softcap,
-3. bias, 4. mask, 5. causal, 6. softmax with fully masked rows giving zeros, 7. output in the
-input dtype. Scores, softmax and accumulator are float32; for float16/bfloat16 inputs the dots
-take the input dtype with a float32 accumulator (products of 16-bit numbers are exact in
-float32) and the weights are rounded to the input dtype before ``weights @ value``, as
+The steps and their numbers are the contract's (SEMANTICS.md, v2): 1. scores, 2. softcap, 3.
+additive terms (bias, ALiBi computed per block), 4. allowed (mask, causal, window, segment ids;
+key blocks outside the causal and window bands are never visited), 5. softmax with the sink in
+the denominator and fully masked rows giving zeros, 6. output in the input dtype (value rows no
+query of the block attends selected away, so NaN there never leaks), and the row log-sum-exp
+for ``return_lse``. Scores, softmax and accumulator are float32; for float16/bfloat16 inputs
+the dots take the input dtype with a float32 accumulator (products of 16-bit numbers are exact
+in float32) and the weights are rounded to the input dtype before ``weights @ value``, as
 FlashAttention does; float32 dots are IEEE (Triton's default would be TF32 on a GPU).
 
 Functions the conformance runner calls: :func:`scaled_dot_product_attention`,
