@@ -5,13 +5,14 @@ Test ids read ``<impl>-<run id>``, e.g. ``numpy-sdpa.gqa.h6_k2.float32`` or
 implementation as soon as it exports them. The same runs, with a table, are
 ``python -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax``.
 
-Two subsets are left to that command. JAX's token-by-token decode runs in float64, float16 and
+Some JAX runs are left to that command. JAX's token-by-token decode runs in float64, float16 and
 bfloat16: the JAX KV cache's position is static, so every decode step compiles once (about 0.3 s
 on a loaded 2-core machine; 60 compilations for those 12 runs); here JAX decodes token by token
 in float32, and in uneven chunks (which also decode single tokens at a cached position) in every
 dtype. And JAX's tiled backward (``flash_grad``) in float64, float16 and bfloat16 (42 runs):
 each run compiles the ``custom_vjp``'s two scans forward and backward (several seconds each);
-here it runs every ``flash_grad`` case in float32, and the plain ``grad`` runs in every dtype.
+here it runs every ``flash_grad`` case in float32; likewise its plain ``grad`` runs in float16
+and bfloat16 (32 runs), which run here in float32 and float64.
 NumPy and torch run everything.
 """
 
@@ -28,6 +29,7 @@ IMPLS = {"numpy": "impl_numpy", "torch": "impl_torch", "jax": "impl_jax"}
 LEFT_TO_THE_CLI = [
     *(("jax", f"decode.*.tokens.{d}") for d in ("float64", "float16", "bfloat16")),
     *(("jax", f"flash_grad.*.{d}") for d in ("float64", "float16", "bfloat16")),
+    *(("jax", f"grad.*.{d}") for d in ("float16", "bfloat16")),
 ]
 _PORTS: dict[str, Port] = {}
 
