@@ -16,11 +16,11 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from attention_spec import causal_offset
+from attention_spec import causal_offset, check_attention
 from attention_spec.sharded import block_visible, check_ring, check_shard_config
 from impl_numpy import sharded
 from impl_numpy.flash import _block
-from impl_numpy.functional import _compute_dtype, _validate, scaled_dot_product_attention
+from impl_numpy.functional import _compute_dtype, scaled_dot_product_attention
 
 __all__ = ["BUGS", "make_port"]
 
@@ -85,7 +85,9 @@ def _ring(
     """``impl_numpy.sharded.ring_attention``, compressed, with the one ``bug`` switched in."""
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
     check_shard_config(n_shards, layout)
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
+    dims = check_attention(query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+                           causal_alignment=causal_alignment, scale=scale, softcap=softcap)
+    is_causal, softcap = dims.is_causal, dims.softcap
     ring = check_ring(dims, n_shards, layout)
     ct = _compute_dtype(query.dtype)
     n, chunks, Lc, Sc = ring.n, ring.chunks, ring.Lc, ring.Sc
