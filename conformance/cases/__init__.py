@@ -9,14 +9,16 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.flash`: block sizes for ``flash_attention`` (``flash.tiling.*``);
 - :mod:`~conformance.cases.modules`: ``GroupedQueryAttention``/``MultiHeadAttention`` calls;
 - :mod:`~conformance.cases.decode`: KV-cache decoding in several chunkings;
-- :mod:`~conformance.cases.errors`: every error of the taxonomy, functional and module.
+- :mod:`~conformance.cases.errors`: every error of the taxonomy, functional and module;
+- :mod:`~conformance.cases.ring`: sharded attention, ring and head-parallel (``ring.*``), and
+  the sharded rules of the taxonomy (``ring.error.*``).
 
 ``conformance/generate.py`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
 fixture builder in generate.py and a row in the runner's table.
 """
 
-from conformance.cases import decode, errors, flash, modules, sdpa  # noqa: F401  (registers)
+from conformance.cases import decode, errors, flash, modules, ring, sdpa  # noqa: F401  (registers)
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
 from conformance.cases.decode import DECODE_CHUNKINGS
 

@@ -193,8 +193,7 @@ IDIOMS: dict[str, dict[str, str]] = {
             "(`repeat_interleave`), JAX contracts the groups in one `jnp.einsum`."
         ),
         "2. softcap": (
-            "In place in NumPy (`np.tanh(s, out=s)`), out of place in torch (`torch.tanh`) and "
-            "JAX."
+            "In place in NumPy (`np.tanh(s, out=s)`), out of place in torch (`torch.tanh`) and JAX."
         ),
         "3. additive terms": (
             "The block's columns of the device's bias rows: added in place in NumPy "
