@@ -9,12 +9,19 @@ VENV ?= .venv
 # Override on the command line, e.g. `make test ACCEL=cpu` or `make test TORCH_SPEC='torch==2.6.0'`.
 ACCEL ?= $(if $(shell command -v nvidia-smi 2>/dev/null),cuda,cpu)
 ifeq ($(ACCEL),cuda)
+# The newest CUDA the driver runs (nvidia-smi's "CUDA Version") picks JAX's plugin: jax[cuda12]
+# for a CUDA 12 driver, jax[cuda13] otherwise (current JAX ships its CUDA 13 plugin there).
+CUDA_MAJOR ?= $(shell nvidia-smi 2>/dev/null | sed -n 's/.*CUDA Version: *\([0-9][0-9]*\).*/\1/p' | head -n 1)
+JAX_CUDA ?= $(if $(filter 12,$(CUDA_MAJOR)),cuda12,cuda13)
 TORCH_SPEC ?= torch>=2.4
-JAX_SPEC ?= jax[cuda12]>=0.4.35
+JAX_SPEC ?= jax[$(JAX_CUDA)]>=0.4.35
+# A GPU box usually has its CUDA frameworks installed system-wide: let the venv see them.
+VENV_ARGS ?= --system-site-packages
 else
 # The CPU wheel; an unpinned `torch` from PyPI is a multi-gigabyte CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 JAX_SPEC ?= jax>=0.4.35
+VENV_ARGS ?=
 endif
 
 # The interpreter. By default the venv's, created on demand. On a machine that already has the
@@ -22,20 +29,27 @@ endif
 PY ?= $(VENV)/bin/python
 ENV_READY := $(if $(filter $(VENV)/bin/python,$(PY)),$(VENV)/.installed,)
 
-# Benchmark knobs: DEVICE=auto|cpu|cuda|tpu, BENCH=quick|full.
+# Device knob: DEVICE=auto|cpu|cuda|tpu. The benchmark's auto is the best device found; the
+# conformance targets' auto is cpu (DEVICE=cuda runs the fixtures on the GPU). BENCH=quick|full.
 DEVICE ?= auto
 BENCH ?= quick
+CONFORMANCE_DEVICE = $(if $(filter auto,$(DEVICE)),cpu,$(DEVICE))
 # Test parallelism (pytest-xdist workers).
 WORKERS ?= 2
+# `make gpu-check` installs nothing: the box's own python3 unless PY= names another.
+GPU_PY ?= $(if $(filter $(VENV)/bin/python,$(PY)),python3,$(PY))
 
-.PHONY: help install test lint format conformance conformance-frameworks fixtures fixtures-check bench bench-compare docs figures clean
+.PHONY: help install test lint format conformance conformance-frameworks conformance-kernels fixtures fixtures-check bench bench-compare gpu-check docs figures clean
 
 help:
 	@echo "make test         create/reuse .venv, install, run every test"
 	@echo "make bench        benchmark on DEVICE=$(DEVICE) (BENCH=quick|full)"
-	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax"
+	@echo "make gpu-check    on a GPU box, with python3, installing nothing: every check, one summary"
+	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax (DEVICE=$(CONFORMANCE_DEVICE))"
 	@echo "make conformance-frameworks  the same suite against the frameworks' own kernels"
 	@echo "                  (torch, jax; mlx and keras too with the frameworks extra)"
+	@echo "make conformance-kernels  every fixture against the Triton and Pallas kernel ports"
+	@echo "                 (interpreted on CPU: slow, several minutes; DEVICE=cuda on a GPU)"
 	@echo "make lint         ruff"
 	@echo "make fixtures     regenerate conformance/fixtures/v1 (fixtures-check: prove no drift)"
 	@echo "make docs         the side-by-side page, build/docs/index.html (and make figures)"
@@ -43,11 +57,17 @@ help:
 	@echo "make install      only build the environment;  make clean: remove it and caches"
 	@echo "ACCEL=$(ACCEL) TORCH_SPEC='$(TORCH_SPEC)' JAX_SPEC='$(JAX_SPEC)' PY=$(PY)"
 
+# Building the venv needs the package index. Offline (a lent GPU box), or when pip fails, say
+# how to use the machine's own frameworks instead of retrying for minutes.
+NO_VENV_HINT = echo "make: could not build $(VENV) ($(1)). On a machine whose python3 already has torch, jax, flax and pytest-benchmark, install nothing: make $(or $(MAKECMDGOALS),test) PY=python3" >&2; exit 1
+PIP = $(VENV)/bin/python -m pip --disable-pip-version-check
+
 $(VENV)/.installed: pyproject.toml
-	test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/python -m pip install --quiet --upgrade pip
-	$(VENV)/bin/python -m pip install --quiet "$(TORCH_SPEC)" "$(JAX_SPEC)"
-	$(VENV)/bin/python -m pip install --quiet -e ".[all]"
+	@test -x $(VENV)/bin/python || $(PYTHON) -m venv $(VENV_ARGS) $(VENV) || { $(call NO_VENV_HINT,$(PYTHON) -m venv failed); }
+	@$(PIP) index versions pip --retries 0 --timeout 5 >/dev/null 2>&1 || { $(call NO_VENV_HINT,the package index cannot be reached: offline?); }
+	$(PIP) install --quiet --upgrade pip || { $(call NO_VENV_HINT,pip failed); }
+	$(PIP) install --quiet "$(TORCH_SPEC)" "$(JAX_SPEC)" || { $(call NO_VENV_HINT,pip failed); }
+	$(PIP) install --quiet -e ".[all]" || { $(call NO_VENV_HINT,pip failed); }
 	touch $@
 
 install: $(ENV_READY)
@@ -64,7 +84,7 @@ format: $(ENV_READY)
 	$(PY) -m ruff format .
 
 conformance: $(ENV_READY)
-	$(PY) -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax
+	$(PY) -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax --device $(CONFORMANCE_DEVICE)
 
 # torch's and jax's kernels always; MLX's and keras's when the `frameworks` extra is installed
 # (each keras backend is its own port: keras picks its backend once per process).
@@ -75,8 +95,14 @@ conformance-frameworks: $(ENV_READY)
 	if $(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('keras') is None)"; \
 	then impls="$$impls --impl keras_ops --impl keras_ops_torch"; \
 	else echo "conformance-frameworks: skipping keras_ops, keras_ops_torch: keras is not installed (pip install -e '.[frameworks]')"; fi; \
-	echo "$(PY) -m conformance $$impls --show-xfails"; \
-	$(PY) -m conformance $$impls --show-xfails
+	echo "$(PY) -m conformance $$impls --show-xfails --device $(CONFORMANCE_DEVICE)"; \
+	$(PY) -m conformance $$impls --show-xfails --device $(CONFORMANCE_DEVICE)
+
+# The Triton and Pallas kernel ports: interpreted on the CPU (TRITON_INTERPRET, interpret=True),
+# compiled with DEVICE=cuda. Several minutes on the CPU; make test runs a fixed subset.
+conformance-kernels: $(ENV_READY)
+	$(PY) -m conformance --impl conformance.ports.triton_flash --impl conformance.ports.pallas_flash \
+		--device $(CONFORMANCE_DEVICE)
 
 fixtures: $(ENV_READY)
 	$(PY) -m conformance.generate --out conformance/fixtures/v1
@@ -95,6 +121,10 @@ figures: $(ENV_READY)
 
 docs: figures
 	$(PY) -m docs.site --out build/docs
+
+# No $(ENV_READY): installs nothing. docs/BENCH.md says how to read results/gpu-check-*/summary.md.
+gpu-check:
+	$(GPU_PY) -m bench.gpu_check --device $(if $(filter auto,$(DEVICE)),cuda,$(DEVICE)) $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis .benchmarks *.egg-info

@@ -12,6 +12,7 @@ S key/value length, D query/key head dim, E value head dim, M model width.
 from attention_spec.errors import (
     ERROR_CODES,
     MODULE_ERROR_CODES,
+    ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
     AttentionError,
     ConfigError,
@@ -19,6 +20,14 @@ from attention_spec.errors import (
     DTypeError,
     MaskError,
 )
+from attention_spec.rotary import (
+    RopeConfig,
+    RotaryDims,
+    check_rope_config,
+    check_rotary,
+    rotary_frequencies,
+)
+from attention_spec.rules import alibi_slope_values
 from attention_spec.validate import (
     ALIGNMENTS,
     BLOCK_K,
@@ -40,6 +49,7 @@ from attention_spec.validate import (
     check_float64,
     check_given,
     check_size,
+    check_window,
     compute_dtype,
     describe,
     dtype_name,
@@ -55,6 +65,7 @@ __all__ = [
     "FLOAT_DTYPES",
     "MODULE_ERROR_CODES",
     "NO_VALUE",
+    "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
     "SUPPORTED_DTYPES",
     "ArraySpec",
@@ -64,6 +75,9 @@ __all__ = [
     "DTypeError",
     "DimensionMismatchError",
     "MaskError",
+    "RopeConfig",
+    "RotaryDims",
+    "alibi_slope_values",
     "broadcast_shapes",
     "causal_offset",
     "check_alignment",
@@ -75,10 +89,14 @@ __all__ = [
     "check_flag",
     "check_float64",
     "check_given",
+    "check_rope_config",
+    "check_rotary",
     "check_size",
+    "check_window",
     "compute_dtype",
     "describe",
     "dtype_name",
     "format_dims",
     "real_keyword",
+    "rotary_frequencies",
 ]

@@ -11,6 +11,7 @@ from __future__ import annotations
 __all__ = [
     "ERROR_CODES",
     "MODULE_ERROR_CODES",
+    "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
     "AttentionError",
     "ConfigError",
@@ -100,9 +101,29 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "unknown_alignment": (ConfigError, "causal_alignment is not 'top_left' or 'bottom_right'"),
     "non_positive_size": (ConfigError, "a size that must be positive is not"),
     "cache_overflow": (ConfigError, "a KV-cache write past its max_len"),
+    "window_value": (ConfigError, "window is not a pair of ints >= 0 or None"),
+    "segment_ids_pair": (ConfigError, "only one of q_segment_ids / kv_segment_ids is given"),
+    "segment_ids_dtype": (MaskError, "segment ids are not integers"),
+    "segment_ids_shape": (MaskError, "segment ids do not broadcast to (..., L) / (..., S)"),
+    "sinks_shape": (DimensionMismatchError, "sinks is not (H,)"),
+    "sinks_dtype": (DTypeError, "sinks is not floating"),
+    "alibi_shape": (DimensionMismatchError, "alibi_slopes is not (H,)"),
+    "alibi_dtype": (DTypeError, "alibi_slopes is not floating"),
+    "grad_output_shape": (DimensionMismatchError, "grad_output is not the output's shape"),
     "cache_mismatch": (
         DimensionMismatchError,
         "a KV cache whose heads K, head dims D/E or length do not fit the module",
+    ),
+    # -- rotary position embedding (apply_rotary; modules with rope_theta) -------------------
+    "rotary_dim": (ConfigError, "rotary_dim not an even integer in [2, D]"),
+    "rope_theta": (
+        ConfigError,
+        "theta / rope_theta not a finite number > 0, or RoPE options without rope_theta",
+    ),
+    "positions_dtype": (DTypeError, "rotary positions are not integers"),
+    "positions_shape": (
+        DimensionMismatchError,
+        "rotary positions do not broadcast to (..., L), the batch dims of x without heads",
     ),
     "length_not_divisible": (
         DimensionMismatchError,
@@ -126,6 +147,12 @@ MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
      "cache_mismatch"}
 )  # fmt: skip
+
+#: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,
+#: ``rope_theta`` a module built with ``rope_theta``); the attention functions never do.
+ROTARY_ERROR_CODES: frozenset[str] = frozenset(
+    {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape"}
+)
 
 #: The codes only the sharded functions raise (``ring_attention``, ``head_parallel_attention``,
 #: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from attention_spec.errors import AttentionError, make_error
+from attention_spec.rotary import RopeConfig
 from attention_spec.validate import (
     SUPPORTED_DTYPES,
     ArraySpec,
@@ -60,6 +61,7 @@ __all__ = [
     "check_padding_mask_args",
     "heads_from_metadata",
     "module_dtype",
+    "options_from_metadata",
     "weights_metadata",
 ]
 
@@ -378,15 +380,26 @@ def check_canonical(
     return dims
 
 
-def weights_metadata(dims: ModuleDims) -> dict[str, str]:
-    """The safetensors metadata of a weight file: the format and the head counts H and K.
+def weights_metadata(dims: ModuleDims, rope: RopeConfig | None = None) -> dict[str, str]:
+    """The safetensors metadata of a weight file: the format, the head counts H and K, and the
+    module's RoPE settings when it has them (``rope_theta``, ``rope_interleaved``,
+    ``rotary_dim``: :func:`options_from_metadata` gives them back to ``load``).
 
     The head counts are not recoverable from the shapes (``H*D`` does not say H); M, D, E and the
     biases are. One key holding sorted JSON, because safetensors writes several metadata keys in
     a random order, and one file should have one sha256.
     """
     config = {"format": CANONICAL_FORMAT, "n_heads": dims.H, "n_kv_heads": dims.K}
+    if rope is not None:
+        config |= rope.module_keywords()
     return {METADATA_KEY: json.dumps(config, sort_keys=True)}
+
+
+def options_from_metadata(metadata: Mapping[str, str] | None) -> dict[str, Any]:
+    """The module settings a weight file written by :func:`weights_metadata` carries besides
+    the head counts, as keywords of ``from_canonical`` (``{}`` for a module without RoPE)."""
+    config = json.loads(dict(metadata or {}).get(METADATA_KEY, "{}"))
+    return {k: v for k, v in config.items() if k not in ("format", "n_heads", "n_kv_heads")}
 
 
 def heads_from_metadata(metadata: Mapping[str, str] | None) -> tuple[int, int]:

@@ -49,6 +49,7 @@ __all__ = [
     "check_float64",
     "check_given",
     "check_size",
+    "check_window",
     "compute_dtype",
     "describe",
     "divisors",
@@ -120,8 +121,8 @@ class AttentionDims:
 
     ``batch`` is the broadcast of the leading dims of query, key and value; ``scale`` is the
     resolved score scale (``1/sqrt(D)`` unless given), ``softcap`` the cap as a Python float (or
-    None), ``is_causal`` the flag as a Python bool: the implementations compute with these, not
-    with the caller's objects.
+    None), ``is_causal`` the flag as a Python bool, ``window`` the pair ``(left, right)`` of
+    Python ints or None: the implementations compute with these, not the caller's objects.
     """
 
     batch: Shape
@@ -134,6 +135,7 @@ class AttentionDims:
     scale: float
     softcap: float | None = None
     is_causal: bool = False
+    window: tuple[int | None, int | None] | None = None
 
     @property
     def G(self) -> int:
@@ -471,6 +473,88 @@ def _check_additive(
         )
 
 
+def check_window(window: object) -> tuple[int | None, int | None] | None:
+    """``window`` as ``(left, right)`` of Python ints >= 0 or None (ConfigError
+    ``window_value``): a pair (tuple or list of two), each side an integer >= 0 or None for
+    unbounded. None (no window) stays None."""
+    if window is None:
+        return None
+    pair = isinstance(window, tuple | list) and len(window) == 2
+    if pair and all(side is None or (_is_int(side) and side >= 0) for side in window):
+        sides = tuple(None if side is None else int(side) for side in window)
+        return None if sides == (None, None) else sides  # unbounded both ways: no window
+    shown = (
+        f"({', '.join(_value_text(side) for side in window)})"
+        if isinstance(window, tuple | list) else _value_text(window)
+    )  # fmt: skip
+    raise make_error(
+        "window_value",
+        f"window must be a pair (left, right), each side an integer >= 0 or None for "
+        f"unbounded; got {shown}",
+        expected="(left, right): int >= 0 or None each",
+        actual=shown,
+    )
+
+
+def _check_segments(q_ids: ArraySpec | None, kv_ids: ArraySpec | None, batch: Shape, L: int,
+                    S: int) -> None:  # fmt: skip
+    """``q_segment_ids`` and ``kv_segment_ids``: both or neither, integers, broadcastable to
+    ``(..., L)`` and ``(..., S)``."""
+    if (q_ids is None) != (kv_ids is None):
+        given, missing = ("q", "kv") if kv_ids is None else ("kv", "q")
+        raise make_error(
+            "segment_ids_pair",
+            f"{given}_segment_ids was given without {missing}_segment_ids: give both (the "
+            "segment of every query and of every key) or neither",
+            expected="both or neither",
+            actual=f"{given}_segment_ids only",
+        )
+    if q_ids is None:
+        return
+    for name, ids, n, letter in (("q", q_ids, L, "L"), ("kv", kv_ids, S, "S")):
+        if not ids.dtype.startswith(("int", "uint")):
+            raise make_error(
+                "segment_ids_dtype",
+                f"{name}_segment_ids must be integers (one segment id per position); got "
+                f"{ids.dtype}",
+                expected="integer dtype",
+                actual=ids.dtype,
+            )
+        target = (*batch, n)
+        fits = len(ids.shape) <= len(target) and all(
+            a in (1, b) for a, b in zip(reversed(ids.shape), reversed(target))
+        )
+        if not fits:
+            text = format_dims([*_batch_letters(len(batch)), letter], target)
+            raise make_error(
+                "segment_ids_shape",
+                f"{name}_segment_ids must broadcast to {text}; got {ids.shape}",
+                expected=text,
+                actual=str(ids.shape),
+            )
+
+
+def _check_per_head(name: str, spec: ArraySpec | None, H: int) -> None:
+    """``sinks`` or ``alibi_slopes``: one floating number per query head, ``(H,)``."""
+    if spec is None:
+        return
+    short = name.split("_")[0]  # "sinks", "alibi"
+    if spec.shape != (H,):
+        raise make_error(
+            f"{short}_shape",
+            f"{name} must have one entry per query head, shape (H={H},); got {spec.shape}",
+            expected=f"(H={H},)",
+            actual=str(spec.shape),
+        )
+    if spec.dtype not in FLOAT_DTYPES:
+        raise make_error(
+            f"{short}_dtype",
+            f"{name} must be floating, one of {FLOAT_DTYPES}; got {spec.dtype}",
+            expected=" | ".join(FLOAT_DTYPES),
+            actual=spec.dtype,
+        )
+
+
 #: ``check_attention``'s ``value`` when the call has none (``attention_weights``); an explicit
 #: None is a missing array.
 NO_VALUE: Any = ArraySpec((), "absent")
@@ -511,14 +595,21 @@ def check_attention(
     causal_alignment: str = "top_left",
     scale: object = None,
     softcap: object = None,
+    window: object = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    sinks: Any = None,
+    alibi_slopes: Any = None,
 ) -> AttentionDims:
     """Validate one attention call and return its sizes and its keywords as Python values.
 
     The arrays are read through :func:`describe` (anything with ``.shape`` and ``.dtype``, or an
     :class:`ArraySpec`). Shapes: query ``(..., H, L, D)``, key ``(..., K, S, D)``, value
     ``(..., K, S, E)`` (left out for ``attention_weights``), mask and bias broadcastable to
-    ``(..., H, L, S)``. ``scale`` and ``softcap`` come back as floats (``scale`` resolved to
-    ``1/sqrt(D)`` when None), ``is_causal`` as a bool.
+    ``(..., H, L, S)``; segment ids (integers) to ``(..., L)`` and ``(..., S)``; ``sinks`` and
+    ``alibi_slopes`` are ``(H,)`` floating. ``scale`` and ``softcap`` come back as floats
+    (``scale`` resolved to ``1/sqrt(D)`` when None), ``is_causal`` as a bool, ``window`` as a
+    pair of ints or None.
 
     Raises:
         ConfigError, DimensionMismatchError, DTypeError, MaskError: see SEMANTICS.md.
@@ -526,6 +617,7 @@ def check_attention(
     given = {"scale": scale, "softcap": softcap}
     is_causal = check_flag("is_causal", is_causal)
     scale, softcap = check_config(causal_alignment=causal_alignment, scale=scale, softcap=softcap)
+    window = check_window(window)
     with_value = value is not NO_VALUE
     check_given(query=query, key=key, **({"value": value} if with_value else {}))
     q, k = describe(query), describe(key)
@@ -604,9 +696,12 @@ def check_attention(
         _check_additive("mask", m.shape, m.dtype, batch, H, K, L, S)
     if b is not None:
         _check_additive("bias", b.shape, b.dtype, batch, H, K, L, S)
+    _check_segments(describe(q_segment_ids), describe(kv_segment_ids), batch, L, S)
+    _check_per_head("sinks", describe(sinks), H)
+    _check_per_head("alibi_slopes", describe(alibi_slopes), H)
 
     resolved = 1.0 / math.sqrt(D) if scale is None else scale
     return AttentionDims(
         batch=batch, H=H, K=K, L=L, S=S, D=D, E=E, scale=resolved, softcap=softcap,
-        is_causal=is_causal,
+        is_causal=is_causal, window=window,
     )  # fmt: skip

@@ -6,6 +6,10 @@ changes beyond ``--threshold``, lists cases whose status changed (e.g. a gate th
 the geometric mean ratio per row, and the environment fields that differ (device, versions,
 TF32, commit), since a comparison across those is not like for like.
 
+Goals are compared on their interleaved measurements: A's and B's median per-round ratio with
+their IQRs; a goal *changed* only when the two IQRs do not overlap (otherwise the difference is
+within the runs' own spread), and a goal whose status changed (met, missed, unclear) is listed.
+
 For pytest-benchmark's own comparison of every round:
 ``pytest-benchmark compare A/pytest-benchmark.json B/pytest-benchmark.json``.
 """
@@ -19,7 +23,7 @@ from typing import Any
 
 from bench.report import fmt_seconds, load_results
 
-__all__ = ["compare", "env_differences", "main"]
+__all__ = ["compare", "compare_goals", "env_differences", "main"]
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
@@ -77,6 +81,43 @@ def compare(a: dict, b: dict, *, threshold: float = 0.05) -> dict[str, Any]:
     }
 
 
+def compare_goals(a: dict, b: dict) -> list[dict[str, Any]]:
+    """Goals measured in both runs: ``row, goal, a, b`` (each ``ratio`` and ``spread`` as in
+    results.json, or None), ``a_status``, ``b_status`` and ``change``: ``lower`` / ``higher``
+    when B's IQR lies wholly below / above A's, ``within spread`` when they overlap, ``n/a``
+    when either run has no spread (schema 1) or no ratio."""
+    ga = {(g["row"], g["goal"]): g for g in a.get("goals", [])}
+    out = []
+    for g in b.get("goals", []):
+        key = (g["row"], g["goal"])
+        if key not in ga:
+            continue
+        x, y = ga[key], g
+        change = "n/a"
+        if "spread" in x and "spread" in y:
+            sa, sb = x["spread"], y["spread"]
+            if sb["q3"] < sa["q1"]:
+                change = "lower"
+            elif sb["q1"] > sa["q3"]:
+                change = "higher"
+            else:
+                change = "within spread"
+        out.append({
+            "row": key[0], "goal": key[1], "a_status": x["status"], "b_status": y["status"],
+            "a": {k: x.get(k) for k in ("ratio", "spread")},
+            "b": {k: y.get(k) for k in ("ratio", "spread")}, "change": change,
+        })  # fmt: skip
+    return out
+
+
+def _goal_text(g: dict) -> str:
+    if g.get("ratio") is None:
+        return "—"
+    if g.get("spread"):
+        return f"{g['ratio']:.2f}x [{g['spread']['q1']:.2f}-{g['spread']['q3']:.2f}]"
+    return f"{g['ratio']:.2f}x"
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n")[0])
     p.add_argument("a", help="run folder or results.json (the baseline)")
@@ -89,7 +130,8 @@ def main(argv: list[str] | None = None) -> int:
 
     a, b = load_results(args.a), load_results(args.b)
     res = compare(a, b, threshold=args.threshold)
-    console = Console()
+    # a terminal gets its own width; a log or pipe gets one wide enough for the tables
+    console = Console(width=None if sys.stdout.isatty() else 160)
     t = Table(title=f"B / A   (A = {args.a}, B = {args.b})", title_justify="left")
     for col in ("row", "workload", "A median", "B median", "B / A"):
         t.add_column(col, justify="left" if col in ("row", "workload") else "right")
@@ -102,6 +144,18 @@ def main(argv: list[str] | None = None) -> int:
     if res["per_row"]:
         per_row = ", ".join(f"{k} {v:.2f}x" for k, v in res["per_row"].items())
         console.print(esc(f"geometric mean B / A per row: {per_row}"))
+    goals = [g for g in compare_goals(a, b) if g["a"]["ratio"] or g["b"]["ratio"]]
+    if goals:
+        g = Table(title="goals: median per-round ratio [IQR], interleaved timing",
+                  title_justify="left")  # fmt: skip
+        for col in ("row", "goal", "A", "B", "change", "status A -> B"):
+            g.add_column(col)
+        for x in goals:
+            c = {"lower": "green", "higher": "red"}.get(x["change"], "")
+            change = f"[{c}]{x['change']}[/]" if c else x["change"]
+            g.add_row(esc(x["row"]), esc(x["goal"]), _goal_text(x["a"]), _goal_text(x["b"]),
+                      change, f"{x['a_status']} -> {x['b_status']}")  # fmt: skip
+        console.print(g, width=max(console.width, 120))
     for s in res["status_changes"]:
         line = f"status {s['case_id']}: {s['a']} -> {s['b']} {s['reason_b']}"
         console.print(f"[yellow]{esc(line)}[/yellow]")

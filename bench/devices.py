@@ -21,14 +21,18 @@ from typing import Any
 
 __all__ = [
     "DEVICES",
+    "JAX_MEM_FRACTION",
     "CpuSnapshot",
-    "available_memory_bytes",
+    "configure_environment",
     "cpu_name",
     "cpu_snapshot",
     "environment",
+    "float32_precision",
     "framework_device",
     "jax_platforms",
+    "memory_budgets",
     "others_share",
+    "peak_key",
     "resolve_device",
     "set_tf32",
     "tf32_state",
@@ -38,6 +42,37 @@ __all__ = [
 #: The device classes the harness knows.
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "tpu")
 _JAX_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "tpu": "tpu"}
+#: The share of GPU memory XLA may use. With preallocation off XLA still stops at this fraction
+#: (75% when unset), so it is set explicitly, and JAX rows are planned against XLA's own limit.
+JAX_MEM_FRACTION = "0.90"
+
+
+def peak_key(fdevice: str) -> str:
+    """The device class a framework device belongs to (``gpu`` and ``cuda`` are one)."""
+    return "cuda" if fdevice in ("cuda", "gpu") else fdevice
+
+
+def configure_environment(*, own_session: bool = True) -> dict[str, str | None]:
+    """Set what must be set before JAX starts; returns the variables as they now are.
+
+    - ``XLA_PYTHON_CLIENT_PREALLOCATE=false``: JAX would otherwise take 75% of a GPU that
+      torch shares; ``XLA_PYTHON_CLIENT_MEM_FRACTION`` (:data:`JAX_MEM_FRACTION`): the cap XLA
+      still applies without preallocation. A value the user exported is kept.
+    - ``own_session``: the benchmark is its own pytest session; started from inside a
+      pytest-xdist worker (the project's end-to-end test is), it inherits
+      ``PYTEST_XDIST_WORKER``, and pytest-benchmark then silently disables timing. Those
+      variables are dropped.
+
+    Called by ``main()`` (and, with ``own_session=False``, when ``bench_attention.py`` runs under
+    plain pytest), never at import.
+    """
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    os.environ.setdefault("XLA_PYTHON_CLIENT_MEM_FRACTION", JAX_MEM_FRACTION)
+    if own_session:
+        os.environ.pop("PYTEST_XDIST_WORKER", None)
+        os.environ.pop("PYTEST_XDIST_WORKER_COUNT", None)
+    names = ("XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")
+    return {v: os.environ.get(v) for v in names}
 
 
 def _try_import(name: str) -> Any | None:
@@ -59,7 +94,7 @@ def jax_platforms() -> frozenset[str]:
     """The platforms JAX can see (``cpu``, ``gpu``, ``tpu``); empty without JAX."""
     jax = _try_import("jax")
     if jax is None:
-        return set()
+        return frozenset()
     found = set()
     for p in ("cpu", "gpu", "tpu"):
         try:
@@ -67,7 +102,7 @@ def jax_platforms() -> frozenset[str]:
                 found.add(p)
         except RuntimeError:  # "Unknown backend" / no such platform
             pass
-    return found
+    return frozenset(found)
 
 
 def resolve_device(
@@ -110,18 +145,7 @@ def framework_device(framework: str, device: str) -> str | None:
     raise ValueError(f"unknown framework {framework!r}")
 
 
-def available_memory_bytes(device: str) -> int | None:
-    """Memory a workload may use on ``device``: free GPU memory, TPU bytes_limit, or the
-    host's MemAvailable; None when unknown."""
-    if device == "cuda" and torch_cuda_available():
-        import torch
-
-        free, _total = torch.cuda.mem_get_info()
-        return int(free)
-    if device == "tpu":
-        jax = _try_import("jax")
-        stats = jax.devices("tpu")[0].memory_stats() if jax is not None else None
-        return int(stats["bytes_limit"]) if stats and "bytes_limit" in stats else None
+def _host_available() -> int | None:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -129,6 +153,45 @@ def available_memory_bytes(device: str) -> int | None:
     except OSError:
         pass
     return None
+
+
+def _torch_cuda_free() -> int | None:
+    if not torch_cuda_available():
+        return None
+    import torch
+
+    free, _total = torch.cuda.mem_get_info()
+    return int(free)
+
+
+def _jax_limit(platform_: str) -> int | None:
+    """What XLA lets JAX allocate on the platform's first device: ``bytes_limit`` (which
+    ``XLA_PYTHON_CLIENT_MEM_FRACTION`` sets) minus ``bytes_in_use``; None when not reported."""
+    jax = _try_import("jax")
+    if jax is None or platform_ not in jax_platforms():
+        return None
+    stats = jax.devices(platform_)[0].memory_stats()
+    if not stats or "bytes_limit" not in stats:
+        return None
+    return int(stats["bytes_limit"]) - int(stats.get("bytes_in_use", 0))
+
+
+def memory_budgets(device: str) -> dict[str, int | None]:
+    """Memory a workload may use on a ``device`` run, per framework; None when unknown.
+
+    NumPy: the host's MemAvailable. torch on CUDA: free device memory. JAX on a GPU or TPU:
+    XLA's own limit (``bytes_limit - bytes_in_use``), on a GPU also at most what is free now,
+    since XLA's limit is a share of the whole device and torch's context lives there too.
+    On a CPU run every framework gets the host's MemAvailable.
+    """
+    host = _host_available()
+    if device == "cpu":
+        return {"numpy": host, "torch": host, "jax": host}
+    torch_free = _torch_cuda_free() if device == "cuda" else None
+    jax_limit = _jax_limit(_JAX_PLATFORM[device])
+    if device == "cuda" and jax_limit is not None and torch_free is not None:
+        jax_limit = min(jax_limit, torch_free)
+    return {"numpy": host, "torch": torch_free, "jax": jax_limit}
 
 
 CpuSnapshot = tuple[float, float, float]
@@ -179,37 +242,37 @@ def cpu_name() -> str:
 
 
 def set_tf32(mode: str) -> None:
-    """``on`` / ``off``: set TF32 for float32 matmuls in torch and JAX alike; ``default``:
-    leave each framework's default (torch: off for matmul, on for cuDNN conv; JAX on GPU:
-    its DEFAULT precision, which may use TF32)."""
-    if mode == "default":
-        return
-    if mode not in ("on", "off"):
-        raise ValueError(f"--tf32 must be default, on or off; got {mode!r}")
-    torch = _try_import("torch")
-    if torch is not None:
-        torch.backends.cuda.matmul.allow_tf32 = mode == "on"
-        torch.backends.cudnn.allow_tf32 = mode == "on"
-    jax = _try_import("jax")
-    if jax is not None:
-        precision = "tensorfloat32" if mode == "on" else "highest"
-        jax.config.update("jax_default_matmul_precision", precision)
+    """``on`` / ``off``: allow or forbid TF32 for float32 matmuls in torch and JAX alike (torch
+    through ``set_float32_matmul_precision``, which keeps its legacy and new APIs in step);
+    ``default``: leave each framework's default (torch: off for matmuls; JAX on GPU: its
+    DEFAULT precision, TF32). The timed rows run with it; the gates never do (IEEE float32)."""
+    from conformance.ports.precision import set_float32_matmul
+
+    set_float32_matmul(mode)
+
+
+def float32_precision(mode: str) -> str:
+    """The precision the peak matmul of float32 is measured at for ``--tf32 mode``: ``tf32``
+    when TF32 was asked for, else ``highest`` (IEEE float32, what the project's rows pin)."""
+    return "tf32" if mode == "on" else "highest"
 
 
 def tf32_state() -> dict[str, Any]:
-    """The TF32 / float32-matmul settings in force, as each framework reports them."""
+    """The TF32 / float32-matmul settings in force, as each framework reports them (every
+    getter read defensively: torch's legacy getters raise once its two APIs disagree)."""
     state: dict[str, Any] = {}
     torch = _try_import("torch")
     if torch is not None:
-        state["torch.backends.cuda.matmul.allow_tf32"] = torch.backends.cuda.matmul.allow_tf32
-        state["torch.backends.cudnn.allow_tf32"] = torch.backends.cudnn.allow_tf32
-        state["torch.get_float32_matmul_precision"] = torch.get_float32_matmul_precision()
+        from conformance.ports.precision import torch_float32_state
+
+        state.update(torch_float32_state(torch))
     jax = _try_import("jax")
     if jax is not None:
         state["jax_default_matmul_precision"] = jax.config.jax_default_matmul_precision
         state["note"] = (
-            "impl_jax pins Precision.HIGHEST; jax.nn.dot_product_attention and flax use the "
-            "default, which on NVIDIA GPUs may run float32 matmuls in TF32"
+            "gates run with IEEE float32 matmuls (torch TF32 off, JAX HIGHEST) whatever this "
+            "says; impl_jax pins Precision.HIGHEST; jax.nn.dot_product_attention and flax use "
+            "the default, which on NVIDIA GPUs runs float32 matmuls in TF32"
         )
     return state
 
@@ -253,7 +316,12 @@ def environment(device: str) -> dict[str, Any]:
         "git": {"commit": _git("rev-parse", "HEAD"), "dirty": bool(_git("status", "--porcelain"))},
         "env": {
             v: os.environ.get(v)
-            for v in ("XLA_PYTHON_CLIENT_PREALLOCATE", "CUDA_VISIBLE_DEVICES", "JAX_PLATFORMS")
+            for v in (
+                "XLA_PYTHON_CLIENT_PREALLOCATE",
+                "XLA_PYTHON_CLIENT_MEM_FRACTION",
+                "CUDA_VISIBLE_DEVICES",
+                "JAX_PLATFORMS",
+            )
         },
     }
     torch = _try_import("torch")
@@ -271,7 +339,7 @@ def environment(device: str) -> dict[str, Any]:
     jax = _try_import("jax")
     if jax is not None:
         env["jax_devices"] = [f"{d.platform}:{d.device_kind}" for d in jax.devices()]
-        env["jax_enable_x64"] = bool(jax.config.jax_enable_x64)
+        env["jax_enable_x64"] = bool(jax.config.jax_enable_x64)  # the rows' (gates: on)
         if device == "tpu":
             env["device_name"] = jax.devices("tpu")[0].device_kind
     env.setdefault("device_name", env["cpu"] if device == "cpu" else device)

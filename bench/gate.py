@@ -1,25 +1,44 @@
-"""The correctness gate: a row is timed only after its smallest conformance fixtures pass.
+"""The correctness gate: a row is timed only after its conformance fixtures pass on the device.
 
-Before the first timing of a row on a device, the harness calls
-``conformance.quick_check(port, device=..., op=..., n_cases=8)`` on the row's port (the
-implementation package, or ``conformance.ports.torch_fused`` / ``jax_fused`` for the
-frameworks' kernels). A row whose gate does not pass, or whose gate cannot run at all, is
-reported as failed and never timed: a fast wrong answer is not a result.
+Before the first timing of a row on a device, the harness checks the row's port there:
+
+- a row gated on its port as is (the project's packages, torch's default dispatch, JAX's XLA
+  path): ``conformance.quick_check(port, device=..., op=..., n_cases=8)``, the 8 smallest
+  fixtures of the op;
+- a row pinned to one kernel (``Row.gate_pin``: torch's flash, efficient, cuDNN or math SDPA
+  backend, JAX's cuDNN attention): the port with that kernel forced
+  (``conformance.ports.torch_fused.pinned(backend)``, ``jax_fused.pinned("cudnn")``) on the
+  float16/bfloat16 fixtures whose head dims the fused kernels take (D = E, a multiple of 8, at
+  most 128: the ``sdpa.kernel.*`` cases). The 8 smallest fixtures (float32/float64, D = 11 or
+  2) never reach those kernels. A fixture the kernel rejects in its own words
+  (``runners.UNSUPPORTED``) is *unsupported*, not failed; a gate whose every fixture is
+  unsupported makes the row's cases unsupported.
+
+A row whose gate does not pass, or cannot run at all, is reported failed and never timed: a
+fast wrong answer is not a result.
+
+Every gate runs with IEEE float32 matmuls (torch TF32 off, JAX HIGHEST) whatever ``--tf32``
+says, and with ``jax_enable_x64`` on (float64 is one of the fixtures' dtypes) and put back after,
+so the timed rows keep the x64 setting the run started with.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib
+import re
 import time
-import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["GATE_CASES", "GateCache", "GateResult", "run_gate"]
+__all__ = ["GATE_CASES", "GateCache", "GateResult", "gate_scope", "kernel_case", "run_gate"]
 
-#: How many of the smallest fixtures the gate runs per (port, op, device).
+#: How many fixtures the gate runs per (port, op, device, pin).
 GATE_CASES = 8
+#: The port a pinned gate's kernel belongs to (for its "not supported" messages).
+_PIN_KERNEL = {"conformance.ports.torch_fused": "torch_sdpa", "conformance.ports.jax_fused":
+               "jax_cudnn"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -27,15 +46,18 @@ class GateResult:
     """What the gate said.
 
     ``status``: ``passed``, ``failed`` (a fixture disagreed), ``error`` (the gate could not
-    run, or ran nothing) or ``skipped`` (``--skip-gate``: timed, marked ungated).
+    run, or ran nothing), ``unsupported`` (the pinned kernel rejected every fixture) or
+    ``skipped`` (``--skip-gate``: timed, marked ungated).
     """
 
     status: str
     port: str
     op: str
     device: str
+    pin: str | None = None
     n_run: int = 0
     n_failed: int = 0
+    n_unsupported: int = 0
     detail: str = ""
     seconds: float = 0.0
 
@@ -46,23 +68,116 @@ class GateResult:
 
     def text(self) -> str:
         """Short form for the table: ``8/8 ok``, ``FAIL 3/8``, ``error``, ``ungated``."""
-        if self.status == "passed":
-            return f"{self.n_run}/{self.n_run} ok"
-        if self.status == "failed":
-            return f"FAIL {self.n_failed}/{self.n_run}"
-        return "ungated" if self.status == "skipped" else "error"
+        return gate_text(self.to_dict())
 
     def to_dict(self) -> dict:
         return asdict(self)
 
 
+def gate_text(gate: dict) -> str:
+    """The table's gate cell from a gate dict: ``8/8 ok`` (``4/6 ok`` when 2 were unsupported),
+    ``FAIL 3/8``, ``unsupported``, ``error``, ``ungated``."""
+    status = gate["status"]
+    if status == "passed":
+        n_ok = gate["n_run"] - gate.get("n_unsupported", 0)
+        return f"{n_ok}/{gate['n_run']} ok"
+    if status == "failed":
+        return f"FAIL {gate['n_failed']}/{gate['n_run']}"
+    return {"skipped": "ungated", "unsupported": "unsupported", "not run": "not run"}.get(
+        status, "error"
+    )
+
+
+def kernel_case(case: Any) -> bool:
+    """A value fixture of ``sdpa`` the GPU fused kernels take: float16 or bfloat16 inputs and
+    D = E, a multiple of 8, at most 128 (flash, memory-efficient and cuDNN SDPA alike)."""
+    if case.kind != "values" or "sdpa" not in case.functions:
+        return False
+    if case.dtype not in ("float16", "bfloat16"):
+        return False
+    shapes = case.entry["shapes"]
+    d, e = shapes["query"][-1], shapes["value"][-1]
+    return d == e and d % 8 == 0 and 0 < d <= 128
+
+
+@contextlib.contextmanager
+def gate_scope() -> Iterator[None]:
+    """IEEE float32 matmuls and ``jax_enable_x64`` inside the block; both put back after.
+
+    The JAX adapter of conformance turns x64 on when it is first imported (inside a gate);
+    restoring it here keeps the rows in the x64 state the run started with.
+    """
+    from conformance.ports.precision import ieee_float32
+
+    with contextlib.ExitStack() as stack:
+        try:
+            import jax
+        except Exception:  # no JAX here: nothing to scope
+            jax = None
+        if jax is not None:
+            saved = bool(jax.config.jax_enable_x64)
+            jax.config.update("jax_enable_x64", True)
+            stack.callback(jax.config.update, "jax_enable_x64", saved)
+        stack.enter_context(ieee_float32())
+        yield
+
+
 def _describe(failure: Any) -> str:
     """One line for a failure object of any shape (str, dataclass, exception)."""
-    for attr in ("case_id", "id", "case"):
+    for attr in ("run_id", "case_id", "id", "case"):
         if hasattr(failure, attr):
             rest = getattr(failure, "message", None) or getattr(failure, "reason", None) or ""
             return f"{getattr(failure, attr)}: {rest}".rstrip(": ")
     return str(failure).splitlines()[0] if str(failure) else repr(failure)
+
+
+def _unsupported(kernel: str | None, outcome: Any) -> bool:
+    """Whether a failed outcome's message carries the kernel's own "not supported" (the
+    exception's class name and its words, wherever conformance puts them in the message)."""
+    from bench.runners import UNSUPPORTED
+
+    message = getattr(outcome, "message", "") or ""
+    return any(
+        re.search(rf"\b{name}\b", message) and re.search(pattern, message)
+        for name, pattern in UNSUPPORTED.get(kernel or "", ())
+    )
+
+
+def _pinned_report(
+    port: str, pin: str, op: str, device: str, run_suite: Callable[..., Any], n_cases: int
+) -> GateResult:
+    """The pinned kernel on the kernel fixtures; ``unsupported`` outcomes counted apart."""
+    t0 = time.perf_counter()
+    module = importlib.import_module(port).pinned(pin)
+    chosen: list[str] = []
+
+    def select(run: Any) -> bool:  # the first n_cases kernel fixtures (manifest order)
+        if run.function == op and kernel_case(run.case) and len(chosen) < n_cases:
+            chosen.append(run.id)
+            return True
+        return False
+
+    report = run_suite(module, device=device, functions=[op], select=select)
+    if getattr(report, "error", ""):
+        raise RuntimeError(f"the pinned port did not load: {report.error}")
+    kernel = _PIN_KERNEL.get(port)
+    outcomes = list(report.outcomes)
+    bad = [o for o in outcomes if o.status == "fail" and not _unsupported(kernel, o)]
+    unsupported = [o for o in outcomes if o.status == "fail" and _unsupported(kernel, o)]
+    n_run = len(outcomes)
+    seconds = time.perf_counter() - t0
+    kw = dict(port=port, op=op, device=device, pin=pin, n_run=n_run, seconds=seconds)
+    if n_run == 0:
+        return GateResult("error", detail=f"no {op} kernel fixtures ran on {device}", **kw)
+    if bad:
+        detail = "; ".join(_describe(o) for o in bad[:3])
+        return GateResult("failed", n_failed=len(bad), n_unsupported=len(unsupported),
+                          detail=detail, **kw)  # fmt: skip
+    if len(unsupported) == n_run:
+        detail = f"{pin} has no kernel for any gate fixture: {_describe(unsupported[0])}"
+        return GateResult("unsupported", n_unsupported=n_run, detail=detail, **kw)
+    detail = "; ".join(f"unsupported {_describe(o)}" for o in unsupported[:2])
+    return GateResult("passed", n_unsupported=len(unsupported), detail=detail, **kw)
 
 
 def run_gate(
@@ -70,34 +185,37 @@ def run_gate(
     op: str,
     device: str,
     *,
+    pin: str | None = None,
     quick_check: Callable[..., Any] | None = None,
+    run_suite: Callable[..., Any] | None = None,
     n_cases: int = GATE_CASES,
-    overlay: dict[str, Any] | None = None,
 ) -> GateResult:
-    """Run the conformance quick check of ``port`` (a module path) for ``op`` on ``device``.
+    """Check ``port`` (a module path) for ``op`` on ``device``, ``pin`` forced if given.
 
-    ``overlay`` adds attributes to the port (e.g. ``flash_attention`` from ``impl_torch.flash``
-    while the package does not export it yet); the port keeps its module name, so conformance
-    still finds its array adapters. ``quick_check`` defaults to ``conformance.quick_check``;
-    tests pass a stand-in. Never raises: every problem becomes a non-passing result.
+    ``quick_check`` / ``run_suite`` default to conformance's; tests pass stand-ins. Runs in
+    :func:`gate_scope`. Never raises: every problem becomes a non-passing result.
     """
     t0 = time.perf_counter()
 
     def result(status: str, **kw: Any) -> GateResult:
-        return GateResult(status, port, op, device, seconds=time.perf_counter() - t0, **kw)
+        return GateResult(status, port, op, device, pin, seconds=time.perf_counter() - t0, **kw)
 
     try:
-        if quick_check is None:
-            quick_check = importlib.import_module("conformance").quick_check
-        port_module: Any = importlib.import_module(port)
-        if overlay:
-            port_module = types.SimpleNamespace(**{**vars(port_module), **overlay})
+        conformance = importlib.import_module("conformance")
+        quick_check = quick_check or conformance.quick_check
+        run_suite = run_suite or conformance.run_suite
     except (ImportError, AttributeError) as e:
         return result("error", detail=f"cannot load the gate: {type(e).__name__}: {e}")
     try:
-        report = quick_check(port_module, device=device, op=op, n_cases=n_cases)
+        with gate_scope():
+            if pin is not None:
+                return _pinned_report(port, pin, op, device, run_suite, n_cases)
+            port_module = importlib.import_module(port)
+            report = quick_check(port_module, device=device, op=op, n_cases=n_cases)
+    except (ImportError, AttributeError) as e:
+        return result("error", detail=f"cannot load the gate: {type(e).__name__}: {e}")
     except Exception as e:  # the gate crashed: not a pass
-        return result("error", detail=f"quick_check raised {type(e).__name__}: {e}")
+        return result("error", detail=f"the gate raised {type(e).__name__}: {e}")
     failures = list(getattr(report, "failures", ()) or ())
     n_run = int(getattr(report, "n_run", 0))
     if bool(getattr(report, "ok", False)) and not failures and n_run > 0:
@@ -109,22 +227,30 @@ def run_gate(
 
 
 class GateCache:
-    """One gate run per (port, op, device) per process; ``skip=True`` marks all ungated."""
+    """One gate run per (port, op, device, pin) per process; ``skip=True`` marks all ungated."""
 
-    def __init__(self, *, skip: bool = False, quick_check: Callable[..., Any] | None = None):
+    def __init__(
+        self,
+        *,
+        skip: bool = False,
+        quick_check: Callable[..., Any] | None = None,
+        run_suite: Callable[..., Any] | None = None,
+    ) -> None:
         self.skip = skip
         self.quick_check = quick_check
-        self.results: dict[tuple[str, str, str], GateResult] = {}
+        self.run_suite = run_suite
+        self.results: dict[tuple[str, str, str, str | None], GateResult] = {}
 
-    def check(
-        self, port: str, op: str, device: str, *, overlay: dict[str, Any] | None = None
-    ) -> GateResult:
-        key = (port, op, device)
+    def check(self, port: str, op: str, device: str, pin: str | None = None) -> GateResult:
+        key = (port, op, device, pin)
         if key not in self.results:
             if self.skip:
-                self.results[key] = GateResult("skipped", port, op, device, detail="--skip-gate")
+                self.results[key] = GateResult(
+                    "skipped", port, op, device, pin, detail="--skip-gate"
+                )
             else:
                 self.results[key] = run_gate(
-                    port, op, device, quick_check=self.quick_check, overlay=overlay
-                )
+                    port, op, device, pin=pin, quick_check=self.quick_check,
+                    run_suite=self.run_suite,
+                )  # fmt: skip
         return self.results[key]

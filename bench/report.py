@@ -12,6 +12,11 @@ Derived per timed record:
   dtype measured in the same run by any of the frameworks;
 - ``ratio``: median / the median of the row's ``ref`` (the framework's fused kernel) on the
   same workload.
+
+Goals (``goals`` in results.json) come from the goal records: each goal's two calls timed
+interleaved in one process (``bench/goals.py``), the median of the per-round ratios with its
+spread, and met / missed / unclear by where the IQR lies against the limit. The ``x fused``
+column's ratio of two rows timed minutes apart is kept next to it as ``separate_ratio``.
 """
 
 from __future__ import annotations
@@ -22,11 +27,13 @@ import math
 from pathlib import Path
 from typing import Any
 
+from bench.devices import peak_key
+from bench.gate import gate_text
 from bench.rows import ROWS, Row
-from bench.session import peak_key
 
 __all__ = [
     "CONTENDED",
+    "READABLE_SCHEMAS",
     "SCHEMA_VERSION",
     "build_results",
     "derive",
@@ -34,11 +41,14 @@ __all__ = [
     "evaluate_goals",
     "fmt_bytes",
     "fmt_seconds",
+    "goal_measured",
     "load_results",
     "render",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+#: Schemas :func:`load_results` reads (1: goals from separately timed rows, no goal records).
+READABLE_SCHEMAS = (1, 2)
 #: A case timed while other processes used more than this share of the CPUs is starred.
 CONTENDED = 0.10
 
@@ -65,8 +75,10 @@ def fmt_bytes(n: int | None) -> str:
 
 
 def device_peaks(records: list[dict]) -> dict[str, dict[str, Any]]:
-    """``{"cpu/float32": {"flops": ..., "by": "torch", "n": 2048}}``: the best matmul per
-    device class and dtype (FLOPs / the fastest round)."""
+    """``{"cpu/float32": {"flops": ..., "by": "torch", "n": 2048, "precision": "highest"}}``:
+    the best matmul per device class and dtype (FLOPs / the fastest round). ``precision``:
+    float32's matmul precision (``highest``: IEEE float32, the project's rows' own; ``tf32``
+    under ``--tf32 on``), ``native`` for the 16-bit dtypes."""
     peaks: dict[str, dict[str, Any]] = {}
     for r in records:
         if r["kind"] != "peak" or r["status"] != "ok" or not r.get("stats"):
@@ -75,7 +87,8 @@ def device_peaks(records: list[dict]) -> dict[str, dict[str, Any]]:
         rate = mm["flops"] / r["stats"]["min"]
         key = f"{peak_key(r['device'])}/{mm['dtype']}"
         if key not in peaks or rate > peaks[key]["flops"]:
-            peaks[key] = {"flops": rate, "by": r["framework"], "n": mm["n"]}
+            precision = mm.get("precision", "unknown")
+            peaks[key] = {"flops": rate, "by": r["framework"], "n": mm["n"], "precision": precision}
     return peaks
 
 
@@ -110,22 +123,24 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
 
 
 def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROWS) -> list[dict]:
-    """Each registered goal, measured in this run: ``met`` / ``missed`` / ``not measured``.
-
-    Goals are stated for CPU float32 (issue 5); on other devices they are listed as
-    ``not evaluated``.
-    """
+    """Each registered goal, from this run's goal records: ``met`` / ``missed`` / ``unclear``
+    (the IQR of the interleaved per-round ratios against the limit), else ``not measured``
+    with the reason. Goals are stated for CPU float32 (issue 5); on other devices they are
+    ``not evaluated``."""
+    goal_records = {
+        (r["row"], r["goal"]["text"]): r for r in records if r["kind"] == "goal" and r.get("goal")
+    }
     median = {
         (r["row"], r["workload"]["id"]): r["stats"]["median"]
         for r in records
         if r["kind"] == "row" and r["status"] == "ok" and r.get("stats")
     }
-    status_of = {(r["row"], r["workload"]["id"]): r for r in records if r["kind"] == "row"}
+    in_grid = {r["workload"]["id"] for r in records if r.get("workload")}
     out = []
     for row in rows:
         for goal in row.goals:
             w = goal.workload()
-            entry = {
+            entry: dict[str, Any] = {
                 "row": row.name,
                 "goal": goal.text(),
                 "kind": goal.kind,
@@ -136,23 +151,36 @@ def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROW
                 out.append({**entry, "status": "not evaluated", "detail": "goals are for CPU"})
                 continue
             if goal.kind == "causal":
-                base = dataclasses.replace(w, is_causal=False)
-                pair = ((row.name, w.id), (row.name, base.id))
+                pair = (row.name, w.id), (row.name, dataclasses.replace(w, is_causal=False).id)
             else:
-                pair = ((row.name, w.id), (goal.ref, w.id))
+                pair = (row.name, w.id), (goal.ref, w.id)
             if all(p in median for p in pair):
-                ratio = median[pair[0]] / median[pair[1]]
-                met = goal.met(ratio)
-                out.append({**entry, "ratio": ratio, "status": "met" if met else "missed"})
+                entry["separate_ratio"] = median[pair[0]] / median[pair[1]]
+            rec = goal_records.get((row.name, goal.text()))
+            if rec is None:
+                detail = (
+                    f"{w.label} is not in this grid"
+                    if w.id not in in_grid
+                    else "not in this run (its rows were not selected)"
+                )
+                out.append({**entry, "status": "not measured", "detail": detail})
+            elif rec["status"] != "ok":
+                out.append({**entry, "status": "not measured",
+                            "detail": f"{rec['status']}: {rec['reason']}"})  # fmt: skip
             else:
-                why = [
-                    f"{p[0]}: {status_of[p]['status']}" if p in status_of else f"{p[0]}: not run"
-                    for p in dict.fromkeys(pair)
-                    if p not in median
-                ]
-                if not any(p in status_of for p in pair):
-                    why = [f"{w.label} is not in this grid"]
-                out.append({**entry, "status": "not measured", "detail": "; ".join(why)})
+                g = rec["goal"]
+                spread = {k: g["ratio"][k] for k in ("min", "q1", "q3", "max")}
+                out.append(
+                    {
+                        **entry,
+                        "status": g["status"],
+                        "ratio": g["ratio"]["median"],
+                        "spread": spread,
+                        "rounds": g["rounds"],
+                        "method": "interleaved",
+                        "contention": rec.get("contention"),
+                    }
+                )
     return out
 
 
@@ -192,8 +220,8 @@ def load_results(path: str | Path) -> dict:
     if p.is_dir():
         p = p / "results.json"
     data = json.loads(p.read_text())
-    if data.get("schema") != SCHEMA_VERSION:
-        raise ValueError(f"{p}: schema {data.get('schema')!r}, expected {SCHEMA_VERSION}")
+    if data.get("schema") not in READABLE_SCHEMAS:
+        raise ValueError(f"{p}: schema {data.get('schema')!r}, expected one of {READABLE_SCHEMAS}")
     return data
 
 
@@ -208,6 +236,18 @@ _STATUS_STYLE = {
     "skipped": "dim",
     "n/a": "dim",
 }
+_GOAL_STYLE = {"met": "green", "missed": "red", "unclear": "yellow"}
+
+
+def goal_measured(g: dict) -> str:
+    """``2.41x (IQR 2.30-2.52, 9 rounds)``; a schema-1 goal has no spread: ``2.41x``."""
+    if "ratio" not in g:
+        return g.get("detail", "")
+    text = f"{g['ratio']:.2f}x"
+    if "spread" in g:
+        s = g["spread"]
+        text += f" (IQR {s['q1']:.2f}-{s['q3']:.2f}, {g['rounds']} rounds)"
+    return text
 
 
 def _cache_note(w: dict) -> str:
@@ -235,10 +275,13 @@ def _goal_cell(r: dict, goals: list[dict], esc: Any) -> str:
     for g in goals:
         if g["row"] != r["row"] or g["workload"] != r["workload"]["label"] or "ratio" not in g:
             continue
-        mark = "[green]met[/]" if g["status"] == "met" else "[red]missed[/]"
+        mark = f"[{_GOAL_STYLE.get(g['status'], 'dim')}]{g['status']}[/]"
         op = "<" if g["kind"] == "faster" else "<="
         of = " of full" if g["kind"] == "causal" else ""
-        cells.append(f"{g['ratio']:.2f}x{of} (goal {op} {g['limit']:g}x) {mark}")
+        spread = ""
+        if "spread" in g:
+            spread = f" IQR {g['spread']['q1']:.2f}-{g['spread']['q3']:.2f}"
+        cells.append(f"{g['ratio']:.2f}x{of}{spread} (goal {op} {g['limit']:g}x) {mark}")
     return "; ".join(cells)
 
 
@@ -284,7 +327,7 @@ def render(results: dict, console: Any) -> None:
         for r in rs:
             d = r.get("derived") or {}
             gate = r.get("gate") or {}
-            gate_text = _gate_text(gate) if gate else ""
+            gate_cell = gate_text(gate) if gate else ""
             style = _STATUS_STYLE.get(r["status"], "")
             if r["status"] == "ok" and d:
                 busy = (r.get("contention") or 0.0) > CONTENDED
@@ -304,7 +347,7 @@ def render(results: dict, console: Any) -> None:
             t.add_row(
                 f"  {esc(r['row'])}",
                 r["device"] or "—",
-                f"[{style}]{gate_text}[/]" if gate_text else "",
+                f"[{style}]{gate_cell}[/]" if gate_cell else "",
                 _gflop(r["workload"]),
                 *cells,
                 fmt_bytes(r.get("memory_bytes")) if r["status"] == "ok" else "",
@@ -331,38 +374,50 @@ def render(results: dict, console: Any) -> None:
     if peaks:
         console.print(
             "device peak (best n x n matmul this run): "
-            + ", ".join(
-                esc(f"{k} {v['flops'] / 1e12:.3g} TFLOP/s ({v['by']}, n={v['n']})")
-                for k, v in peaks.items()
-            )
+            + ", ".join(esc(_peak_text(k, v)) for k, v in peaks.items())
         )
     if goals:
-        g = Table(title="performance goals (issue 5; reported, not asserted)", title_justify="left")
-        for name in ("row", "goal", "measured", "status"):
+        g = Table(
+            title="performance goals (issue 5; reported, not asserted): each goal's two calls "
+            "timed interleaved in one process, median of the per-round ratios",
+            title_justify="left",
+        )
+        for name in ("row", "goal", "measured", "min-max", "x fused (table)", "status"):
             g.add_column(name)
         for x in goals:
             st = x["status"]
-            colour = {"met": "green", "missed": "red"}.get(st, "dim")
-            measured = f"{x['ratio']:.2f}x" if "ratio" in x else x.get("detail", "")
-            g.add_row(esc(x["row"]), esc(x["goal"]), esc(measured), f"[{colour}]{st}[/]")
+            colour = _GOAL_STYLE.get(st, "dim")
+            minmax = f"{x['spread']['min']:.2f}-{x['spread']['max']:.2f}" if "spread" in x else ""
+            sep = f"{x['separate_ratio']:.2f}x" if "separate_ratio" in x else ""
+            g.add_row(esc(x["row"]), esc(x["goal"]), esc(goal_measured(x)), minmax, sep,
+                      f"[{colour}]{st}[/]")  # fmt: skip
         console.print(g)
+        console.print(
+            "[dim]met / missed: the whole IQR of the per-round ratios is within / beyond the "
+            "limit; unclear: the IQR straddles it (rerun on a quiet machine).[/dim]"
+        )
     if absent:
         console.print("[dim]not available (skipped, visible):[/dim]")
         for name, reason in absent.items():
             console.print(f"[dim]  {esc(name)}: {esc(reason)}[/dim]")
     console.print(
         "[dim]median and IQR of one call (pytest-benchmark); TFLOP/s and % peak count useful "
-        "FLOPs (causal: allowed pairs only); GFLOP useful/dense for causal; x fused = median / "
-        "the framework's fused kernel on the same workload; peak mem = extra bytes of one call "
-        "(method per row in results.json); causal: whether the kernel skips masked blocks; "
-        "decode: one token after P cached ones, projections + attention over P + 1 keys, the "
-        "cache an input (its size on the workload's line).[/dim]"
+        "FLOPs (causal: allowed pairs only), % peak against the same dtype's best matmul "
+        "(float32: at the precision named on the peak line); GFLOP useful/dense for causal; "
+        "x fused = median / the framework's fused kernel on the same workload; peak mem = extra "
+        "bytes of one call (method per row in results.json); causal: whether the kernel skips "
+        "masked blocks; decode: one token after P cached ones, projections + attention over "
+        "P + 1 keys, the cache an input (its size on the workload's line).[/dim]"
     )
 
 
-def _gate_text(gate: dict) -> str:
-    if gate["status"] == "passed":
-        return f"{gate['n_run']}/{gate['n_run']} ok"
-    if gate["status"] == "failed":
-        return f"FAIL {gate['n_failed']}/{gate['n_run']}"
-    return "ungated" if gate["status"] == "skipped" else "error"
+#: How the float32 peak's matmul precision reads in the table.
+_PRECISION = {"highest": "IEEE float32 matmul", "tf32": "TF32 matmul"}
+
+
+def _peak_text(key: str, peak: dict) -> str:
+    """``cuda/float32 60 TFLOP/s (torch, n=8192, IEEE float32 matmul)``."""
+    how = f"{peak['by']}, n={peak['n']}"
+    if key.endswith("/float32") and "precision" in peak:
+        how += f", {_PRECISION.get(peak['precision'], peak['precision'])}"
+    return f"{key} {peak['flops'] / 1e12:.3g} TFLOP/s ({how})"

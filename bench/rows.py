@@ -14,7 +14,9 @@ the report as "not available" instead of disappearing.
 - ``jax_dpa``: ``jax.nn.dot_product_attention`` on heads-second ``(B, L, H, D)`` inputs,
   ``implementation=`` ``xla`` | ``cudnn``;
 - ``module``: the project's ``GroupedQueryAttention`` / ``MultiHeadAttention`` on ``(B, L, M)``;
-- ``torch_mha`` / ``nnx_mha``: ``torch.nn.MultiheadAttention`` / ``flax.nnx.MultiHeadAttention``;
+- ``torch_mha`` / ``nnx_mha``: ``torch.nn.MultiheadAttention`` (its fast path off, so its
+  attention is ``F.scaled_dot_product_attention``, ``is_causal`` for causal workloads; the fast
+  path would build the full scores for a causal mask) / ``flax.nnx.MultiHeadAttention``;
 - ``decode``: one KV-cache step of the project's ``GroupedQueryAttention``,
   ``module.decode(x (B, 1, M), cache at position P)``;
 - ``torch_decode`` / ``jax_decode``: the same step written with framework ops around the fused
@@ -30,7 +32,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from bench.workloads import GOAL_WORKLOAD, Workload
+from bench.workloads import GOAL_WORKLOAD, WINDOW_GOAL_WORKLOAD, Workload
 
 __all__ = ["ROWS", "Goal", "Row", "row_by_name"]
 
@@ -42,6 +44,9 @@ class Goal:
     ``kind="ratio"``: this row's median / ``ref``'s median must be <= ``limit``.
     ``kind="faster"``: the same ratio must be < ``limit`` (1.0: strictly faster than ``ref``).
     ``kind="causal"``: this row's causal median / its own non-causal median <= ``limit``.
+    ``kind="window"``: this row with a sliding window (:data:`WINDOW_GOAL_WORKLOAD`, causal,
+    ``window=(256, 0)`` at L = S = 8192) / the same row causal without it <= ``limit``: the
+    tiled path's time follows the window, not L x S.
     """
 
     kind: str
@@ -52,6 +57,9 @@ class Goal:
         """How the goal reads in the table, e.g. ``<= 2.5x torch F.sdpa``."""
         if self.kind == "causal":
             return f"causal <= {self.limit:g}x own non-causal"
+        if self.kind == "window":
+            w = WINDOW_GOAL_WORKLOAD
+            return f"window ({w.window}, 0) <= {self.limit:g}x own causal at L=S={w.L}"
         op = "<" if self.kind == "faster" else "<="
         return f"{op} {self.limit:g}x {self.ref}"
 
@@ -63,6 +71,8 @@ class Goal:
         """The workload the goal is measured on (the causal twin for ``kind="causal"``)."""
         if self.kind == "causal":
             return dataclasses.replace(GOAL_WORKLOAD, is_causal=True)
+        if self.kind == "window":
+            return WINDOW_GOAL_WORKLOAD
         return GOAL_WORKLOAD
 
 
@@ -92,6 +102,10 @@ class Row:
             (conformance runs the package's ``GroupedQueryAttention`` on the module fixtures),
             ``decode`` for their decode step (``init_cache``/``decode`` on the decode
             fixtures), ``flash`` for a ``flash_attention`` target, else ``sdpa``.
+
+    A row pinned to one kernel (a torch SDPA backend, JAX's cuDNN attention) is gated on that
+    kernel (:attr:`gate_pin`), and only that kernel's own "not supported" errors make its
+    cases ``unsupported`` (:attr:`kernel`).
     """
 
     name: str
@@ -143,6 +157,23 @@ class Row:
             return self.call  # module fixtures, or stepped through its KV cache (decode)
         return "flash" if self.target.endswith(":flash_attention") else "sdpa"
 
+    @property
+    def kernel(self) -> str | None:
+        """The kernel whose "not supported" messages this row may report as unsupported
+        (``runners.UNSUPPORTED``): ``torch_sdpa`` for a pinned SDPA backend, ``jax_cudnn``
+        for JAX's cuDNN attention, else None (every error is an error)."""
+        if self.call == "torch_sdpa" and self.backend is not None:
+            return "torch_sdpa"
+        if self.call in ("jax_dpa", "jax_decode") and self.backend == "cudnn":
+            return "jax_cudnn"
+        return None
+
+    @property
+    def gate_pin(self) -> str | None:
+        """The backend the gate forces (``torch_fused.pinned`` / ``jax_fused.pinned``), or
+        None for a row gated on its port as is."""
+        return self.backend if self.kernel is not None else None
+
     def resolve(self) -> Any:
         """Import the target. Raises ImportError/AttributeError when it does not exist (yet)."""
         module_name, _, attr = self.target.partition(":")
@@ -152,7 +183,10 @@ class Row:
         return obj
 
     def applies_to(self, w: Workload) -> bool:
-        """Whether the row is meant for workload ``w`` at all (op and head variant)."""
+        """Whether the row is meant for workload ``w`` at all (op and head variant; a window
+        only for the project's functions, the frameworks' kernels have no such keyword)."""
+        if w.window is not None and (self.call != "functional" or self.kind != "impl"):
+            return False
         return w.op == self.workloads and w.variant.split()[0] in self.variants
 
 
@@ -173,6 +207,8 @@ def _ratio(limit: float, ref: str = _TF) -> Goal:
 
 
 _HALF = Goal("causal", 0.6)  # causal at most 0.6x its own non-causal time
+_BAND = Goal("window", 0.15)  # a (256, 0) window at most 0.15x its own causal time at 8192
+_NF, _TFL = (_ratio(2.5), _HALF, _BAND), (_ratio(1.5), _HALF, _BAND)  # numpy, torch flash goals
 
 #: The registry, one line per row; order is the order of the table.
 ROWS: tuple[Row, ...] = (
@@ -181,9 +217,9 @@ ROWS: tuple[Row, ...] = (
     Row("torch sdpa", f"impl_torch.{_SDPA}", ref=_TF, goals=(_ratio(3.3),)),
     Row("jax sdpa", f"impl_jax.{_SDPA}", ref=_JF, goals=(Goal("faster", 1.0, _JF),)),
     # the tiled path (impl_*/flash.py)
-    Row("numpy flash", f"impl_numpy.{_FLASH}", ref=_TF, goals=(_ratio(2.5), _HALF), **_TILED),
-    Row("torch flash", f"impl_torch.{_FLASH}", ref=_TF, goals=(_ratio(1.5), _HALF), **_TILED),
-    Row("jax flash", f"impl_jax.{_FLASH}", ref=_JF, goals=(_HALF,), **_TILED),
+    Row("numpy flash", f"impl_numpy.{_FLASH}", ref=_TF, goals=_NF, **_TILED),
+    Row("torch flash", f"impl_torch.{_FLASH}", ref=_TF, goals=_TFL, **_TILED),
+    Row("jax flash", f"impl_jax.{_FLASH}", ref=_JF, goals=(_HALF, _BAND), **_TILED),
     # the project's modules (impl_*/modules.py): MultiHeadAttention on MHA, GQA on GQA/MQA
     Row("numpy MHA module", f"impl_numpy.{_MHA}", "module", ref="torch nn.MHA", **_MHA_MOD),
     Row("torch MHA module", f"impl_torch.{_MHA}", "module", ref="torch nn.MHA", **_MHA_MOD),

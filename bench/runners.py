@@ -11,7 +11,17 @@ Each framework's rules are handled here, once:
 
 Inputs are standard-normal, made by each framework on its own device from a fixed seed (so a
 GPU run never builds gigabytes on the host first); they differ between frameworks, which does
-not matter for timing.
+not matter for timing. JAX draws them with the ``rbg`` key (XLA's RngBitGenerator): the default
+threefry key compiles one XLA program per shape that takes seconds (13 s per shape on a busy
+2-core machine), the ``rbg`` one a fraction of that.
+
+``prepare`` looks up the row's call style in :data:`PREPARERS`, one function per style.
+
+Errors: a kernel that has no implementation for the inputs says so in its own words (torch's
+"No available kernel", cuDNN's "no execution plans support the graph", JAX's cuDNN checks'
+``NotImplementedError``); only those become ``unsupported`` (:data:`UNSUPPORTED`,
+:func:`classify_error`). Anything else a kernel raises, a cuDNN library failure included, is an
+``error``: it may be real breakage, and hiding it as "unsupported" would make it invisible.
 
 Decode rows time one KV-cache step at a fixed position P, every round the same work:
 
@@ -47,6 +57,7 @@ import dataclasses
 import functools
 import inspect
 import os
+import re
 import sys
 import time
 import tracemalloc
@@ -60,9 +71,12 @@ from bench.rows import Row
 from bench.workloads import Workload
 
 __all__ = [
+    "PREPARERS",
+    "UNSUPPORTED",
     "Prepared",
     "UnsupportedError",
     "classify_error",
+    "kernel_says_unsupported",
     "make_inputs",
     "peak_memory_numpy",
     "peak_memory_torch_cpu",
@@ -92,13 +106,33 @@ class Prepared:
     module: Any = None  # the project module a decode row steps (tests prefill its cache)
 
 
-#: Row.backend -> torch.nn.attention.SDPBackend member.
-_TORCH_BACKENDS = {
-    "math": "MATH",
-    "flash": "FLASH_ATTENTION",
-    "efficient": "EFFICIENT_ATTENTION",
-    "cudnn": "CUDNN_ATTENTION",
+#: Each kernel's own words for "no kernel for these inputs": (exception class name, regular
+#: expression over its message). Nothing else is ``unsupported``.
+UNSUPPORTED: dict[str, tuple[tuple[str, str], ...]] = {
+    "torch_sdpa": (
+        ("RuntimeError", r"No available kernel"),  # sdpa_kernel([...]) left no backend
+        ("RuntimeError", r"No viable backend"),  # the same, older torch
+        ("RuntimeError", r"[Nn]o (valid )?execution plans"),  # cuDNN frontend: no plan for it
+    ),
+    "jax_cudnn": (  # jax/_src/cudnn's applicability checks (dtype, head dim, lengths, arch)
+        ("NotImplementedError", r"must be|[Uu]nsupported|requires|only support"),
+    ),
 }
+
+
+def kernel_says_unsupported(kernel: str | None, type_name: str, message: str) -> bool:
+    """Whether an exception ``type_name: message`` is ``kernel``'s own "not supported"."""
+    return any(
+        type_name == name and re.search(pattern, message)
+        for name, pattern in UNSUPPORTED.get(kernel or "", ())
+    )
+
+
+def _jax_key(seed: int) -> Any:
+    """A JAX PRNG key of the ``rbg`` implementation (module docstring)."""
+    import jax
+
+    return jax.random.key(seed, impl="rbg")
 
 
 def _np_dtype(name: str) -> np.dtype:
@@ -140,7 +174,7 @@ def make_inputs(framework: str, w: Workload, fdevice: str, layout: str = "heads_
         import jax
 
         dev = jax.devices(fdevice)[0]
-        keys = jax.random.split(jax.random.key(0), len(shapes))
+        keys = jax.random.split(_jax_key(0), len(shapes))
         with jax.default_device(dev):
             return [jax.random.normal(k, s, dtype=w.dtype) for k, s in zip(keys, shapes)]
     raise ValueError(f"unknown framework {framework!r}")
@@ -279,7 +313,7 @@ def _construct(cls: type, framework: str, w: Workload, fdevice: str, gqa: bool) 
     if "rngs" in params:
         from flax import nnx
 
-        kw["rngs"] = nnx.Rngs(0)
+        kw["rngs"] = nnx.Rngs(_jax_key(0))
     if "rng" in params:
         kw["rng"] = np.random.default_rng(0)
     if "generator" in params:
@@ -307,109 +341,119 @@ def _nnx_jit(module: Any, is_causal: bool, causal_kw: str) -> Any:
     return jax.jit(apply), state
 
 
-def prepare(row: Row, w: Workload, fdevice: str) -> Prepared:
-    """Build the inputs and the timed callable of ``row`` on ``w`` (framework device ``fdevice``).
-
-    Raises UnsupportedError when a framework kernel has no implementation for the case;
-    any other exception is the row's own error.
-    """
-    fw, c = row.framework, w.is_causal
-    target = row.resolve()
-
-    if row.call == "functional":
-        if fw == "jax":
-            import jax
-
-            args = make_inputs("jax", w, fdevice)
-            jitted = jax.jit(functools.partial(target, is_causal=c))
-            return _with_inputs(_jax_prepared(jitted, args), args)
-        q, k, v = args = make_inputs(fw, w, fdevice)
-        fn = functools.partial(target, q, k, v, is_causal=c)
-        if fw == "numpy":
-            return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn), inputs=args)
-        return _with_inputs(_torch_prepared(fn, fdevice), args)
-
-    if row.call == "torch_sdpa":
-        from torch.nn.attention import SDPBackend, sdpa_kernel
-
-        q, k, v = args = make_inputs("torch", w, fdevice)
-        kw = {"is_causal": c, "enable_gqa": w.K != w.H}
-        if row.backend is None:  # torch's own dispatch
-            fn = functools.partial(target, q, k, v, **kw)
-        else:
-            backends = [getattr(SDPBackend, _TORCH_BACKENDS[row.backend])]
-
-            def fn():
-                with sdpa_kernel(backends):
-                    return target(q, k, v, **kw)
-
-        prepared = _with_inputs(_torch_prepared(fn, fdevice), args)
-        return _unsupported_on_probe(prepared, _NO_KERNEL)
-
-    if row.call == "jax_dpa":
+def _prepare_functional(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The project's heads-first function: ``fn(q, k, v, is_causal=..., [window=(W, 0)])`` (JAX
+    jitted)."""
+    fw = row.framework
+    kw = {"is_causal": w.is_causal} | ({} if w.window is None else {"window": (w.window, 0)})
+    if fw == "jax":
         import jax
 
-        args = make_inputs("jax", w, fdevice, layout="heads_second")
-        impl = row.backend
-        jitted = jax.jit(functools.partial(target, is_causal=c, implementation=impl))
-        try:
-            return _with_inputs(_jax_prepared(jitted, args), args, "heads_second")
-        except Exception as e:
-            if impl == "cudnn" and classify_error(e) != "oom":  # a dtype/shape cuDNN lacks
-                raise UnsupportedError(f"cuDNN attention: {e}") from e
-            raise
+        args = make_inputs("jax", w, fdevice)
+        jitted = jax.jit(functools.partial(target, **kw))
+        return _with_inputs(_jax_prepared(jitted, args), args)
+    q, k, v = args = make_inputs(fw, w, fdevice)
+    fn = functools.partial(target, q, k, v, **kw)
+    if fw == "numpy":
+        return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn), inputs=args)
+    return _with_inputs(_torch_prepared(fn, fdevice), args)
 
-    if row.call == "module":
-        gqa = row.target.endswith("GroupedQueryAttention")
-        module = _construct(target, fw, w, fdevice, gqa)
-        (x,) = make_inputs(fw, w, fdevice, layout="module")
-        if fw == "jax":
-            import jax
-            from flax import nnx
 
-            if isinstance(module, nnx.Module):
-                jitted, state = _nnx_jit(module, c, "is_causal")
-                args = [state, x]
-            else:
-                jitted, args = jax.jit(lambda x: module(x, is_causal=c)), [x]
-            return _with_inputs(_jax_prepared(jitted, args), args, "module")
-        fn = functools.partial(module, x, is_causal=c)
-        if fw == "numpy":
-            return Prepared(fn, lambda: peak_memory_numpy(fn), inputs=[x], layout="module")
-        return _with_inputs(_torch_prepared(fn, fdevice), [x], "module")
+def _prepare_torch_sdpa(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``F.scaled_dot_product_attention``, torch's dispatch or one backend forced."""
+    from conformance.ports.torch_fused import backend
 
-    if row.call == "torch_mha":
-        import torch
+    q, k, v = args = make_inputs("torch", w, fdevice)
+    kw = {"is_causal": w.is_causal, "enable_gqa": w.K != w.H}
 
-        m = target(w.M, w.H, batch_first=True, device=fdevice, dtype=getattr(torch, w.dtype))
-        m = m.eval()
-        (x,) = make_inputs("torch", w, fdevice, layout="module")
-        # nn.MultiheadAttention's bool mask is True = masked out; is_causal is a hint that
-        # needs the mask too; with need_weights=False it reaches SDPA as is_causal=True.
-        mask = torch.ones(w.L, w.S, dtype=torch.bool, device=fdevice).triu(1) if c else None
+    def fn():
+        with backend(row.backend):
+            return target(q, k, v, **kw)
 
-        def fn():  # (output, None) without weights
-            return m(x, x, x, need_weights=False, attn_mask=mask, is_causal=c)[0]
+    prepared = _with_inputs(_torch_prepared(fn, fdevice), args)
+    return _unsupported_on_probe(prepared, row.kernel)
 
-        return _with_inputs(_torch_prepared(fn, fdevice), [x], "module")
 
-    if row.call == "nnx_mha":
+def _prepare_jax_dpa(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``jax.nn.dot_product_attention(implementation=row.backend)`` on heads-second inputs."""
+    import jax
+
+    args = make_inputs("jax", w, fdevice, layout="heads_second")
+    impl = row.backend
+    jitted = jax.jit(functools.partial(target, is_causal=w.is_causal, implementation=impl))
+    try:
+        return _with_inputs(_jax_prepared(jitted, args), args, "heads_second")
+    except Exception as e:  # only the kernel's own "not supported" is unsupported
+        if kernel_says_unsupported(row.kernel, type(e).__name__, str(e)):
+            raise UnsupportedError(f"{type(e).__name__}: {e}".splitlines()[0]) from e
+        raise
+
+
+def _prepare_module(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The project's ``MultiHeadAttention`` / ``GroupedQueryAttention`` on ``x (B, L, M)``."""
+    fw, c = row.framework, w.is_causal
+    gqa = row.target.endswith("GroupedQueryAttention")
+    module = _construct(target, fw, w, fdevice, gqa)
+    (x,) = make_inputs(fw, w, fdevice, layout="module")
+    if fw == "jax":
+        import jax
         from flax import nnx
 
-        module = target(
-            num_heads=w.H, in_features=w.M, qkv_features=w.H * w.D, out_features=w.M,
-            dtype=w.dtype, param_dtype=w.dtype, decode=False, rngs=nnx.Rngs(0),
-            **({"num_kv_heads": w.K} if w.K != w.H else {}),
-        )  # fmt: skip
-        (x,) = make_inputs("jax", w, fdevice, layout="module")
-        jitted, state = _nnx_jit(module, c, "is_causal")
-        args = [state, x]
+        if isinstance(module, nnx.Module):
+            jitted, state = _nnx_jit(module, c, "is_causal")
+            args = [state, x]
+        else:
+            jitted, args = jax.jit(lambda x: module(x, is_causal=c)), [x]
         return _with_inputs(_jax_prepared(jitted, args), args, "module")
+    fn = functools.partial(module, x, is_causal=c)
+    if fw == "numpy":
+        return Prepared(fn, lambda: peak_memory_numpy(fn), inputs=[x], layout="module")
+    return _with_inputs(_torch_prepared(fn, fdevice), [x], "module")
 
-    if row.call in ("decode", "torch_decode", "jax_decode"):
-        return _prepare_decode(row, target, w, fdevice)
 
-    raise ValueError(f"row {row.name!r}: unknown call style {row.call!r}")
+def _prepare_torch_mha(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``torch.nn.MultiheadAttention`` with its fast path off, so that its attention is
+    ``F.scaled_dot_product_attention`` (with ``is_causal`` for causal workloads).
+
+    In inference mode the module's fast path (``torch._native_multi_head_attention``) takes a
+    causal mask to ``_masked_softmax``, which builds the full ``(B, H, L, S)`` scores; on the
+    slow path, with ``need_weights=False``, the mask becomes SDPA's ``is_causal=True`` (the
+    mask is then a hint only), a fused kernel that skips masked blocks, as the row says.
+    """
+    import torch
+    from torch.backends import mha
+
+    c = w.is_causal
+    m = target(w.M, w.H, batch_first=True, device=fdevice, dtype=getattr(torch, w.dtype))
+    m = m.eval()
+    (x,) = make_inputs("torch", w, fdevice, layout="module")
+    # nn.MultiheadAttention's bool mask is True = masked out; is_causal is a hint that needs it
+    mask = torch.ones(w.L, w.S, dtype=torch.bool, device=fdevice).triu(1) if c else None
+
+    def fn():  # (output, None) without weights
+        enabled = mha.get_fastpath_enabled()
+        mha.set_fastpath_enabled(False)
+        try:
+            return m(x, x, x, need_weights=False, attn_mask=mask, is_causal=c)[0]
+        finally:
+            mha.set_fastpath_enabled(enabled)
+
+    return _with_inputs(_torch_prepared(fn, fdevice), [x], "module")
+
+
+def _prepare_nnx_mha(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``flax.nnx.MultiHeadAttention`` (GQA through ``num_kv_heads``), jitted split/merge."""
+    from flax import nnx
+
+    module = target(
+        num_heads=w.H, in_features=w.M, qkv_features=w.H * w.D, out_features=w.M,
+        dtype=w.dtype, param_dtype=w.dtype, decode=False, rngs=nnx.Rngs(_jax_key(0)),
+        **({"num_kv_heads": w.K} if w.K != w.H else {}),
+    )  # fmt: skip
+    (x,) = make_inputs("jax", w, fdevice, layout="module")
+    jitted, state = _nnx_jit(module, w.is_causal, "is_causal")
+    args = [state, x]
+    return _with_inputs(_jax_prepared(jitted, args), args, "module")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -417,57 +461,62 @@ def prepare(row: Row, w: Workload, fdevice: str) -> Prepared:
 
 
 def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
-    """One KV-cache decode step of ``w`` (a token ``x (B, 1, M)`` after P cached tokens)."""
+    """One KV-cache step of the project's ``GroupedQueryAttention.decode``: a token
+    ``x (B, 1, M)`` after P cached tokens, in a cache of the module's own type."""
     fw, P = row.framework, w.P
-    if row.call == "decode":  # the project's GroupedQueryAttention.decode
-        module = _construct(target, fw, w, fdevice, gqa=True)
-        x, key, value = make_inputs(fw, w, fdevice, layout="decode")
-        # a cache at position P: the module's own KVCache type, buffers of S = P + 1 tokens
-        cache = dataclasses.replace(module.init_cache(w.B, 1), key=key, value=value, position=P)
-        if fw == "jax":
-            from flax import nnx
+    module = _construct(target, fw, w, fdevice, gqa=True)
+    x, key, value = make_inputs(fw, w, fdevice, layout="decode")
+    # a cache at position P: the module's own KVCache type, buffers of S = P + 1 tokens
+    cache = dataclasses.replace(module.init_cache(w.B, 1), key=key, value=value, position=P)
+    if fw == "jax":
+        from flax import nnx
 
-            graphdef, state = nnx.split(module)
+        graphdef, state = nnx.split(module)
 
-            def step(state, x, cache):  # -> (y (B, 1, M), the cache at P + 1)
-                return nnx.merge(graphdef, state).decode(x, cache)
+        def step(state, x, cache):  # -> (y (B, 1, M), the cache at P + 1)
+            return nnx.merge(graphdef, state).decode(x, cache)
 
-            def carry(args: list, out: Any) -> Any:  # the written buffers, back at P
-                args[2] = dataclasses.replace(out[1], position=P)
-                return out[0]
+        def carry(args: list, out: Any) -> Any:  # the written buffers, back at P
+            args[2] = dataclasses.replace(out[1], position=P)
+            return out[0]
 
-            args = [state, x, cache]
-            prepared = _jax_donating(step, args, carry, donate=(2,))
-        else:
-            args = [x, cache]
+        args = [state, x, cache]
+        prepared = _jax_donating(step, args, carry, donate=(2,))
+    else:
+        args = [x, cache]
 
-            def fn():  # the cache at P + 1 that decode returns is dropped: args[1] stays at P
-                return module.decode(args[0], args[1])[0]
+        def fn():  # the cache at P + 1 that decode returns is dropped: args[1] stays at P
+            return module.decode(args[0], args[1])[0]
 
-            prepared = _host_or_torch(fn, fw, fdevice)
-        prepared.module = module
-        return _with_inputs(prepared, args, "decode")
+        prepared = _host_or_torch(fn, fw, fdevice)
+    prepared.module = module
+    return _with_inputs(prepared, args, "decode")
 
-    B, H, K, D, E = w.B, w.H, w.K, w.D, w.E
-    if row.call == "torch_decode":  # the same step with torch ops around F.sdpa
-        x, ck, cv = make_inputs("torch", w, fdevice, layout="decode")
-        params = _projection_weights("torch", w, fdevice)
 
-        def fn():
-            wq, bq, wk, bk, wv, bv, wo, bo = params
-            q = (x @ wq + bq).view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
-            k = (x @ wk + bk).view(B, 1, K, D).transpose(1, 2)  # (B, K, 1, D)
-            v = (x @ wv + bv).view(B, 1, K, E).transpose(1, 2)  # (B, K, 1, E)
-            ck[:, :, P : P + 1] = k  # the cache write at position P, in place
-            cv[:, :, P : P + 1] = v
-            # one query: bottom-right causal allows all S = P + 1 keys, so no mask
-            out = target(q, ck[:, :, : P + 1], cv[:, :, : P + 1], enable_gqa=K != H)
-            return out.transpose(1, 2).reshape(B, 1, H * E) @ wo + bo  # (B, 1, M)
+def _prepare_torch_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The same step with torch ops around ``F.scaled_dot_product_attention``."""
+    B, H, K, D, E, P = w.B, w.H, w.K, w.D, w.E, w.P
+    x, ck, cv = make_inputs("torch", w, fdevice, layout="decode")
+    params = _projection_weights("torch", w, fdevice)
 
-        prepared = _torch_prepared(fn, fdevice)
-        return _with_inputs(prepared, [params, x, ck, cv], "decode")
+    def fn():
+        wq, bq, wk, bk, wv, bv, wo, bo = params
+        q = (x @ wq + bq).view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+        k = (x @ wk + bk).view(B, 1, K, D).transpose(1, 2)  # (B, K, 1, D)
+        v = (x @ wv + bv).view(B, 1, K, E).transpose(1, 2)  # (B, K, 1, E)
+        ck[:, :, P : P + 1] = k  # the cache write at position P, in place
+        cv[:, :, P : P + 1] = v
+        # one query: bottom-right causal allows all S = P + 1 keys, so no mask
+        out = target(q, ck[:, :, : P + 1], cv[:, :, : P + 1], enable_gqa=K != H)
+        return out.transpose(1, 2).reshape(B, 1, H * E) @ wo + bo  # (B, 1, M)
 
-    # jax_decode: the same step with jnp ops around jax.nn.dot_product_attention (heads second)
+    prepared = _torch_prepared(fn, fdevice)
+    return _with_inputs(prepared, [params, x, ck, cv], "decode")
+
+
+def _prepare_jax_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The same step with jnp ops around ``jax.nn.dot_product_attention`` (heads second)."""
+    B, H, K, D, E, P = w.B, w.H, w.K, w.D, w.E, w.P
     x, ck, cv = make_inputs("jax", w, fdevice, layout="decode_heads_second")
     params = _projection_weights("jax", w, fdevice)
 
@@ -490,6 +539,32 @@ def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepare
     return _with_inputs(prepared, args, "decode_heads_second")
 
 
+#: Row.call -> the function that builds its inputs and timed callable (rows.py's docstring).
+PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
+    "functional": _prepare_functional,
+    "torch_sdpa": _prepare_torch_sdpa,
+    "jax_dpa": _prepare_jax_dpa,
+    "module": _prepare_module,
+    "torch_mha": _prepare_torch_mha,
+    "nnx_mha": _prepare_nnx_mha,
+    "decode": _prepare_decode,
+    "torch_decode": _prepare_torch_decode,
+    "jax_decode": _prepare_jax_decode,
+}
+
+
+def prepare(row: Row, w: Workload, fdevice: str) -> Prepared:
+    """Build the inputs and the timed callable of ``row`` on ``w`` (framework device ``fdevice``).
+
+    Raises UnsupportedError when a framework kernel has no implementation for the case (in its
+    own words, :data:`UNSUPPORTED`); any other exception is the row's own error.
+    """
+    preparer = PREPARERS.get(row.call)
+    if preparer is None:
+        raise ValueError(f"row {row.name!r}: unknown call style {row.call!r}; {sorted(PREPARERS)}")
+    return preparer(row, row.resolve(), w, fdevice)
+
+
 def _projection_weights(framework: str, w: Workload, fdevice: str) -> list:
     """``wq (M, H*D), bq, wk (M, K*D), bk, wv (M, K*E), bv, wo (H*E, M), bo``: normal / sqrt(M)
     kernels and biases in the canonical ``x @ W + b`` layout (seed 1)."""
@@ -504,7 +579,7 @@ def _projection_weights(framework: str, w: Workload, fdevice: str) -> list:
         return [torch.randn(s, generator=g, device=fdevice, dtype=dt) * scale for s in shapes]
     import jax
 
-    keys = jax.random.split(jax.random.key(1), len(shapes))
+    keys = jax.random.split(_jax_key(1), len(shapes))
     with jax.default_device(jax.devices(fdevice)[0]):
         return [jax.random.normal(k, s, dtype=w.dtype) * scale for k, s in zip(keys, shapes)]
 
@@ -542,30 +617,40 @@ def _with_inputs(prepared: Prepared, inputs: list, layout: str = "heads_first") 
     return prepared
 
 
-#: What torch says when the pinned SDPA backend has no kernel for the inputs (by version).
-_NO_KERNEL = ("No available kernel", "No viable backend")
-
-
-def _unsupported_on_probe(prepared: Prepared, markers: tuple[str, ...]) -> Prepared:
-    """Run one call now, turning a framework's "no kernel for this" error into UnsupportedError."""
+def _unsupported_on_probe(prepared: Prepared, kernel: str | None) -> Prepared:
+    """Run one call now, turning the kernel's own "no kernel for this" into UnsupportedError."""
     try:
         prepared.call()
-    except RuntimeError as e:
-        if any(m in str(e) for m in markers):
+    except Exception as e:
+        if kernel_says_unsupported(kernel, type(e).__name__, str(e)):
             raise UnsupportedError(str(e).strip().splitlines()[0]) from e
         raise
     return prepared
 
 
-def prepare_matmul(framework: str, dtype: str, n: int, fdevice: str) -> Prepared:
-    """An ``(n, n) @ (n, n)`` matmul in ``framework`` (2 n^3 FLOPs): the device's peak."""
+def jax_matmul(precision: str) -> Callable[[Any, Any], Any]:
+    """``jnp.matmul`` at ``precision``: ``highest`` (IEEE float32) or ``tf32``."""
+    import jax
+    import jax.numpy as jnp
+
+    p = jax.lax.Precision.HIGHEST if precision == "highest" else "tensorfloat32"
+    return functools.partial(jnp.matmul, precision=p)
+
+
+def prepare_matmul(
+    framework: str, dtype: str, n: int, fdevice: str, precision: str = "highest"
+) -> Prepared:
+    """An ``(n, n) @ (n, n)`` matmul in ``framework`` (2 n^3 FLOPs): the device's peak.
+
+    ``precision`` matters for float32 only: ``highest`` runs IEEE float32 (torch with TF32 off,
+    JAX at HIGHEST), the precision the project's rows use; ``tf32`` allows TF32 (``--tf32 on``).
+    """
     w = Workload("attention", 1, 1, 1, n, n, n, n, False, dtype)
     if framework == "jax":
         import jax
-        import jax.numpy as jnp
 
         a, b, _ = make_inputs("jax", w, fdevice)
-        return _jax_prepared(jax.jit(jnp.matmul), [a[0, 0], b[0, 0]])
+        return _jax_prepared(jax.jit(jax_matmul(precision)), [a[0, 0], b[0, 0]])
     a, b, _ = make_inputs(framework, w, fdevice)
     a, b = a[0, 0], b[0, 0]
     if framework == "numpy":
@@ -573,11 +658,21 @@ def prepare_matmul(framework: str, dtype: str, n: int, fdevice: str) -> Prepared
         return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn))
     import torch
 
-    return _torch_prepared(functools.partial(torch.matmul, a, b), fdevice)
+    from conformance.ports.precision import torch_ieee_float32
+
+    scope = torch_ieee_float32 if precision == "highest" else contextlib.nullcontext
+
+    def fn():
+        with scope():
+            return torch.matmul(a, b)
+
+    return _torch_prepared(fn, fdevice)
 
 
-def classify_error(e: BaseException) -> str:
-    """``unsupported``, ``oom`` or ``error`` for an exception raised while preparing or timing."""
+def classify_error(e: BaseException, kernel: str | None = None) -> str:
+    """``unsupported``, ``oom`` or ``error`` for an exception raised while preparing or timing
+    a row whose kernel (``Row.kernel``) is ``kernel``: unsupported only in the kernel's own
+    words (:data:`UNSUPPORTED`)."""
     if isinstance(e, UnsupportedError):
         return "unsupported"
     if isinstance(e, MemoryError):
@@ -585,4 +680,6 @@ def classify_error(e: BaseException) -> str:
     text = f"{type(e).__name__}: {e}"
     if "OutOfMemoryError" in text or "RESOURCE_EXHAUSTED" in text or "out of memory" in text:
         return "oom"
+    if kernel_says_unsupported(kernel, type(e).__name__, str(e)):
+        return "unsupported"
     return "error"

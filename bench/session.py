@@ -2,9 +2,11 @@
 
 ``python -m bench`` builds a :class:`BenchSession` and hands it to ``pytest.main`` as a plugin;
 ``bench/bench_attention.py`` parametrizes one pytest-benchmark test over ``session.cases`` and
-calls :meth:`BenchSession.run_case` for each. Running ``pytest bench/bench_attention.py``
-directly builds the session from ``--bench-device`` / ``--bench-grid`` (``bench/conftest.py``),
-so pytest-benchmark's own options (``--benchmark-autosave``, ``--benchmark-compare``) work too.
+calls :meth:`BenchSession.run_case` for each, then one test over ``session.goal_cases`` that
+calls :meth:`BenchSession.run_goal` (each goal's two calls timed interleaved, ``bench/goals.py``).
+Running ``pytest bench/bench_attention.py`` directly builds the session from
+``--bench-device`` / ``--bench-grid`` (options of ``bench/conftest.py``), so pytest-benchmark's
+own options (``--benchmark-autosave``, ``--benchmark-compare``) work too.
 
 Each case ends as one :class:`Record`. Statuses:
 
@@ -19,8 +21,8 @@ Each case ends as one :class:`Record`. Statuses:
 
 from __future__ import annotations
 
+import dataclasses
 import gc
-import importlib
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -28,11 +30,18 @@ from typing import Any
 
 import pytest
 
-from bench import runners
-from bench.devices import available_memory_bytes, cpu_snapshot, framework_device, others_share
+from bench import goals, runners
+from bench.devices import (
+    cpu_snapshot,
+    float32_precision,
+    framework_device,
+    memory_budgets,
+    others_share,
+    peak_key,
+)
 from bench.gate import GateCache, GateResult
-from bench.rows import ROWS, Row
-from bench.workloads import Workload
+from bench.rows import ROWS, Goal, Row
+from bench.workloads import GOAL_WORKLOAD, Workload
 
 __all__ = [
     "HOST_LIMIT",
@@ -42,9 +51,8 @@ __all__ = [
     "Case",
     "Record",
     "build_cases",
+    "build_goal_cases",
     "estimate_bytes",
-    "gate_overlay",
-    "peak_key",
 ]
 
 SESSION_KEY = pytest.StashKey["BenchSession"]()
@@ -60,14 +68,10 @@ _FRAMEWORKS = ("numpy", "torch", "jax")
 _STATS = ("min", "max", "mean", "stddev", "median", "iqr", "q1", "q3", "rounds")
 
 
-def peak_key(fdevice: str) -> str:
-    """The device class a framework device belongs to (``gpu`` and ``cuda`` are one)."""
-    return "cuda" if fdevice in ("cuda", "gpu") else fdevice
-
-
 @dataclass
 class Case:
-    """One pytest-benchmark test: a row on a workload, or a peak matmul (``kind="peak"``)."""
+    """One test: a row on a workload (``kind="row"``), a peak matmul (``kind="peak"``), or a
+    goal whose two calls ``pair`` are timed interleaved (``kind="goal"``)."""
 
     id: str
     kind: str
@@ -78,6 +82,8 @@ class Case:
     dtype: str | None = None
     n: int | None = None
     skip: tuple[str, str] | None = None  # (status, reason) decided before running
+    goal: Goal | None = None
+    pair: tuple[tuple[Row, Workload, str | None], ...] = ()  # (row, workload, fdevice) A, B
 
 
 @dataclass
@@ -102,6 +108,7 @@ class Record:
     iterations: int | None = None
     matmul: dict[str, Any] | None = None
     contention: float | None = None  # share of the CPUs other processes used while timing
+    goal: dict[str, Any] | None = None  # a goal case: the pair, the per-round ratios, spread
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -137,19 +144,22 @@ def build_cases(
     rows: tuple[Row, ...] = ROWS,
     *,
     fdevice_of: Callable[[str, str], str | None] = framework_device,
-    memory_bytes: int | None = None,
+    memory_bytes: int | dict[str, int | None] | None = None,
     resolve_error: Callable[[Row], str | None] = _resolve_error,
 ) -> list[Case]:
     """All cases of a run, framework by framework (numpy, torch, jax), each framework's peak
     matmuls first, then workload by workload. Cases that cannot run carry ``skip``.
 
     Rows not meant for ``device`` (``row.devices``) are left out; rows whose code is missing
-    get one ``n/a`` case per workload so the report shows them.
+    get one ``n/a`` case per workload so the report shows them. ``memory_bytes``: what a
+    workload may use, one number or one per framework (``devices.memory_budgets``: JAX on a
+    GPU is held to XLA's own limit, not to what torch sees free).
     """
     dtypes = sorted({w.dtype for w in workloads}, key=["float32", "bfloat16", "float16"].index)
     cases: list[Case] = []
     for fw in _FRAMEWORKS:
         fdev = fdevice_of(fw, device)
+        budget = memory_bytes.get(fw) if isinstance(memory_bytes, dict) else memory_bytes
         fw_rows = [r for r in rows if r.framework == fw and device in r.devices]
         if fdev is not None and fw_rows:
             for dt in dtypes if fw != "numpy" else ["float32"]:
@@ -174,39 +184,66 @@ def build_cases(
                     skip = ("skipped", "host NumPy on an accelerator run: float32, L*S <= 4096^2")
                 elif r.kind == "impl" and device != "cpu" and w.L * w.S > IMPL_ACCEL_LIMIT:
                     skip = ("skipped", "project rows on an accelerator: L*S <= 32768^2")
-                elif memory_bytes is not None and estimate_bytes(r, w) > 0.9 * memory_bytes:
-                    need, have = estimate_bytes(r, w) / 2**30, memory_bytes / 2**30
-                    skip = ("skipped", f"needs ~{need:.1f} GiB, {have:.1f} GiB free")
+                elif budget is not None and estimate_bytes(r, w) > 0.9 * budget:
+                    need, have = estimate_bytes(r, w) / 2**30, budget / 2**30
+                    skip = ("skipped", f"needs ~{need:.1f} GiB, {have:.1f} GiB free for {fw}")
                 cases.append(Case(_case_id(r.name, w.id), "row", fw, fdev, r, w, skip=skip))
+    return cases
+
+
+def build_goal_cases(
+    device: str,
+    workloads: list[Workload],
+    rows: tuple[Row, ...] = ROWS,
+    *,
+    fdevice_of: Callable[[str, str], str | None] = framework_device,
+    resolve_error: Callable[[Row], str | None] = _resolve_error,
+) -> list[Case]:
+    """One case per performance goal whose two calls this run has: both rows selected, both
+    workloads in the grid, and a CPU run (the goals are stated for CPU float32)."""
+    if device != "cpu":
+        return []
+    by_name = {r.name: r for r in rows}
+    cases = []
+    for row in rows:
+        for goal in row.goals:
+            w = goal.workload()
+            if goal.kind == "causal":
+                pair = ((row, w), (row, dataclasses.replace(w, is_causal=False)))
+            elif goal.kind == "window":  # its two calls are its own, in a CPU goal-bearing grid
+                pair = ((row, w), (row, dataclasses.replace(w, window=None)))
+                if GOAL_WORKLOAD not in workloads:
+                    continue
+            else:
+                pair = ((row, w), (by_name.get(goal.ref), w))
+            if goal.kind != "window" and any(r is None or wl not in workloads for r, wl in pair):
+                continue
+            full = tuple((r, wl, fdevice_of(r.framework, device)) for r, wl in pair)
+            missing = [e for e in (resolve_error(r) for r, _ in pair) if e]
+            skip = ("n/a", missing[0]) if missing else None
+            cid = _case_id("goal", row.name, goal.text())
+            cases.append(Case(cid, "goal", row.framework, full[0][2], row, w, skip=skip,
+                              goal=goal, pair=full))  # fmt: skip
     return cases
 
 
 def _summary(rec: Record) -> str:
     """One line for a finished case: ``numpy sdpa | attention.mha... | ok 12.3 ms``."""
     what = f"{rec.row} | {rec.workload['label'] if rec.workload else rec.case_id}"
+    if rec.kind == "goal" and rec.status == "ok" and rec.goal:
+        q = rec.goal["ratio"]
+        return (
+            f"goal {rec.row} {rec.goal['text']} | {q['median']:.2f}x "
+            f"(IQR {q['q1']:.2f}-{q['q3']:.2f}, {rec.goal['rounds']} rounds) {rec.goal['status']}"
+            + (
+                f", peak {rec.goal['a_peak_bytes'] / 2**20:.1f} MiB"
+                if rec.goal.get("a_peak_bytes") is not None
+                else ""
+            )
+        )
     if rec.status == "ok" and rec.stats:
         return f"{what} | ok {rec.stats['median'] * 1e3:.3g} ms"
     return f"{what} | {rec.status}: {rec.reason[:100]}"
-
-
-#: conformance's function aliases and the port attribute each one calls.
-_ALIAS_ATTRIBUTE = {"sdpa": "scaled_dot_product_attention", "flash": "flash_attention"}
-
-
-def gate_overlay(row: Row) -> dict[str, Any] | None:
-    """For a project row whose package does not export the gated function yet (e.g.
-    ``impl_torch.flash:flash_attention`` before ``impl_torch/__init__`` does), the function to
-    attach to the port, so the gate checks exactly the code that is timed."""
-    attr = row.target.partition(":")[2]
-    if row.kind != "impl" or row.gate is not None or _ALIAS_ATTRIBUTE.get(row.gate_alias) != attr:
-        return None
-    try:
-        package = importlib.import_module(row.package)
-        if hasattr(package, attr):
-            return None
-        return {attr: row.resolve()}
-    except Exception:  # the row is n/a anyway; let the gate report what it finds
-        return None
 
 
 class BenchSession:
@@ -222,6 +259,11 @@ class BenchSession:
         echo: called with one line per finished case (for logs, where a live display is not
             possible), or None.
         cases: a prebuilt plan (tests); built from the arguments otherwise.
+        goal_cases: prebuilt goal cases (tests); built from the arguments otherwise.
+        tf32: the run's ``--tf32`` (the precision of the float32 peak matmul).
+        goal_rounds, goal_sample_s, goal_max_s: rounds of each goal's interleaved timing (at
+            least 5), the shortest sample, and the seconds after which no round beyond the
+            fifth starts (``goals.interleave``).
     """
 
     def __init__(
@@ -235,6 +277,11 @@ class BenchSession:
         progress: Any = None,
         echo: Callable[[str], None] | None = None,
         cases: list[Case] | None = None,
+        goal_cases: list[Case] | None = None,
+        tf32: str = "default",
+        goal_rounds: int = goals.MIN_ROUNDS,
+        goal_sample_s: float = 0.005,
+        goal_max_s: float | None = None,
     ) -> None:
         self.device = device
         self.grid = grid
@@ -243,14 +290,28 @@ class BenchSession:
         self.gates = gates or GateCache()
         self.progress = progress
         self.echo = echo
+        self.tf32 = tf32
+        self.goal_rounds = goal_rounds
+        self.goal_sample_s = goal_sample_s
+        self.goal_max_s = goal_max_s
         self._done = 0
         self._task = None
         if cases is None:
-            memory = available_memory_bytes(device)
-            cases = build_cases(device, workloads, rows, memory_bytes=memory)
+            cases = build_cases(device, workloads, rows, memory_bytes=memory_budgets(device))
+        if goal_cases is None:
+            goal_cases = build_goal_cases(device, workloads, rows)
         self.cases = cases
+        self.goal_cases = goal_cases
         self.records: dict[str, Record] = {}
         self.started = time.time()
+        #: ``time.monotonic()`` after which no case starts (``--budget-s``); None: no limit.
+        self.deadline: float | None = None
+
+    def _over_budget(self, case: Case) -> None:
+        """Record and skip ``case`` when the run's time budget is spent."""
+        if self.deadline is not None and time.monotonic() > self.deadline:
+            self._record(case, "skipped", "the run's time budget (--budget-s) was spent")
+            pytest.skip("time budget spent")
 
     # ----------------------------------------------------------------------------- pytest hooks
 
@@ -267,19 +328,19 @@ class BenchSession:
         if self.progress is not None and self._task is not None:
             self.progress.advance(self._task)
         if self.echo is not None:
-            case_id = nodeid.partition("[")[2][:-1]  # test_attention[<case id>]
+            case_id = nodeid.partition("[")[2][:-1]  # test_attention[<case id>], test_goal[...]
             rec = self.records.get(case_id)
             if rec is not None:
-                self.echo(f"[{self._done}/{len(self.cases)}] {_summary(rec)}")
+                total = len(self.cases) + len(self.goal_cases)
+                self.echo(f"[{self._done}/{total}] {_summary(rec)}")
 
     def _phase(self, case: Case, phase: str) -> None:
         if self.progress is None or self._task is None:
             return
-        what = (
-            f"peak matmul {case.framework} {case.dtype} n={case.n}"
-            if case.kind == "peak"
-            else f"{case.row.name} · {case.workload.label}"
-        )
+        what = {
+            "peak": lambda: f"peak matmul {case.framework} {case.dtype} n={case.n}",
+            "goal": lambda: f"goal {case.row.name} {case.goal.text()}",
+        }.get(case.kind, lambda: f"{case.row.name} · {case.workload.label}")()
         from rich.markup import escape
 
         self.progress.update(self._task, description=f"{escape(what)} [dim]({phase})[/dim]")
@@ -287,10 +348,15 @@ class BenchSession:
     # ----------------------------------------------------------------------------- running
 
     def gate_for(self, case: Case) -> GateResult:
-        """The gate result of a row case (run once per port/op/device)."""
-        row = case.row
-        device = peak_key(case.fdevice or self.device)
-        return self.gates.check(row.gate_port, row.gate_alias, device, overlay=gate_overlay(row))
+        """The gate result of a row case (run once per port/op/device/pin)."""
+        return self._gate(case.row, case.fdevice)
+
+    def _gate(self, row: Row, fdevice: str | None) -> GateResult:
+        device = peak_key(fdevice or self.device)
+        return self.gates.check(row.gate_port, row.gate_alias, device, row.gate_pin)
+
+    def _matmul_precision(self, dtype: str) -> str:
+        return float32_precision(self.tf32) if dtype == "float32" else "native"
 
     def _record(self, case: Case, status: str, reason: str = "", **kw: Any) -> Record:
         row = case.row
@@ -319,11 +385,15 @@ class BenchSession:
         if case.skip is not None:
             self._record(case, *case.skip)
             pytest.skip(case.skip[1])
+        self._over_budget(case)
         extra: dict[str, Any] = {}
         if case.kind == "row":
             self._phase(case, "gate")
             gate = self.gate_for(case)
             extra["gate"] = gate.to_dict()
+            if gate.status == "unsupported":  # the pinned kernel takes none of its fixtures
+                self._record(case, "unsupported", f"gate: {gate.detail}", **extra)
+                pytest.skip(f"unsupported: {gate.detail}")
             if not gate.ok:
                 self._record(case, "failed", f"correctness gate: {gate.detail}", **extra)
                 pytest.skip(f"correctness gate did not pass: {gate.detail}")
@@ -331,8 +401,12 @@ class BenchSession:
         prepared = None
         try:
             if case.kind == "peak":
-                prepared = runners.prepare_matmul(case.framework, case.dtype, case.n, case.fdevice)
-                extra["matmul"] = {"n": case.n, "dtype": case.dtype, "flops": 2 * case.n**3}
+                precision = self._matmul_precision(case.dtype)
+                prepared = runners.prepare_matmul(
+                    case.framework, case.dtype, case.n, case.fdevice, precision
+                )
+                extra["matmul"] = {"n": case.n, "dtype": case.dtype, "flops": 2 * case.n**3,
+                                   "precision": precision}  # fmt: skip
             else:
                 prepared = runners.prepare(case.row, case.workload, case.fdevice)
             extra["compile_s"] = prepared.compile_s
@@ -361,7 +435,7 @@ class BenchSession:
         except pytest.skip.Exception:
             raise
         except Exception as e:
-            status = runners.classify_error(e)
+            status = runners.classify_error(e, case.row.kernel if case.row else None)
             self._record(case, status, f"{type(e).__name__}: {e}".splitlines()[0][:300], **extra)
             if status == "error" and (case.row is None or case.row.kind == "impl"):
                 raise
@@ -380,6 +454,55 @@ class BenchSession:
             iterations=int(stats.iterations),
             **extra,
         )
+
+    def run_goal(self, case: Case) -> None:
+        """Gate both calls of a goal, then time them interleaved (``goals.interleave``) and
+        record the per-round ratios. Untimed outcomes end the test with ``pytest.skip``."""
+        if case.skip is not None:
+            self._record(case, *case.skip)
+            pytest.skip(case.skip[1])
+        self._over_budget(case)
+        (row_a, w_a, dev_a), (row_b, w_b, dev_b) = case.pair
+        info: dict[str, Any] = {
+            "kind": case.goal.kind,
+            "limit": case.goal.limit,
+            "ref": case.goal.ref,
+            "text": case.goal.text(),
+            "a": {"row": row_a.name, "workload": w_a.id},
+            "b": {"row": row_b.name, "workload": w_b.id},
+        }
+        self._phase(case, "gate")
+        for row, dev in ((row_a, dev_a), (row_b, dev_b)):
+            gate = self._gate(row, dev)
+            if not gate.ok:
+                self._record(case, "failed", f"{row.name}: gate {gate.status}: {gate.detail}",
+                             gate=gate.to_dict(), goal=info)  # fmt: skip
+                pytest.skip(f"correctness gate of {row.name} did not pass")
+        self._phase(case, "interleaved timing")
+        prepared = []
+        try:
+            prepared = [runners.prepare(row_a, w_a, dev_a), runners.prepare(row_b, w_b, dev_b)]
+            before = cpu_snapshot()
+            timing = goals.interleave(
+                prepared[0].call, prepared[1].call,
+                rounds=self.goal_rounds, min_sample_s=self.goal_sample_s, max_s=self.goal_max_s,
+            )  # fmt: skip
+            contention = others_share(before, cpu_snapshot())
+            if case.goal.kind == "window":  # the issue's second number: the window's memory
+                info["a_peak_bytes"], info["a_memory_method"] = prepared[0].memory()
+        except Exception as e:
+            status = runners.classify_error(e)
+            self._record(case, status, f"{type(e).__name__}: {e}".splitlines()[0][:300], goal=info)
+            if status == "error":
+                raise
+            pytest.skip(f"{status}: {e}")
+        finally:
+            del prepared
+            gc.collect()
+        summary = timing.summary()
+        q = summary["ratio"]
+        info.update(summary, status=goals.decide(case.goal.kind, case.goal.limit, q["q1"], q["q3"]))
+        self._record(case, "ok", contention=contention, goal=info)
 
     @staticmethod
     def _time(benchmark: Any, call: Callable[[], Any], first_s: float) -> None:
@@ -409,13 +532,13 @@ class BenchSession:
 
     def record_unrun(self) -> None:
         """Cases pytest never ran (deselected, interrupted) become ``error`` records."""
-        for case in self.cases:
+        for case in self.cases + self.goal_cases:
             if case.id not in self.records:
                 self._record(case, "error", "not run (pytest did not reach it)")
 
     def ordered_records(self) -> list[Record]:
-        """Records in plan order."""
-        return [self.records[c.id] for c in self.cases if c.id in self.records]
+        """Records in plan order (the goals last)."""
+        return [self.records[c.id] for c in self.cases + self.goal_cases if c.id in self.records]
 
     def gate_results(self) -> list[dict]:
         return [g.to_dict() for g in self.gates.results.values()]

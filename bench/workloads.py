@@ -24,6 +24,7 @@ __all__ = [
     "DTYPE_BYTES",
     "GOAL_WORKLOAD",
     "GRIDS",
+    "WINDOW_GOAL_WORKLOAD",
     "Workload",
     "allowed_pairs",
     "attention_flops",
@@ -40,12 +41,16 @@ _SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f1
 def allowed_pairs(L: int, S: int, *, is_causal: bool, alignment: str = "top_left") -> int:
     """Number of (query i, key j) pairs the causal rule allows, out of ``L * S``.
 
-    ``top_left``: ``j <= i``; ``bottom_right``: ``j <= i + (S - L)`` (SEMANTICS.md step 5).
-    Row i keeps ``clamp(i + offset + 1, 0, S)`` keys; the sum is taken in closed form.
+    ``top_left``: ``j <= i``; ``bottom_right``: ``j <= i + (S - L)`` (SEMANTICS.md step 4).
     """
     if not is_causal:
         return L * S
-    offset = 0 if alignment == "top_left" else S - L
+    return _pairs_up_to_diagonal(L, S, 0 if alignment == "top_left" else S - L)
+
+
+def _pairs_up_to_diagonal(L: int, S: int, offset: int) -> int:
+    """Pairs with ``j <= i + offset`` (0 <= i < L, 0 <= j < S), in closed form: row i keeps
+    ``clamp(i + offset + 1, 0, S)`` keys."""
 
     def ramp(n: int) -> int:  # sum_{i=0}^{n-1} (i + offset + 1) for rows that are neither 0 nor S
         return n * (offset + 1) + n * (n - 1) // 2
@@ -66,13 +71,19 @@ def attention_flops(
     *,
     is_causal: bool = False,
     alignment: str = "top_left",
+    window: int | None = None,
 ) -> tuple[int, int]:
     """``(dense, useful)`` matmul FLOPs of one attention call.
 
     dense = ``2*B*H*L*S*D + 2*B*H*L*S*E`` (every score computed); useful counts only the
-    allowed pairs, ``2*B*H*pairs*(D + E)``; the two are equal without ``is_causal``.
+    allowed pairs, ``2*B*H*pairs*(D + E)``; the two are equal without ``is_causal`` or a
+    window. ``window=W`` is ``window=(W, 0)``: the pairs of causal minus those more than W keys
+    before the diagonal.
     """
-    pairs = allowed_pairs(L, S, is_causal=is_causal, alignment=alignment)
+    pairs = allowed_pairs(L, S, is_causal=is_causal or window is not None, alignment=alignment)
+    if window is not None:  # less the keys more than W before the diagonal
+        offset = 0 if alignment == "top_left" else S - L
+        pairs -= _pairs_up_to_diagonal(L, S, offset - window - 1)
     return 2 * B * H * L * S * (D + E), 2 * B * H * pairs * (D + E)
 
 
@@ -120,6 +131,7 @@ class Workload:
     E: int
     is_causal: bool = False
     dtype: str = "float32"
+    window: int | None = None  # attention only: window=(window, 0), the W keys before and itself
 
     @property
     def M(self) -> int:
@@ -150,7 +162,9 @@ class Workload:
     def id(self) -> str:
         """Stable key, e.g. ``attention.mha.b1.h8.k8.l2048.s2048.d64.e64.f32.causal``, or
         ``decode.gqa.b1.h8.k2.p4096.d64.e64.f32`` for a decode step."""
-        mode = "causal" if self.is_causal else "full"
+        mode = ("causal" if self.is_causal else "full") + (
+            "" if self.window is None else f".w{self.window}"
+        )
         heads = f"{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
         if self.op == "decode":
             return f"decode.{heads}.p{self.P}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}"
@@ -168,7 +182,9 @@ class Workload:
             return f"decode {self.variant} {dims} {_SHORT[self.dtype]}"
         lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
         kind = "module " if self.op == "module" else ""
-        mode = " causal" if self.is_causal else ""
+        mode = (" causal" if self.is_causal else "") + (
+            "" if self.window is None else f" window ({self.window}, 0)"
+        )
         return (
             f"{kind}{self.variant} B{self.B} H{self.H} {lengths} D{self.D} "
             f"{_SHORT[self.dtype]}{mode}"
@@ -177,7 +193,9 @@ class Workload:
     @property
     def series(self) -> str:
         """The plot panel a workload belongs to: everything but the sequence length."""
-        mode = " causal" if self.is_causal else ""
+        mode = (" causal" if self.is_causal else "") + (
+            "" if self.window is None else f" window {self.window}"
+        )
         kind = {"module": "module ", "decode": "decode "}.get(self.op, "")
         return f"{kind}{self.variant} B{self.B} H{self.H} D{self.D} {_SHORT[self.dtype]}{mode}"
 
@@ -193,8 +211,9 @@ class Workload:
                 is_causal=self.is_causal,
             )  # fmt: skip
         return attention_flops(
-            self.B, self.H, self.L, self.S, self.D, self.E, is_causal=self.is_causal
-        )
+            self.B, self.H, self.L, self.S, self.D, self.E, is_causal=self.is_causal,
+            window=self.window,
+        )  # fmt: skip
 
     def score_bytes(self) -> int:
         """Bytes of one float32 ``(B, H, L, S)`` score tensor: the quadratic wall."""
@@ -238,7 +257,7 @@ class Workload:
     def from_dict(cls, d: dict) -> Workload:
         """Inverse of :meth:`to_dict` (extra keys ignored)."""
         fields = ("op", "B", "H", "K", "L", "S", "D", "E", "is_causal", "dtype")
-        return cls(**{f: d[f] for f in fields})
+        return cls(**{f: d[f] for f in fields}, window=d.get("window"))
 
 
 def _attn(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
@@ -257,6 +276,9 @@ def _decode(B, H, K, P, D, *, dtype="float32") -> Workload:
 #: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
 #: N=2048); the causal goal compares its causal twin with it.
 GOAL_WORKLOAD = _attn(1, 8, 8, 2048, 64)
+#: The sliding-window goal's workload (issue 11): L = S = 8192, causal with window=(256, 0); it
+#: is compared with the same row's causal run without the window.
+WINDOW_GOAL_WORKLOAD = Workload("attention", 1, 8, 8, 8192, 8192, 64, 64, True, window=256)
 
 
 def _cpu_quick() -> list[Workload]:
@@ -317,6 +339,22 @@ def _accel_full(dtypes: tuple[str, ...]) -> list[Workload]:
     return w
 
 
+def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
+    """A few minutes on one GPU with every row (``make gpu-check``): each dtype at 1k and 4k,
+    causal and not; float32 at 1k; GQA and MQA at 2k; MHA and GQA modules at 1k; MHA and GQA
+    decode at P = 4096."""
+    w = []
+    for dt in dtypes:
+        for causal in (False, True):
+            w += [_attn(2, 16, 16, n, 128, causal=causal, dtype=dt) for n in (1024, 4096)]
+    lo = dtypes[0]
+    w += [_attn(2, 16, 16, 1024, 128, dtype="float32")]
+    w += [_attn(2, 32, 8, 2048, 128, dtype=lo), _attn(2, 16, 1, 2048, 128, dtype=lo)]
+    w += [_module(2, 16, 16, 1024, 128, dtype=lo), _module(2, 16, 4, 1024, 128, dtype=lo)]
+    w += [_decode(2, 16, k, 4096, 128, dtype=lo) for k in (16, 4)]
+    return w
+
+
 def _smoke() -> list[Workload]:
     """Seconds, not minutes: proves the harness end to end (tests use it)."""
     return [_attn(1, 2, 2, n, 16) for n in (32, 64)] + [_attn(1, 2, 1, 64, 16, causal=True)]
@@ -329,6 +367,8 @@ GRIDS = {
     ("cpu", "full"): _cpu_full,
     ("cuda", "quick"): lambda: _accel_quick(("bfloat16", "float16")),
     ("cuda", "full"): lambda: _accel_full(("bfloat16", "float16")),
+    ("cuda", "small"): lambda: _accel_small(("bfloat16", "float16")),
+    ("tpu", "small"): lambda: _accel_small(("bfloat16",)),
     ("tpu", "quick"): lambda: _accel_quick(("bfloat16",)),
     ("tpu", "full"): lambda: _accel_full(("bfloat16",)),
     **{(d, "smoke"): _smoke for d in ("cpu", "cuda", "tpu")},
@@ -336,7 +376,8 @@ GRIDS = {
 
 
 def grid(device: str, name: str) -> list[Workload]:
-    """The workloads of grid ``name`` (``quick`` | ``full``) for ``device`` (cpu | cuda | tpu)."""
+    """The workloads of grid ``name`` (``quick`` | ``full`` | ``small`` (GPU/TPU) | ``smoke``)
+    for ``device`` (cpu | cuda | tpu)."""
     try:
         build = GRIDS[(device, name)]
     except KeyError:

@@ -25,7 +25,9 @@ import safetensors
 import safetensors.numpy
 
 __all__ = [
+    "ARRAY_KEYWORDS",
     "FIXTURES_DIR",
+    "KEYWORD_GROUPS",
     "NP_DTYPES",
     "Case",
     "Manifest",
@@ -36,6 +38,18 @@ __all__ = [
     "sha256_of",
     "tensor_bytes",
 ]
+
+#: The optional array arguments of the attention functions, stored in a fixture when a case
+#: gives them: v1's mask and bias, v2's segment ids, sinks and ALiBi slopes.
+ARRAY_KEYWORDS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
+# The contract v2 keywords and the case family (``sdpa.<family>.*``) that pins each.
+KEYWORD_GROUPS = {
+    "window": "window",
+    "q_segment_ids": "segments",
+    "kv_segment_ids": "segments",
+    "sinks": "sinks",
+    "alibi_slopes": "alibi",
+}
 
 #: The committed fixtures of this version of the contract.
 FIXTURES_DIR = Path(__file__).resolve().parent / "fixtures" / "v1"
@@ -59,6 +73,7 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "BF16": np.dtype(ml_dtypes.bfloat16),
     "BOOL": np.dtype(bool),
     "I32": np.dtype(np.int32),
+    "I8": np.dtype(np.int8),
     "I64": np.dtype(np.int64),
 }
 
@@ -104,6 +119,8 @@ def decode_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
     def dec(x: Any) -> Any:
         if isinstance(x, dict) and set(x) == {"float"}:
             return float(x["float"])
+        if isinstance(x, list):  # JSON has no tuples: window=(left, right) comes back a pair
+            return tuple(dec(item) for item in x)
         return x
 
     return {k: dec(v) for k, v in keywords.items()}

@@ -46,6 +46,7 @@ import numpy as np
 
 from conformance import cases as C
 from conformance.fixtures import (
+    ARRAY_KEYWORDS,
     NP_DTYPES,
     encode_keywords,
     read_tensors,
@@ -58,6 +59,7 @@ from conformance.oracle import (
     attention,
     causal_mask,
     module_forward,
+    rotary,
     tolerance_bound,
 )
 
@@ -74,11 +76,14 @@ KERNELS = {"torch": "conformance.ports.torch_fused", "jax": "conformance.ports.j
 #: Where a kernel is known to compute differently from the contract on rows that do have an
 #: allowed key: (kernel, glob over case ids, why). These are recorded, not refused.
 KNOWN_DEVIATIONS: list[tuple[str, str, str]] = [
-    (
-        "jax",
-        "sdpa.*.float64",
-        "jax.nn.dot_product_attention always computes the softmax in "
-        "float32 (float64 logits are cast down; a float64 bias below -3.4e38 becomes -inf)",
+    *(
+        (
+            "jax",
+            f"{op}.*.float64",
+            "jax.nn.dot_product_attention always computes the softmax in "
+            "float32 (float64 logits are cast down; a float64 bias below -3.4e38 becomes -inf)",
+        )
+        for op in ("sdpa", "ring")
     ),
     *(
         (kernel, "sdpa.garbage.*", "NaN or inf at keys no query attends leaks into the output "
@@ -138,7 +143,7 @@ def _cross_check(
     skipped = int(rows.size - rows.sum())
     for name, port in kernels.items():
         convert = {k: port.from_numpy(v, "cpu") for k, v in inputs.items()}
-        extra = {k: convert[k] for k in ("mask", "bias") if k in convert}
+        extra = {k: convert[k] for k in ARRAY_KEYWORDS if k in convert}
         try:
             out = port.function("sdpa")(
                 convert["query"], convert["key"], convert["value"], **extra, **keywords
@@ -248,7 +253,10 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         inputs["mask"] = np.asarray(c.mask, dtype=bool)
     if c.bias is not None:
         inputs["bias"] = np.asarray(c.bias, np.float64).astype(NP_DTYPES[c.bias_dtype or dtype])
-    as64 = {k: (v if v.dtype == bool else v.astype(np.float64)) for k, v in inputs.items()}
+    for name, array in c.arrays.items():  # segment ids as int32, sinks and slopes in the dtype
+        ids = name.endswith("segment_ids")
+        inputs[name] = np.asarray(array).astype(np.int32 if ids else dt)
+    as64 = {k: (v if v.dtype.kind in "biu" else v.astype(np.float64)) for k, v in inputs.items()}
 
     semantics = {k: v for k, v in c.keywords.items() if k not in BLOCK_KEYWORDS}
     golden = attention(**as64, **semantics)
@@ -302,6 +310,7 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
         mask=as64.get("mask"),
         bias=as64.get("bias"),
         **semantics,
+        **c.options,
     )
     golden = module_forward(w64, as64["x"], as64.get("context"), **args)
     if dtype == "float64":  # rounding to float64 is the identity: plain *is* the golden
@@ -311,11 +320,12 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
 
 
 def _module_spec(c: C.base.ModuleCall) -> dict[str, Any]:
-    """How a port loads the module: class name and the head counts for ``from_canonical``."""
+    """How a port loads the module: class name, then the keywords of ``from_canonical``: the
+    head counts and the module's settings (``rope_theta``, ...)."""
     spec: dict[str, Any] = {"class": c.cls, "n_heads": c.n_heads}
     if c.cls != "MultiHeadAttention":
         spec["n_kv_heads"] = c.n_kv_heads
-    return spec
+    return spec | c.options
 
 
 def _module_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
@@ -356,6 +366,31 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     return out
 
 
+def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """One ``apply_rotary`` fixture: x rounded to the dtype, positions as int64, the oracle's
+    golden and the plain same-dtype computation's bound."""
+    c = case.build(np.random.default_rng(case.seed), dtype)
+    x = np.asarray(c.x, np.float64).astype(NP_DTYPES[dtype])
+    positions = np.asarray(c.positions).astype(np.int64)
+    golden = rotary(x.astype(np.float64), positions, **c.keywords)
+    plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, round_to=dtype)
+    bounds = {"output": tolerance_bound(golden, plain, dtype)}
+    case_id = f"rope.{case.name}.{dtype}"
+    tensors = {"x": x, "positions": positions, "output": golden}
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds)
+    return [Fixture(_entry(case_id, case, dtype, **fields), data)]
+
+
+def _rope_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """An ``apply_rotary`` error case: x and positions as shapes and dtypes."""
+    c = case.build()
+    entry = _entry(f"rope.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
+                   keywords=encode_keywords(c.keywords),
+                   inputs={"x": _spec(c.x), "positions": _spec(c.positions)},
+                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+    return [Fixture(entry)]
+
+
 def _causal_mask_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     keywords = case.build()
     mask = causal_mask(keywords["q_len"], keywords["kv_len"], keywords["alignment"])
@@ -377,7 +412,8 @@ def _error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """A functional (or sharded) error case: its inputs as shapes and dtypes (the runner passes
     zeros)."""
     c = case.build()
-    inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias}
+    inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias,
+              **c.arrays}  # fmt: skip
     inputs = {name: _spec(spec) for name, spec in inputs.items() if spec is not None}
     entry = _entry(f"{case.op}.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords), inputs=inputs,
@@ -428,6 +464,8 @@ BUILDERS: dict[tuple[str, str], Callable[[C.CaseDef, str], list[Fixture]]] = {
     ("module", "error"): _module_error_fixtures,
     ("decode", "error"): _module_error_fixtures,
     ("ring", "error"): _error_fixtures,
+    ("rope", "values"): _rope_fixtures,
+    ("rope", "error"): _rope_error_fixtures,
 }
 #: The groups of the manifest, in order; module and decode errors share one, as registered.
 _GROUPS: list[tuple[tuple[str, str], ...]] = [
@@ -441,6 +479,8 @@ _GROUPS: list[tuple[tuple[str, str], ...]] = [
     (("module", "error"), ("decode", "error")),
     (("ring", "values"),),
     (("ring", "error"),),
+    (("rope", "values"),),
+    (("rope", "error"),),
 ]
 
 

@@ -12,6 +12,10 @@ them, also written out element by element from the canonical weights: ``q_proj``
 ``v_proj`` (``y = x @ kernel + bias``), heads split off the feature axis (head h owns features
 ``[h*D:(h+1)*D]``), :func:`attention`, heads merged back, ``o_proj``.
 
+Rotary position embedding (:func:`rotary`) is written the same way: one feature pair of one token
+at a time, ``math.cos``/``math.sin`` of the angle ``position * theta ** (-2p / rotary_dim)``; a
+module with ``rope_theta`` rotates its queries and keys with it right after the projections.
+
 The same loop, told to round to a dtype after every step (``round_to="float16"``), is the
 "plain same-dtype implementation" of the tolerance rule: inputs, scores, softcapped scores,
 biased scores, exponentials, row sums, weights and outputs are each rounded to that dtype.
@@ -39,6 +43,7 @@ __all__ = [
     "causal_mask",
     "linear",
     "module_forward",
+    "rotary",
     "rounding",
     "tolerance_bound",
 ]
@@ -100,6 +105,17 @@ def causal_mask(q_len: int, kv_len: int, alignment: str = "top_left") -> np.ndar
     return allowed
 
 
+def in_window(i: int, j: int, offset: int, window: tuple | None) -> bool:
+    """The window rule, for one query row i and one key j: ``i + offset - left <= j <= i +
+    offset + right``, both ends included, a side of None unbounded (no window: always)."""
+    if window is None:
+        return True
+    left, right = window
+    after_start = left is None or j >= i + offset - left
+    before_end = right is None or j <= i + offset + right
+    return after_start and before_end
+
+
 def attention(
     query: np.ndarray,
     key: np.ndarray,
@@ -111,6 +127,11 @@ def attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     round_to: str | None = None,
 ) -> Golden:
     """Attention by the book, one query row at a time, in float64.
@@ -120,6 +141,8 @@ def attention(
         mask: bool, broadcastable to ``(..., H, L, S)`` (batch dims of query and key only).
         bias: float, broadcastable like mask; may hold -inf.
         is_causal, causal_alignment, scale, softcap: as in SEMANTICS.md.
+        window, q_segment_ids, kv_segment_ids, sinks, alibi_slopes: as in SEMANTICS.md's
+            contract v2 (the window's and ALiBi's diagonal is ``causal_alignment``'s).
         round_to: None for the oracle; a dtype name for the plain same-dtype implementation,
             which rounds to that dtype after every step.
     """
@@ -136,14 +159,21 @@ def attention(
     q = np.broadcast_to(q, (*batch, H, L, D))
     k = np.broadcast_to(k, (*batch, K, S, D))
     scores_shape = (*batch, H, L, S)
+    offset = 0 if causal_alignment == "top_left" else S - L  # the diagonal of causal and window
     keep = np.ones(scores_shape, dtype=bool)
     if mask is not None:
         keep = keep & np.broadcast_to(np.asarray(mask, dtype=bool), scores_shape)
     if is_causal:
         keep = keep & causal_mask(L, S, causal_alignment)  # (L, S) broadcasts
+    q_ids = kv_ids = None
+    if q_segment_ids is not None:  # one segment per query row and per key, for each batch
+        q_ids = np.broadcast_to(np.asarray(q_segment_ids), (*batch, L))
+        kv_ids = np.broadcast_to(np.asarray(kv_segment_ids), (*batch, S))
     add = None
     if bias is not None:
         add = np.broadcast_to(np.asarray(bias, dtype=np.float64), scores_shape)
+    slopes = None if alibi_slopes is None else [float(x) for x in alibi_slopes]  # (H,)
+    sink = None if sinks is None else [float(x) for x in sinks]  # (H,)
 
     weights = np.zeros(scores_shape, dtype=np.float64)
     allowed = np.zeros(scores_shape, dtype=bool)
@@ -167,16 +197,24 @@ def attention(
                     if add is not None:
                         excluded = float(add[(*b, h, i, j)]) == -math.inf
                         s = rnd(s + float(add[(*b, h, i, j)]))
-                    # 4. and 5. mask and causal rule: a False position is out
+                    # 3. (v2) ALiBi: -slope of the head times the distance to the diagonal
+                    if slopes is not None:
+                        s = rnd(s - rnd(slopes[h] * abs(i + offset - j)))
+                    # 4. mask, causal, window and segments: a position any of them refuses is out
                     ok = bool(keep[(*b, h, i, j)]) and not excluded and s != -math.inf
+                    ok = ok and in_window(i, j, offset, window)
+                    if q_ids is not None:
+                        ok = ok and q_ids[b][i] == kv_ids[b][j]
                     scores.append((s, ok))
-                # 6. softmax over the allowed keys; no allowed key -> all-zero weights
+                # 6. softmax over the allowed keys and the head's sink (one more logit, with no
+                #    value); no allowed key -> all-zero weights, sink or not
                 row = [s for s, ok in scores if ok]
                 if not row:
                     continue
-                m = max(row)
+                m = max(row) if sink is None else max(*row, sink[h])
                 e = [rnd(math.exp(rnd(s - m))) if ok else 0.0 for s, ok in scores]
-                total = rnd(math.fsum(e))
+                sink_share = 0.0 if sink is None else rnd(math.exp(rnd(sink[h] - m)))
+                total = rnd(math.fsum([*e, sink_share]))
                 lse[(*b, h, i)] = rnd(m + rnd(math.log(total)))
                 for j in range(S):
                     weights[(*b, h, i, j)] = rnd(e[j] / total)
@@ -203,6 +241,57 @@ def attention(
                     for e_ in range(E):
                         output[(*b, h, i, e_)] = rnd(math.fsum(a * v_rows[e_][j] for a, j in terms))
     return Golden(output=output, weights=weights, allowed=allowed, lse=lse)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rotary position embedding
+# ---------------------------------------------------------------------------------------------
+
+
+def rotary(
+    x: np.ndarray,
+    positions: np.ndarray,
+    *,
+    theta: float = 10000.0,
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    round_to: str | None = None,
+) -> np.ndarray:
+    """RoPE by the book, one pair of one token of one head at a time, in float64.
+
+    Args:
+        x: ``(..., heads, L, D)``; positions: integers broadcastable to ``(..., L)`` (x's batch
+            dims without the heads axis: every head of token t sits at ``positions[..., t]``).
+        theta, rotary_dim (default D), interleaved: as in SEMANTICS.md.
+        round_to: None for the oracle; a dtype name for the plain same-dtype computation. Its
+            angle, cos and sin are rounded to the *compute* dtype (float32 for float32, float16
+            and bfloat16; SEMANTICS.md says where angles are computed), the products and sums of
+            the rotation to ``round_to`` itself.
+
+    Pair p is ``(x[p], x[p + R/2])`` (half-split) or ``(x[2p], x[2p + 1])`` (interleaved), and
+    turns by ``positions[t] * theta ** (-2p / R)``: ``(a, b) -> (a cos - b sin, b cos + a sin)``.
+    Features ``R .. D-1`` are copied.
+    """
+    rnd = rounding(round_to)
+    angle_rnd = rounding(None if round_to in (None, "float64") else "float32")
+    x = np.asarray(x, dtype=np.float64)
+    *batch, heads, L, D = x.shape
+    R = D if rotary_dim is None else rotary_dim
+    pos = np.broadcast_to(np.asarray(positions), (*batch, L))
+    out = x.copy()
+    for b in np.ndindex(*batch):
+        for t in range(L):
+            position = angle_rnd(float(pos[(*b, t)]))
+            for p in range(R // 2):
+                frequency = angle_rnd(theta ** (-2 * p / R))
+                angle = angle_rnd(position * frequency)
+                c, s = angle_rnd(math.cos(angle)), angle_rnd(math.sin(angle))
+                i, j = (2 * p, 2 * p + 1) if interleaved else (p, p + R // 2)
+                for h in range(heads):
+                    a, bb = float(x[(*b, h, t, i)]), float(x[(*b, h, t, j)])
+                    out[(*b, h, t, i)] = rnd(rnd(a * c) - rnd(bb * s))
+                    out[(*b, h, t, j)] = rnd(rnd(bb * c) + rnd(a * s))
+    return out
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,6 +358,9 @@ def module_forward(
     bias: np.ndarray | None = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
+    rope_theta: float | None = None,
+    rope_interleaved: bool = False,
+    rotary_dim: int | None = None,
     round_to: str | None = None,
 ) -> ModuleGolden:
     """The attention module of SEMANTICS.md, from its canonical weights, in float64.
@@ -279,6 +371,10 @@ def module_forward(
         x: ``(B, L, M)``; context: ``(B, S, M)`` or None (self-attention, S = L).
         n_heads, n_kv_heads: H and K (``H*D`` alone does not say H).
         mask, bias, is_causal, causal_alignment: as in :func:`attention`, to ``(B, H, L, S)``.
+        rope_theta, rope_interleaved, rotary_dim: RoPE (:func:`rotary`) of the queries and keys
+            after the projections, when ``rope_theta`` is given: query i at position
+            ``i + offset``, key j at position ``j``, with ``offset`` the causal alignment's
+            (0 for top_left, S - L for bottom_right; 0 for self-attention either way).
         round_to: None for the oracle; a dtype name for the plain same-dtype module, which rounds
             after every step (projections, bias additions, attention, output projection).
     """
@@ -292,6 +388,13 @@ def module_forward(
     q = _split_heads(project("q_proj", x), n_heads)  # (B, H, L, D)
     k = _split_heads(project("k_proj", context), n_kv_heads)  # (B, K, S, D)
     v = _split_heads(project("v_proj", context), n_kv_heads)  # (B, K, S, E)
+    if rope_theta is not None:  # rotary positions: query i at i + offset, key j at j
+        q_len, kv_len = q.shape[2], k.shape[2]
+        offset = 0 if causal_alignment == "top_left" else kv_len - q_len
+        rope = dict(theta=rope_theta, rotary_dim=rotary_dim, interleaved=rope_interleaved,
+                    round_to=round_to)  # fmt: skip
+        q = rotary(q, np.array([i + offset for i in range(q_len)]), **rope)  # (B, H, L, D)
+        k = rotary(k, np.array(list(range(kv_len))), **rope)  # (B, K, S, D)
     # 2. attention of every head (query head h reads key/value head h // (H // K))
     golden = attention(
         q, k, v, mask=mask, bias=bias, is_causal=is_causal,

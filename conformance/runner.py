@@ -26,6 +26,7 @@ parallel
 head_       ``head_parallel_gqa``            a module fixture's golden output (optional;
 parallel_                                    sharded: ``head_parallel_gqa(module, x,
 gqa                                          context, n_shards=n, **keywords)``)
+rope        ``apply_rotary``                 the golden rotated x (optional)
 =========== ================================ ============================================
 
 One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<variant>].
@@ -94,7 +95,14 @@ from typing import Any
 
 import numpy as np
 
-from conformance.fixtures import NP_DTYPES, Case, Manifest, load_manifest
+from conformance.fixtures import (
+    ARRAY_KEYWORDS,
+    KEYWORD_GROUPS,
+    NP_DTYPES,
+    Case,
+    Manifest,
+    load_manifest,
+)
 from conformance.ports import BUILTIN_ADAPTERS, SHORT_NAMES
 
 __all__ = [
@@ -565,12 +573,13 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
     """sdpa, weights, flash: the case's tensors through the port, one golden."""
     t = case.tensors()
     kwargs = dict(spec.defaults) | dict(case.keywords)
-    for name in ("mask", "bias"):
+    for name in ARRAY_KEYWORDS:
         if name in t:
             kwargs[name] = port.array_in(t[name], device)
     args = [port.array_in(t["query"], device), port.array_in(t["key"], device)]
     if spec.golden == "output":
         args.append(port.array_in(t["value"], device))
+    _require_keywords(fn, kwargs)
     lse = "lse" in t and _takes(fn, "return_lse")  # a flash case's row log-sum-exp, if it can
     if lse:
         kwargs["return_lse"] = True
@@ -585,6 +594,26 @@ def _attention_values(port: Port, fn: Callable, case: Case, device: str, spec: F
     yield Comparison(spec.golden, port.array_out(result), t[spec.golden])
 
 
+def _require_keywords(fn: Callable, kwargs: dict[str, Any]) -> None:
+    """A port written before a keyword joined the contract fails with what to do, not with a
+    TypeError from deep in the call (a signature with ``**kwargs`` takes everything)."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return
+    missing = [name for name in kwargs if name not in params]
+    if missing:
+        name = missing[0]
+        group = KEYWORD_GROUPS.get(name, name)
+        raise _Failed(
+            f"the port's {getattr(fn, '__name__', 'function')} has no keyword {name!r} "
+            f"(contract v2, docs/SEMANTICS.md): implement it, or list '*.{group}.*' in the "
+            "port's xfails"
+        )
+
+
 def _takes(fn: Callable, keyword: str) -> bool:
     """Whether ``fn`` has the parameter ``keyword`` (through jit wrappers)."""
     try:
@@ -596,12 +625,13 @@ def _takes(fn: Callable, keyword: str) -> bool:
 def _attention_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
     kwargs = dict(spec.defaults) | dict(case.keywords)
     inputs = case.entry["inputs"]
-    for name in ("mask", "bias"):
+    for name in ARRAY_KEYWORDS:
         if name in inputs:
             kwargs[name] = _zeros(port, inputs[name], device)
     args = [_zeros(port, inputs["query"], device), _zeros(port, inputs["key"], device)]
     if spec.golden == "output":
         args.append(_zeros(port, inputs["value"], device))
+    _require_keywords(fn, kwargs)
     return fn(*args, **kwargs)
 
 
@@ -807,6 +837,23 @@ def _heads_fit(case: Case, n: int) -> bool:
     return K % n == 0
 
 
+def _rope_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    """rope: ``apply_rotary(x, positions, **keywords)`` against the golden rotated x."""
+    t = case.tensors()
+    args = [port.array_in(t["x"], device), port.array_in(t["positions"], device)]
+    try:
+        result = fn(*args, **case.keywords)
+    except Exception as exc:
+        raise _raised(exc) from exc
+    yield Comparison("output", port.array_out(result), t["output"])
+
+
+def _rope_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
+    inputs = case.entry["inputs"]
+    x, positions = _zeros(port, inputs["x"], device), _zeros(port, inputs["positions"], device)
+    return fn(x, positions, **case.keywords)
+
+
 @dataclass(frozen=True)
 class Function:
     """One row of the table: a port function the suite knows.
@@ -895,6 +942,7 @@ FUNCTIONS: dict[str, Function] = {
         submodule="sharded",
         fits=_heads_fit,
     ),
+    "rope": Function("apply_rotary", False, _rope_values, _rope_error),
 }
 
 #: The aliases run once per shard count.

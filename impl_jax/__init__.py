@@ -4,18 +4,23 @@ from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
 from impl_jax.flash import flash_attention
 from impl_jax.functional import (
     STATIC_ARGNAMES,
+    alibi_slopes,
     attention_weights,
     causal_mask,
     scaled_dot_product_attention,
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
 
 __all__ = [
     "FLASH_STATIC_ARGNAMES",
+    "ROTARY_STATIC_ARGNAMES",
     "STATIC_ARGNAMES",
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "alibi_slopes",
+    "apply_rotary",
     "attention_weights",
     "causal_mask",
     "flash_attention",

@@ -53,11 +53,15 @@ from attention_spec import (
     check_block_sizes,
     check_flag,
 )
+from attention_spec.rules import alibi, block_rules
 from impl_jax.functional import (
     _PRECISION,
+    _V2_ARRAYS,
+    _allowed,
     _as_given,
     _asarray,
     _attended,
+    _cast,
     _check_x64,
     _compute_dtype,
     _unattended_zeroed,
@@ -81,7 +85,8 @@ def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.A
 
 
 def _attend_block(
-    carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, i, j, j0, *, dims: AttentionDims, offset: int
+    carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j, j0, *,
+    dims: AttentionDims, offset: int,
 ):  # fmt: skip
     """Steps 1-6 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
     ``(1, bk)``, of which those below ``j0`` are not this block's: ``(m, l, acc)`` in and out."""
@@ -89,14 +94,11 @@ def _attend_block(
     H, K, G = dims.H, dims.K, dims.G
     bq, bk = q_blk.shape[-2], k_blk.shape[-2]
 
-    # 4. allowed, this block: mask AND causal (all True in a block below the diagonal), and only
-    #    the keys from j0 on (tiling: a last block shifted back to end at S shares its keys
-    #    below j0 with the block before it, which counted them already).
-    allowed = j >= j0  # (1, bk)
-    if dims.is_causal:
-        allowed = allowed & (j <= i + offset)  # (bq, bk)
-    if mask_blk is not None:
-        allowed = allowed & mask_blk  # (..., bq, bk)
+    # 4. allowed, this block: mask AND causal AND window AND segment (all True inside every
+    #    band), and only the keys from j0 on (tiling: a last block shifted back to end at S
+    #    shares its keys below j0 with the block before it, which counted them already).
+    allowed = _allowed(dims, offset, i, j, mask_blk, q_ids, kv_ids)
+    allowed = j >= j0 if allowed is None else allowed & (j >= j0)  # (..., bq, bk)
     attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
     k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
     v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
@@ -109,9 +111,12 @@ def _attend_block(
     if dims.softcap is not None:
         s = dims.softcap * jnp.tanh(s / dims.softcap)
 
-    # 3. additive terms: this block's slice of the bias is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+    #    -slope[h] * |i + offset - j| at this block's rows and keys.
     if bias_blk is not None:
         s = s + bias_blk
+    if slopes is not None:
+        s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, bq, bk)
 
     # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
     s = jnp.where(allowed, s, -jnp.inf)
@@ -144,6 +149,11 @@ def flash_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
     block_q: int = BLOCK_Q,
     block_k: int = BLOCK_K,
     return_lse: bool = False,
@@ -154,22 +164,27 @@ def flash_attention(
         query: ``(..., H, L, D)``.
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
         value: ``(..., K, S, E)``; the same dtype as query and key.
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
             :func:`impl_jax.functional.attention_weights`.
         block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it).
         block_k: keys per block (likewise for S).
-        return_lse: also return the row log-sum-exp of the final scores (after softcap, bias, mask
-            and causal), ``lse = log(sum_j exp(s_ij))`` of shape ``(..., H, L)`` in the compute
-            dtype (float64 for float64 input, else float32); ``-inf`` for a row with no allowed
-            key. It is what a backward pass needs to rebuild the weights: ``exp(s - lse)``.
+        return_lse: also return the row log-sum-exp of the final scores (after softcap, the
+            additive terms and every rule, the sink included), ``lse = log(sum_j exp(s_ij)
+            [+ exp(sink)])`` of shape ``(..., H, L)`` in the compute dtype (float64 for float64
+            input, else float32); ``-inf`` for a row with no allowed key. It is what a backward
+            pass needs to rebuild the weights: ``exp(s - lse)``.
 
     Returns the output in the query's dtype (rows with no allowed key are zeros, with zero
-    gradient), or ``(output, lse)`` when ``return_lse``.
+    gradient), or ``(output, lse)`` when ``return_lse``. Key blocks outside the causal and
+    window bands, and blocks whose segments cannot meet, are skipped (``jax.lax.cond``).
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
     query, key, value = _as_given(query), _as_given(key), _as_given(value)
     mask, bias = _as_given(mask), _as_given(bias)
+    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
+    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
     dims = check_attention(
         query,
         key,
@@ -180,12 +195,15 @@ def flash_attention(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        window=window,
+        **kw,
     )
     check_block_sizes(block_q, block_k)
     return_lse = check_flag("return_lse", return_lse)
     _check_x64(query)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids, sinks, slopes = (_asarray(kw[name]) for name in _V2_ARRAYS)
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
     offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
@@ -197,7 +215,7 @@ def flash_attention(
     q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
     k = key.astype(ct)  # (..., K, S, D)
     v = value.astype(ct)  # (..., K, S, E)
-    bias = None if bias is None else bias.astype(ct)
+    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
     bq, bk = min(block_q, L), min(block_k, S)
     n_q, n_k = -(-L // bq), -(-S // bk)  # blocks of query rows, blocks of keys
     step = dict(dims=dims, offset=offset)
@@ -209,40 +227,60 @@ def flash_attention(
         i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
         bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
         mask_rows = _block(mask, -2, i0, bq)
+        q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
+
+        # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
+        #    (the keys before it are masked for every row), so a band of bk keys is one block.
+        lo = 0
+        if dims.window is not None and dims.window[0] is not None:
+            lo = jnp.clip(i0 + offset - dims.window[0], 0, S)
 
         def key_block(carry, u):
-            """Keys ``u * bk ..`` (the last block shifted back to end at S)."""
-            j0 = u * bk  # first key this block counts
+            """Keys ``lo + u * bk ..`` (the last block shifted back to end at S)."""
+            j0 = lo + u * bk  # first key this block counts
             j_start = jnp.minimum(j0, S - bk)  # first key it holds
             j = (j_start + jnp.arange(bk))[None, :]  # (1, bk)
+            kv_ids_blk = _block(kv_ids, -1, j_start, bk)  # (..., bk)
             blk = (
                 q_blk,
                 jax.lax.dynamic_slice_in_dim(k, j_start, bk, axis=k.ndim - 2),  # (..., K, bk, D)
                 jax.lax.dynamic_slice_in_dim(v, j_start, bk, axis=v.ndim - 2),  # (..., K, bk, E)
                 _block(bias_rows, -1, j_start, bk),
                 _block(mask_rows, -1, j_start, bk),
-                i, j, j0,
+                q_ids_rows, kv_ids_blk, slopes, i, j, j0,
             )  # fmt: skip
-            # 4. allowed, whole blocks: a key block whose first key is causally masked for the
-            #    block's last row is masked for every row: skipped (causal costs about half).
-            if not dims.is_causal:
+            # 4. allowed, whole blocks: a key block outside the causal and window bands of these
+            #    rows, or whose segments cannot meet theirs, is masked for every row: skipped.
+            if not (dims.is_causal or dims.window is not None or q_ids is not None):
                 return _attend_block(carry, *blk, **step), None
-            visible = j0 <= i0 + bq - 1 + offset
+            some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + bq, j0,
+                                  j_start + bk, q_ids_rows, kv_ids_blk)  # fmt: skip
+            some = some & (j0 < S)  # past the last key: the band started late, nothing left
 
             def attend(c):
                 return _attend_block(c, *blk, **step)
 
-            return jax.lax.cond(visible, attend, lambda c: c, carry), None
+            return jax.lax.cond(some, attend, lambda c: c, carry), None
 
         m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
         l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
         acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
         (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(n_k))
 
-        # 5. (end) divide by the row sum once, after the last key block; a row with no allowed
-        #    key has l = 0 and acc = 0: 0 / 1 = 0, and its log-sum-exp is -inf + log 1 = -inf.
-        l = jnp.where(l == 0.0, 1.0, l)
-        return None, (acc / l, (m + jnp.log(l))[..., 0])  # (..., H, bq, E), (..., H, bq)
+        # 5. (end) the sink joins the denominator once, as one more logit with no value; then
+        #    divide by the row sum once, after the last key block. A row with no allowed key
+        #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
+        empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
+        if sinks is not None:
+            m_sink = jnp.maximum(m, jax.lax.stop_gradient(sinks)[:, None, None])
+            shift = jnp.where(jnp.isfinite(m_sink), m_sink, 0.0)
+            alpha = jnp.exp(m - shift)
+            sink = sinks[:, None, None] - shift
+            l = alpha * l + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
+            acc, m = alpha * acc, m_sink
+        l = jnp.where(empty, 1.0, l)
+        row_lse = jnp.where(empty, -jnp.inf, m + jnp.log(l))[..., 0]  # (..., H, bq)
+        return None, (acc / l, row_lse)  # (..., H, bq, E), (..., H, bq)
 
     _, (outs, lses) = jax.lax.scan(query_block, None, jnp.arange(n_q))  # (n_q, ..., H, bq, .)
     # The blocks in row order: the last one holds rows L - bq .. L, of which the first `drop`

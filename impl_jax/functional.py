@@ -22,17 +22,26 @@ import jax.numpy as jnp
 
 from attention_spec import (
     AttentionDims,
+    alibi_slope_values,
     causal_offset,
     check_attention,
     check_causal_mask_args,
     check_float64,
+    check_size,
     dtype_name,
 )
+from attention_spec.rules import alibi, causal, segments, window
 
-__all__ = ["STATIC_ARGNAMES", "attention_weights", "causal_mask", "scaled_dot_product_attention"]
+__all__ = [
+    "STATIC_ARGNAMES",
+    "alibi_slopes",
+    "attention_weights",
+    "causal_mask",
+    "scaled_dot_product_attention",
+]
 
 #: The keywords to mark static under ``jax.jit``.
-STATIC_ARGNAMES: tuple[str, ...] = ("is_causal", "causal_alignment", "scale", "softcap")
+STATIC_ARGNAMES: tuple[str, ...] = ("is_causal", "causal_alignment", "scale", "softcap", "window")
 
 #: A reference computes float32 matmuls in float32, also where XLA would pick TF32 or bf16 passes.
 _PRECISION = jax.lax.Precision.HIGHEST
@@ -47,7 +56,14 @@ def causal_mask(q_len: int, kv_len: int, *, alignment: str = "top_left") -> jax.
     offset = causal_offset(q_len, kv_len, alignment)
     i = jnp.arange(q_len)[:, None]  # (L, 1)
     j = jnp.arange(kv_len)[None, :]  # (1, S)
-    return j <= i + offset  # (L, S)
+    return causal(i, j, offset)  # (L, S)
+
+
+def alibi_slopes(n_heads: int) -> jax.Array:
+    """The ALiBi paper's slopes of ``n_heads`` heads, ``(H,)`` float32: ``2 ** (-8 (h + 1) / H)``
+    for H a power of two, interleaved from the next power of two otherwise."""
+    check_size("n_heads (H)", n_heads)
+    return jnp.asarray(alibi_slope_values(n_heads), jnp.float32)
 
 
 def _compute_dtype(dtype: jnp.dtype) -> jnp.dtype:
@@ -67,21 +83,37 @@ def _asarray(x: object) -> jax.Array | None:
     return None if x is None else jnp.asarray(x)
 
 
+def _cast(x: jax.Array | None, dtype: jnp.dtype) -> jax.Array | None:
+    """``x`` in ``dtype`` (a value too large for it becomes +/-inf); None stays None."""
+    return None if x is None else x.astype(dtype)
+
+
 def _check_x64(query: object) -> None:
     """float64 inputs need JAX's 64-bit mode; without it they would be computed in float32."""
     check_float64(dtype_name(query.dtype), jax.config.jax_enable_x64, _X64_HOW)
 
 
 _X64_HOW = "JAX's 64-bit mode: jax.config.update('jax_enable_x64', True)"
+_V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
 
 
-def _allowed(dims: AttentionDims, mask, causal_alignment: str) -> jax.Array | None:
-    """Step 4's rule, ``allowed(i, j) = mask AND causal``, broadcastable to ``(..., H, L, S)``;
-    None when every position is allowed."""
-    allowed = mask
+def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids):
+    """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
+    one block of the tiled path, with that block's slices of mask and segment ids):
+    ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
+    ``(..., H, L, S)``; None when no rule is given."""
+    rules = [] if mask is None else [mask]
     if dims.is_causal:
-        causal = causal_mask(dims.L, dims.S, alignment=causal_alignment)  # (L, S)
-        allowed = causal if allowed is None else allowed & causal
+        rules.append(causal(i, j, offset))  # (L, S)
+    if dims.window is not None:
+        rules.append(window(i, j, offset, dims.window))  # (L, S)
+    if q_segment_ids is not None:
+        rules.append(segments(q_segment_ids, kv_segment_ids))  # (..., 1, L, S)
+    if not rules:
+        return None
+    allowed = rules[0]
+    for rule in rules[1:]:
+        allowed = allowed & rule
     return allowed
 
 
@@ -112,7 +144,7 @@ def _finite_max(s: jax.Array) -> jax.Array:
     return jnp.where(jnp.isfinite(row_max), row_max, 0.0)
 
 
-def _weights(query, key, dims: AttentionDims, allowed, bias) -> jax.Array:
+def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D
@@ -129,25 +161,51 @@ def _weights(query, key, dims: AttentionDims, allowed, bias) -> jax.Array:
     if dims.softcap is not None:
         s = dims.softcap * jnp.tanh(s / dims.softcap)
 
-    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf).
+    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf) + ALiBi's
+    #    -slope[h] * |i + offset - j|.
     if bias is not None:
         s = s + bias
+    if slopes is not None:
+        i, j = jnp.arange(L)[:, None], jnp.arange(S)[None, :]  # (L, 1), (1, S)
+        s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, L, S)
 
-    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal is False.
+    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal AND window AND segment is False.
     if allowed is not None:
         s = jnp.where(allowed, s, -jnp.inf)
 
-    # 5. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
+    # 5. softmax over S, stable, with a sink per head: one more logit in the denominator; a row
+    #    with no allowed key (all -inf) gets all-zero weights, sink or not.
     row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)  # (..., H, L, 1)
-    row_max = jnp.where(jnp.isfinite(row_max), row_max, 0.0)  # exp(-inf - 0) = 0, not NaN
-    s = s - jax.lax.stop_gradient(row_max)
-    s = s - jax.lax.stop_gradient(_finite_max(s))  # XLA computes s - max as one FMA of the
-    #    unrounded s * scale (off by up to an ulp of s: exp(-800) at logits of 1e10), so shift
-    #    again by the largest of these very differences: it is 0, and its exp exactly 1
+    if sinks is not None:
+        row_max = jnp.maximum(row_max, sinks[:, None, None])  # the sink's logit counts too
+    row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+    s = s - row_max  # exp(-inf - 0) = 0 in a fully masked row, not NaN
+    again = _finite_max(s)  # XLA computes s - max as one FMA of the unrounded s * scale (off by
+    #    up to an ulp of s: exp(-800) at logits of 1e10), so shift again by the largest of these
+    #    very differences (and the sink's): it is 0, and its exp exactly 1
+    if sinks is not None:
+        sink = sinks[:, None, None] - row_max  # (..., H, L, 1)
+        again = jnp.maximum(again, sink)
+        sink = sink - jax.lax.stop_gradient(again)
+    s = s - jax.lax.stop_gradient(again)
     s = jnp.where(s > 0.0, 0.0, s)  # exp(s - max) <= 1 even if s was rounded differently
     e = jnp.exp(s)  # (..., H, L, S)
     row_sum = jnp.sum(e, axis=-1, keepdims=True)  # (..., H, L, 1)
+    if sinks is not None:
+        row_sum = row_sum + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))  # the sink's share
     return e / jnp.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
+
+
+def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias, kw):
+    """What steps 1-5 need: the causal offset, the allowed rule, the bias, slopes and sinks in
+    the compute dtype, and the key/value rows no query attends (``kw``: the v2 arrays)."""
+    ct = _compute_dtype(query.dtype)
+    offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
+    i, j = jnp.arange(dims.L)[:, None], jnp.arange(dims.S)[None, :]  # (L, 1), (1, S)
+    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"])
+    bias = _cast(bias, ct)
+    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
 
 
 def attention_weights(
@@ -160,6 +218,11 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
 ) -> jax.Array:
     """Attention weights ``softmax(scores)``, shape ``(..., H, L, S)``, in the query's dtype.
 
@@ -171,11 +234,19 @@ def attention_weights(
         is_causal: apply the causal rule of ``causal_alignment`` ("top_left" | "bottom_right").
         scale: score scale, default ``1/sqrt(D)``.
         softcap: if given, scores become ``softcap * tanh(scores / softcap)`` before bias/mask.
+        window: ``(left, right)``: query i sees keys ``i + offset - left .. i + offset + right``
+            (inclusive; a side of None is unbounded), with the diagonal of ``causal_alignment``.
+        q_segment_ids, kv_segment_ids: integers broadcastable to ``(..., L)`` and ``(..., S)``,
+            both or neither: a query attends only keys of its own segment (packed documents).
+        sinks: ``(H,)`` floating, one extra logit per head in the softmax's denominator.
+        alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` is added to the scores.
 
     Array-likes are converted with ``jnp.asarray`` (after validation, which reads a NumPy
     array's own dtype). Rows with no allowed key are all zeros, with zero gradient.
     """
     query, key, mask, bias = _as_given(query), _as_given(key), _as_given(mask), _as_given(bias)
+    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
+    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
     dims = check_attention(
         query,
         key,
@@ -185,13 +256,17 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        window=window,
+        **kw,
     )
     _check_x64(query)
     query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
-    bias = None if bias is None else bias.astype(_compute_dtype(query.dtype))
-    allowed = _allowed(dims, mask, causal_alignment)
-    key = _unattended_zeroed(key, _attended(allowed, bias, dims.scores_shape, dims.K))
-    weights = _weights(query, key, dims, allowed, bias)
+    kw = {name: _asarray(x) for name, x in kw.items()}
+    offset, allowed, bias, slopes, sinks, attended = _prepared(
+        query, key, dims, causal_alignment, mask, bias, kw
+    )
+    key = _unattended_zeroed(key, attended)
+    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
     return weights.astype(query.dtype)
 
 
@@ -206,6 +281,11 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
 ) -> jax.Array:
     """``softmax(query @ key^T * scale [+ bias] [masked]) @ value``, shape ``(..., H, L, E)``.
 
@@ -213,13 +293,16 @@ def scaled_dot_product_attention(
         query: ``(..., H, L, D)``.
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
         value: ``(..., K, S, E)``; the same dtype as query and key.
-        mask, bias, is_causal, causal_alignment, scale, softcap: see :func:`attention_weights`.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: see :func:`attention_weights`.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output or a gradient, even holding NaN or inf.
     """
     query, key, value = _as_given(query), _as_given(key), _as_given(value)
     mask, bias = _as_given(mask), _as_given(bias)
+    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
+    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
     dims = check_attention(
         query,
         key,
@@ -230,15 +313,18 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        window=window,
+        **kw,
     )
     _check_x64(query)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
-    bias = None if bias is None else bias.astype(_compute_dtype(query.dtype))
-    allowed = _allowed(dims, mask, causal_alignment)
-    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    kw = {name: _asarray(x) for name, x in kw.items()}
+    offset, allowed, bias, slopes, sinks, attended = _prepared(
+        query, key, dims, causal_alignment, mask, bias, kw
+    )
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
-    weights = _weights(query, key, dims, allowed, bias)
+    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
     K, G, L, E = dims.K, dims.G, dims.L, dims.E
 
     # 6. output = weights @ value, per group, then back to the input dtype.

@@ -1,13 +1,21 @@
 """NumPy reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_numpy.flash import flash_attention
-from impl_numpy.functional import attention_weights, causal_mask, scaled_dot_product_attention
+from impl_numpy.functional import (
+    alibi_slopes,
+    attention_weights,
+    causal_mask,
+    scaled_dot_product_attention,
+)
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_numpy.rotary import apply_rotary
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "alibi_slopes",
+    "apply_rotary",
     "attention_weights",
     "causal_mask",
     "flash_attention",

@@ -14,9 +14,17 @@ from __future__ import annotations
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
-from attention_spec import AttentionDims, causal_offset, check_attention, check_causal_mask_args
+from attention_spec import (
+    AttentionDims,
+    alibi_slope_values,
+    causal_offset,
+    check_attention,
+    check_causal_mask_args,
+    check_size,
+)
+from attention_spec.rules import alibi, causal, segments, window
 
-__all__ = ["attention_weights", "causal_mask", "scaled_dot_product_attention"]
+__all__ = ["alibi_slopes", "attention_weights", "causal_mask", "scaled_dot_product_attention"]
 
 
 def causal_mask(q_len: int, kv_len: int, *, alignment: str = "top_left") -> np.ndarray:
@@ -28,7 +36,14 @@ def causal_mask(q_len: int, kv_len: int, *, alignment: str = "top_left") -> np.n
     offset = causal_offset(q_len, kv_len, alignment)
     i = np.arange(q_len)[:, None]  # (L, 1)
     j = np.arange(kv_len)[None, :]  # (1, S)
-    return j <= i + offset  # (L, S)
+    return causal(i, j, offset)  # (L, S)
+
+
+def alibi_slopes(n_heads: int) -> np.ndarray:
+    """The ALiBi paper's slopes of ``n_heads`` heads, ``(H,)`` float32: ``2 ** (-8 (h + 1) / H)``
+    for H a power of two, interleaved from the next power of two otherwise."""
+    check_size("n_heads (H)", n_heads)
+    return np.asarray(alibi_slope_values(n_heads), np.float32)
 
 
 def _compute_dtype(dtype: np.dtype) -> np.dtype:
@@ -41,20 +56,32 @@ def _asarray(x: object) -> np.ndarray | None:
     return None if x is None else np.asarray(x)
 
 
-def _cast(x: np.ndarray, dtype: np.dtype) -> np.ndarray:
+def _cast(x: np.ndarray | None, dtype: np.dtype) -> np.ndarray | None:
     """``x`` in ``dtype``; a finite value too large for it becomes +/-inf (a float64 bias of
-    -1e300 is -inf in float32, and masks), as IEEE casting says."""
+    -1e300 is -inf in float32, and masks), as IEEE casting says. None stays None."""
+    if x is None:
+        return None
     with np.errstate(over="ignore"):
         return x.astype(dtype, copy=False)
 
 
-def _allowed(dims: AttentionDims, mask, causal_alignment: str) -> np.ndarray | None:
-    """Step 4's rule, ``allowed(i, j) = mask AND causal``, broadcastable to ``(..., H, L, S)``;
-    None when every position is allowed."""
-    allowed = mask
+def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids):
+    """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
+    one block of the tiled path, with that block's slices of mask and segment ids):
+    ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
+    ``(..., H, L, S)``; None when no rule is given."""
+    rules = [] if mask is None else [mask]
     if dims.is_causal:
-        causal = causal_mask(dims.L, dims.S, alignment=causal_alignment)  # (L, S)
-        allowed = causal if allowed is None else allowed & causal
+        rules.append(causal(i, j, offset))  # (L, S)
+    if dims.window is not None:
+        rules.append(window(i, j, offset, dims.window))  # (L, S)
+    if q_segment_ids is not None:
+        rules.append(segments(q_segment_ids, kv_segment_ids))  # (..., 1, L, S)
+    if not rules:
+        return None
+    allowed = rules[0]
+    for rule in rules[1:]:
+        allowed = allowed & rule
     return allowed
 
 
@@ -79,7 +106,7 @@ def _unattended_zeroed(x: np.ndarray, attended) -> np.ndarray:
     return x if attended is None else np.where(attended[..., None], x, 0.0)
 
 
-def _weights(query, key, dims: AttentionDims, allowed, bias) -> np.ndarray:
+def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
     K, G, L, S, D = dims.K, dims.G, dims.L, dims.S, dims.D
@@ -99,24 +126,45 @@ def _weights(query, key, dims: AttentionDims, allowed, bias) -> np.ndarray:
         np.tanh(s, out=s)
         s *= dims.softcap
 
-    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf).
+    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf) + ALiBi's
+    #    -slope[h] * |i + offset - j|.
     if bias is not None:
         s += bias
+    if slopes is not None:
+        i, j = np.arange(L)[:, None], np.arange(S)[None, :]  # (L, 1), (1, S)
+        s += alibi(slopes[:, None, None], i, j, offset)  # (H, L, S)
 
-    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal is False.
+    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal AND window AND segment is False.
     if allowed is not None:
         np.copyto(s, -np.inf, where=~allowed)
 
-    # 5. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
+    # 5. softmax over S, stable, with a sink per head: one more logit in the denominator; a row
+    #    with no allowed key (all -inf) gets all-zero weights, sink or not.
     row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., H, L, 1)
+    if sinks is not None:
+        row_max = np.maximum(row_max, sinks[:, None, None])  # the sink's logit counts too
     row_max[~np.isfinite(row_max)] = 0.0  # fully masked row: exp(-inf - 0) = 0, not NaN
     s -= row_max
     np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently (XLA's FMA)
     np.exp(s, out=s)
     row_sum = s.sum(axis=-1, keepdims=True)  # (..., H, L, 1)
+    if sinks is not None:
+        row_sum += np.exp(np.minimum(sinks[:, None, None] - row_max, 0.0))  # the sink's share
     row_sum[row_sum == 0.0] = 1.0  # fully masked row: 0 / 1 = 0
     s /= row_sum
     return s
+
+
+def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias, kw):
+    """What steps 1-5 need: the causal offset, the allowed rule, the bias, slopes and sinks in
+    the compute dtype, and the key/value rows no query attends (``kw``: the v2 arrays)."""
+    ct = _compute_dtype(query.dtype)
+    offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
+    i, j = np.arange(dims.L)[:, None], np.arange(dims.S)[None, :]  # (L, 1), (1, S)
+    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"])
+    bias = _cast(bias, ct)
+    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
 
 
 def attention_weights(
@@ -129,6 +177,11 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> np.ndarray:
     """Attention weights ``softmax(scores)``, shape ``(..., H, L, S)``, in the query's dtype.
 
@@ -140,10 +193,19 @@ def attention_weights(
         is_causal: apply the causal rule of ``causal_alignment`` ("top_left" | "bottom_right").
         scale: score scale, default ``1/sqrt(D)``.
         softcap: if given, scores become ``softcap * tanh(scores / softcap)`` before bias/mask.
+        window: ``(left, right)``: query i sees keys ``i + offset - left .. i + offset + right``
+            (inclusive; a side of None is unbounded), with the diagonal of ``causal_alignment``.
+        q_segment_ids, kv_segment_ids: integers broadcastable to ``(..., L)`` and ``(..., S)``,
+            both or neither: a query attends only keys of its own segment (packed documents).
+        sinks: ``(H,)`` floating, one extra logit per head in the softmax's denominator.
+        alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` is added to the scores.
 
     Array-likes are converted with ``np.asarray``. Rows with no allowed key are all zeros.
     """
     query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
+    kw = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
+          "alibi_slopes": alibi_slopes}  # fmt: skip
+    kw = {name: _asarray(x) for name, x in kw.items()}
     dims = check_attention(
         query,
         key,
@@ -153,11 +215,14 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        window=window,
+        **kw,
     )
-    bias = None if bias is None else _cast(bias, _compute_dtype(query.dtype))
-    allowed = _allowed(dims, mask, causal_alignment)
-    key = _unattended_zeroed(key, _attended(allowed, bias, dims.scores_shape, dims.K))
-    weights = _weights(query, key, dims, allowed, bias)
+    offset, allowed, bias, slopes, sinks, attended = _prepared(
+        query, key, dims, causal_alignment, mask, bias, kw
+    )
+    key = _unattended_zeroed(key, attended)
+    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
     return weights.astype(query.dtype, copy=False)
 
 
@@ -172,6 +237,11 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> np.ndarray:
     """``softmax(query @ key^T * scale [+ bias] [masked]) @ value``, shape ``(..., H, L, E)``.
 
@@ -179,13 +249,17 @@ def scaled_dot_product_attention(
         query: ``(..., H, L, D)``.
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
         value: ``(..., K, S, E)``; the same dtype as query and key.
-        mask, bias, is_causal, causal_alignment, scale, softcap: see :func:`attention_weights`.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: see :func:`attention_weights`.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output, even when they hold NaN or inf.
     """
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
+    kw = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
+          "alibi_slopes": alibi_slopes}  # fmt: skip
+    kw = {name: _asarray(x) for name, x in kw.items()}
     dims = check_attention(
         query,
         key,
@@ -196,12 +270,14 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        window=window,
+        **kw,
     )
-    bias = None if bias is None else _cast(bias, _compute_dtype(query.dtype))
-    allowed = _allowed(dims, mask, causal_alignment)
-    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    offset, allowed, bias, slopes, sinks, attended = _prepared(
+        query, key, dims, causal_alignment, mask, bias, kw
+    )
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
-    weights = _weights(query, key, dims, allowed, bias)
+    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
     K, G, L, E = dims.K, dims.G, dims.L, dims.E
 
     # 6. output = weights @ value, per group, then back to the input dtype.

@@ -10,6 +10,7 @@ splits heads, calls it, merges heads and projects back:
 
     x (B, L, M)        --q_proj, split heads-->  q (B, H, L, D)
     context (B, S, M)  --k_proj, v_proj------->  k (B, K, S, D), v (B, K, S, E)
+    (rope_theta given: apply_rotary(q), apply_rotary(k) at their positions)
     scaled_dot_product_attention(q, k, v)    ->  (B, H, L, E)
     --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
 
@@ -35,6 +36,7 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
+from attention_spec import causal_offset, check_rope_config
 from attention_spec.modules import (
     PROJECTIONS,
     ModuleDims,
@@ -46,9 +48,11 @@ from attention_spec.modules import (
     check_padding_mask_args,
     heads_from_metadata,
     module_dtype,
+    options_from_metadata,
     weights_metadata,
 )
 from impl_numpy.functional import _asarray, attention_weights, scaled_dot_product_attention
+from impl_numpy.rotary import apply_rotary
 
 __all__ = ["GroupedQueryAttention", "KVCache", "Linear", "MultiHeadAttention", "padding_mask"]
 
@@ -139,6 +143,10 @@ class GroupedQueryAttention:
         head_dim: query/key head dim D, default ``d_model // n_heads`` (then M % H must be 0).
         value_head_dim: value head dim E, default D.
         bias: whether the four projections have biases.
+        rope_theta: turns rotary position embedding on (None: off), with this base: queries and
+            keys are rotated after the projections (``apply_rotary``); see ``_rotate``.
+        rope_interleaved: RoPE pairs ``(x[2p], x[2p+1])`` instead of ``(x[p], x[p + R/2])``.
+        rotary_dim: R, the leading features of each query/key head rotated (default D).
         dtype: the weights' dtype (float64, float32, float16 or bfloat16); inputs must match it.
         rng: a NumPy ``Generator`` or a seed for ``np.random.default_rng`` (default 0).
 
@@ -155,6 +163,9 @@ class GroupedQueryAttention:
         head_dim: int | None = None,
         value_head_dim: int | None = None,
         bias: bool = True,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
         dtype: np.typing.DTypeLike = np.float32,
         rng: np.random.Generator | int = 0,
     ) -> None:
@@ -163,6 +174,7 @@ class GroupedQueryAttention:
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
         )
         self.dims = dims
+        self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None
         M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
         rng = np.random.default_rng(rng)
         self.q_proj = Linear(M, H * D, bias=bias, dtype=dtype, rng=rng)  # (M, H*D)
@@ -189,6 +201,18 @@ class GroupedQueryAttention:
         k = self.k_proj(context).reshape(B, S, self.dims.K, self.dims.D)  # (B, S, K, D)
         v = self.v_proj(context).reshape(B, S, self.dims.K, self.dims.E)  # (B, S, K, E)
         return k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3)  # (B, K, S, D), (B, K, S, E)
+
+    def _rotate(self, q, k, q_start: int, k_start: int):
+        """RoPE of the module's ``rope_theta`` (None: q and k unchanged): query i of
+        ``q (B, H, L, D)`` at position ``q_start + i``, key j of ``k (B, K, S, D)`` at
+        ``k_start + j``."""
+        if self.rope is None:
+            return q, k
+        L, S = q.shape[2], k.shape[2]
+        rope = self.rope.keywords()  # theta, rotary_dim, interleaved
+        q = apply_rotary(q, q_start + np.arange(L), **rope)  # (B, H, L, D)
+        k = apply_rotary(k, k_start + np.arange(S), **rope)  # (B, K, S, D)
+        return q, k
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
@@ -238,6 +262,9 @@ class GroupedQueryAttention:
         # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
         k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
+        #    RoPE: query i at i + offset (the causal alignment's diagonal: 0 for self-attention,
+        #    S - L for bottom_right), key j at j.
+        q, k = self._rotate(q, k, causal_offset(q.shape[2], k.shape[2], causal_alignment), 0)
         # 2. attention of every head: the functional API (query head h reads kv head h // G).
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
@@ -297,6 +324,8 @@ class GroupedQueryAttention:
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
         k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
+        #    RoPE: new token i at cache.position + i; the cache keeps the rotated keys.
+        q, k_new = self._rotate(q, k_new, cache.position, cache.position)
         # 2. the cache: the new keys and values written at position .. position + L - 1.
         cache = cache.write(k_new, v_new)  # holds S = position + L tokens
         k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
@@ -344,10 +373,14 @@ class GroupedQueryAttention:
         n_heads: int,
         n_kv_heads: int,
         dtype: np.typing.DTypeLike | None = None,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
     ) -> GroupedQueryAttention:
         """A module holding ``weights`` (canonical dict); M, D, E and bias come from the shapes.
 
-        ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too).
+        ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too);
+        ``rope_theta``, ``rope_interleaved``, ``rotary_dim`` are the constructor's.
         """
         weights = {name: np.asarray(w) for name, w in weights.items()}
         dims = check_canonical(
@@ -356,28 +389,35 @@ class GroupedQueryAttention:
             n_kv_heads=n_kv_heads,
         )
         dtype = np.dtype(module_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype))
-        module = cls._with_dims(dims, dtype)
+        rope = dict(rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim)
+        module = cls._with_dims(dims, dtype, rope)
         module.load_canonical(weights)
         return module
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype) -> GroupedQueryAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, rope: dict) -> GroupedQueryAttention:
         return cls(dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E,
-                   bias=dims.bias, dtype=dtype)  # fmt: skip
+                   bias=dims.bias, dtype=dtype, **rope)  # fmt: skip
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the canonical weights, with H and K in the metadata, to one safetensors file."""
-        save_file(self.to_canonical(), os.fspath(path), metadata=weights_metadata(self.dims))
+        """Write the canonical weights, with H, K and the RoPE settings in the metadata, to one
+        safetensors file."""
+        metadata = weights_metadata(self.dims, self.rope)
+        save_file(self.to_canonical(), os.fspath(path), metadata=metadata)
 
     @classmethod
     def load(
         cls, path: str | os.PathLike, *, dtype: np.typing.DTypeLike | None = None
     ) -> GroupedQueryAttention:
-        """A module from a file written by ``save`` (by any of the three implementations)."""
+        """A module from a file written by ``save`` (by any of the three implementations), with
+        the RoPE settings the file carries."""
         with safe_open(os.fspath(path), framework="numpy") as f:
             n_heads, n_kv_heads = heads_from_metadata(f.metadata())
+            options = options_from_metadata(f.metadata())  # RoPE settings, if any
             weights = {name: f.get_tensor(name) for name in f.keys()}
-        return cls.from_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype)
+        return cls.from_canonical(
+            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, **options
+        )
 
 
 class MultiHeadAttention(GroupedQueryAttention):
@@ -391,12 +431,16 @@ class MultiHeadAttention(GroupedQueryAttention):
         head_dim: int | None = None,
         value_head_dim: int | None = None,
         bias: bool = True,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
         dtype: np.typing.DTypeLike = np.float32,
         rng: np.random.Generator | int = 0,
     ) -> None:
         super().__init__(
             d_model, n_heads, n_heads, head_dim=head_dim, value_head_dim=value_head_dim,
-            bias=bias, dtype=dtype, rng=rng,
+            bias=bias, rope_theta=rope_theta, rope_interleaved=rope_interleaved,
+            rotary_dim=rotary_dim, dtype=dtype, rng=rng,
         )  # fmt: skip
 
     @classmethod
@@ -407,13 +451,19 @@ class MultiHeadAttention(GroupedQueryAttention):
         n_heads: int,
         n_kv_heads: int | None = None,
         dtype: np.typing.DTypeLike | None = None,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
     ) -> MultiHeadAttention:
         """As :meth:`GroupedQueryAttention.from_canonical`; n_kv_heads is (and defaults to) H."""
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        return super().from_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype)
+        return super().from_canonical(
+            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype,
+            rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim,
+        )  # fmt: skip
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype) -> MultiHeadAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, rope: dict) -> MultiHeadAttention:
         # K = H always: weights with K != H then fail load_canonical's size check.
         return cls(dims.M, dims.H, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                   dtype=dtype)  # fmt: skip
+                   dtype=dtype, **rope)  # fmt: skip

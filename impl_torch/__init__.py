@@ -1,13 +1,21 @@
 """PyTorch reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_torch.flash import flash_attention
-from impl_torch.functional import attention_weights, causal_mask, scaled_dot_product_attention
+from impl_torch.functional import (
+    alibi_slopes,
+    attention_weights,
+    causal_mask,
+    scaled_dot_product_attention,
+)
 from impl_torch.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_torch.rotary import apply_rotary
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "alibi_slopes",
+    "apply_rotary",
     "attention_weights",
     "causal_mask",
     "flash_attention",

@@ -17,9 +17,17 @@ from __future__ import annotations
 
 import torch
 
-from attention_spec import AttentionDims, causal_offset, check_attention, check_causal_mask_args
+from attention_spec import (
+    AttentionDims,
+    alibi_slope_values,
+    causal_offset,
+    check_attention,
+    check_causal_mask_args,
+    check_size,
+)
+from attention_spec.rules import alibi, causal, segments, window
 
-__all__ = ["attention_weights", "causal_mask", "scaled_dot_product_attention"]
+__all__ = ["alibi_slopes", "attention_weights", "causal_mask", "scaled_dot_product_attention"]
 
 
 def causal_mask(
@@ -38,7 +46,14 @@ def causal_mask(
     offset = causal_offset(q_len, kv_len, alignment)
     i = torch.arange(q_len, device=device)[:, None]  # (L, 1)
     j = torch.arange(kv_len, device=device)[None, :]  # (1, S)
-    return j <= i + offset  # (L, S)
+    return causal(i, j, offset)  # (L, S)
+
+
+def alibi_slopes(n_heads: int, *, device: torch.device | str | None = None) -> torch.Tensor:
+    """The ALiBi paper's slopes of ``n_heads`` heads, ``(H,)`` float32: ``2 ** (-8 (h + 1) / H)``
+    for H a power of two, interleaved from the next power of two otherwise."""
+    check_size("n_heads (H)", n_heads)
+    return torch.tensor(alibi_slope_values(n_heads), dtype=torch.float32, device=device)
 
 
 def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -63,13 +78,28 @@ def _as_tensors(*arrays: object) -> tuple[torch.Tensor | None, ...]:
     return tuple(_as_tensor(a, device) for a in arrays)
 
 
-def _allowed(dims: AttentionDims, mask, causal_alignment: str, device) -> torch.Tensor | None:
-    """Step 4's rule, ``allowed(i, j) = mask AND causal``, broadcastable to ``(..., H, L, S)``;
-    None when every position is allowed."""
-    allowed = mask
+def _cast(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
+    """``x`` in ``dtype`` (a value too large for it becomes +/-inf); None stays None."""
+    return None if x is None else x.to(dtype)
+
+
+def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids):
+    """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
+    one block of the tiled path, with that block's slices of mask and segment ids):
+    ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
+    ``(..., H, L, S)``; None when no rule is given."""
+    rules = [] if mask is None else [mask]
     if dims.is_causal:
-        causal = causal_mask(dims.L, dims.S, alignment=causal_alignment, device=device)  # (L, S)
-        allowed = causal if allowed is None else allowed & causal
+        rules.append(causal(i, j, offset))  # (L, S)
+    if dims.window is not None:
+        rules.append(window(i, j, offset, dims.window))  # (L, S)
+    if q_segment_ids is not None:
+        rules.append(segments(q_segment_ids, kv_segment_ids))  # (..., 1, L, S)
+    if not rules:
+        return None
+    allowed = rules[0]
+    for rule in rules[1:]:
+        allowed = allowed & rule
     return allowed
 
 
@@ -94,10 +124,10 @@ def _unattended_zeroed(x: torch.Tensor, attended) -> torch.Tensor:
     return x if attended is None else torch.where(attended[..., None], x, 0.0)
 
 
-def _weights(query, key, dims: AttentionDims, allowed, bias) -> torch.Tensor:
+def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
-    G, S = dims.G, dims.S
+    G, L, S = dims.G, dims.L, dims.S
 
     # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     q = query.to(ct)  # (..., H, L, D)
@@ -111,24 +141,47 @@ def _weights(query, key, dims: AttentionDims, allowed, bias) -> torch.Tensor:
     if dims.softcap is not None:
         s = dims.softcap * torch.tanh(s / dims.softcap)  # out of place: tanh keeps its output
 
-    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf).
+    # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf) + ALiBi's
+    #    -slope[h] * |i + offset - j|.
     if bias is not None:
         s.add_(bias)
+    if slopes is not None:
+        i = torch.arange(L, device=s.device)[:, None]  # (L, 1)
+        j = torch.arange(S, device=s.device)[None, :]  # (1, S)
+        s.add_(alibi(slopes[:, None, None], i, j, offset))  # (H, L, S)
 
-    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal is False.
+    # 4. allowed: s = -inf where allowed(i, j) = mask AND causal AND window AND segment is False.
     if allowed is not None:
         s.masked_fill_(~allowed, float("-inf"))
 
-    # 5. softmax over S, stable; a row with no allowed key (all -inf) gets all-zero weights.
+    # 5. softmax over S, stable, with a sink per head: one more logit in the denominator; a row
+    #    with no allowed key (all -inf) gets all-zero weights, sink or not.
     if S > 0:
         row_max = s.detach().amax(dim=-1, keepdim=True)  # (..., H, L, 1)
     else:
-        row_max = s.new_zeros((*s.shape[:-1], 1))  # no keys at all: every row is fully masked
+        row_max = s.new_full((*s.shape[:-1], 1), float("-inf"))  # no keys at all
+    if sinks is not None:
+        row_max = torch.maximum(row_max, sinks.detach()[:, None, None])  # the sink counts too
     row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # exp(-inf - 0) = 0, not NaN
     s.sub_(row_max).clamp_(max=0.0)  # exp(s - max) <= 1 even if s was rounded differently
     e = s.exp_()  # (..., H, L, S)
     row_sum = e.sum(dim=-1, keepdim=True)  # (..., H, L, 1)
+    if sinks is not None:
+        row_sum = row_sum + (sinks[:, None, None] - row_max).clamp(max=0.0).exp()  # its share
     return e / torch.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
+
+
+def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias, kw):
+    """What steps 1-5 need: the causal offset, the allowed rule, the bias, slopes and sinks in
+    the compute dtype, and the key/value rows no query attends (``kw``: the v2 arrays)."""
+    ct = _compute_dtype(query.dtype)
+    offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
+    i = torch.arange(dims.L, device=query.device)[:, None]  # (L, 1)
+    j = torch.arange(dims.S, device=query.device)[None, :]  # (1, S)
+    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"])
+    bias = _cast(bias, ct)
+    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
 
 
 def attention_weights(
@@ -141,6 +194,11 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention weights ``softmax(scores)``, shape ``(..., H, L, S)``, in the query's dtype.
 
@@ -152,11 +210,20 @@ def attention_weights(
         is_causal: apply the causal rule of ``causal_alignment`` ("top_left" | "bottom_right").
         scale: score scale, default ``1/sqrt(D)``.
         softcap: if given, scores become ``softcap * tanh(scores / softcap)`` before bias/mask.
+        window: ``(left, right)``: query i sees keys ``i + offset - left .. i + offset + right``
+            (inclusive; a side of None is unbounded), with the diagonal of ``causal_alignment``.
+        q_segment_ids, kv_segment_ids: integers broadcastable to ``(..., L)`` and ``(..., S)``,
+            both or neither: a query attends only keys of its own segment (packed documents).
+        sinks: ``(H,)`` floating, one extra logit per head in the softmax's denominator.
+        alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` is added to the scores.
 
     Array-likes are converted with ``torch.as_tensor`` (on the device of the tensors given).
     Rows with no allowed key are all zeros, with zero gradient.
     """
-    query, key, mask, bias = _as_tensors(query, key, mask, bias)
+    query, key, mask, bias, *v2 = _as_tensors(
+        query, key, mask, bias, q_segment_ids, kv_segment_ids, sinks, alibi_slopes
+    )
+    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
     dims = check_attention(
         query,
         key,
@@ -166,11 +233,14 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        window=window,
+        **kw,
     )
-    bias = None if bias is None else bias.to(_compute_dtype(query.dtype))
-    allowed = _allowed(dims, mask, causal_alignment, query.device)
-    key = _unattended_zeroed(key, _attended(allowed, bias, dims.scores_shape, dims.K))
-    weights = _weights(query, key, dims, allowed, bias)
+    offset, allowed, bias, slopes, sinks, attended = _prepared(
+        query, key, dims, causal_alignment, mask, bias, kw
+    )
+    key = _unattended_zeroed(key, attended)
+    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
     return weights.to(query.dtype)
 
 
@@ -185,6 +255,11 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """``softmax(query @ key^T * scale [+ bias] [masked]) @ value``, shape ``(..., H, L, E)``.
 
@@ -192,12 +267,16 @@ def scaled_dot_product_attention(
         query: ``(..., H, L, D)``.
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
         value: ``(..., K, S, E)``; the same dtype as query and key.
-        mask, bias, is_causal, causal_alignment, scale, softcap: see :func:`attention_weights`.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: see :func:`attention_weights`.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output or a gradient, even holding NaN or inf.
     """
-    query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
+    query, key, value, mask, bias, *v2 = _as_tensors(
+        query, key, value, mask, bias, q_segment_ids, kv_segment_ids, sinks, alibi_slopes
+    )
+    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
     dims = check_attention(
         query,
         key,
@@ -208,12 +287,14 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        window=window,
+        **kw,
     )
-    bias = None if bias is None else bias.to(_compute_dtype(query.dtype))
-    allowed = _allowed(dims, mask, causal_alignment, query.device)
-    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
+    offset, allowed, bias, slopes, sinks, attended = _prepared(
+        query, key, dims, causal_alignment, mask, bias, kw
+    )
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
-    weights = _weights(query, key, dims, allowed, bias)
+    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
 
     # 6. output = weights @ value, then back to the input dtype.
     v = value.to(weights.dtype).repeat_interleave(dims.G, dim=-3)  # (..., H, S, E)

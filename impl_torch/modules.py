@@ -11,6 +11,7 @@ splits heads, calls it, merges heads and projects back:
 
     x (B, L, M)        --q_proj, split heads-->  q (B, H, L, D)
     context (B, S, M)  --k_proj, v_proj------->  k (B, K, S, D), v (B, K, S, E)
+    (rope_theta given: apply_rotary(q), apply_rotary(k) at their positions)
     scaled_dot_product_attention(q, k, v)    ->  (B, H, L, E)
     --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
 
@@ -40,7 +41,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from torch import nn
 
-from attention_spec import dtype_name
+from attention_spec import causal_offset, check_rope_config, dtype_name
 from attention_spec.modules import (
     PROJECTIONS,
     ModuleDims,
@@ -52,9 +53,11 @@ from attention_spec.modules import (
     check_padding_mask_args,
     heads_from_metadata,
     module_dtype,
+    options_from_metadata,
     weights_metadata,
 )
 from impl_torch.functional import _as_tensors, attention_weights, scaled_dot_product_attention
+from impl_torch.rotary import apply_rotary
 
 __all__ = [
     "GroupedQueryAttention",
@@ -171,6 +174,10 @@ class GroupedQueryAttention(nn.Module):
         head_dim: query/key head dim D, default ``d_model // n_heads`` (then M % H must be 0).
         value_head_dim: value head dim E, default D.
         bias: whether the four projections have biases.
+        rope_theta: turns rotary position embedding on (None: off), with this base: queries and
+            keys are rotated after the projections (``apply_rotary``); see ``_rotate``.
+        rope_interleaved: RoPE pairs ``(x[2p], x[2p+1])`` instead of ``(x[p], x[p + R/2])``.
+        rotary_dim: R, the leading features of each query/key head rotated (default D).
         dtype: the weights' dtype (float64, float32, float16 or bfloat16; default torch's
             default dtype); inputs must match it.
         device: where the weights live.
@@ -190,6 +197,9 @@ class GroupedQueryAttention(nn.Module):
         head_dim: int | None = None,
         value_head_dim: int | None = None,
         bias: bool = True,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
@@ -201,6 +211,7 @@ class GroupedQueryAttention(nn.Module):
             dtype=dtype_name(dtype),
         )  # fmt: skip
         self.dims = dims
+        self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None
         M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
         factory = {"bias": bias, "dtype": dtype, "device": device}
         self.q_proj = nn.Linear(M, H * D, **factory)  # weight (H*D, M)
@@ -241,6 +252,18 @@ class GroupedQueryAttention(nn.Module):
         k = self.k_proj(context).view(B, S, self.dims.K, self.dims.D)  # (B, S, K, D)
         v = self.v_proj(context).view(B, S, self.dims.K, self.dims.E)  # (B, S, K, E)
         return k.transpose(1, 2), v.transpose(1, 2)  # (B, K, S, D), (B, K, S, E)
+
+    def _rotate(self, q, k, q_start: int, k_start: int):
+        """RoPE of the module's ``rope_theta`` (None: q and k unchanged): query i of
+        ``q (B, H, L, D)`` at position ``q_start + i``, key j of ``k (B, K, S, D)`` at
+        ``k_start + j``."""
+        if self.rope is None:
+            return q, k
+        L, S = q.shape[2], k.shape[2]
+        rope = self.rope.keywords()  # theta, rotary_dim, interleaved
+        q = apply_rotary(q, q_start + torch.arange(L, device=q.device), **rope)  # (B, H, L, D)
+        k = apply_rotary(k, k_start + torch.arange(S, device=k.device), **rope)  # (B, K, S, D)
+        return q, k
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
@@ -290,6 +313,9 @@ class GroupedQueryAttention(nn.Module):
         # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
         k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
+        #    RoPE: query i at i + offset (the causal alignment's diagonal: 0 for self-attention,
+        #    S - L for bottom_right), key j at j.
+        q, k = self._rotate(q, k, causal_offset(q.shape[2], k.shape[2], causal_alignment), 0)
         # 2. attention of every head: the functional API (query head h reads kv head h // G).
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
@@ -353,6 +379,8 @@ class GroupedQueryAttention(nn.Module):
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
         k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
+        #    RoPE: new token i at cache.position + i; the cache keeps the rotated keys.
+        q, k_new = self._rotate(q, k_new, cache.position, cache.position)
         # 2. the cache: the new keys and values written at position .. position + L - 1.
         cache = cache.write(k_new, v_new)  # holds S = position + L tokens
         k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
@@ -402,11 +430,15 @@ class GroupedQueryAttention(nn.Module):
         n_heads: int,
         n_kv_heads: int,
         dtype: torch.dtype | str | None = None,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
         device: torch.device | str | None = None,
     ) -> GroupedQueryAttention:
         """A module holding ``weights`` (canonical dict); M, D, E and bias come from the shapes.
 
-        ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too).
+        ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too);
+        ``rope_theta``, ``rope_interleaved``, ``rotary_dim`` are the constructor's.
         """
         weights = {name: np.asarray(w) for name, w in weights.items()}
         dims = check_canonical(
@@ -415,18 +447,21 @@ class GroupedQueryAttention(nn.Module):
             n_kv_heads=n_kv_heads,
         )
         dtype = _torch_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype)
-        module = cls._with_dims(dims, dtype, device)
+        rope = dict(rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim)
+        module = cls._with_dims(dims, dtype, device, rope)
         module.load_canonical(weights)
         return module
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, device) -> GroupedQueryAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, device, rope: dict) -> GroupedQueryAttention:
         return cls(dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E,
-                   bias=dims.bias, dtype=dtype, device=device)  # fmt: skip
+                   bias=dims.bias, dtype=dtype, device=device, **rope)  # fmt: skip
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the canonical weights, with H and K in the metadata, to one safetensors file."""
-        save_file(self.to_canonical(), os.fspath(path), metadata=weights_metadata(self.dims))
+        """Write the canonical weights, with H, K and the RoPE settings in the metadata, to one
+        safetensors file."""
+        metadata = weights_metadata(self.dims, self.rope)
+        save_file(self.to_canonical(), os.fspath(path), metadata=metadata)
 
     @classmethod
     def load(
@@ -436,12 +471,14 @@ class GroupedQueryAttention(nn.Module):
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
     ) -> GroupedQueryAttention:
-        """A module from a file written by ``save`` (by any of the three implementations)."""
+        """A module from a file written by ``save`` (by any of the three implementations), with
+        the RoPE settings the file carries."""
         with safe_open(os.fspath(path), framework="numpy") as f:
             n_heads, n_kv_heads = heads_from_metadata(f.metadata())
+            options = options_from_metadata(f.metadata())  # RoPE settings, if any
             weights = {name: f.get_tensor(name) for name in f.keys()}
         return cls.from_canonical(
-            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device
+            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device, **options
         )
 
 
@@ -456,13 +493,17 @@ class MultiHeadAttention(GroupedQueryAttention):
         head_dim: int | None = None,
         value_head_dim: int | None = None,
         bias: bool = True,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(
             d_model, n_heads, n_heads, head_dim=head_dim, value_head_dim=value_head_dim,
-            bias=bias, dtype=dtype, device=device, generator=generator,
+            bias=bias, rope_theta=rope_theta, rope_interleaved=rope_interleaved,
+            rotary_dim=rotary_dim, dtype=dtype, device=device, generator=generator,
         )  # fmt: skip
 
     @classmethod
@@ -473,16 +514,20 @@ class MultiHeadAttention(GroupedQueryAttention):
         n_heads: int,
         n_kv_heads: int | None = None,
         dtype: torch.dtype | str | None = None,
+        rope_theta: float | None = None,
+        rope_interleaved: bool = False,
+        rotary_dim: int | None = None,
         device: torch.device | str | None = None,
     ) -> MultiHeadAttention:
         """As :meth:`GroupedQueryAttention.from_canonical`; n_kv_heads is (and defaults to) H."""
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         return super().from_canonical(
-            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device
-        )
+            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device,
+            rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim,
+        )  # fmt: skip
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, device) -> MultiHeadAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, device, rope: dict) -> MultiHeadAttention:
         # K = H always: weights with K != H then fail load_canonical's size check.
         return cls(dims.M, dims.H, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                   dtype=dtype, device=device)  # fmt: skip
+                   dtype=dtype, device=device, **rope)  # fmt: skip

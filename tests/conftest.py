@@ -1,3 +1,10 @@
+import os
+
+# Tests run on the CPU unless asked otherwise (JAX_PLATFORMS exported before pytest starts): on a
+# GPU box each pytest-xdist worker would otherwise start JAX on the GPU and take its memory, and
+# float32 comparisons against JAX's kernels would see TF32. Set before JAX starts.
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
 import pytest
 import torch
 

@@ -34,15 +34,24 @@ def test_heatmaps_are_the_oracles_weights(figure):
         golden = oracle.attention(x["query"], x["key"], mask=x["mask"], **panel.keywords)
         np.testing.assert_allclose(w, golden.weights[0, 0], rtol=0, atol=F64)
         # where the rule says no, exactly zero; every row sums to one
-        L, S = panel.L, panel.S
+        L, S, kw = panel.L, panel.S, panel.keywords
+        i, j = np.arange(L)[:, None], np.arange(S)[None, :]
+        offset = S - L if kw.get("causal_alignment") == "bottom_right" else 0
         allowed = np.ones((L, S), bool)
-        if panel.keywords.get("is_causal"):
-            offset = S - L if panel.keywords.get("causal_alignment") == "bottom_right" else 0
-            allowed &= np.arange(S)[None, :] <= np.arange(L)[:, None] + offset
+        if kw.get("is_causal"):
+            allowed &= j <= i + offset
+        if "window" in kw:
+            left, right = kw["window"]
+            allowed &= (j >= i + offset - left) & (j <= i + offset + right)
+        if "q_segment_ids" in kw:
+            allowed &= kw["q_segment_ids"][:, None] == kw["kv_segment_ids"][None, :]
         if panel.lengths is not None:
-            allowed &= np.arange(S)[None, :] < panel.lengths
+            allowed &= j < panel.lengths
         assert np.array_equal(w > 0, allowed), panel.title
-        np.testing.assert_allclose(w.sum(-1), 1.0, rtol=0, atol=F64)
+        if "sinks" in kw:  # the sink's share: sum_j e^s / (sum_j e^s + e^sink) < 1, by row
+            assert (w.sum(-1) < 1.0 - 1e-3).all()
+        else:
+            np.testing.assert_allclose(w.sum(-1), 1.0, rtol=0, atol=F64)
 
 
 def test_the_causal_figure_shows_both_alignments_with_L_unlike_S():

@@ -7,18 +7,21 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.sdpa`: the functional API (``sdpa.*``, also run against
   ``attention_weights`` and ``flash_attention``) and ``causal_mask``;
 - :mod:`~conformance.cases.flash`: block sizes for ``flash_attention`` (``flash.tiling.*``);
+- :mod:`~conformance.cases.masks`: contract v2's windows, segments, sinks and ALiBi;
 - :mod:`~conformance.cases.modules`: ``GroupedQueryAttention``/``MultiHeadAttention`` calls;
 - :mod:`~conformance.cases.decode`: KV-cache decoding in several chunkings;
 - :mod:`~conformance.cases.errors`: every error of the taxonomy, functional and module;
 - :mod:`~conformance.cases.ring`: sharded attention, ring and head-parallel (``ring.*``), and
-  the sharded rules of the taxonomy (``ring.error.*``).
+  the sharded rules of the taxonomy (``ring.error.*``);
+- :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
+  and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``).
 
 ``conformance/generate.py`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
 fixture builder in generate.py and a row in the runner's table.
 """
 
-from conformance.cases import decode, errors, flash, modules, ring, sdpa  # noqa: F401  (registers)
+from conformance.cases import decode, errors, flash, masks, modules, ring, rope, sdpa  # noqa: F401
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
 from conformance.cases.decode import DECODE_CHUNKINGS
 

@@ -151,11 +151,17 @@ def cases(op: str | None = None, kind: str | None = None) -> list[CaseDef]:
 # ---------------------------------------------------------------------------------------------
 
 
+#: The array arguments of contract v2 (stored in the fixture like mask and bias): segment ids
+#: as int32, sinks and ALiBi slopes in the case's dtype.
+V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
+
+
 @dataclass
 class Call:
     """The arguments of one ``scaled_dot_product_attention`` call (float64 or bool arrays, or
     :class:`Zeros` for an error case). ``bias_dtype`` stores the bias in a dtype of its own
-    (the contract allows a float32 bias with float16 queries); None: the case's dtype."""
+    (the contract allows a float32 bias with float16 queries); None: the case's dtype.
+    ``arrays`` holds the v2 arrays given (:data:`V2_ARRAYS`)."""
 
     query: Any
     key: Any
@@ -164,10 +170,14 @@ class Call:
     bias: Any = None
     keywords: dict[str, Any] = field(default_factory=dict)
     bias_dtype: str | None = None
+    arrays: dict[str, Any] = field(default_factory=dict)
 
 
 def call(query, key, value, *, mask=None, bias=None, bias_dtype=None, **keywords) -> Call:
-    return Call(query, key, value, mask, bias, keywords, bias_dtype)
+    """A :class:`Call`; the v2 arrays (segment ids, sinks, ALiBi slopes) go among its arrays,
+    every other keyword (window included) among its keywords."""
+    arrays = {name: keywords.pop(name) for name in V2_ARRAYS if keywords.get(name) is not None}
+    return Call(query, key, value, mask, bias, keywords, bias_dtype, arrays)
 
 
 def normal(rng: np.random.Generator, *shape: int) -> np.ndarray:
@@ -208,8 +218,9 @@ def most_negative(dtype: str) -> float:
 class ModuleCall:
     """One module case: float64 canonical weights, the call's inputs and keywords.
 
-    The module is ``<cls>.from_canonical(weights, n_heads=..., n_kv_heads=...)`` (``n_kv_heads``
-    left out for ``MultiHeadAttention``, which defaults it to H), called as
+    The module is ``<cls>.from_canonical(weights, n_heads=..., n_kv_heads=..., **options)``
+    (``n_kv_heads`` left out for ``MultiHeadAttention``, which defaults it to H; ``options``
+    are the module's settings, e.g. ``rope_theta``), called as
     ``module(x, context, mask=, bias=, **keywords)``.
     """
 
@@ -222,6 +233,7 @@ class ModuleCall:
     mask: Any = None
     bias: Any = None
     keywords: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)
 
 
 def kernel_shapes(m: int, h: int, k: int, d: int, e: int) -> dict[str, tuple[int, int]]:

@@ -247,6 +247,60 @@ def err_is_causal_string():
     return call(*QKV, is_causal="False")
 
 
+@error_case("window_negative", "ConfigError", "window_value")
+def err_window_negative():
+    """window=(-1, 0): a side is an integer >= 0 or None."""
+    return call(*QKV, window=(-1, 0))
+
+
+@error_case("window_not_a_pair", "ConfigError", "window_value")
+def err_window_not_a_pair():
+    """window=(2, 0, 1): a window is a pair (left, right)."""
+    return call(*QKV, window=(2, 0, 1))
+
+
+@error_case("segment_ids_one_side", "ConfigError", "segment_ids_pair")
+def err_segment_ids_one_side():
+    """q_segment_ids without kv_segment_ids: both or neither."""
+    return call(*QKV, q_segment_ids=z(L, dtype="int32"))
+
+
+@error_case("segment_ids_float", "MaskError", "segment_ids_dtype")
+def err_segment_ids_float():
+    """Float segment ids: ids are integers."""
+    return call(*QKV, q_segment_ids=z(L), kv_segment_ids=z(S))
+
+
+@error_case("segment_ids_length", "MaskError", "segment_ids_shape")
+def err_segment_ids_length():
+    """kv_segment_ids of length S + 1 = 8 for S = 7 keys."""
+    return call(*QKV, q_segment_ids=z(L, dtype="int32"), kv_segment_ids=z(S + 1, dtype="int32"))
+
+
+@error_case("sinks_per_kv_head", "DimensionMismatchError", "sinks_shape")
+def err_sinks_shape():
+    """sinks of shape (K,) = (2,): one sink per query head, (H,) = (6,)."""
+    return call(*QKV, sinks=z(K))
+
+
+@error_case("sinks_int", "DTypeError", "sinks_dtype")
+def err_sinks_dtype():
+    """Integer sinks: a sink is a logit, floating."""
+    return call(*QKV, sinks=z(H, dtype="int32"))
+
+
+@error_case("alibi_per_batch", "DimensionMismatchError", "alibi_shape")
+def err_alibi_shape():
+    """alibi_slopes of shape (B, H): one slope per query head, (H,)."""
+    return call(*QKV, alibi_slopes=z(B, H))
+
+
+@error_case("alibi_int", "DTypeError", "alibi_dtype")
+def err_alibi_dtype():
+    """Integer slopes."""
+    return call(*QKV, alibi_slopes=z(H, dtype="int32"))
+
+
 @error_case("value_none", "DTypeError", "not_an_array", WITH_VALUE)
 def err_value_none():
     """value=None: a missing array is DTypeError not_an_array, not an AttributeError from deep

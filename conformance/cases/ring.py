@@ -207,6 +207,65 @@ def batch_broadcast(rng, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# Contract v2 across shards: windows, packed segments, sinks, ALiBi
+# ---------------------------------------------------------------------------------------------
+
+
+@ring_case("window.causal.l32_s32", ("float64", "float32"), shards=(2, 4))
+def window_causal(rng, dtype):
+    """window=(5, 0) with causal, L = S = 32: each row sees itself and the 5 keys before it, so
+    with 4 contiguous shards (8 rows each) a device computes its own diagonal block and the
+    tail of the previous shard, and skips the rest; zigzag's chunks of 4 rows reach back two
+    chunks. Catches a band skip decided from a chunk's first row alone (the later rows of the
+    chunk lose the keys of the next chunk) and a window at positions within the shard."""
+    return call(*_qkv(rng, l=32, s=32), window=(5, 0), is_causal=True)
+
+
+@ring_case("window.both.bottom_right.l32_s48", ("float64",), shards=(2, 4))
+def window_both_bottom_right(rng, dtype):
+    """window=(3, 2), no causal, L = 32 < S = 48, bottom_right: the band's diagonal is
+    i + 16, so every query shard's keys lie in a later key shard, and both sides of the band
+    cross shard boundaries."""
+    return call(*_qkv(rng, l=32, s=48), window=(3, 2), causal_alignment="bottom_right")
+
+
+@ring_case("segments.packed.causal.l32_s32", ("float64", "float32"), shards=(2, 4))
+def segments_packed(rng, dtype):
+    """Three packed documents of 11, 13 and 8 tokens (boundaries inside shards, not on them),
+    causal, B = 2 (example 1: one document): a query attends earlier keys of its own document
+    only. Each key chunk's ids must travel with (or be read at) that chunk's places; the ids of
+    the device's own query chunk are the wrong ones."""
+    ids = np.repeat([0, 1, 2], [11, 13, 8])
+    ids = np.stack([ids, np.zeros(32, dtype=int)])  # (B, L)
+    return call(*_qkv(rng, batch=(2,), l=32, s=32), q_segment_ids=ids, kv_segment_ids=ids,
+                is_causal=True)  # fmt: skip
+
+
+@ring_case("sinks.padding.l32_s32", ("float64", "float32"), shards=(2, 4))
+def sinks_padding(rng, dtype):
+    """A sink per head with a (B, 1, L, S) mask (B = 2; example 1 keeps keys 0 .. 9, and its
+    rows 0 .. 3 see none) and causal: the sink joins each row's denominator once, after the
+    last merge; a row with no key stays zero. Catches a sink added in every block (counted once
+    per step) and a sink dropped."""
+    mask = np.ones((2, 1, 32, 32), dtype=bool)
+    mask[1, :, :, 10:] = False
+    mask[1, :, :4, :] = False
+    return call(*_qkv(rng, batch=(2,), l=32, s=32), mask=mask, is_causal=True,
+                sinks=np.array([0.5, -1.0, 2.0, 0.0]))  # fmt: skip
+
+
+@ring_case("alibi.causal.bottom_right.l32_s48", ("float64", "float32"), shards=(2, 4))
+def alibi_bottom_right(rng, dtype):
+    """ALiBi (slopes of 4 heads, the paper's rule) with causal bottom_right, L = 32 < S = 48:
+    the bias -slope[h] * |i + 16 - j| is computed per block at the block's places in the whole
+    sequence. Catches ALiBi at positions within the shard (every block would see distances as
+    if it were on the diagonal)."""
+    slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)
+    return call(*_qkv(rng, l=32, s=48), alibi_slopes=slopes, is_causal=True,
+                causal_alignment="bottom_right")  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors: the sharded rules of the taxonomy
 # ---------------------------------------------------------------------------------------------
 

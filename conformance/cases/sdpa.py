@@ -491,3 +491,36 @@ def garbage_neg_inf_bias_column(rng, dtype):
     bias = 0.5 * normal(rng, B, H, L, S)
     bias[..., 3] = -math.inf
     return call(q, k, v, bias=bias)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sizes the GPU fused kernels take (the benchmark gates each pinned backend on these)
+# ---------------------------------------------------------------------------------------------
+
+#: The dtypes the GPU fused kernels compute in.
+HALF_DTYPES = ("float16", "bfloat16")
+#: query/key/value sizes every fused GPU kernel accepts: D = E = 16 (a multiple of 8, at most
+#: 128), L = 8, S = 24; B = 2 and H = 4 keep the axes pairwise distinct.
+KERNEL_SIZES = {"l": 8, "s": 24, "d": 16, "e": 16}
+
+
+@sdpa_case("kernel.d16.mha", HALF_DTYPES)
+def kernel_d16_mha(rng, dtype):
+    """MHA (H = K = 4) with D = E = 16: a case torch's flash, memory-efficient and cuDNN SDPA
+    backends and JAX's cuDNN attention all accept (the small cases above, D = 11 or 2 and
+    E != D, never reach those kernels)."""
+    return call(*qkv(rng, h=4, k=4, **KERNEL_SIZES))
+
+
+@sdpa_case("kernel.d16.causal", HALF_DTYPES)
+def kernel_d16_causal(rng, dtype):
+    """The same sizes with is_causal (top_left, L < S): the kernels' own causal path, which
+    skips the masked blocks instead of masking a score matrix."""
+    return call(*qkv(rng, h=4, k=4, **KERNEL_SIZES), is_causal=True)
+
+
+@sdpa_case("kernel.d16.gqa", HALF_DTYPES)
+def kernel_d16_gqa(rng, dtype):
+    """GQA 4:2 at the same sizes: the kernels that take grouped heads natively (a kernel that
+    does not is reported unsupported by the benchmark's gate, not failed)."""
+    return call(*qkv(rng, h=4, k=2, **KERNEL_SIZES))

@@ -54,9 +54,13 @@ _STATIC_KEYWORDS = (
     "causal_alignment",
     "scale",
     "softcap",
+    "window",
     "block_q",
     "block_k",
     "return_lse",
+    "theta",
+    "rotary_dim",
+    "interleaved",
 )
 
 

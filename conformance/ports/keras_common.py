@@ -18,7 +18,13 @@ The wrapper does layout plumbing only, never semantics:
   pads the smaller head dim with zeros (zero columns change neither the scores nor the output),
   passing the default scale 1/sqrt(D) of the unpadded D when it pads the query;
 - bottom-right causal alignment does not exist in keras: NotImplementedError; ``softcap`` goes to
-  keras's ``attn_logits_soft_cap`` (which only JAX on TPU takes; keras raises elsewhere).
+  keras's ``attn_logits_soft_cap`` (which only JAX on TPU takes; keras raises elsewhere);
+- the v2 rules are what a keras user hands the op: a ``window`` (placed on the diagonal of
+  ``causal_alignment``, both alignments, since it is a mask built here) and packed
+  ``q_segment_ids``/``kv_segment_ids`` become a boolean ``mask`` (AND the caller's),
+  ``alibi_slopes`` an additive ``bias`` ``-slope[h] * |i + offset - j|`` in the slopes' dtype
+  (plus the caller's), built here from the contract's formulas with ``keras.ops``; keras has no
+  ``sinks``: NotImplementedError.
 
 :func:`attention_weights` runs the same kernel with the identity as value, so the output is the
 weight matrix. There is no public causal-mask function, so the keras ports have no
@@ -65,14 +71,25 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    sinks: Any = None,
+    alibi_slopes: Any = None,
 ) -> Any:
     """keras.ops.dot_product_attention on the contract's layout: query (..., H, L, D),
     key (..., K, S, D), value (..., K, S, E) -> (..., H, L, E)."""
+    if sinks is not None:
+        raise NotImplementedError("keras.ops.dot_product_attention has no sinks")
     if is_causal and causal_alignment not in ("top_left", "bottom_right"):
         raise ValueError(f"keras has no causal alignment {causal_alignment!r}")
     if is_causal and causal_alignment == "bottom_right":
         raise NotImplementedError("keras.ops.dot_product_attention's is_causal is top-left only")
     D, E = query.shape[-1], value.shape[-1]
+    mask, bias = _v2_as_mask_and_bias(
+        mask, bias, query.shape[-2], key.shape[-2], causal_alignment, window, q_segment_ids,
+        kv_segment_ids, alibi_slopes,
+    )  # fmt: skip
 
     # Head dims: keras wants value's E equal to D; zero columns change nothing. query and key
     # get the same number of columns, so a key whose D differs from the query's still differs.
@@ -96,6 +113,29 @@ def scaled_dot_product_attention(
     return ops.swapaxes(out, -3, -2)[..., :E]  # (..., H, L, E)
 
 
+def _v2_as_mask_and_bias(mask, bias, L, S, alignment, window, q_ids, kv_ids, slopes):
+    """The window and segments folded into the boolean mask, ALiBi into the bias."""
+    offset = 0 if alignment == "top_left" else S - L
+    rows = ops.expand_dims(ops.arange(L), 1) + offset  # (L, 1): each row's diagonal key
+    keys = ops.expand_dims(ops.arange(S), 0)  # (1, S)
+    extra = []
+    if window is not None:
+        left, right = window
+        if left is not None:
+            extra.append(ops.greater_equal(keys, rows - left))
+        if right is not None:
+            extra.append(ops.less_equal(keys, rows + right))
+    if q_ids is not None:
+        extra.append(ops.equal(q_ids[..., None, :, None], kv_ids[..., None, None, :]))
+    for allowed in extra:  # (L, S) or (..., 1, L, S)
+        mask = allowed if mask is None else ops.logical_and(mask, allowed)
+    if slopes is not None:
+        distance = ops.cast(ops.abs(rows - keys), slopes.dtype)  # (L, S)
+        alibi = -slopes[:, None, None] * distance  # (H, L, S)
+        bias = alibi if bias is None else bias + alibi
+    return mask, bias
+
+
 def attention_weights(
     query: Any,
     key: Any,
@@ -106,6 +146,7 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    **v2: Any,
 ) -> Any:
     """The weights (..., H, L, S) from keras's kernel: attention with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -121,4 +162,5 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        **v2,
     )

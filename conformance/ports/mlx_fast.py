@@ -16,6 +16,12 @@ The wrapper only translates the contract's keywords into MLX's, and never fixes 
   together with a mask or bias (MLX takes one mask) the same rule is folded into that mask.
   top_left does not exist in MLX: NotImplementedError, never a mask built in its place;
 - ``softcap`` does not exist in MLX: NotImplementedError;
+- ``sinks`` is MLX's own ``sinks`` argument (one logit per query head), passed as given;
+- the other v2 rules are what an MLX user hands the kernel: a ``window`` (placed on the
+  diagonal of ``causal_alignment``, both alignments, since it is a mask built here) and packed
+  ``q_segment_ids``/``kv_segment_ids`` as a boolean mask, ``alibi_slopes`` as an additive one,
+  ``-slope[h] * |i + offset - j|`` in the slopes' dtype, all built here from the contract's
+  formulas and folded into the one ``mask`` like the v1 mask and bias;
 - shapes are passed as they are (MLX takes exactly 4-D query, key and value with equal batch
   sizes; it does GQA itself and allows E != D).
 
@@ -30,6 +36,7 @@ port has no ``causal_mask``.
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import ml_dtypes
 import mlx.core as mx
@@ -75,6 +82,11 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: mx.array | None = None,
+    kv_segment_ids: mx.array | None = None,
+    sinks: mx.array | None = None,
+    alibi_slopes: mx.array | None = None,
 ) -> mx.array:
     """MLX's fast SDPA on the contract's layout: query (B, H, L, D), key (B, K, S, D),
     value (B, K, S, E) -> (B, H, L, E)."""
@@ -91,6 +103,10 @@ def scaled_dot_product_attention(
     if scale is None:  # 1/sqrt(D), and inf for D = 0 (what the kernel then does is measured)
         scale = 1.0 / math.sqrt(D) if D > 0 else math.inf
 
+    mask, bias = _v2_as_mask_and_bias(
+        mask, bias, L, S, causal_alignment, window, q_segment_ids, kv_segment_ids, alibi_slopes
+    )
+
     attn_mask: mx.array | str | None = None
     if bias is not None:
         attn_mask = bias if mask is None else mx.where(mask, bias, -math.inf)
@@ -106,9 +122,34 @@ def scaled_dot_product_attention(
             else:
                 attn_mask = mx.where(allowed, attn_mask, -math.inf)
 
-    out = mx.fast.scaled_dot_product_attention(query, key, value, scale=scale, mask=attn_mask)
+    out = mx.fast.scaled_dot_product_attention(
+        query, key, value, scale=scale, mask=attn_mask, sinks=sinks
+    )
     mx.eval(out)
     return out
+
+
+def _v2_as_mask_and_bias(mask, bias, L, S, alignment, window, q_ids, kv_ids, slopes):
+    """The window and segments folded into the boolean mask, ALiBi into the bias."""
+    offset = 0 if alignment == "top_left" else S - L
+    rows = mx.arange(L)[:, None] + offset  # (L, 1): each row's diagonal key
+    keys = mx.arange(S)[None, :]  # (1, S)
+    extra = []
+    if window is not None:
+        left, right = window
+        if left is not None:
+            extra.append(keys >= rows - left)
+        if right is not None:
+            extra.append(keys <= rows + right)
+    if q_ids is not None:
+        extra.append(q_ids[..., None, :, None] == kv_ids[..., None, None, :])  # (..., 1, L, S)
+    for allowed in extra:
+        mask = allowed if mask is None else mx.logical_and(mask, allowed)
+    if slopes is not None:
+        distance = mx.abs(rows - keys).astype(slopes.dtype)  # (L, S)
+        alibi = -slopes[:, None, None] * distance  # (H, L, S)
+        bias = alibi if bias is None else bias + alibi
+    return mask, bias
 
 
 def attention_weights(
@@ -121,6 +162,7 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    **v2: Any,
 ) -> mx.array:
     """The weights (B, H, L, S) from MLX's kernel: SDPA with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -135,4 +177,5 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        **v2,
     )

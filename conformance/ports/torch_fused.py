@@ -12,7 +12,14 @@ The wrapper only translates the contract's keywords into torch's, and never fixe
   ``torch.nn.attention.bias.causal_lower_right``; together with a mask or bias (which torch
   refuses next to ``is_causal``) the causal rule is folded into ``attn_mask``;
 - GQA is ``enable_gqa=True``;
-- ``softcap`` does not exist in torch: NotImplementedError.
+- ``softcap`` does not exist in torch: NotImplementedError;
+- float32 runs with IEEE float32 matmuls whatever the process allows (TF32 off inside the call,
+  :mod:`conformance.ports.precision`): the fixtures' float32 bounds are ~1e-6, TF32's errors
+  1e-4 to 1e-3, and that is a global setting, not the kernel's semantics.
+
+:func:`pinned` gives this port with one SDPA backend forced (``sdpa_kernel([backend])``), so a
+backend is checked on its own kernel; a backend that has no kernel for a case raises torch's
+"No available kernel" error, which the benchmark's gate reports as unsupported.
 
 torch has no weights function; :func:`attention_weights` runs the same kernel with the identity
 as value (one value column per key), so the output *is* the weight matrix. There is no public
@@ -21,15 +28,49 @@ causal-mask function, so this port has no ``causal_mask``.
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import types
 import warnings
+from collections.abc import Iterator
+from typing import Any
 
 import torch
 import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
-__all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "to_numpy"]
+__all__ = [
+    "BACKENDS",
+    "attention_weights",
+    "backend",
+    "from_numpy",
+    "pinned",
+    "scaled_dot_product_attention",
+    "to_numpy",
+]
+
+#: The SDPA backends by the short names the benchmark's rows use.
+BACKENDS: dict[str, SDPBackend] = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+
+
+@contextlib.contextmanager
+def backend(name: str | None) -> Iterator[None]:
+    """Force one SDPA backend (``math``, ``flash``, ``efficient``, ``cudnn``) in the block;
+    None leaves torch's own dispatch."""
+    if name is None:
+        yield
+        return
+    with sdpa_kernel([BACKENDS[name]]):
+        yield
 
 
 def scaled_dot_product_attention(
@@ -43,13 +84,26 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """torch's SDPA on the contract's layout: query (..., H, L, D), key (..., K, S, D),
-    value (..., K, S, E) -> (..., H, L, E)."""
+    value (..., K, S, E) -> (..., H, L, E). The v2 rules are what a torch user hands SDPA: a
+    window and packed segments as a boolean ``attn_mask``, ALiBi as an additive one (built
+    here, from the formulas, not from this project's rules)."""
     if softcap is not None:
         raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no softcap")
+    if sinks is not None:
+        raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no sinks")
     H, L = query.shape[-3], query.shape[-2]
     K, S = key.shape[-3], key.shape[-2]
+    mask, bias = _v2_as_mask_and_bias(
+        mask, bias, query.device, L, S, causal_alignment, window, q_segment_ids,
+        kv_segment_ids, alibi_slopes,
+    )  # fmt: skip
 
     attn_mask = None
     if bias is not None:
@@ -75,15 +129,39 @@ def scaled_dot_product_attention(
             else:
                 attn_mask = torch.where(allowed, attn_mask, float("-inf"))
 
-    return F.scaled_dot_product_attention(
-        query,
-        key,
-        value,
-        attn_mask=attn_mask,
-        is_causal=torch_is_causal,
-        scale=scale,
-        enable_gqa=H != K,
-    )
+    with torch_ieee_float32():
+        return F.scaled_dot_product_attention(
+            query,
+            key,
+            value,
+            attn_mask=attn_mask,
+            is_causal=torch_is_causal,
+            scale=scale,
+            enable_gqa=H != K,
+        )
+
+
+def _v2_as_mask_and_bias(mask, bias, device, L, S, alignment, window, q_ids, kv_ids, slopes):
+    """The window and segments folded into the boolean mask, ALiBi into the bias."""
+    offset = 0 if alignment == "top_left" else S - L
+    rows = torch.arange(L, device=device)[:, None] + offset  # (L, 1): each row's diagonal key
+    keys = torch.arange(S, device=device)[None, :]  # (1, S)
+    extra = []
+    if window is not None:
+        left, right = window
+        if left is not None:
+            extra.append(keys >= rows - left)
+        if right is not None:
+            extra.append(keys <= rows + right)
+    if q_ids is not None:
+        extra.append(q_ids[..., None, :, None] == kv_ids[..., None, None, :])  # (..., 1, L, S)
+    for allowed in extra:
+        mask = allowed if mask is None else mask & allowed
+    if slopes is not None:
+        distance = (rows - keys).abs().to(slopes.dtype)  # (L, S)
+        alibi = -slopes[:, None, None] * distance  # (H, L, S)
+        bias = alibi if bias is None else bias + alibi
+    return mask, bias
 
 
 def attention_weights(
@@ -96,6 +174,7 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    **v2: Any,
 ) -> torch.Tensor:
     """The weights (..., H, L, S) from torch's kernel: SDPA with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -111,4 +190,27 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
+        **v2,
     )
+
+
+def pinned(name: str) -> types.ModuleType:
+    """This port with the SDPA backend ``name`` forced (a key of :data:`BACKENDS`), named
+    ``conformance.ports.torch_fused[<name>]``; its xfails are this port's own file."""
+    if name not in BACKENDS:
+        raise ValueError(f"no SDPA backend {name!r}; backends: {sorted(BACKENDS)}")
+    port = types.ModuleType(f"{__name__}[{name}]", f"torch SDPA pinned to the {name} backend")
+    port.__file__ = __file__
+
+    def pin(function):
+        @functools.wraps(function)
+        def run(*args, **kwargs):
+            with backend(name):
+                return function(*args, **kwargs)
+
+        return run
+
+    port.scaled_dot_product_attention = pin(scaled_dot_product_attention)
+    port.attention_weights = pin(attention_weights)
+    port.from_numpy, port.to_numpy = from_numpy, to_numpy
+    return port

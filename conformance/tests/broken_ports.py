@@ -21,10 +21,13 @@ import ml_dtypes  # noqa: F401  (np.dtype("bfloat16"))
 import numpy as np
 
 from attention_spec import (
+    NO_VALUE,
     AttentionError,
     causal_offset,
     check_attention,
     check_causal_mask_args,
+    check_rope_config,
+    check_rotary,
 )
 from attention_spec.modules import (
     check_cache_size,
@@ -32,6 +35,7 @@ from attention_spec.modules import (
     check_decode_inputs,
     check_module_config,
     check_module_inputs,
+    module_dtype,
 )
 
 #: bug -> (what it does, a run id that must fail because of it)
@@ -93,6 +97,52 @@ BUGS: dict[str, tuple[str, str]] = {
         "softmax computed in float16 itself, no upcast, no max subtraction",
         "sdpa.large_logits.shifted.float16",
     ),
+    # -- contract v2: windows, segments, sinks, ALiBi ----------------------------------------
+    "window_left_exclusive": (
+        "window's left end exclusive: (W, 0) covers W keys, not W + 1",
+        "sdpa.window.left_only.float32",
+    ),
+    "window_right_exclusive": (
+        "window's right end exclusive: (L, 1) sees only the diagonal ahead",
+        "sdpa.window.right_only.float32",
+    ),
+    "window_no_offset": (
+        "window measured from i, never from the alignment's diagonal i + offset",
+        "sdpa.window.causal.bottom_right.float32",
+    ),
+    "window_offset_only_if_causal": (
+        "window placed on the bottom-right diagonal only when is_causal is set (top-left else)",
+        "sdpa.window.both.bottom_right.float32",
+    ),
+    "segments_less_equal": (
+        "segment ids compared with <=: a query also sees every earlier document",
+        "sdpa.segments.two_docs.float32",
+    ),
+    "sink_scaled": (
+        "the sink logit multiplied by the score scale",
+        "sdpa.sinks.basic.float32",
+    ),
+    "sink_softcapped": (
+        "the sink logit softcapped like a score",
+        "sdpa.sinks.with_mask_and_softcap.float32",
+    ),
+    "sink_has_value": (
+        "the sink attended as a real token with the first key's value (not a zero vector)",
+        "sdpa.sinks.basic.float32",
+    ),
+    "sinks_dropped": ("sinks ignored (an eager path without them)", "sdpa.sinks.gqa.h8_k1.float32"),
+    "alibi_reversed": (
+        "ALiBi slopes applied in reverse head order",
+        "sdpa.alibi.pow2.h8.float32",
+    ),
+    "alibi_sign_flipped": (
+        "ALiBi added with the wrong sign: a bonus for distance",
+        "sdpa.alibi.non_pow2.h6.float32",
+    ),
+    "alibi_no_offset": (
+        "ALiBi distance |i - j|, without the alignment's offset",
+        "sdpa.alibi.bottom_right.causal.float32",
+    ),
     # -- modules and the KV cache -----------------------------------------------------------
     "o_proj_transposed": (
         "module: output projection applied as merged @ o_proj.kernel.T (torch's (out, in))",
@@ -120,6 +170,24 @@ BUGS: dict[str, tuple[str, str]] = {
     "cache_no_overflow_check": (
         "decode: no max_len check, the cache just grows (never the cache_overflow error)",
         "decode.error.cache_overflow.float32",
+    ),
+    # -- rotary position embedding ---------------------------------------------------------
+    "rope_pairs_swapped": (
+        "rope: interleaved pairs (x[2p], x[2p+1]) where half-split (x[p], x[p + R/2]) is asked, "
+        "and the other way round",
+        "rope.half.d12.float32",
+    ),
+    "rope_exponent_halved": (
+        "rope: frequencies theta ** (-p / R), the exponent off by a factor 2",
+        "rope.theta.small.float32",
+    ),
+    "rope_angles_low_precision": (
+        "rope: angles, cos and sin computed in the input dtype (bfloat16), not float32",
+        "rope.positions.large_1e5.bfloat16",
+    ),
+    "rope_decode_not_offset": (
+        "decode: new tokens rotated at 0 .. L-1, not cache.position + 0 .. L-1",
+        "decode.rope.gqa.h6_k2.tokens.float32",
     ),
     # -- flash_attention: flash_broken.py ---------------------------------------------
     "flash_no_rescale": (
@@ -158,23 +226,26 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
     if bug is not None and bug not in BUGS:
         raise KeyError(bug)
 
-    def validate(query, key, value, mask, bias, causal_alignment, scale, softcap):
+    def validate(query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2):
         if bug == "no_validation":
             H, L, D = query.shape[-3:]
             K, S = key.shape[-3], key.shape[-2]
             return SimpleNamespace(
-                H=H, K=K, L=L, S=S, D=D, G=H // K, scale=D**-0.5 if scale is None else scale
-            )
+                H=H, K=K, L=L, S=S, D=D, G=H // K, scale=D**-0.5 if scale is None else scale,
+                window=v2.get("window"),
+            )  # fmt: skip
         try:
             dims = check_attention(
                 query,
                 key,
-                *([] if value is None else [value]),  # no value: attention_weights
+                value,  # NO_VALUE: attention_weights
                 mask=mask,
                 bias=bias,
+                is_causal=is_causal,
                 causal_alignment=causal_alignment,
                 scale=scale,
                 softcap=softcap,
+                **v2,
             )
         except AttentionError as exc:
             if bug == "wrong_error_class":
@@ -184,7 +255,7 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
             return SimpleNamespace(**{**vars_of(dims), "scale": 1.0})
         if scale is None and bug == "scale_one_over_d":
             return SimpleNamespace(**{**vars_of(dims), "scale": 1.0 / dims.D})
-        if scale is None and bug == "scale_uses_e" and value is not None:
+        if scale is None and bug == "scale_uses_e" and value is not NO_VALUE:
             return SimpleNamespace(**{**vars_of(dims), "scale": dims.E**-0.5})
         return dims
 
@@ -196,7 +267,38 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         i, j = np.arange(q_len)[:, None], np.arange(kv_len)[None, :]
         return j < i + offset if bug == "causal_off_by_one" else j <= i + offset
 
-    def weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap):
+    def allowed_positions(dims, mask, bias, is_causal, causal_alignment, q_ids, kv_ids):
+        """(..., H|1, L, S) booleans: step 4's rule, and a -inf bias, which excludes its key."""
+        offset = causal_offset(dims.L, dims.S, causal_alignment)
+        i, j = np.arange(dims.L)[:, None], np.arange(dims.S)[None, :]
+        allowed = np.ones((dims.L, dims.S), bool)
+        if mask is not None:
+            allowed = allowed & (~mask if bug == "mask_inverted" else mask)
+        if is_causal:
+            allowed = allowed & causal_mask(dims.L, dims.S, alignment=causal_alignment)
+        if dims.window is not None:
+            left, right = dims.window
+            at = offset
+            if bug == "window_no_offset" or (
+                bug == "window_offset_only_if_causal" and not is_causal
+            ):
+                at = 0
+            if left is not None:
+                allowed = allowed & (
+                    j > i + at - left if bug == "window_left_exclusive" else j >= i + at - left
+                )
+            if right is not None:
+                allowed = allowed & (
+                    j < i + at + right if bug == "window_right_exclusive" else j <= i + at + right
+                )
+        if q_ids is not None:
+            q, kv = q_ids[..., None, :, None], kv_ids[..., None, None, :]  # (..., 1, L|1, 1|S)
+            allowed = allowed & (kv <= q if bug == "segments_less_equal" else q == kv)
+        if bias is not None and bug != "bias_ignored":
+            allowed = allowed & (bias != -np.inf)
+        return allowed, offset
+
+    def weights(query, key, dims, allowed, offset, bias, softcap, sinks, slopes):
         low = bug == "low_precision_softmax" and query.dtype == np.float16
         ct = np.float16 if low else np.float64 if query.dtype == np.float64 else np.float32
         K, G = key.shape[-3], dims.H // key.shape[-3]
@@ -207,27 +309,59 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
             s = softcap * np.tanh(s / softcap)
         if bias is not None and bug != "bias_ignored":
             s = s + bias.astype(ct)
+        if slopes is not None:
+            slopes = slopes.astype(ct)[::-1] if bug == "alibi_reversed" else slopes.astype(ct)
+            at = 0 if bug == "alibi_no_offset" else offset
+            distance = np.abs(np.arange(dims.L)[:, None] + at - np.arange(dims.S)[None, :])
+            sign = 1 if bug == "alibi_sign_flipped" else -1
+            s = s + sign * slopes[:, None, None] * distance  # (H, L, S)
         fill = -1e9 if bug == "mask_fill_minus_1e9" else -np.inf
-        if mask is not None:
-            s = np.where(~mask if bug == "mask_inverted" else mask, s, fill)
-        if is_causal:
-            s = np.where(causal_mask(dims.L, dims.S, alignment=causal_alignment), s, fill)
+        s = np.where(allowed, s, fill)
+        if bias is not None and bug != "bias_ignored":
+            s = np.where(bias == -np.inf, -np.inf, s)  # -inf, even where a NaN key made NaN
         if softcap is not None and bug == "softcap_after_mask":
             s = softcap * np.tanh(s / softcap)
+        sink = None
+        if sinks is not None and bug != "sinks_dropped":
+            sink = sinks.astype(ct)[:, None, None]  # (H, 1, 1)
+            if bug == "sink_scaled":
+                sink = sink * ct(dims.scale)
+            if bug == "sink_softcapped" and softcap is not None:
+                sink = softcap * np.tanh(sink / softcap)
         axis = -2 if bug == "softmax_wrong_axis" else -1
         if bug in ("no_max_subtraction", "low_precision_softmax"):
-            e = np.exp(s)
+            m = 0.0
         else:
             m = np.max(s, axis=axis, keepdims=True, initial=-np.inf)
+            if sink is not None:
+                m = np.maximum(m, sink)
             if bug == "threshold_fully_masked":
                 m = np.where(m < -1e30, np.inf, m)  # such rows come out as exp(-inf) = 0
             elif bug != "nan_on_fully_masked":
                 m = np.where(np.isfinite(m), m, 0.0)
-            e = np.exp(s - m)
+        e = np.exp(s - m)
         z = e.sum(axis=axis, keepdims=True)
+        w_sink = None
+        if sink is not None:
+            w_sink = np.exp(sink - m)
+            w_sink = np.where(z == 0, 0.0, w_sink)  # a row with no key: zeros, sink or not
+            z = z + w_sink
         if bug != "nan_on_fully_masked":
             z = np.where(z == 0, 1, z)
-        return e / z
+        return e / z, (None if w_sink is None else w_sink / z)
+
+    def prepared(query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2):
+        v2 = {name: x for name, x in v2.items() if x is not None}
+        dims = validate(
+            query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2
+        )
+        allowed, offset = allowed_positions(
+            dims, mask, bias, is_causal, causal_alignment, v2.get("q_segment_ids"),
+            v2.get("kv_segment_ids"),
+        )  # fmt: skip
+        w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, v2.get("sinks"),
+                            v2.get("alibi_slopes"))  # fmt: skip
+        return dims, allowed, w, w_sink
 
     def attention_weights(
         query,
@@ -239,10 +373,12 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         causal_alignment="top_left",
         scale=None,
         softcap=None,
+        **v2,
     ):
         with np.errstate(all="ignore"):  # the bugs make NaN and inf; the values must show it
-            dims = validate(query, key, None, mask, bias, causal_alignment, scale, softcap)
-            w = weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+            _, _, w, _ = prepared(
+                query, key, NO_VALUE, mask, bias, is_causal, causal_alignment, scale, softcap, v2
+            )
         return w if bug == "output_not_cast" else w.astype(query.dtype)
 
     def scaled_dot_product_attention(
@@ -256,18 +392,48 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         causal_alignment="top_left",
         scale=None,
         softcap=None,
+        **v2,
     ):
         with np.errstate(all="ignore"):
-            dims = validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
-            w = weights(query, key, dims, mask, bias, is_causal, causal_alignment, softcap)
+            dims, allowed, w, w_sink = prepared(
+                query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2
+            )
             K, H = value.shape[-3], dims.H
             heads = np.arange(H) % K if bug == "gqa_tiling" else np.arange(H) // (H // K)
             v = np.take(value.astype(w.dtype), heads, axis=-3)  # (..., H, S, E)
-            out = w @ v  # (..., H, L, E)
+            # value rows no query attends are zeroed: NaN or inf there (padding) never leaks
+            attended = np.broadcast_to(allowed, w.shape).any(axis=-2)  # (..., H, S)
+            out = w @ np.where(attended[..., None], v, 0.0)  # (..., H, L, E)
+            if w_sink is not None and bug == "sink_has_value":
+                out = out + w_sink * v[..., :1, :]  # the first key's value row
         return out if bug == "output_not_cast" else out.astype(query.dtype)
 
+    def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False):
+        dims = check_rotary(
+            x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved
+        )
+        low = bug == "rope_angles_low_precision" and x.dtype != np.float64
+        ct = np.float64 if x.dtype == np.float64 else np.float32
+        R, P = dims.rotary_dim, dims.rotary_dim // 2
+        p = np.arange(P)
+        exponent = -p / R if bug == "rope_exponent_halved" else -2 * p / R
+        angle_dtype = x.dtype if low else ct
+        with np.errstate(all="ignore"):  # float16 angles overflow at 1e5: the bug shows as NaN
+            inv_freq = (dims.theta**exponent).astype(angle_dtype)  # (P,)
+            pos = np.broadcast_to(positions, dims.positions_shape).astype(angle_dtype)  # (.., L)
+            angle = (pos[..., None, :, None] * inv_freq).astype(angle_dtype)  # (..., 1, L, P)
+            cos, sin = np.cos(angle).astype(ct), np.sin(angle).astype(ct)
+        interleaved = dims.interleaved != (bug == "rope_pairs_swapped")
+        idx1 = 2 * p if interleaved else p  # the features of each pair
+        idx2 = 2 * p + 1 if interleaved else p + P
+        xr = x.astype(ct)
+        out = xr.copy()
+        out[..., idx1] = xr[..., idx1] * cos - xr[..., idx2] * sin
+        out[..., idx2] = xr[..., idx2] * cos + xr[..., idx1] * sin
+        return out.astype(x.dtype)
+
     GroupedQueryAttention, MultiHeadAttention = _modules(
-        bug, scaled_dot_product_attention, attention_weights
+        bug, scaled_dot_product_attention, attention_weights, apply_rotary
     )
     port = SimpleNamespace(
         __name__=f"broken_ports.{bug or 'correct'}",
@@ -276,6 +442,7 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         scaled_dot_product_attention=scaled_dot_product_attention,
         GroupedQueryAttention=GroupedQueryAttention,
         MultiHeadAttention=MultiHeadAttention,
+        apply_rotary=apply_rotary,
     )
     if flash or (bug or "").startswith("flash_"):
         from conformance.tests import flash_broken
@@ -286,21 +453,23 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
     return port
 
 
-def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
+def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, apply_rotary):
     """GroupedQueryAttention and MultiHeadAttention of the broken port, on its own functions."""
 
     class GroupedQueryAttention:
         def __init__(self, d_model, n_heads, n_kv_heads, *, head_dim=None, value_head_dim=None,
-                     bias=True, dtype="float32"):  # fmt: skip
-            dtype = np.dtype(dtype)
+                     bias=True, rope_theta=None, rope_interleaved=False, rotary_dim=None,
+                     dtype="float32"):  # fmt: skip
+            dtype = np.dtype(module_dtype(dtype))
             self.dims = check_module_config(
                 d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
             )
+            self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, self.dims.D)
             self.dtype = dtype
             self.w = {n: np.zeros(s, dtype) for n, s in self.dims.canonical_shapes().items()}
 
         @classmethod
-        def from_canonical(cls, weights, *, n_heads, n_kv_heads, dtype=None):
+        def from_canonical(cls, weights, *, n_heads, n_kv_heads, dtype=None, **rope):
             weights = {n: np.asarray(w) for n, w in weights.items()}
             shapes = {n: w.shape for n, w in weights.items()}
             if bug == "weights_not_checked":  # sizes read off two kernels, nothing else checked
@@ -312,7 +481,7 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             dtype = np.dtype(dtype or weights["q_proj.kernel"].dtype)
             module = GroupedQueryAttention(
                 dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                dtype=dtype,
+                dtype=dtype, **rope,
             )  # fmt: skip
             module.w = {n: w.astype(dtype) for n, w in weights.items()}
             return module
@@ -338,6 +507,13 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             if bug == "heads_wrong_end":
                 return out.transpose(0, 2, 3, 1).reshape(B, L, E * H)
             return out.transpose(0, 2, 1, 3).reshape(B, L, H * E)
+
+        def _rotate(self, q, k, q_start, k_start):  # RoPE: query i at q_start + i, key j at ...
+            if self.rope is None:
+                return q, k
+            kw = self.rope.keywords()
+            q = apply_rotary(q, q_start + np.arange(q.shape[2]), **kw)
+            return q, apply_rotary(k, k_start + np.arange(k.shape[2]), **kw)
 
         def _names(self):  # the projections of the queries and of the keys
             return ("k_proj", "q_proj") if bug == "qk_swapped" else ("q_proj", "k_proj")
@@ -372,6 +548,8 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
             k = self._split(self._linear(k_name, context), self.dims.K)  # (B, K, S, D)
             v = self._split(self._linear("v_proj", context), self.dims.K)  # (B, K, S, E)
+            offset = causal_offset(q.shape[2], k.shape[2], causal_alignment)
+            q, k = self._rotate(q, k, offset, 0)
             result = self._attend(
                 q, k, v, return_weights, mask=mask, bias=bias, is_causal=is_causal,
                 causal_alignment=causal_alignment,
@@ -400,6 +578,8 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
             new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
             new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
+            start = 0 if bug == "rope_decode_not_offset" else position
+            q, new_k = self._rotate(q, new_k, start, start)
             k = np.concatenate([cache.key, new_k], axis=2)  # (B, K, S, D), S = position + L
             v = np.concatenate([cache.value, new_v], axis=2)  # (B, K, S, E)
             alignment = "top_left" if bug == "decode_top_left" else "bottom_right"
@@ -414,10 +594,10 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
             super().__init__(d_model, n_heads, n_heads, **keywords)
 
         @classmethod
-        def from_canonical(cls, weights, *, n_heads, n_kv_heads=None, dtype=None):
+        def from_canonical(cls, weights, *, n_heads, n_kv_heads=None, dtype=None, **rope):
             n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
             return GroupedQueryAttention.from_canonical(
-                weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype
+                weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, **rope
             )
 
     return GroupedQueryAttention, MultiHeadAttention
@@ -425,7 +605,7 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights):
 
 def vars_of(dims) -> dict:
     """The fields of an ``AttentionDims`` (plus E) as a dict, to change one of them."""
-    fields = ("batch", "H", "K", "L", "S", "D", "E", "scale")
+    fields = ("batch", "H", "K", "L", "S", "D", "E", "scale", "window")
     return {f: getattr(dims, f) for f in fields} | {"G": dims.G}
 
 

@@ -23,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from attention_spec import causal_offset, check_attention, check_block_sizes
+from attention_spec import causal_offset, check_attention, check_block_sizes, rules
 from impl_numpy.flash import BLOCK_K, BLOCK_Q, _block
 from impl_numpy.functional import _compute_dtype
 
@@ -44,24 +44,50 @@ def _broken_flash(
     block_q=BLOCK_Q,
     block_k=BLOCK_K,
     return_lse=False,
+    window=None,
+    q_segment_ids=None,
+    kv_segment_ids=None,
+    sinks=None,
+    alibi_slopes=None,
     bug: str,
 ):
     """impl_numpy.flash.flash_attention, compressed, with the one ``bug`` switched in."""
-    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    query, key = np.asarray(query), np.asarray(key)
+    value = None if value is None else np.asarray(value)
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
+    v2 = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
+          "alibi_slopes": alibi_slopes}  # fmt: skip
+    v2 = {name: None if x is None else np.asarray(x) for name, x in v2.items()}
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment, scale=scale,
-        softcap=softcap,
+        is_causal=is_causal, softcap=softcap, window=window, **v2,
     )  # fmt: skip
     check_block_sizes(block_q, block_k)
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
     offset = causal_offset(L, S, causal_alignment)
-    q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    k = key.astype(ct)[..., :, None, :, :]  # (..., K, 1, S, D)
-    v = value.astype(ct)[..., :, None, :, :]  # (..., K, 1, S, E)
+    # The v2 rules and the mask as one dense (..., H|1, L, S) rule, ALiBi folded into the bias,
+    # and key/value rows that no query of their group attends zeroed (garbage never leaks).
+    i, j = np.arange(L)[:, None], np.arange(S)[None, :]
+    rule = np.ones((L, S), bool) if mask is None else mask
+    is_causal = dims.is_causal
+    if is_causal:
+        rule = rule & rules.causal(i, j, offset)
+    if dims.window is not None:
+        rule = rule & rules.window(i, j, offset, dims.window)
+    if v2["q_segment_ids"] is not None:
+        rule = rule & rules.segments(v2["q_segment_ids"], v2["kv_segment_ids"])
     bias = None if bias is None else bias.astype(ct)
+    if v2["alibi_slopes"] is not None:
+        slopes = v2["alibi_slopes"].astype(ct)[:, None, None]  # (H, 1, 1)
+        bias = rules.alibi(slopes, i, j, offset) + (0.0 if bias is None else bias)
+    seen = rule if bias is None else rule & (bias != -np.inf)
+    seen = np.broadcast_to(seen, (*dims.batch, H, L, S)).any(axis=-2)  # (..., H, S)
+    seen = seen.reshape(*dims.batch, K, G, S).any(axis=-2)[..., None, :, None]  # (..., K,1,S,1)
+    q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
+    k = np.where(seen, key.astype(ct)[..., :, None, :, :], 0.0)  # (..., K, 1, S, D)
+    v = np.where(seen, value.astype(ct)[..., :, None, :, :], 0.0)  # (..., K, 1, S, E)
     out = np.empty((*dims.batch, H, L, E), ct)
     lse = np.empty((*dims.batch, H, L), ct)
     for i0 in range(0, L, block_q):
@@ -84,12 +110,7 @@ def _broken_flash(
                 s = softcap * np.tanh(s / softcap)
             if bias is not None:
                 s = s + _block(_block(bias, -2, i0, i1), -1, j0, j1)
-            if mask is not None:
-                s = np.where(_block(_block(mask, -2, i0, i1), -1, j0, j1), s, -np.inf)
-            if is_causal:
-                s = np.where(
-                    np.arange(j0, j1)[None, :] <= np.arange(i0, i1)[:, None] + offset, s, -np.inf
-                )
+            s = np.where(_block(_block(rule, -2, i0, i1), -1, j0, j1), s, -np.inf)
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
             if bug == "unguarded_max":  # BUG: -inf - -inf = NaN in a row with nothing allowed
                 shift = m_new
@@ -106,9 +127,15 @@ def _broken_flash(
             else:
                 acc = alpha * acc + pv
             l, m = l_new, m_new
-        l = np.where(l == 0.0, 1.0, l)
+        empty = l == 0.0
+        if v2["sinks"] is not None and bug != "early_normalize":  # one more logit, no value
+            sink = v2["sinks"].astype(ct)[:, None, None]  # (H, 1, 1)
+            m_sink = np.maximum(m, sink)
+            alpha = np.exp(m - m_sink)
+            l, acc, m = alpha * l + np.exp(sink - m_sink), alpha * acc, m_sink
+        l = np.where(empty, 1.0, l)
         out[..., i0:i1, :] = acc if bug == "early_normalize" else acc / l
-        lse[..., i0:i1] = (m + np.log(l))[..., 0]
+        lse[..., i0:i1] = np.where(empty, -np.inf, m + np.log(l))[..., 0]
     out = out.astype(query.dtype)
     return (out, lse) if return_lse else out
 

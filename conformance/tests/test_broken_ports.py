@@ -18,6 +18,8 @@ from conformance.tests.broken_ports import BUGS, make_port
 _REPORTS: dict[str | None, Report] = {}
 MODULE_BUGS = [b for b in BUGS if BUGS[b][1].startswith(("module.", "decode."))]
 FLASH_BUGS = [b for b in BUGS if b.startswith("flash_")]
+V2_FAMILIES = ("window", "segments", "sinks", "alibi")
+V2_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in V2_FAMILIES]
 
 
 def _report(bug: str | None) -> Report:
@@ -31,7 +33,7 @@ def test_the_unbroken_port_passes_everything() -> None:
     assert report.ok, "\n".join(o.line() for o in report.failures)
     assert report.counts()["pass"] == len(report.outcomes) > 400
     ran = {o.run_id.split(".")[0] for o in report.outcomes}
-    assert ran == {"sdpa", "weights", "causal_mask", "flash", "module", "decode"}
+    assert ran == {"sdpa", "weights", "causal_mask", "flash", "module", "decode", "rope"}
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
@@ -49,8 +51,8 @@ def test_every_broken_port_is_caught_and_counted(capsys: pytest.CaptureFixture) 
         print(f"\nbroken ports caught: {sum(n > 0 for n in caught.values())} of {len(BUGS)}")
         for bug, n in caught.items():
             print(f"  {bug:<26} {n:>4} failing runs  ({BUGS[bug][0]})")
-    assert len(BUGS) >= 12 + 5 + 4  # functional, module and decode, flash
-    assert len(MODULE_BUGS) >= 5 and len(FLASH_BUGS) == 4
+    assert len(BUGS) >= 12 + 12 + 5 + 4  # functional v1 and v2, module and decode, flash
+    assert len(MODULE_BUGS) >= 5 and len(FLASH_BUGS) == 4 and len(V2_BUGS) >= 12
     assert all(n > 0 for n in caught.values())
 
 
@@ -91,6 +93,14 @@ def test_top_left_decoding_is_caught_token_by_token_and_in_chunks() -> None:
     message = failures["decode.gqa.h6_k2.chunks_2_1_2.float32"].message
     assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
     assert not any(r.startswith("module.") for r in failures)  # the forward itself is right
+
+
+@pytest.mark.parametrize("bug", V2_BUGS)
+def test_v2_bugs_fail_only_the_v2_families(bug: str) -> None:
+    """A window, segment, sink or ALiBi bug changes nothing a v1 case asks (those cases give no
+    window, segments, sinks or slopes), so a port with one still passes all of v1."""
+    families = {o.run_id.split(".")[1] for o in _report(bug).failures}
+    assert families and families <= set(V2_FAMILIES), f"{bug} failed {families}"
 
 
 @pytest.mark.parametrize("bug", FLASH_BUGS)
@@ -147,3 +157,25 @@ def test_every_broken_sharded_port_is_caught_and_counted(capsys: pytest.CaptureF
         for bug, n in caught.items():
             print(f"  {bug:<24} {n:>4} failing runs  ({bugs[bug][0]})")
     assert len(bugs) >= 8 and all(n > 0 for n in caught.values())
+
+
+ROPE_BUGS = [b for b in BUGS if b.startswith("rope_")]
+
+
+def _rope_run(run_id: str) -> bool:
+    return run_id.startswith("rope.") or ".rope." in run_id
+
+
+@pytest.mark.parametrize("bug", ROPE_BUGS)
+def test_rope_bugs_fail_rope_runs_only(bug: str) -> None:
+    """A RoPE bug fails rope.*, module.rope.* or decode.rope.* runs and nothing the unbroken
+    port passes; the decode-offset bug fails decoding only, from its second step on."""
+    passing = {o.run_id for o in _report(None).outcomes if o.ok}
+    failed = {o.run_id: o for o in _report(bug).failures if o.run_id in passing}
+    assert failed and all(_rope_run(r) for r in failed), sorted(failed)
+    if bug == "rope_decode_not_offset":
+        assert all(r.startswith("decode.rope.") for r in failed)
+        message = failed["decode.rope.gqa.h6_k2.chunks_2_1_2.float32"].message
+        assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
+    if bug == "rope_angles_low_precision":  # float32 angles are what the bound allows, no more
+        assert set(failed) == {f"rope.positions.large_1e5.{d}" for d in ("float16", "bfloat16")}

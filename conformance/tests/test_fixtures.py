@@ -9,7 +9,12 @@ import ml_dtypes
 import numpy as np
 import pytest
 
-from attention_spec import ERROR_CODES, MODULE_ERROR_CODES, SHARDED_ERROR_CODES
+from attention_spec import (
+    ERROR_CODES,
+    MODULE_ERROR_CODES,
+    ROTARY_ERROR_CODES,
+    SHARDED_ERROR_CODES,
+)
 from conformance import cases as C
 from conformance.fixtures import FIXTURES_DIR, load_manifest, sha256_of
 from conformance.generate import check
@@ -78,8 +83,9 @@ def _codes(ops: tuple[str, ...]) -> set[str]:
 
 def test_error_cases_cover_every_functional_rule_of_the_taxonomy() -> None:
     # SHARDED_ERROR_CODES: no ring fixtures yet (conformance/ring_cases.py); tests/test_sharded.py
-    functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES
+    functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
     assert _codes(("sdpa", "causal_mask")) == functional
+    assert _codes(("rope",)) >= ROTARY_ERROR_CODES  # and rank, not_a_bool, ... of x and keywords
     for case in MANIFEST.cases:
         if case.kind == "error":
             want = case.entry["expected_error"]

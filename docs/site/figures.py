@@ -2,9 +2,8 @@
 
 Each figure is one entry of ``FIGURES``: a function that computes the data it plots (returned as
 a dict, so a test can check the numbers rather than the pixels) and a function that draws that
-data. The attention-weight heatmaps are built from ``PANELS``: a new mask (a sliding window,
-packed segments, a sink, once contract v2 has them) is one more ``Panel`` whose keywords go to
-``attention_weights``.
+data. The attention-weight heatmaps are built from ``PANELS``: a new mask is one more ``Panel``
+whose keywords go to ``attention_weights`` (the v2 window, segments, sink and ALiBi are).
 
     python -m docs.site.figures [--out docs/figures] [NAME ...]
 """
@@ -61,7 +60,18 @@ PANELS: tuple[Panel, ...] = (
     Panel("weights_masks", "bidirectional", 6, 6),
     Panel("weights_masks", "padding mask: 4 real keys of 6", 6, 6, lengths=4),
     Panel("weights_masks", "causal and padding", 6, 6, {"is_causal": True}, lengths=4),
-)
+    # contract v2, on the 6 x 8 grids of docs/SEMANTICS.md (bottom_right: row i's diagonal is
+    # key i + 2)
+    Panel("weights_v2", "window=(2, 0), bottom_right: 3 keys", 6, 8,
+          {"window": (2, 0), "causal_alignment": "bottom_right"}),
+    Panel("weights_v2", "segments 001112 / 00011112", 6, 8,
+          {"q_segment_ids": np.array([0, 0, 1, 1, 1, 2]),
+           "kv_segment_ids": np.array([0, 0, 0, 1, 1, 1, 1, 2])}),
+    Panel("weights_v2", "causal + sink 1.0: rows sum < 1", 6, 8,
+          {"is_causal": True, "causal_alignment": "bottom_right", "sinks": np.array([1.0])}),
+    Panel("weights_v2", "causal + ALiBi slope 1/2", 6, 8,
+          {"is_causal": True, "causal_alignment": "bottom_right", "alibi_slopes": np.array([0.5])}),
+)  # fmt: skip
 HEAD_DIM = 16  # D of the heatmaps' query and key
 
 
@@ -406,6 +416,16 @@ FIGURES: tuple[Figure, ...] = (
         "A padding mask (`padding_mask(lengths, S)`) removes the padded keys from every row; "
         "each row still sums to 1 over the keys it may see.",
         lambda: heatmap_data("weights_masks"),
+        heatmap_plot,
+    ),
+    Figure(
+        "weights_v2",
+        "Contract v2: a sliding window, packed segments, a sink and ALiBi (L = 6 < S = 8)",
+        "`window=(2, 0)` sees the diagonal and the two keys before it; segment ids keep each "
+        "packed document to itself; a sink takes a share of each row's weight and brings no "
+        "value, so rows sum to less than 1; ALiBi lowers far keys' weights by distance to the "
+        "diagonal. All bottom_right: row i's diagonal is key i + 2.",
+        lambda: heatmap_data("weights_v2"),
         heatmap_plot,
     ),
     Figure(

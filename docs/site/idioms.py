@@ -103,6 +103,11 @@ IDIOMS: dict[str, dict[str, str]] = {
             "The same split for K key/value heads, not H: `reshape` in NumPy and JAX, `view` in "
             "torch."
         ),
+        "GroupedQueryAttention._rotate": (
+            "The same in the three: `apply_rotary` of the query and key heads at positions "
+            "`q_start + np.arange(L)`, `q_start + torch.arange(L, device=q.device)` or "
+            "`q_start + jnp.arange(L)`; nothing when `self.rope is None`."
+        ),
         "GroupedQueryAttention._attend": (
             "Identical in the three: the module calls the functional "
             "`scaled_dot_product_attention`, and `attention_weights` only when asked."
@@ -120,6 +125,28 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
         "3. heads merged back, output projection": (
             "Identical in the three: `self._project_output(out)`."
+        ),
+    },
+    "rotary": {
+        "1. frequencies": (
+            "The float64 numbers of `dims.frequencies` (computed once, in attention_spec) become "
+            "an array in the compute dtype: `np.asarray`, `torch.tensor` on `x.device`, "
+            "`jnp.asarray`."
+        ),
+        "2. angles": (
+            "Positions broadcast to `(..., L)` (`np.broadcast_to`, torch's `expand`, "
+            "`jnp.broadcast_to`), then `pos[..., None, :, None] * inv_freq`: one angle per token "
+            "and pair, shared by the heads."
+        ),
+        "3. pairs": (
+            "NumPy and JAX slice with a step (`rotated[..., 0::2]`) or in halves; torch views "
+            "the interleaved pairs as `unflatten(-1, (P, 2))` and splits the halves with `split`."
+        ),
+        "4. rotation": "Identical in the three: `x1 * cos - x2 * sin` and `x2 * cos + x1 * sin`.",
+        "5. pairs back in their places, in the input dtype": (
+            "Interleaved pairs are stacked on a last axis and flattened (`np.stack` and "
+            "`reshape`, `torch.stack` and `flatten(-2)`, `jnp.stack`), halves concatenated; the "
+            "features past R are appended as they were."
         ),
     },
     "decode": {

@@ -51,6 +51,7 @@ SECTIONS: tuple[Section, ...] = (
             "GroupedQueryAttention.__init__",
             "GroupedQueryAttention._project_query",
             "GroupedQueryAttention._project_key_value",
+            "GroupedQueryAttention._rotate",
             "GroupedQueryAttention._attend",
             "GroupedQueryAttention._project_output",
             "GroupedQueryAttention.__call__ | GroupedQueryAttention.forward",
@@ -66,6 +67,12 @@ SECTIONS: tuple[Section, ...] = (
             "KVCache.read",
             "GroupedQueryAttention.decode",
         ),
+    ),
+    Section(
+        "rotary",
+        "Rotary position embedding",
+        "rotary.py",
+        functions=("apply_rotary",),
     ),
     Section(
         "backward",

@@ -1,0 +1,263 @@
+"""Rotary position embedding (RoPE): validation, the frequencies, and a module's RoPE settings.
+
+SEMANTICS.md, "Rotary position embedding": ``apply_rotary(x, positions, *, theta=10000.0,
+rotary_dim=None, interleaved=False)`` rotates the first ``rotary_dim`` features of every head of
+``x (..., heads, L, D)`` in pairs; pair p of token t turns by the angle
+``positions[..., t] * theta ** (-2p / rotary_dim)``. Pairs are ``(x[p], x[p + rotary_dim/2])``
+(half-split: Llama, GPT-NeoX, Hugging Face ``rotate_half``) or, with ``interleaved=True``,
+``(x[2p], x[2p+1])`` (GPT-J, RoFormer). Features beyond ``rotary_dim`` pass through.
+
+Pure Python, like :mod:`attention_spec.validate`: the three implementations call
+:func:`check_rotary` before any arithmetic, and build their frequency arrays from
+:func:`rotary_frequencies` (Python float64, rounded once to the compute dtype), so the three
+agree to the last bit on the angles' inputs whatever their own ``pow`` would have given.
+
+Shape letters (SEMANTICS.md): B batch (``...``), L length, D head dim; "heads" is H or K.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass
+from typing import Any
+
+from attention_spec.errors import make_error
+from attention_spec.validate import (
+    broadcast_shapes,
+    check_dtype,
+    check_flag,
+    check_given,
+    describe,
+    format_dims,
+    real_keyword,
+)
+
+__all__ = [
+    "DEFAULT_THETA",
+    "INTEGER_DTYPES",
+    "RopeConfig",
+    "RotaryDims",
+    "check_rope_config",
+    "check_rotary",
+    "rotary_frequencies",
+]
+
+#: ``theta`` when not given: the base of the RoPE paper, Llama 1 and 2, GPT-NeoX.
+DEFAULT_THETA: float = 10000.0
+#: The dtypes positions may have (token indices).
+INTEGER_DTYPES: tuple[str, ...] = (
+    "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
+)  # fmt: skip
+
+Shape = tuple[int, ...]
+
+
+def rotary_frequencies(theta: float, rotary_dim: int) -> tuple[float, ...]:
+    """``theta ** (-2p / rotary_dim)`` for p = 0 .. rotary_dim/2 - 1, as Python floats.
+
+    The one place the formula lives; every implementation rounds these float64 numbers once to
+    its compute dtype (so pair 0's frequency is exactly 1 and the others are correctly rounded).
+    """
+    return tuple(theta ** (-2 * p / rotary_dim) for p in range(rotary_dim // 2))
+
+
+@dataclass(frozen=True)
+class RotaryDims:
+    """The sizes and keywords of one ``apply_rotary`` call, after validation.
+
+    ``batch`` is x's leading dims (before its heads axis); positions broadcast to
+    ``(*batch, L)``. ``theta`` is a Python float, ``rotary_dim`` the resolved int (default D),
+    ``interleaved`` a Python bool.
+    """
+
+    batch: Shape
+    heads: int
+    L: int
+    D: int
+    rotary_dim: int
+    theta: float
+    interleaved: bool
+
+    @property
+    def positions_shape(self) -> Shape:
+        """``(*batch, L)``: one position per token, shared by every head."""
+        return (*self.batch, self.L)
+
+    @property
+    def frequencies(self) -> tuple[float, ...]:
+        """:func:`rotary_frequencies` of this call, ``rotary_dim / 2`` Python floats."""
+        return rotary_frequencies(self.theta, self.rotary_dim)
+
+
+def _text(x: object) -> str:
+    """A keyword's value in a message: Python's repr of a number or a string, an array by its
+    shape (never a framework's repr)."""
+    if x is None or isinstance(x, bool | str):
+        return repr(x)
+    if isinstance(x, numbers.Integral):  # np.int64(5) is shown 5
+        return str(int(x))
+    if isinstance(x, numbers.Real):  # np.float32(0.5) is shown 0.5
+        return repr(float(x))
+    shape = getattr(x, "shape", None)
+    if shape is not None:
+        return f"an array of shape {tuple(int(n) for n in shape)}"
+    return f"{x} ({type(x).__name__})" if isinstance(x, numbers.Number) else type(x).__name__
+
+
+def check_theta(theta: object, name: str = "theta") -> float:
+    """``theta`` as a Python float: a finite real number > 0 (ConfigError ``rope_theta``)."""
+    value = real_keyword(name, "rope_theta", theta)
+    if not (value > 0 and math.isfinite(value)):
+        raise make_error(
+            "rope_theta",
+            f"{name} must be a finite number > 0 (the base of the rotary frequencies, "
+            f"10000.0 in the RoPE paper); got {_text(theta)}",
+            expected="finite number > 0",
+            actual=_text(theta),
+        )
+    return value
+
+
+def _check_rotary_dim_type(rotary_dim: object) -> None:
+    """A given ``rotary_dim`` is an integer (a keyword check, before any array is read)."""
+    integral = isinstance(rotary_dim, numbers.Integral) and not isinstance(rotary_dim, bool)
+    if rotary_dim is not None and not integral:
+        raise make_error(
+            "rotary_dim",
+            f"rotary_dim must be an even integer (or None for the head dim D); got "
+            f"{_text(rotary_dim)}",
+            expected="even integer or None",
+            actual=_text(rotary_dim),
+        )
+
+
+def _resolve_rotary_dim(rotary_dim: object, D: int) -> int:
+    """``rotary_dim`` (default D) as an int: even, 2 <= rotary_dim <= D (ConfigError)."""
+    _check_rotary_dim_type(rotary_dim)
+    resolved = D if rotary_dim is None else int(rotary_dim)
+    if not (resolved % 2 == 0 and 2 <= resolved <= D):
+        given = f"{resolved}" if rotary_dim is not None else f"None, which means D={D}"
+        raise make_error(
+            "rotary_dim",
+            f"rotary_dim must be even and in [2, D={D}] (the leading features rotated in "
+            f"pairs); got {given}" + (". Pass rotary_dim= an even number" if D >= 2 else ""),
+            expected=f"even, 2 <= rotary_dim <= {D}",
+            actual=str(resolved),
+        )
+    return resolved
+
+
+def check_rotary(
+    x: Any,
+    positions: Any,
+    *,
+    theta: object = DEFAULT_THETA,
+    rotary_dim: object = None,
+    interleaved: object = False,
+) -> RotaryDims:
+    """Validate one ``apply_rotary`` call and return its sizes and keywords as Python values.
+
+    ``x (..., heads, L, D)`` in one of the four dtypes; ``positions`` integers, broadcastable to
+    ``(..., L)``, the batch dims of x without its heads axis (one position per token, shared by
+    every head; the output has x's shape). Checked in this order: the keywords (``interleaved``
+    a bool, ``theta`` finite > 0, ``rotary_dim`` an integer), the arrays given, x's rank and
+    dtype, the positions' dtype, ``rotary_dim`` against D, the positions' shape.
+
+    Raises:
+        ConfigError ``not_a_bool``, ``rope_theta``, ``rotary_dim``;
+        DTypeError ``not_an_array``, ``unsupported_dtype``, ``positions_dtype``;
+        DimensionMismatchError ``rank``, ``positions_shape``.
+    """
+    interleaved = check_flag("interleaved", interleaved)
+    theta = check_theta(theta)
+    _check_rotary_dim_type(rotary_dim)
+    check_given(x=x, positions=positions)
+    xs, ps = describe(x), describe(positions)
+    if len(xs.shape) < 3:
+        raise make_error(
+            "rank",
+            f"x must have at least 3 dims (..., heads, L, D); got shape {xs.shape}",
+            expected="(..., heads, L, D)",
+            actual=str(xs.shape),
+        )
+    check_dtype("x", xs.dtype)
+    if ps.dtype not in INTEGER_DTYPES:
+        raise make_error(
+            "positions_dtype",
+            f"positions must be integers (token indices); got {ps.dtype}. Cast them to an "
+            "integer dtype",
+            expected=" | ".join(INTEGER_DTYPES),
+            actual=ps.dtype,
+        )
+    *batch, heads, L, D = xs.shape
+    resolved = _resolve_rotary_dim(rotary_dim, D)
+    target = (*batch, L)
+    fits = len(ps.shape) <= len(target) and broadcast_shapes(ps.shape, target) == target
+    if not fits:
+        letters = [*(["B"] if len(batch) == 1 else [f"B{i + 1}" for i in range(len(batch))]), "L"]
+        target_text = format_dims(letters, target)
+        raise make_error(
+            "positions_shape",
+            f"positions must broadcast to {target_text}, the batch dims of x {xs.shape} without "
+            f"its heads axis (one position per token, shared by every head); got {ps.shape}",
+            expected=target_text,
+            actual=str(ps.shape),
+        )
+    return RotaryDims(tuple(batch), heads, L, D, resolved, theta, interleaved)
+
+
+# ---------------------------------------------------------------------------------------------
+# A module's RoPE settings
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """How a module rotates its queries and keys: ``apply_rotary``'s keywords, resolved."""
+
+    theta: float
+    interleaved: bool
+    rotary_dim: int
+
+    def keywords(self) -> dict[str, Any]:
+        """``apply_rotary``'s keywords: ``theta=, rotary_dim=, interleaved=``."""
+        return {"theta": self.theta, "rotary_dim": self.rotary_dim,
+                "interleaved": self.interleaved}  # fmt: skip
+
+    def module_keywords(self) -> dict[str, Any]:
+        """The module constructor's keywords that rebuild this configuration."""
+        return {"rope_theta": self.theta, "rope_interleaved": self.interleaved,
+                "rotary_dim": self.rotary_dim}  # fmt: skip
+
+
+def check_rope_config(
+    rope_theta: object, rope_interleaved: object, rotary_dim: object, head_dim: int
+) -> RopeConfig | None:
+    """A module's RoPE keywords, validated against its query/key head dim D; None when RoPE is
+    off (``rope_theta=None``).
+
+    ``rotary_dim`` or ``rope_interleaved=True`` without ``rope_theta`` is refused rather than
+    ignored (ConfigError ``rope_theta``): RoPE is on exactly when ``rope_theta`` is given.
+
+    Raises:
+        ConfigError ``not_a_bool``, ``rope_theta``, ``rotary_dim``.
+    """
+    interleaved = check_flag("rope_interleaved", rope_interleaved)
+    if rope_theta is None:
+        if rotary_dim is not None or interleaved:
+            given = ", ".join(
+                f"{name}={_text(value)}"
+                for name, value in (("rotary_dim", rotary_dim), ("rope_interleaved", interleaved))
+                if value not in (None, False)
+            )
+            raise make_error(
+                "rope_theta",
+                f"{given} given without rope_theta: RoPE is on only when rope_theta is given "
+                "(10000.0 for Llama 2, 500000.0 for Llama 3)",
+                expected="rope_theta given, or no RoPE keywords",
+                actual=given,
+            )
+        return None
+    theta = check_theta(rope_theta, "rope_theta")
+    return RopeConfig(theta, interleaved, _resolve_rotary_dim(rotary_dim, head_dim))

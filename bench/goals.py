@@ -1,0 +1,135 @@
+"""Performance goals a reader can trust: each goal's two calls timed interleaved, in one process.
+
+A goal compares two calls: a row and its reference kernel on the goal's workload, or one row's
+causal and non-causal runs. In the table those are rows timed minutes apart, and on a shared
+machine that measures the machine as much as the code: the same quick grid run twice an hour
+apart gave numpy sdpa 2.41x then 3.40x torch's fused kernel, whose own median moved from 69.6
+to 56.8 ms. So each goal is measured on its own (:func:`interleave`):
+
+1. both calls are prepared and warmed up (one untimed call each, plus the one that sizes the
+   samples);
+2. a sample is ``inner`` back-to-back calls, ``inner`` chosen so that the faster call's sample
+   lasts at least ``min_sample_s`` (timer resolution and call overhead out of the way);
+3. each round times one sample of A and one of B, in the order A B, then B A the next round
+   (ABBA: a steady drift in the machine's speed cancels instead of biasing one side), and
+   records the round's ratio A / B;
+4. the goal's ratio is the **median of the per-round ratios**, its spread their
+   inter-quartile range ``q1..q3`` (and ``min..max``), over at least 5 rounds; past ``max_s``
+   seconds of rounds no new round starts once those 5 are done (a slow pair on a busy
+   machine would otherwise take minutes).
+
+:func:`decide`: a goal is **met** only when the whole IQR meets it, **missed** when the whole
+IQR misses it, and **unclear** when the IQR straddles the limit (the measurement cannot tell;
+rerun on a quieter machine). Goals are reported, never asserted.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["MIN_ROUNDS", "Interleaved", "decide", "interleave", "spread"]
+
+#: The fewest rounds a goal is measured with.
+MIN_ROUNDS = 5
+
+
+def spread(values: list[float]) -> dict[str, float]:
+    """``min, q1, median, q3, max`` of ``values`` (quartiles by linear interpolation between
+    the order statistics, ``statistics.quantiles(method="inclusive")``)."""
+    xs = sorted(values)
+    if len(xs) == 1:
+        q1 = med = q3 = xs[0]
+    else:
+        q1, med, q3 = statistics.quantiles(xs, n=4, method="inclusive")
+    return {"min": xs[0], "q1": q1, "median": med, "q3": q3, "max": xs[-1]}
+
+
+@dataclass
+class Interleaved:
+    """The rounds of one interleaved measurement: per-round seconds of one call of A and of
+    B (a sample's time / ``inner``) and their ratios A / B."""
+
+    a_s: list[float]
+    b_s: list[float]
+    inner: int
+
+    @property
+    def ratios(self) -> list[float]:
+        return [a / b for a, b in zip(self.a_s, self.b_s)]
+
+    def summary(self) -> dict[str, Any]:
+        """The ratio's median and spread, the rounds, and each side's median call time."""
+        return {
+            "ratio": spread(self.ratios),
+            "rounds": len(self.a_s),
+            "inner": self.inner,
+            "order": "ABBA",
+            "a_median_s": statistics.median(self.a_s),
+            "b_median_s": statistics.median(self.b_s),
+            "ratios": self.ratios,
+        }
+
+
+def interleave(
+    call_a: Callable[[], Any],
+    call_b: Callable[[], Any],
+    *,
+    rounds: int = MIN_ROUNDS,
+    min_sample_s: float = 0.005,
+    max_s: float | None = None,
+    clock: Callable[[], float] = time.perf_counter,
+) -> Interleaved:
+    """Time ``call_a`` and ``call_b`` alternately (module docstring): ``rounds`` rounds, at
+    least :data:`MIN_ROUNDS`, fewer (never below that) when the rounds pass ``max_s`` seconds.
+    Each call must synchronize (the runners' calls do)."""
+    rounds = max(rounds, MIN_ROUNDS)
+    call_a(), call_b()  # warm-up: first-call effects stay out of every sample
+
+    def once(call: Callable[[], Any]) -> float:
+        t0 = clock()
+        call()
+        return clock() - t0
+
+    fastest = max(min(once(call_a), once(call_b)), 1e-9)
+    inner = max(1, math.ceil(min_sample_s / fastest))
+
+    def sample(call: Callable[[], Any]) -> float:
+        t0 = clock()
+        for _ in range(inner):
+            call()
+        return (clock() - t0) / inner
+
+    a_s: list[float] = []
+    b_s: list[float] = []
+    start = clock()
+    for r in range(rounds):
+        if r >= MIN_ROUNDS and max_s is not None and clock() - start > max_s:
+            break
+        if r % 2 == 0:
+            a_s.append(sample(call_a))
+            b_s.append(sample(call_b))
+        else:
+            b_s.append(sample(call_b))
+            a_s.append(sample(call_a))
+    return Interleaved(a_s, b_s, inner)
+
+
+def decide(kind: str, limit: float, q1: float, q3: float) -> str:
+    """``met`` / ``missed`` / ``unclear`` for a ratio whose IQR is ``q1..q3``.
+
+    ``kind="faster"`` needs ratio < limit, the others ratio <= limit.
+    """
+
+    def meets(r: float) -> bool:
+        return r < limit if kind == "faster" else r <= limit
+
+    if meets(q3):
+        return "met"
+    if not meets(q1):
+        return "missed"
+    return "unclear"

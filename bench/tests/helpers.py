@@ -1,0 +1,158 @@
+"""Shared stand-ins and references for the benchmark harness's tests (no timing asserted)."""
+
+from __future__ import annotations
+
+import math
+import time
+from types import SimpleNamespace
+
+import numpy as np
+
+from bench.gate import GateCache
+from bench.report import build_results
+from bench.rows import ROWS, row_by_name
+from bench.session import BenchSession, Record, build_cases
+from bench.workloads import GOAL_WORKLOAD, Workload
+
+# pairwise-distinct sizes (SEMANTICS.md letters)
+B, H, K, L, S, D, E, M = 2, 6, 2, 5, 7, 11, 13, 17
+
+
+def fake_gpu(fw: str, device: str) -> str | None:
+    """Framework devices of a GPU box (numpy on the host, torch cuda, JAX gpu)."""
+    return {"numpy": "cpu", "torch": "cuda", "jax": "gpu"}[fw] if device == "cuda" else "cpu"
+
+
+def plan(device, workloads, rows=ROWS, memory=None):
+    return build_cases(
+        device, workloads, rows, fdevice_of=fake_gpu, memory_bytes=memory,
+        resolve_error=lambda r: None,
+    )  # fmt: skip
+
+
+def stub(ok, n_run, failures=(), raises=None, seen=None):
+    """A stand-in for conformance.quick_check; ``seen(port)`` is called inside it."""
+    calls = []
+
+    def quick_check(port, *, device, op, n_cases):
+        calls.append((getattr(port, "__name__", port), device, op, n_cases))
+        if seen is not None:
+            seen(port)
+        if raises:
+            raise raises
+        return SimpleNamespace(ok=ok, n_run=n_run, failures=list(failures))
+
+    return quick_check, calls
+
+
+class FakeBenchmark:
+    """Stands in for pytest-benchmark's fixture: timed rounds, real Stats."""
+
+    def __init__(self, max_time=1.0, min_rounds=3):
+        self._max_time, self._min_rounds = max_time, min_rounds
+        self.calls = 0
+        self.mode = None
+        self.extra_info: dict = {}
+        self.group = None
+        self.stats = None
+
+    def _run(self, fn, rounds):
+        from pytest_benchmark.stats import Stats
+
+        s = Stats()
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            fn()
+            s.update(time.perf_counter() - t0)
+            self.calls += 1
+        self.stats = SimpleNamespace(stats=s, iterations=1)
+
+    def __call__(self, fn):
+        self.mode = "calibrated"
+        self._run(fn, self._min_rounds)
+
+    def pedantic(self, fn, *, rounds, iterations, warmup_rounds):
+        assert iterations == 1 and warmup_rounds == 0
+        self.mode = "pedantic"
+        self._run(fn, rounds)
+
+
+def session_of(quick_check, workload, name="numpy sdpa", **kw):
+    row = row_by_name(name)
+    cases = build_cases("cpu", [workload], (row,), fdevice_of=fake_gpu)
+    return BenchSession(
+        "cpu", "test", [workload], (row,), gates=GateCache(quick_check=quick_check), cases=cases,
+        goal_cases=[], **kw,
+    )  # fmt: skip
+
+
+def to_np(x) -> np.ndarray:
+    if hasattr(x, "detach"):
+        return x.detach().cpu().double().numpy()
+    return np.asarray(x, dtype=np.float64)
+
+
+def reference_sdpa(q, k, v, *, causal: bool) -> np.ndarray:
+    """float64 heads-first SDPA; query head h reads key/value head h // (H // K)."""
+    q, k, v = to_np(q), to_np(k), to_np(v)
+    G = q.shape[-3] // k.shape[-3]
+    k, v = np.repeat(k, G, axis=-3), np.repeat(v, G, axis=-3)
+    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        Lq, Sk = s.shape[-2:]
+        s = np.where(np.arange(Sk)[None, :] <= np.arange(Lq)[:, None], s, -np.inf)
+    s = s - s.max(axis=-1, keepdims=True)
+    w = np.exp(s)
+    return (w / w.sum(axis=-1, keepdims=True)) @ v
+
+
+def rec(row, w, median, *, status="ok", kind="row", device="cpu", matmul=None, skips=False):
+    """A stored record with pytest-benchmark-like stats around ``median``."""
+    stats = None
+    if status == "ok":
+        stats = {"min": median * 0.9, "max": median * 1.2, "mean": median, "stddev": 0.0,
+                 "median": median, "iqr": median * 0.1, "q1": median, "q3": median * 1.1,
+                 "rounds": 5.0}  # fmt: skip
+    return Record(
+        case_id=f"{row}|{w.id if w else 'peak'}", kind=kind, row=row,
+        row_kind="peak" if kind == "peak" else row_by_name(row).kind, framework="torch",
+        device=device, status=status, reason="" if status == "ok" else "because",
+        workload=w.to_dict() if w else None, stats=stats, memory_bytes=1234,
+        memory_method="tracemalloc", matmul=matmul, skips_masked=skips,
+    ).to_dict()  # fmt: skip
+
+
+def goal_rec(row, text, ratios, status, kind="ratio", limit=2.5, ref="torch F.sdpa"):
+    """A stored goal record (interleaved timing) with these per-round ratios."""
+    from bench.goals import spread
+
+    goal = {"kind": kind, "limit": limit, "ref": ref, "text": text, "ratio": spread(ratios),
+            "rounds": len(ratios), "inner": 1, "order": "ABBA", "ratios": ratios,
+            "a_median_s": 0.2, "b_median_s": 0.1, "status": status}  # fmt: skip
+    return Record(
+        case_id=f"goal|{row}|{text}", kind="goal", row=row, row_kind=row_by_name(row).kind,
+        framework="numpy", device="cpu", status="ok", workload=GOAL_WORKLOAD.to_dict(), goal=goal,
+    ).to_dict()  # fmt: skip
+
+
+def results_of(numpy_med=0.25, torch_med=0.1, device="cpu", goals=()):
+    """A small results.json document: a peak, numpy sdpa and torch F.sdpa on the goal workload
+    and its causal twin, a failed and an absent row, and the given goal records."""
+    w = GOAL_WORKLOAD
+    wc = Workload(**{**w.__dict__, "is_causal": True})
+    n = 2048
+    matmul = {"n": n, "dtype": "float32", "flops": 2 * n**3, "precision": "highest"}
+    records = [
+        rec("matmul torch", None, 0.05, kind="peak", matmul=matmul),
+        rec("numpy sdpa", w, numpy_med),
+        rec("torch F.sdpa", w, torch_med, skips=True),
+        rec("numpy sdpa", wc, numpy_med * 0.9),
+        rec("torch F.sdpa", wc, torch_med / 2, skips=True),
+        rec("jax sdpa", w, 0.3, status="failed"),
+        rec("numpy flash", w, 0.0, status="n/a"),
+        *goals,
+    ]
+    env = {"device_name": "test cpu", "timestamp": "2026-11-29T12:00:00", "versions": {"t": 1}}
+    return build_results(
+        device=device, grid="quick", environment=env, records=records, gates=[], wall_s=1.0
+    )

@@ -1,0 +1,122 @@
+"""Goals timed interleaved (bench/goals.py, BenchSession.run_goal): the per-round ratio is
+immune to the machine's speed drifting during the measurement, and a goal is met or missed
+only when the spread allows it."""
+
+from __future__ import annotations
+
+import statistics
+
+import pytest
+
+from bench import goals
+from bench.gate import GateCache
+from bench.rows import Goal, row_by_name
+from bench.session import BenchSession, Case
+from bench.workloads import Workload
+
+from .helpers import B, D, E, H, K, L, S, stub
+
+
+class DriftingMachine:
+    """A fake clock and two calls: A costs 2 units of work, B 1, and the machine slows down
+    with every call (each unit of work costs more than the last), as a busy machine does."""
+
+    def __init__(self):
+        self.now = 0.0
+        self.speed = 1.0
+        self.order: list[str] = []
+
+    def clock(self) -> float:
+        return self.now
+
+    def call(self, name: str, work: float):
+        def run():
+            self.order.append(name)
+            self.now += work * self.speed
+            self.speed *= 1.02  # 2% slower after every call
+
+        return run
+
+
+def test_interleaved_ratio_stays_true_while_the_machine_drifts():
+    m = DriftingMachine()
+    t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=8, min_sample_s=0.0,
+                         clock=m.clock)  # fmt: skip
+    assert m.order[:4] == ["A", "B", "A", "B"]  # warm-up A B, then the sizing calls A B
+    rounds = m.order[4:]
+    assert rounds[:4] == ["A", "B", "B", "A"] and rounds[4:8] == ["A", "B", "B", "A"]  # ABBA
+    s = t.summary()
+    assert s["rounds"] == 8 and len(s["ratios"]) == 8
+    assert s["ratio"]["median"] == pytest.approx(2.0, rel=0.025)  # true ratio 2, drift 2%/call
+    # timed apart (all of A, then all of B) the same machine would report far from 2
+    assert t.a_s[-1] / t.b_s[0] > 2.5
+    assert s["ratio"]["min"] <= s["ratio"]["q1"] <= s["ratio"]["median"] <= s["ratio"]["q3"]
+
+
+def test_samples_repeat_a_fast_call_until_it_is_long_enough():
+    m = DriftingMachine()
+    m.speed = 1e-4  # 0.1 ms per unit
+    t = goals.interleave(m.call("A", 1.0), m.call("B", 1.0), rounds=3, min_sample_s=0.005,
+                         clock=m.clock)  # fmt: skip
+    assert t.inner >= 40 and t.summary()["rounds"] == goals.MIN_ROUNDS  # at least 5 rounds
+
+
+def test_a_slow_pair_stops_starting_rounds_past_its_time_budget():
+    """A round costs about 3 units here: no round starts past max_s, but never fewer than 5."""
+
+    def rounds(max_s):
+        m = DriftingMachine()
+        t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=9, min_sample_s=0.0,
+                             max_s=max_s, clock=m.clock)  # fmt: skip
+        return len(t.a_s)
+
+    assert rounds(None) == rounds(100.0) == 9
+    assert rounds(20.0) == 6  # five rounds end at ~17, the sixth starts before 20
+    assert rounds(1.0) == goals.MIN_ROUNDS
+
+
+def test_a_goal_is_met_only_when_its_whole_iqr_is():
+    assert goals.decide("ratio", 2.5, 2.1, 2.4) == "met"
+    assert goals.decide("ratio", 2.5, 2.4, 2.6) == "unclear"
+    assert goals.decide("ratio", 2.5, 2.6, 3.4) == "missed"
+    assert goals.decide("ratio", 2.5, 2.5, 2.5) == "met"
+    assert goals.decide("faster", 1.0, 0.9, 1.0) == "unclear"  # faster: strictly below
+    assert goals.decide("causal", 0.6, 0.45, 0.55) == "met"
+    assert goals.spread([3.0, 1.0, 2.0, 5.0, 4.0]) == {
+        "min": 1.0, "q1": 2.0, "median": 3.0, "q3": 4.0, "max": 5.0,
+    }  # fmt: skip
+
+
+def test_run_goal_gates_both_calls_and_records_the_ratios():
+    """A goal case between two real NumPy rows on a small workload: both gated once, timed
+    interleaved, recorded with the per-round ratios, their spread and a decision."""
+    a, b = row_by_name("numpy sdpa"), row_by_name("numpy flash")
+    w = Workload("attention", B, H, K, L, S, D, E)
+    qc, calls = stub(True, 8)
+    goal = Goal("ratio", 1000.0, "numpy flash")
+    case = Case("goal|x", "goal", "numpy", "cpu", a, w, goal=goal,
+                pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+    session = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc), cases=[],
+                           goal_cases=[case], goal_rounds=6, goal_sample_s=0.0001)  # fmt: skip
+    session.run_goal(case)
+    rec = session.records["goal|x"]
+    assert rec.status == "ok" and rec.kind == "goal"
+    g = rec.goal
+    assert (g["a"]["row"], g["b"]["row"], g["rounds"]) == ("numpy sdpa", "numpy flash", 6)
+    assert len(g["ratios"]) == 6 and g["status"] == "met"  # any ratio is <= 1000
+    assert g["ratio"]["median"] == pytest.approx(statistics.median(g["ratios"]))
+    assert sorted(c[2] for c in calls) == ["flash", "sdpa"]  # each row's own gate, once
+
+
+def test_a_goal_whose_row_fails_its_gate_is_not_timed():
+    a, b = row_by_name("numpy sdpa"), row_by_name("torch F.sdpa")
+    w = Workload("attention", B, H, K, L, S, D, E)
+    qc, _ = stub(False, 8, ["FAIL sdpa.x: wrong"])
+    case = Case("goal|y", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 2.5, b.name),
+                pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+    session = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc), cases=[],
+                           goal_cases=[case])  # fmt: skip
+    with pytest.raises(pytest.skip.Exception, match="correctness gate"):
+        session.run_goal(case)
+    rec = session.records["goal|y"]
+    assert rec.status == "failed" and "numpy sdpa" in rec.reason and "ratios" not in rec.goal

@@ -1,0 +1,391 @@
+"""The runners (bench/runners.py): each call style's wiring against a float64 reference, the
+synchronized CUDA call and memory (device calls stood in for), and how errors are classified."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bench import runners
+from bench.gate import GateCache
+from bench.rows import ROWS, Row, row_by_name
+from bench.session import BenchSession, build_cases
+from bench.workloads import Workload
+
+from .helpers import B, D, E, FakeBenchmark, H, K, L, S, fake_gpu, reference_sdpa, stub, to_np
+
+
+def test_every_call_style_has_a_preparer():
+    assert {r.call for r in ROWS} <= set(runners.PREPARERS)
+    ghost = Row("numpy ghost", "impl_numpy.functional:scaled_dot_product_attention", "nope")
+    with pytest.raises(ValueError, match="unknown call style 'nope'"):
+        runners.prepare(ghost, Workload("attention", B, H, K, L, S, D, E), "cpu")
+
+
+# the CPU rows, and torch's math and flash SDPA backends, which torch also has on CPU
+_FUNCTIONAL = [
+    r.name
+    for r in ROWS
+    if r.workloads == "attention"
+    and ("cpu" in r.devices or (r.call == "torch_sdpa" and r.backend in ("math", "flash")))
+]
+
+
+@pytest.mark.parametrize("name", _FUNCTIONAL)
+def test_runner_wiring_matches_a_float64_reference(name):
+    row = row_by_name(name)
+    if row.framework in ("torch", "jax"):
+        pytest.importorskip(row.framework)
+    # jax.nn.dot_product_attention and torch's pinned CPU flash kernel need E == D
+    e = D if row.call == "jax_dpa" or row.backend else E
+    w = Workload("attention", B, H, K, L, S, D, e, True, "float32")
+    p = runners.prepare(row, w, "cpu")
+    out = to_np(p.call())
+    q, k, v = p.inputs
+    if p.layout == "heads_second":  # (B, L, H, D) -> (B, H, L, D)
+        q, k, v = (np.swapaxes(to_np(x), 1, 2) for x in (q, k, v))
+        out = np.swapaxes(out, 1, 2)
+    assert out.shape == (B, H, L, e)
+    np.testing.assert_allclose(out, reference_sdpa(q, k, v, causal=True), rtol=2e-5, atol=2e-5)
+
+
+_MODULES = [r.name for r in ROWS if r.workloads == "module" and "cpu" in r.devices]
+
+
+@pytest.mark.parametrize("name", _MODULES)
+def test_module_rows_are_causal_when_asked(name):
+    """Changing the last position's input changes no earlier output under is_causal."""
+    row = row_by_name(name)
+    pytest.importorskip(row.framework)
+    w = Workload("module", 2, 6, 3 if "GQA" in row.variants else 6, 5, 5, 7, 7, True)
+    p = runners.prepare(row, w, "cpu")
+    before = to_np(p.call())
+    assert before.shape == (w.B, w.L, w.M) and np.isfinite(before).all()
+    x = p.inputs[-1]
+    if hasattr(x, "at"):  # jax: replace the array the compiled call reads
+        p.inputs[-1] = x.at[:, -1].add(1.0)
+    else:
+        x[:, -1] += 1.0
+    after = to_np(p.call())
+    np.testing.assert_allclose(after[:, :-1], before[:, :-1], rtol=1e-5, atol=1e-6)
+    assert np.abs(after[:, -1] - before[:, -1]).max() > 1e-4
+
+
+def test_torch_nn_mha_runs_fused_sdpa_with_is_causal_never_a_masked_softmax(monkeypatch):
+    """Fix 5 of issue 16: the row is registered as skipping masked blocks and not building the
+    scores; its call must then reach F.sdpa with is_causal=True and no mask, not the fast
+    path's _masked_softmax over full (B, H, L, S) scores."""
+    torch = pytest.importorskip("torch")
+    from torch.profiler import profile
+
+    row = row_by_name("torch nn.MHA")
+    assert row.skips_masked and not row.materializes
+    w = Workload("module", 1, 4, 4, 64, 64, 8, 8, True)
+    p = runners.prepare(row, w, "cpu")
+    calls = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, *args, **kwargs):
+        calls.append((attn_mask, is_causal))
+        return real(q, k, v, attn_mask, dropout_p, is_causal, *args, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    p.call()
+    assert calls == [(None, True)]
+    assert torch.backends.mha.get_fastpath_enabled()  # the global switch is put back
+    monkeypatch.undo()
+    with profile() as prof:
+        p.call()
+    names = {e.name for e in prof.events()}
+    assert "aten::scaled_dot_product_attention" in names
+    assert not {"aten::_masked_softmax", "aten::_native_multi_head_attention"} & names
+
+
+# ----------------------------------------------------------------------------------- decode
+
+
+def _numpy_of(x) -> np.ndarray:
+    return np.array(to_np(x))  # a copy: the JAX step donates (deletes) the arrays it is given
+
+
+def reference_module(weights: dict, x: np.ndarray, H: int, K: int, D: int) -> np.ndarray:
+    """float64 causal self-attention module from canonical weights: x (B, T, M) -> (B, T, M)."""
+    w = {name: to_np(a) for name, a in weights.items()}
+    B_, T, _ = x.shape
+
+    def heads(name, n):  # (B, T, n*D) -> (B, n, T, D)
+        y = x @ w[f"{name}.kernel"] + w[f"{name}.bias"]
+        return y.reshape(B_, T, n, D).transpose(0, 2, 1, 3)
+
+    out = reference_sdpa(heads("q_proj", H), heads("k_proj", K), heads("v_proj", K), causal=True)
+    merged = out.transpose(0, 2, 1, 3).reshape(B_, T, H * D)  # (B, T, H*E)
+    return merged @ w["o_proj.kernel"] + w["o_proj.bias"]
+
+
+_DECODE_ROWS = [r.name for r in ROWS if r.workloads == "decode"]
+_DECODE_IMPL = [n for n in _DECODE_ROWS if row_by_name(n).kind == "impl"]
+# decode sizes, pairwise distinct: B=2, H=6, K=3, P=7 cached tokens (S=8), D=E=5, M=30
+_DB, _DH, _DK, _DP, _DD = 2, 6, 3, 7, 5
+
+
+def _decode_row(name: str, dtype: str = "float32") -> tuple[Row, Workload]:
+    row = row_by_name(name)
+    pytest.importorskip(row.framework)
+    return row, Workload("decode", _DB, _DH, _DK, 1, _DP + 1, _DD, _DD, False, dtype)
+
+
+@pytest.fixture
+def x64():
+    """JAX computes float64 only with x64 on (the benchmark's own rows never need it)."""
+    jax = pytest.importorskip("jax")
+    before = jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", True)
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+@pytest.mark.parametrize("name", _DECODE_IMPL)
+def test_decode_row_is_the_last_row_of_the_causal_forward(name, x64):
+    """The timed decode step, from a cache prefilled with P tokens, gives the last row of a
+    float64 causal forward over the P + 1 tokens (reference written here, from the module's
+    canonical weights); repeated rounds are the same step at the same position."""
+    row, w = _decode_row(name, "float64")
+    p = runners.prepare(row, w, "cpu")
+    m, x_new = p.module, p.inputs[-2]
+    prefix = np.random.default_rng(3).standard_normal((_DB, _DP, w.M))  # (B, P, M) float64
+    if row.framework == "torch":
+        import torch
+
+        with torch.no_grad():
+            _, cache = m.decode(torch.from_numpy(prefix), m.init_cache(_DB, _DP + 1))
+    else:
+        to = np.asarray if row.framework == "numpy" else __import__("jax.numpy").numpy.asarray
+        _, cache = m.decode(to(prefix), m.init_cache(_DB, _DP + 1))
+    assert cache.position == _DP
+    p.inputs[-1] = cache  # the call reads its cache from its inputs
+    cached = _numpy_of(cache.key)[:, :, :_DP]
+    expected = reference_module(
+        m.to_canonical(), np.concatenate([prefix, to_np(x_new)], axis=1), _DH, _DK, _DD
+    )[:, -1:]  # (B, 1, M)
+    outs = [_numpy_of(p.call()) for _ in range(3)]
+    assert outs[0].shape == (_DB, 1, w.M)
+    np.testing.assert_allclose(outs[0], expected, rtol=1e-10, atol=1e-12)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])  # the same step, bit for bit
+    after = p.inputs[-1]
+    assert after.position == _DP  # never advanced by the timed calls
+    np.testing.assert_array_equal(_numpy_of(after.key)[:, :, :_DP], cached)
+
+
+@pytest.mark.parametrize("name", [n for n in _DECODE_ROWS if n not in _DECODE_IMPL])
+def test_decode_baselines_match_a_float64_step(name):
+    """The framework decode step (projections, cache write at P, fused attention of one query
+    over the S = P + 1 keys, output projection) against float64 arithmetic written here."""
+    row, w = _decode_row(name)
+    p = runners.prepare(row, w, "cpu")
+    params, x, ck, cv = p.inputs
+    x, ck, cv = _numpy_of(x), _numpy_of(ck), _numpy_of(cv)
+    wq, bq, wk, bk, wv, bv, wo, bo = (to_np(a) for a in params)
+    if p.layout == "decode_heads_second":  # (B, S, K, D) -> (B, K, S, D)
+        ck, cv = np.swapaxes(ck, 1, 2), np.swapaxes(cv, 1, 2)
+
+    def heads(y, n):  # (B, 1, n*D) -> (B, n, 1, D)
+        return y.reshape(_DB, 1, n, _DD).transpose(0, 2, 1, 3)
+
+    k = np.concatenate([ck[:, :, :_DP], heads(x @ wk + bk, _DK)], axis=2)  # (B, K, S, D)
+    v = np.concatenate([cv[:, :, :_DP], heads(x @ wv + bv, _DK)], axis=2)
+    out = reference_sdpa(heads(x @ wq + bq, _DH), k, v, causal=False)  # (B, H, 1, D)
+    expected = out.transpose(0, 2, 1, 3).reshape(_DB, 1, _DH * _DD) @ wo + bo
+    outs = [_numpy_of(p.call()) for _ in range(3)]
+    np.testing.assert_allclose(outs[0], expected, rtol=2e-5, atol=2e-5)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])
+
+
+def test_timed_decode_rounds_leave_the_cache_at_its_position(monkeypatch):
+    """Through the session (warm-up, memory, pytest-benchmark rounds): every round decodes
+    at position P, and the cache the call holds is still at P afterwards."""
+    row, w = _decode_row("numpy decode")
+    prepared = []
+    real = runners.prepare
+    monkeypatch.setattr(runners, "prepare", lambda *a: prepared.append(real(*a)) or prepared[-1])
+    cases = build_cases("cpu", [w], (row,), fdevice_of=fake_gpu)
+    gates = GateCache(quick_check=stub(True, 8)[0])
+    session = BenchSession("cpu", "test", [w], (row,), gates=gates, cases=cases, goal_cases=[])
+    (case,) = [c for c in cases if c.kind == "row"]
+    p_seen = []
+    decode = row.resolve().decode
+    monkeypatch.setattr(
+        row.resolve(), "decode", lambda self, x, cache: p_seen.append(cache.position)
+        or decode(self, x, cache)
+    )  # fmt: skip
+    bench = FakeBenchmark(min_rounds=4)
+    session.run_case(case, bench)
+    assert session.records[case.id].status == "ok" and bench.calls == 4
+    assert p_seen == [_DP] * (1 + 4)  # the memory call (the host warm-up) and four rounds
+    assert prepared[0].inputs[-1].position == _DP
+
+
+# ----------------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize("name", ["torch F.sdpa[efficient]", "torch F.sdpa[cudnn]"])
+def test_a_backend_without_a_kernel_is_unsupported_not_failed(name):
+    pytest.importorskip("torch")
+    w = Workload("attention", B, H, K, L, S, D, E, True)
+    with pytest.raises(runners.UnsupportedError):  # torch has no such kernel on CPU
+        runners.prepare(row_by_name(name), w, "cpu")
+
+
+def test_errors_are_unsupported_only_in_the_kernel_s_own_words():
+    """Fix 8 of issue 16: only the kernel's own "not supported" is unsupported; a cuDNN
+    library failure, or anything from a row that is not pinned to a kernel, is an error."""
+    c = runners.classify_error
+    assert c(runners.UnsupportedError("no kernel")) == "unsupported"
+    assert c(MemoryError()) == "oom"
+    assert c(RuntimeError("CUDA out of memory. Tried to")) == "oom"
+    assert c(RuntimeError("RESOURCE_EXHAUSTED: while")) == "oom"
+    assert c(ValueError("bad")) == "error"
+    no_kernel = RuntimeError("No available kernel. Aborting execution.")
+    no_plan = RuntimeError(
+        "cuDNN Frontend error: [cudnn_frontend] Error: No execution plans support the graph."
+    )
+    assert c(no_kernel, "torch_sdpa") == c(no_plan, "torch_sdpa") == "unsupported"
+    assert c(RuntimeError("No valid execution plans built."), "torch_sdpa") == "unsupported"
+    assert c(no_kernel) == "error"  # torch's own dispatch always has a kernel
+    head_dim = NotImplementedError("The head dim must be <= 256 and a multiple of 8, but got 12.")
+    dtype = NotImplementedError("Q must be fp16/bf16/fp8_e4m3fn/fp8_e5m2, got float32")
+    assert c(head_dim, "jax_cudnn") == c(dtype, "jax_cudnn") == "unsupported"
+    for broken in (
+        RuntimeError("cuDNN is not detected."),
+        RuntimeError("INTERNAL: CUDNN_STATUS_EXECUTION_FAILED"),
+        ValueError("The number of query heads must be a multiple of key/value heads"),
+    ):
+        assert c(broken, "jax_cudnn") == "error"
+    assert c(head_dim, "torch_sdpa") == "error"  # another kernel's words are not this one's
+
+
+def test_jax_cudnn_is_unsupported_only_where_jax_s_own_checks_say_so(monkeypatch):
+    """With cuDNN's version check stood in for, JAX's real applicability checks run on this
+    CPU: float32 is refused by them (unsupported); bfloat16 at D = 16 passes them and then
+    fails to compile on a machine without cuDNN, which is an error, not unsupported."""
+    pytest.importorskip("jax")
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fa
+    except ImportError:
+        pytest.skip("this JAX has no jax._src.cudnn.fused_attention_stablehlo")
+    if not hasattr(fa, "check_cudnn_version"):
+        pytest.skip("this JAX checks cuDNN differently")
+    monkeypatch.setattr(fa, "check_cudnn_version", lambda: 91000)
+    row = row_by_name("jax.nn.dpa[cudnn]")
+    f32 = Workload("attention", 1, 2, 2, 8, 8, 16, 16, False, "float32")
+    with pytest.raises(runners.UnsupportedError, match="fp16/bf16"):
+        runners.prepare(row, f32, "cpu")
+    bf16 = Workload("attention", 1, 2, 2, 8, 8, 16, 16, False, "bfloat16")
+    with pytest.raises(Exception) as info:
+        runners.prepare(row, bf16, "cpu")
+    assert not isinstance(info.value, runners.UnsupportedError)
+    assert runners.classify_error(info.value, row.kernel) == "error"
+
+
+# ----------------------------------------------------------------------------------- CUDA, memory
+
+
+def test_cuda_timing_synchronizes_inside_the_call(monkeypatch):
+    torch = pytest.importorskip("torch")
+    events = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: events.append("sync"))
+    call = runners._torch_call(lambda: events.append("kernel") or torch.is_inference_mode_enabled(),
+                               "cuda")  # fmt: skip
+    assert call() is True  # ran under inference_mode
+    assert events == ["kernel", "sync"]
+
+
+def test_cuda_peak_memory_is_the_peak_above_what_was_allocated(monkeypatch):
+    torch = pytest.importorskip("torch")
+    state = {"allocated": 1000, "peak": 1000}
+
+    def fn():
+        state["peak"] = 1000 + 4096 + 512  # a temporary and the output
+        state["allocated"] = 1000 + 512
+        return "out"
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", lambda *a: state.update(peak=1000))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: state["allocated"])
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda *a: state["peak"])
+    assert runners._peak_memory_torch_cuda(fn) == (4096 + 512, "torch.cuda.max_memory_allocated")
+
+
+def test_peak_memory_numpy_sees_the_buffers():
+    n = 1_000_003
+
+    def fn():
+        a = np.ones(n)
+        return a, a * 2.0  # two float64 buffers alive at once
+
+    got, method = runners.peak_memory_numpy(fn)
+    assert method == "tracemalloc"
+    assert 2 * 8 * n <= got < 2 * 8 * n + 64 * 1024
+
+
+def test_peak_memory_torch_cpu_follows_allocations_in_order():
+    torch = pytest.importorskip("torch")
+
+    def fn():
+        a = torch.ones(512, 1024)  # 2 MiB
+        b = a[:256].clone()  # + 1 MiB while a is alive: the peak
+        del a
+        return b
+
+    got, method = runners.peak_memory_torch_cpu(fn)
+    assert method == "torch.profiler"
+    assert got == 3 * 2**20
+
+
+def test_jax_memory_comes_from_xla_and_covers_the_scores():
+    pytest.importorskip("jax")
+    w = Workload("attention", 1, 4, 4, 64, 96, 8, 8)
+    p = runners.prepare(row_by_name("jax sdpa"), w, "cpu")
+    got, method = p.memory()
+    assert method == "xla" and p.compile_s > 0
+    assert got >= w.score_bytes()
+
+
+# ----------------------------------------------------------------------------------- peak matmul
+
+
+def test_the_float32_peak_matmul_runs_at_the_rows_precision(monkeypatch):
+    """Fix 7 of issue 16: % of peak for float32 is measured against an IEEE float32 matmul
+    (JAX at HIGHEST, torch with TF32 off), the precision the project's rows pin, unless the
+    run asked for TF32."""
+    jax = pytest.importorskip("jax")
+    torch = pytest.importorskip("torch")
+    a = jax.numpy.ones((8, 8), jax.numpy.float32)
+    assert "HIGHEST" in str(jax.make_jaxpr(runners.jax_matmul("highest"))(a, a))
+    assert "HIGHEST" not in str(jax.make_jaxpr(runners.jax_matmul("tf32"))(a, a))
+    seen = []
+    real = torch.matmul
+    monkeypatch.setattr(torch, "matmul", lambda x, y: seen.append(
+        torch.backends.cuda.matmul.fp32_precision) or real(x, y))  # fmt: skip
+    saved = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")  # --tf32 on
+    try:
+        runners.prepare_matmul("torch", "float32", 16, "cpu", "highest").call()
+        runners.prepare_matmul("torch", "float32", 16, "cpu", "tf32").call()
+    finally:
+        torch.set_float32_matmul_precision(saved)
+    assert seen == ["ieee", "tf32"]
+
+
+def test_a_peak_case_records_its_precision():
+    from bench.session import Case
+
+    session = BenchSession("cpu", "test", [], (), gates=GateCache(), cases=[], goal_cases=[],
+                           tf32="default")  # fmt: skip
+    case = Case("peak|numpy|float32|64", "peak", "numpy", "cpu", dtype="float32", n=64)
+    session.run_case(case, FakeBenchmark())
+    assert session.records[case.id].matmul["precision"] == "highest"
+    session.tf32 = "on"
+    session.run_case(case, FakeBenchmark())
+    assert session.records[case.id].matmul["precision"] == "tf32"

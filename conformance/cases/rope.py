@@ -1,0 +1,386 @@
+"""Rotary position embedding cases: ``apply_rotary`` itself, and modules built with RoPE.
+
+``@rope_case`` functions build ``x (..., heads, L, D)`` and integer ``positions`` for one call of
+``apply_rotary(x, positions, **keywords)`` (``rope.<name>.<dtype>``); the golden is the oracle's
+:func:`~conformance.oracle.rotary`, one pair of one token at a time. ``@rope_error_case``
+functions give the shapes, dtypes and keywords of a call that must raise
+(``rope.error.<name>.<dtype>``). The module and decode cases at the end build
+``GroupedQueryAttention``/``MultiHeadAttention`` with ``rope_theta`` (``module.rope.*``,
+``decode.rope.*``): the settings travel in the manifest's module spec, which the runner passes to
+``from_canonical``.
+
+Sizes: B=2, 3 heads, L=5, D=12 (pairwise distinct with the pair count P = 6), so a pair built
+across the wrong axis or from the wrong end is a wrong number, not a silent pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any
+
+import numpy as np
+
+from conformance.cases.base import (
+    ALL_DTYPES,
+    F32,
+    MB,
+    ML,
+    MM,
+    MS,
+    H,
+    K,
+    ModuleCall,
+    ModuleErrorCall,
+    Zeros,
+    canonical,
+    case,
+    normal,
+    z,
+)
+from conformance.cases.decode import DECODE_T
+
+RB, RH, RL, RD = 2, 3, 5, 12
+
+
+@dataclass
+class RopeCall:
+    """One ``apply_rotary(x, positions, **keywords)`` call: float64 ``x``, integer
+    ``positions`` (stored as int64), or :class:`Zeros` of both for an error case (an ``x`` of
+    dtype ``"none"`` is None)."""
+
+    x: Any
+    positions: Any
+    keywords: dict[str, Any] = field(default_factory=dict)
+
+
+def rope(x, positions, **keywords) -> RopeCall:
+    return RopeCall(x, positions, keywords)
+
+
+rope_case = partial(case, "rope", functions=("rope",))
+
+
+def rope_error_case(name: str, error_class: str, code: str):
+    """Register ``fn() -> RopeCall`` (of :class:`Zeros`) as ``rope.error.<name>.<x dtype>``."""
+
+    def register(fn):
+        x = fn().x
+        dtype = x.dtype if x.dtype != "none" else "float32"
+        return case("rope", name, (dtype,), functions=("rope",), error=(error_class, code))(fn)
+
+    return register
+
+
+def _x(rng, *shape: int) -> np.ndarray:
+    return normal(rng, *shape) if shape else normal(rng, RB, RH, RL, RD)
+
+
+# ---------------------------------------------------------------------------------------------
+# apply_rotary: the two pair conventions, partial rotary dims, positions
+# ---------------------------------------------------------------------------------------------
+
+
+@rope_case("half.d12", ALL_DTYPES)
+def rope_half(rng, dtype):
+    """Half-split pairs (x[p], x[p + 6]) (Llama, GPT-NeoX, Hugging Face rotate_half) at
+    positions 0..4, theta 10000: pair p turns by t * 10000 ** (-p / 6). A port pairing
+    (x[2p], x[2p + 1]) instead fails here."""
+    return rope(_x(rng), np.arange(RL))
+
+
+@rope_case("interleaved.d12", ALL_DTYPES)
+def rope_interleaved(rng, dtype):
+    """Interleaved pairs (x[2p], x[2p + 1]) (GPT-J, RoFormer), the same positions: a port that
+    half-splits fails here."""
+    return rope(_x(rng), np.arange(RL), interleaved=True)
+
+
+@rope_case("partial.half.r4_d12", ALL_DTYPES)
+def rope_partial_half(rng, dtype):
+    """rotary_dim = 4 of D = 12 (as GPT-NeoX's rotary_pct): pairs (x[p], x[p + 2]) for p < 2 turn
+    by t * 10000 ** (-p / 2); features 4..11 pass through unchanged, in the input dtype."""
+    return rope(_x(rng), np.arange(RL), rotary_dim=4)
+
+
+@rope_case("partial.interleaved.r6_d12", ("float32", "bfloat16"))
+def rope_partial_interleaved(rng, dtype):
+    """rotary_dim = 6, interleaved: pairs (0, 1), (2, 3), (4, 5); features 6..11 pass through.
+    The frequencies use rotary_dim, not D (theta ** (-2p / 6))."""
+    return rope(_x(rng), np.arange(RL), rotary_dim=6, interleaved=True)
+
+
+@rope_case("rotary_dim_2", F32)
+def rope_one_pair(rng, dtype):
+    """rotary_dim = 2: one pair, frequency 1, angle = position (in radians)."""
+    return rope(_x(rng), np.array([0, 1, 2, 3, 4]), rotary_dim=2)
+
+
+@rope_case("positions.per_example", ALL_DTYPES)
+def rope_positions_per_example(rng, dtype):
+    """Positions (B, L) that are neither contiguous nor sorted nor shared: example 0 at
+    [3, 0, 9, 2, 2] (a repeat), example 1 at [17, 5, 6, 1, 40]. Every head of a token turns
+    alike; a port indexing positions by head, or assuming arange(L), fails."""
+    return rope(_x(rng), np.array([[3, 0, 9, 2, 2], [17, 5, 6, 1, 40]]))
+
+
+@rope_case("positions.negative")
+def rope_positions_negative(rng, dtype):
+    """Negative positions (-2 .. 2) turn the other way: a module with bottom-right alignment
+    and L > S puts its first queries there."""
+    return rope(_x(rng), np.array([-2, -1, 0, 1, 2]))
+
+
+@rope_case("positions.large_1e5", ALL_DTYPES)
+def rope_large_positions(rng, dtype):
+    """Positions near 1e5 (a long context), (B, L) with odd values: the angle of pair 0 is
+    ~1e5 rad, where one float32 ulp is 0.0078. The plain float32 computation (angles, cos and
+    sin in float32, as SEMANTICS.md prescribes) is then off by about 1e-2 and the bound says
+    so; a port computing its angles in float16 or bfloat16 is off by O(1) and fails."""
+    positions = np.array([[100000, 100001, 99999, 123457, 65536], [99991, 0, 104729, 7, 100003]])
+    return rope(_x(rng), positions)
+
+
+@rope_case("theta.llama3")
+def rope_theta_llama3(rng, dtype):
+    """theta = 500000 (Llama 3): pair p turns by t * 500000 ** (-p / 6); a port that ignores
+    theta (10000 always) fails."""
+    return rope(_x(rng), np.arange(RL), theta=500000.0)
+
+
+@rope_case("theta.small", ("float64", "float32"))
+def rope_theta_small(rng, dtype):
+    """theta = 10 at positions 0..4: every pair turns by a large angle, so a frequency exponent
+    off by a factor 2 (theta ** (-p / R) instead of theta ** (-2p / R)) is a large error."""
+    return rope(_x(rng), np.arange(RL), theta=10.0)
+
+
+@rope_case("batch.many_dims")
+def rope_batch_many_dims(rng, dtype):
+    """x (2, 3, 4, 5, 8) with positions (3, 5): two batch dims (2, 3), positions broadcast
+    along the first and shared by the 4 heads."""
+    positions = np.array([[0, 1, 2, 3, 4], [5, 3, 1, 0, 2], [9, 8, 7, 6, 5]])
+    return rope(_x(rng, 2, 3, 4, 5, 8), positions)
+
+
+@rope_case("batch.none")
+def rope_batch_none(rng, dtype):
+    """x (heads, L, D) = (3, 5, 12) with no batch dim, positions (L,)."""
+    return rope(_x(rng, RH, RL, RD), np.array([4, 3, 2, 1, 0]))
+
+
+@rope_case("shapes.l0")
+def rope_l0(rng, dtype):
+    """L = 0 tokens: an empty result of x's shape."""
+    return rope(_x(rng, RB, RH, 0, RD), np.zeros((0,), dtype=np.int64))
+
+
+# ---------------------------------------------------------------------------------------------
+# apply_rotary: errors
+# ---------------------------------------------------------------------------------------------
+
+RX = z(RB, RH, RL, RD)
+RP = z(RL, dtype="int64")
+
+
+@rope_error_case("rotary_dim_odd", "ConfigError", "rotary_dim")
+def rope_err_rotary_dim_odd():
+    """rotary_dim = 5: features rotate in pairs, so it must be even."""
+    return rope(RX, RP, rotary_dim=5)
+
+
+@rope_error_case("rotary_dim_beyond_d", "ConfigError", "rotary_dim")
+def rope_err_rotary_dim_beyond_d():
+    """rotary_dim = 14 > D = 12."""
+    return rope(RX, RP, rotary_dim=14)
+
+
+@rope_error_case("rotary_dim_zero", "ConfigError", "rotary_dim")
+def rope_err_rotary_dim_zero():
+    """rotary_dim = 0 (for no rotation, do not call apply_rotary)."""
+    return rope(RX, RP, rotary_dim=0)
+
+
+@rope_error_case("rotary_dim_default_odd_d", "ConfigError", "rotary_dim")
+def rope_err_rotary_dim_default_odd():
+    """No rotary_dim with an odd head dim D = 11: the default (D) cannot be paired."""
+    return rope(z(RB, RH, RL, 11), RP)
+
+
+@rope_error_case("theta_zero", "ConfigError", "rope_theta")
+def rope_err_theta_zero():
+    """theta = 0: the frequencies 0 ** (-2p / R) are infinite."""
+    return rope(RX, RP, theta=0.0)
+
+
+@rope_error_case("theta_negative", "ConfigError", "rope_theta")
+def rope_err_theta_negative():
+    """theta = -10000: no real frequencies."""
+    return rope(RX, RP, theta=-10000.0)
+
+
+@rope_error_case("positions_float", "DTypeError", "positions_dtype")
+def rope_err_positions_float():
+    """float32 positions: positions are token indices (integers)."""
+    return rope(RX, z(RL, dtype="float32"))
+
+
+@rope_error_case("positions_bool", "DTypeError", "positions_dtype")
+def rope_err_positions_bool():
+    """Boolean positions (a mask passed by mistake)."""
+    return rope(RX, z(RL, dtype="bool"))
+
+
+@rope_error_case("positions_length", "DimensionMismatchError", "positions_shape")
+def rope_err_positions_length():
+    """Positions for L + 1 = 6 tokens, x has 5."""
+    return rope(RX, z(RL + 1, dtype="int64"))
+
+
+@rope_error_case("positions_per_head", "DimensionMismatchError", "positions_shape")
+def rope_err_positions_per_head():
+    """Positions (B, heads, L): one position per token is shared by every head, so positions
+    broadcast to (B, L), x's batch dims without its heads axis."""
+    return rope(RX, z(RB, RH, RL, dtype="int64"))
+
+
+@rope_error_case("positions_more_batch", "DimensionMismatchError", "positions_shape")
+def rope_err_positions_more_batch():
+    """Positions (3, B, L) with more batch dims than x: they would broadcast x up; refused."""
+    return rope(RX, z(3, RB, RL, dtype="int64"))
+
+
+@rope_error_case("x_rank", "DimensionMismatchError", "rank")
+def rope_err_x_rank():
+    """x (L, D): the heads axis is missing."""
+    return rope(z(RL, RD), RP)
+
+
+@rope_error_case("x_int", "DTypeError", "unsupported_dtype")
+def rope_err_x_int():
+    """int32 x."""
+    return rope(z(RB, RH, RL, RD, dtype="int32"), RP)
+
+
+@rope_error_case("x_none", "DTypeError", "not_an_array")
+def rope_err_x_none():
+    """x = None."""
+    return rope(Zeros((), "none"), RP)
+
+
+@rope_error_case("interleaved_string", "ConfigError", "not_a_bool")
+def rope_err_interleaved_string():
+    """interleaved="False": a string, not a bool (it would be true)."""
+    return rope(RX, RP, interleaved="False")
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules with RoPE: rope_theta, rope_interleaved, rotary_dim
+# ---------------------------------------------------------------------------------------------
+
+#: The RoPE module cases' head dims: D = 8 (four pairs), E = 4.
+MRD, MRE = 8, 4
+
+
+def _rope_options(theta=10000.0, interleaved=False, rotary_dim=None) -> dict[str, Any]:
+    options: dict[str, Any] = {"rope_theta": theta, "rope_interleaved": interleaved}
+    if rotary_dim is not None:
+        options["rotary_dim"] = rotary_dim
+    return options
+
+
+@case("module", "rope.gqa.h6_k2", ALL_DTYPES)
+def module_rope_gqa(rng, dtype):
+    """GQA 6:2 self-attention with RoPE (rope_theta=10000, half-split, D = 8): queries and keys
+    rotated at positions 0..4 after the projections, before the attention; with the weights of
+    every head (the rotation changes every score)."""
+    return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
+                      n_kv_heads=K, keywords={"return_weights": True},
+                      options=_rope_options())  # fmt: skip
+
+
+@case("module", "rope.mha.interleaved.r4", ("float32", "bfloat16"))
+def module_rope_mha_interleaved(rng, dtype):
+    """MultiHeadAttention with interleaved RoPE on the first 4 of D = 8 features, theta 100:
+    features 4..7 of every query and key pass through."""
+    return ModuleCall(canonical(rng, k=H, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
+                      n_kv_heads=H, cls="MultiHeadAttention", keywords={"is_causal": True},
+                      options=_rope_options(100.0, True, 4))  # fmt: skip
+
+
+@case("module", "rope.cross.bottom_right.l5_s7")
+def module_rope_cross_bottom_right(rng, dtype):
+    """Cross-attention with RoPE, causal bottom_right, L = 5 < S = 7: key j sits at position j,
+    query i at i + (S - L) = i + 2, the diagonal the alignment puts it on (as a KV cache does);
+    the relative position of query i and key j is i + 2 - j."""
+    return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
+                      n_kv_heads=K, context=normal(rng, MB, MS, MM),
+                      keywords={"is_causal": True, "causal_alignment": "bottom_right",
+                                "return_weights": True},
+                      options=_rope_options(theta=100.0))  # fmt: skip
+
+
+@case("module", "rope.cross.top_left.l5_s7")
+def module_rope_cross_top_left(rng, dtype):
+    """Cross-attention with RoPE, not causal, top_left: query i at position i, key j at j."""
+    return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
+                      n_kv_heads=K, context=normal(rng, MB, MS, MM),
+                      options=_rope_options(theta=100.0))  # fmt: skip
+
+
+@case("decode", "rope.gqa.h6_k2", ALL_DTYPES)
+def decode_rope_gqa(rng, dtype):
+    """KV-cache decoding with RoPE (GQA 6:2, theta 100): each new token's query and key are
+    rotated at cache.position + its index in the chunk, and the cache holds rotated keys, so
+    any chunking gives the full forward. A port rotating every chunk from position 0 fails at
+    its second step."""
+    return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, DECODE_T, MM), n_heads=H,
+                      n_kv_heads=K, keywords={"is_causal": True},
+                      options=_rope_options(theta=100.0))  # fmt: skip
+
+
+@case("decode", "rope.mqa.interleaved.r6", F32)
+def decode_rope_mqa_interleaved(rng, dtype):
+    """MQA with interleaved RoPE on 6 of D = 8 features, decoded token by token and in chunks."""
+    return ModuleCall(canonical(rng, k=1, d=MRD, e=MRE), normal(rng, MB, DECODE_T, MM),
+                      n_heads=H, n_kv_heads=1, keywords={"is_causal": True},
+                      options=_rope_options(100.0, True, 6))  # fmt: skip
+
+
+def _construct_error(name: str, arguments: dict[str, Any], error_class: str, code: str, doc: str):
+    def build() -> ModuleErrorCall:
+        return ModuleErrorCall("construct", arguments=dict(arguments))
+
+    build.__doc__ = doc
+    case("module", name, ("float32",), error=(error_class, code))(build)
+
+
+_SIZES = {"d_model": 24, "n_heads": 6, "n_kv_heads": 2}
+_construct_error(
+    "rope_rotary_dim_odd",
+    {**_SIZES, "rope_theta": 10000.0, "rotary_dim": 3},
+    "ConfigError",
+    "rotary_dim",
+    "GroupedQueryAttention(24, 6, 2, rope_theta=10000.0, rotary_dim=3): odd.",
+)
+_construct_error(
+    "rope_rotary_dim_beyond_d",
+    {**_SIZES, "rope_theta": 10000.0, "rotary_dim": 6},
+    "ConfigError",
+    "rotary_dim",
+    "rotary_dim=6 with head dim D = 24 // 6 = 4.",
+)
+_construct_error(
+    "rope_theta_zero",
+    {**_SIZES, "rope_theta": 0.0},
+    "ConfigError",
+    "rope_theta",
+    "rope_theta=0: no frequencies.",
+)
+_construct_error(
+    "rope_options_without_theta",
+    {**_SIZES, "rotary_dim": 2},
+    "ConfigError",
+    "rope_theta",
+    "rotary_dim=2 without rope_theta: refused, not ignored.",
+)

@@ -1,0 +1,256 @@
+"""The GPU kernel ports on the CPU, in their interpreters: one run of every feature, and the
+classic kernel bugs caught.
+
+``conformance/ports/triton_flash.py`` (Triton, torch tensors) and ``pallas_flash.py`` (Pallas,
+JAX arrays) are checked by the runner like any port. Interpreted, a run costs about a second
+(Triton runs each program in Python; Pallas compiles each case), so the default test session
+takes a fixed subset, :data:`FEATURE_RUNS`, one run of every feature and dtype the kernels
+support; ``make conformance-kernels`` runs every fixture.
+
+The broken kernels are the ports' own source with one line changed (:data:`KERNEL_BUGS`):
+the module is compiled again from the edited text, so the bug is exactly the diff shown, and
+an edit that no longer applies (the line was rewritten) fails loudly instead of testing the
+unbroken kernel. Each must fail the run named for it, which the unbroken kernel passes.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import inspect
+import linecache
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from conformance.runner import Outcome, Port, check, load_port, runs_for
+
+#: kernel -> (its port module, the package it needs)
+KERNELS: dict[str, tuple[str, str]] = {
+    "triton": ("conformance.ports.triton_flash", "triton"),
+    "pallas": ("conformance.ports.pallas_flash", "jax"),
+}
+
+#: One run of every feature, each dtype the kernels compute, the default (sdpa) and the
+#: caller's (flash) block sizes, the kernel's weights, validation, and the one refusal.
+FEATURE_RUNS: tuple[str, ...] = (
+    "sdpa.basic.mha.float32",  # MHA; also the run the tail bug must fail
+    "sdpa.gqa.h6_k2.float32",  # GQA; the run the h % K bug must fail
+    "sdpa.causal.bottom_right.l9_s5.float32",  # L > S: the first rows see no key (zeros)
+    "sdpa.mask.with_causal_bottom_right.float32",
+    "sdpa.mask_broadcast.b11s.float16",  # a (B, 1, 1, S) padding mask
+    "sdpa.bias.with_mask.bfloat16",
+    "sdpa.fully_masked.neg_inf_bias_row.float32",
+    "sdpa.softcap.cap30_neg_inf_bias.float32",  # softcap, with scale=8 given
+    "sdpa.shapes.e_lt_d.float32",  # E != D
+    "sdpa.shapes.s0.float32",  # no keys: zeros
+    "sdpa.batch.broadcast.float32",  # two batch dims, broadcast in query, key, value and mask
+    "flash.gqa.h6_k2.head_mask.float32",  # blocks of 2 x 3: ragged last blocks everywhere
+    "flash.tiling.rising_max.l9_s40.float32",  # the run the missing rescale must fail
+    "weights.causal.top_left.l7_s5.bfloat16",  # the kernel's own weights
+    "sdpa.error.kv_length_mismatch.float32",  # validation before launch
+    "sdpa.basic.mha.float64",  # refused: xfail
+)
+
+#: bug -> (what it does, the run that must catch it, {kernel: [(line as written, with the bug,
+#: how many times the line occurs)]})
+KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] = {
+    "tail_off_by_one": (
+        "the scores' tail mask lets key S through (j <= S): a key past the end, loaded or "
+        "padded as zeros, gets score 0 instead of -inf",
+        "sdpa.basic.mha.float32",
+        {
+            "triton": [("(cols[None, :] < S)", "(cols[None, :] <= S)", 1)],
+            "pallas": [("(cols[None, :] < S)", "(cols[None, :] <= S)", 1)],
+        },
+    ),
+    "gqa_tiling": (
+        "query head h reads key/value head h % K (tiling) instead of h // G",
+        "sdpa.gqa.h6_k2.float32",
+        {
+            "triton": [("kv = h // G", "kv = h % (H // G)", 1)],
+            "pallas": [("h // G, 0, 0)", "h % (H // G), 0, 0)", 2)],
+        },
+    ),
+    "no_rescale": (
+        "the running row sum is not rescaled by exp(m_old - m_new) when the row max rises",
+        "flash.tiling.rising_max.l9_s40.float32",
+        {
+            "triton": [("l = l * alpha + tl.sum(p, 1)", "l = l + tl.sum(p, 1)", 1)],
+            "pallas": [("l = l * alpha + p.sum(axis=1)", "l = l + p.sum(axis=1)", 1)],
+        },
+    ),
+}
+
+_PORTS: dict[tuple[str, str | None], Port] = {}
+_RUNS = {run.id: run for run in runs_for()}
+
+
+def _kernel_module(kernel: str) -> types.ModuleType:
+    module, needs = KERNELS[kernel]
+    if importlib.util.find_spec(needs) is None:  # not importorskip: the Triton port must
+        pytest.skip(f"{needs} is not installed")  # import triton itself (TRITON_INTERPRET)
+    return importlib.import_module(module)
+
+
+def broken_module(kernel: str, bug: str) -> types.ModuleType:
+    """The kernel's port module compiled again from its source with ``bug``'s edits.
+
+    The source is registered with ``linecache`` under its own name, because Triton (and
+    ``inspect``) read a kernel's source back from its file name; ``__file__`` stays the real
+    one, so the broken port has the real port's xfails.
+    """
+    original = _kernel_module(kernel)
+    source = inspect.getsource(original)
+    for old, new, count in KERNEL_BUGS[bug][2][kernel]:
+        assert source.count(old) == count, f"{kernel}: {old!r} no longer in the kernel"
+        source = source.replace(old, new)
+    name = f"{original.__name__}_{bug}"
+    filename = f"<{name}>"
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    module = types.ModuleType(name)
+    module.__file__ = original.__file__
+    exec(compile(source, filename, "exec"), module.__dict__)
+    return module
+
+
+def _port(kernel: str, bug: str | None = None) -> Port:
+    if (kernel, bug) not in _PORTS:
+        module = _kernel_module(kernel) if bug is None else broken_module(kernel, bug)
+        _PORTS[kernel, bug] = load_port(module)
+    return _PORTS[kernel, bug]
+
+
+def _check(kernel: str, run_id: str, bug: str | None = None) -> Outcome:
+    return check(_port(kernel, bug), _RUNS[run_id])
+
+
+def test_the_feature_runs_cover_every_feature_and_dtype() -> None:
+    runs = [_RUNS[r] for r in FEATURE_RUNS]
+    features = {r.case.feature for r in runs}
+    assert features >= {
+        "basic", "gqa", "causal", "mask", "mask_broadcast", "bias", "fully_masked", "softcap",
+        "shapes", "batch", "tiling", "error",
+    }  # fmt: skip
+    assert {r.case.dtype for r in runs} == {"float64", "float32", "float16", "bfloat16"}
+    assert {r.function for r in runs} == {"sdpa", "flash", "weights"}
+    assert {KERNEL_BUGS[b][1] for b in KERNEL_BUGS} <= set(FEATURE_RUNS)
+
+
+@pytest.mark.slow  # about 1 s a run interpreted (Triton), 2 s (Pallas: one XLA compilation)
+@pytest.mark.parametrize("run_id", FEATURE_RUNS)
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_kernel_passes(kernel: str, run_id: str) -> None:
+    outcome = _check(kernel, run_id)
+    if run_id.endswith(".float64"):  # the kernels' one deliberate refusal, from their xfails
+        assert outcome.status == "xfail", outcome.line()
+        assert "DTypeError: [unsupported_dtype]" in outcome.message
+    else:
+        assert outcome.status == "pass", outcome.line()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", list(KERNEL_BUGS))
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_broken_kernel_is_caught(kernel: str, bug: str) -> None:
+    what, run_id, _ = KERNEL_BUGS[bug]
+    outcome = _check(kernel, run_id, bug)
+    assert outcome.status == "fail", f"{kernel} with {bug} ({what}) passed {run_id}"
+    assert "output max error" in outcome.message or "weights max error" in outcome.message
+
+
+def _fenced_blocks(markdown: str) -> list[tuple[str, str]]:
+    """``(language, body)`` of each fenced code block, in order."""
+    blocks, language, body = [], None, []
+    for line in markdown.splitlines(keepends=True):
+        if language is None and line.startswith("```"):
+            language, body = line[3:].strip(), []
+        elif language is not None and line.rstrip() == "```":
+            blocks.append((language, "".join(body)))
+            language = None
+        elif language is not None:
+            body.append(line)
+    return blocks
+
+
+def test_porting_md_quotes_the_triton_port_as_it_is() -> None:
+    """The code and the xfails quoted in PORTING.md's "Porting a kernel" are the port's own."""
+    ports = Path(__file__).resolve().parent.parent / "ports"
+    text = (ports.parent / "PORTING.md").read_text()
+    blocks = _fenced_blocks(text[text.index("## Porting a kernel") : text.index("## Options")])
+    source = (ports / "triton_flash.py").read_text()
+    quoted = [body for language, body in blocks if language == "python"]
+    assert len(quoted) == 2
+    for body in quoted:
+        assert body in source, body
+    (xfails,) = [body for language, body in blocks if language == ""]
+    listed = (ports / "triton_flash.xfails").read_text().splitlines()
+    assert xfails.splitlines() == [line for line in listed if line and not line.startswith("#")]
+
+
+#: Compiles the Triton kernel for an H100 (sm_90), every feature on, with the PTX assembler
+#: Triton ships; run in a process of its own, where Triton compiles instead of interpreting.
+_TRITON_COMPILE = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from conformance.ports import triton_flash
+
+kernel = triton_flash._flash_forward_kernel
+assert not triton_flash.INTERPRETED
+constexprs = dict(
+    TILE_Q=16, TILE_K=16, TILE_D=16, TILE_E=16, HAS_MASK=True, HAS_BIAS=True,
+    HAS_SOFTCAP=True, IS_CAUSAL=True, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32",
+)
+pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Mask": "*u8",
+            "Bias": "*fp32", "Offsets": "*i64"}
+scalars = {"scale": "fp32", "softcap": "fp32"}  # every other scalar is an int
+signature = {
+    n: "constexpr" if n in constexprs else pointers.get(n) or scalars.get(n, "i32")
+    for n in kernel.arg_names
+}
+source = ASTSource(
+    fn=kernel, signature=signature,
+    constexprs={(kernel.arg_names.index(n),): v for n, v in constexprs.items()},
+)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+print("ptx", len(compiled.asm["ptx"]), "cubin", len(compiled.asm["cubin"]))
+"""
+
+
+@pytest.mark.slow  # about 10 s: a Python start and one compilation through ptxas
+def test_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
+    """The code the interpreter runs is the code a GPU compiles: here, to a cubin for sm_90."""
+    _kernel_module("triton")  # skips without triton
+    repo = Path(__file__).resolve().parent.parent.parent
+    env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
+    env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
+    done = subprocess.run(
+        [sys.executable, "-c", _TRITON_COMPILE],
+        env=env, cwd=repo, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.startswith("ptx ") and "cubin 0" not in done.stdout
+
+
+def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
+    """On a GPU the pallas_call is compiled, not interpreted: lowered for CUDA here, every
+    feature on, it becomes one Triton kernel call (Pallas's Triton lowering accepted it)."""
+    module = _kernel_module("pallas")
+    import jax
+    import jax.numpy as jnp
+
+    def spec(*shape, dtype=jnp.bfloat16):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    q, k, v = spec(2, 6, 5, 11), spec(2, 2, 7, 11), spec(2, 2, 7, 13)
+    mask, bias = spec(2, 1, 1, 7, dtype=jnp.bool_), spec(6, 5, 7, dtype=jnp.float32)
+    keywords = dict(is_causal=True, causal_alignment="bottom_right", softcap=30.0)
+    flash = jax.jit(module.flash_attention, static_argnames=[*keywords, "block_q", "block_k"])
+    traced = flash.trace(q, k, v, mask=mask, bias=bias, block_q=2, block_k=3, **keywords)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1

@@ -1,0 +1,315 @@
+"""Hugging Face transformers attention layers <-> our modules: canonical weights and settings.
+
+The attention layers of Llama, Mistral, Gemma 2 and gpt-oss (``LlamaAttention``,
+``MistralAttention``, ``Gemma2Attention``, ``GptOssAttention``) are a grouped-query attention
+with rotary positions plus, depending on the family, a sliding window, a logit softcap, a query
+pre-scale or attention sinks. This module is the one place that says how such a layer maps onto
+``GroupedQueryAttention`` (in any of the three implementations):
+
+- **weights** (:func:`from_hf_attention`, :func:`hf_state_dict`, :func:`load_hf_attention`):
+  ``q_proj.weight (H*D, M)`` is an ``nn.Linear`` weight, ``(out, in)``; the canonical kernel is its
+  transpose (``impl_torch.modules.linear_weight``, the project's one transpose). The head layout
+  is already ours: query head h owns rows ``[h*D:(h+1)*D]`` (key/value head k rows
+  ``[k*D:(k+1)*D]``), and inside a head the rotary pairs are half-split (``rotate_half``), so
+  nothing is permuted and the module uses ``rope_interleaved=False``. (Meta's original Llama
+  checkpoints pair features ``(2p, 2p+1)``; :func:`interleave_qk` gives the canonical weights
+  of that layout, for ``rope_interleaved=True``.)
+- **settings** (:func:`module_options`): from the config of a layer, the keywords of our
+  constructor, converted where the family's semantics differ from ours (the table
+  :data:`FAMILIES`). Differences, each converted here and nowhere else:
+
+  =================== ======================================= ===================================
+  family              Hugging Face                            ours
+  =================== ======================================= ===================================
+  all                 ``rope_parameters["rope_theta"]``,       ``rope_theta``, half-split pairs,
+                      ``rotate_half``, cos/sin in float32      angles in float32 (the same)
+                      then cast to the input dtype
+  all                 ``attention_bias`` (one flag, q k v o)  ``bias`` (all four or none: same)
+  Mistral, Gemma 2,   ``sliding_window=W``: key j visible     ``window=(W - 1, 0)`` (SEMANTICS v2:
+  gpt-oss             when ``i - W < j <= i`` (W keys)         ``i - left <= j <= i``, W keys)
+  Gemma 2             ``scaling = query_pre_attn_scalar       ``scale=query_pre_attn_scalar **
+                      ** -0.5`` (not ``head_dim ** -0.5``)     -0.5`` (only when it differs)
+  Gemma 2             ``attn_logit_softcapping``: after the   ``softcap`` (the same order: step 2,
+                      scale, before the mask                   after the scale)
+  gpt-oss             ``sinks (H,)``, a learned logit per      learned ``sinks`` (SEMANTICS v2,
+                      head, concatenated to every row          step 5: the same formula)
+  =================== ======================================= ===================================
+
+  Only ``rope_type="default"`` maps onto SEMANTICS.md's RoPE; Llama 3's ``"llama3"``, gpt-oss's
+  ``"yarn"``, ``"linear"`` and ``"dynamic"`` rescale the frequencies and are refused.
+
+The window, softcap, scale and sinks module options belong to contract v2 and are not in the
+modules yet: :func:`attention_module` passes every option the module's ``from_canonical`` takes
+and refuses, naming them, the ones it does not take. A family is one row of :data:`FAMILIES`.
+
+Works on a ``transformers`` config object or on the plain dict of a ``config.json``, so a
+checkpoint can be read with safetensors alone; ``transformers`` is needed only for its layers.
+Shape letters (SEMANTICS.md): M model width, H query heads, K key/value heads, D head dim.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+
+from attention_spec.modules import PROJECTIONS
+from impl_torch.modules import linear_weight, tensor_from_numpy, tensor_to_numpy
+
+__all__ = [
+    "FAMILIES",
+    "Family",
+    "attention_module",
+    "from_hf_attention",
+    "hf_state_dict",
+    "interleave_qk",
+    "load_hf_attention",
+    "module_options",
+]
+
+#: The keys of the constructor's sizes among :func:`module_options`' result.
+SIZE_KEYS = ("d_model", "n_heads", "n_kv_heads", "head_dim", "bias")
+
+
+def _get(config: Any, name: str, default: Any = None) -> Any:
+    """A config field, from a ``transformers`` config object or a ``config.json`` dict."""
+    if isinstance(config, Mapping):
+        return config.get(name, default)
+    return getattr(config, name, default)
+
+
+def _layer_type(config: Any, layer: int) -> str:
+    types = _get(config, "layer_types")
+    return "full_attention" if types is None else types[layer]
+
+
+def _window(config: Any, layer: int) -> dict[str, Any]:
+    """Hugging Face's sliding window of W keys (``i - W < j <= i``) is our ``(W - 1, 0)``."""
+    W = _get(config, "sliding_window")
+    if W is None or _layer_type(config, layer) != "sliding_attention":
+        return {}
+    return {"window": (int(W) - 1, 0)}
+
+
+def _mistral_window(config: Any, layer: int) -> dict[str, Any]:
+    """Mistral has no layer types: every layer slides when ``sliding_window`` is set."""
+    W = _get(config, "sliding_window")
+    return {} if W is None else {"window": (int(W) - 1, 0)}
+
+
+def _gemma2(config: Any, layer: int) -> dict[str, Any]:
+    options = _window(config, layer)
+    if _get(config, "query_pre_attn_scalar") != _head_dim(config):
+        options["scale"] = float(_get(config, "query_pre_attn_scalar")) ** -0.5
+    if _get(config, "attn_logit_softcapping") is not None:
+        options["softcap"] = float(_get(config, "attn_logit_softcapping"))
+    return options
+
+
+def _gpt_oss(config: Any, layer: int) -> dict[str, Any]:
+    return {**_window(config, layer), "sinks": True}
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one Hugging Face family's attention layer maps onto our module.
+
+    ``options(config, layer)`` gives the family's module options beyond Llama's (the v2 ones:
+    ``window``, ``scale``, ``softcap``, ``sinks``); ``extra_weights`` are parameters of the
+    layer besides the four projections, copied under the same name into the canonical weights.
+    """
+
+    attention: str  # the transformers class, for messages and docs
+    options: Callable[[Any, int], dict[str, Any]] = lambda config, layer: {}
+    extra_weights: tuple[str, ...] = field(default=())
+
+
+#: ``config.model_type`` -> :class:`Family`. A new family is a row here.
+FAMILIES: dict[str, Family] = {
+    "llama": Family("LlamaAttention"),
+    "mistral": Family("MistralAttention", _mistral_window),
+    "gemma2": Family("Gemma2Attention", _gemma2),
+    "gpt_oss": Family("GptOssAttention", _gpt_oss, extra_weights=("sinks",)),
+}
+
+
+def _family(config: Any) -> Family:
+    model_type = _get(config, "model_type")
+    if model_type not in FAMILIES:
+        raise NotImplementedError(
+            f"no converter for model_type {model_type!r}; known: {sorted(FAMILIES)} (add a row "
+            "to impl_torch.hf.FAMILIES)"
+        )
+    return FAMILIES[model_type]
+
+
+def _head_dim(config: Any) -> int:
+    return int(
+        _get(config, "head_dim")
+        or _get(config, "hidden_size") // _get(config, "num_attention_heads")
+    )
+
+
+def _rope_theta(config: Any) -> float:
+    """``rope_theta`` of a config (transformers 5: ``rope_parameters``; 4: top-level fields)."""
+    rope = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default":
+        raise NotImplementedError(
+            f"rope_type {rope_type!r} rescales the rotary frequencies; SEMANTICS.md's RoPE is "
+            "theta ** (-2p / R) (rope_type 'default') only"
+        )
+    return float(rope.get("rope_theta", _get(config, "rope_theta", 10000.0)))
+
+
+def module_options(config: Any, layer: int = 0) -> dict[str, Any]:
+    """The keywords of our ``GroupedQueryAttention`` that reproduce layer ``layer`` of a model.
+
+    ``config`` is a ``transformers`` config or a ``config.json`` dict. The result holds the
+    sizes (``d_model``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``bias``), the RoPE settings
+    (``rope_theta``, ``rope_interleaved=False``) and the family's v2 options (``window``,
+    ``scale``, ``softcap``, ``sinks``), already converted to our semantics.
+
+    Raises:
+        NotImplementedError: an unknown family, or a RoPE scaling SEMANTICS.md has no form for.
+    """
+    family = _family(config)
+    options = {
+        "d_model": int(_get(config, "hidden_size")),
+        "n_heads": int(_get(config, "num_attention_heads")),
+        "n_kv_heads": int(
+            _get(config, "num_key_value_heads") or _get(config, "num_attention_heads")
+        ),
+        "head_dim": _head_dim(config),
+        "bias": bool(_get(config, "attention_bias", False)),
+        "rope_theta": _rope_theta(config),
+        "rope_interleaved": False,  # rotate_half: pairs (x[p], x[p + D/2])
+    }
+    return options | family.options(config, layer)
+
+
+# ---------------------------------------------------------------------------------------------
+# Weights
+# ---------------------------------------------------------------------------------------------
+
+
+def _canonical_from_state(state: Mapping[str, torch.Tensor], extras: tuple[str, ...]) -> dict:
+    """Canonical weights from a layer's ``q_proj.weight (out, in)``, ... tensors."""
+    weights = {}
+    for name in PROJECTIONS:
+        weights[f"{name}.kernel"] = tensor_to_numpy(linear_weight(state[f"{name}.weight"]))
+        if f"{name}.bias" in state:
+            weights[f"{name}.bias"] = tensor_to_numpy(state[f"{name}.bias"])  # (out,)
+    for name in extras:
+        weights[name] = tensor_to_numpy(state[name])  # sinks (H,)
+    return weights
+
+
+def from_hf_attention(attention: torch.nn.Module) -> dict[str, np.ndarray]:
+    """The canonical weights of a Hugging Face attention layer (``LlamaAttention``, ...): the
+    four kernels ``(in, out)``, their biases if it has them, and the family's extra weights
+    (gpt-oss: ``sinks (H,)``), as NumPy arrays in the layer's dtype."""
+    family = _family(attention.config)
+    return _canonical_from_state(dict(attention.state_dict()), family.extra_weights)
+
+
+def hf_state_dict(weights: Mapping[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    """Canonical weights as a Hugging Face attention layer's state dict (``q_proj.weight
+    (out, in)``, ...; extra weights such as ``sinks`` as they are): ``load_state_dict`` it."""
+    state = {}
+    for name, array in weights.items():
+        proj, _, kind = name.partition(".")
+        tensor = tensor_from_numpy(array)
+        state[f"{proj}.weight" if kind == "kernel" else name] = (
+            linear_weight(tensor) if kind == "kernel" else tensor
+        )
+    return state
+
+
+def _checkpoint_files(path: Path) -> list[Path]:
+    """The safetensors files of a checkpoint: a file, or a ``save_pretrained`` folder (one
+    ``model.safetensors`` or the shards its ``model.safetensors.index.json`` lists)."""
+    if path.is_file():
+        return [path]
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        return [path / shard for shard in shards]
+    return [path / "model.safetensors"]
+
+
+def load_hf_attention(
+    path: str | os.PathLike, layer: int, *, prefix: str = "model.layers.{layer}.self_attn."
+) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+    """The canonical weights and :func:`module_options` of attention layer ``layer`` of a
+    Hugging Face checkpoint (a ``save_pretrained`` folder with its ``config.json``), reading
+    only that layer's tensors (``model.layers.N.self_attn.q_proj.weight``, ...)."""
+    path = Path(path)
+    config = json.loads(((path if path.is_dir() else path.parent) / "config.json").read_text())
+    family = _family(config)
+    head = prefix.format(layer=layer)
+    state: dict[str, torch.Tensor] = {}
+    for file in _checkpoint_files(path):
+        with safe_open(os.fspath(file), framework="pt") as f:
+            for key in f.keys():
+                if key.startswith(head):
+                    state[key[len(head) :]] = f.get_tensor(key)
+    if "q_proj.weight" not in state:
+        raise KeyError(f"no tensor {head}q_proj.weight in {path}")
+    return _canonical_from_state(state, family.extra_weights), module_options(config, layer)
+
+
+def interleave_qk(weights: Mapping[str, np.ndarray], *, n_heads: int, n_kv_heads: int) -> dict:
+    """Canonical weights whose query and key features of each head are reordered from
+    half-split pairs ``(p, p + D/2)`` (Hugging Face) to interleaved pairs ``(2p, 2p + 1)``
+    (Meta's Llama, GPT-J): a module with ``rope_interleaved=True`` on the result computes what
+    one with ``rope_interleaved=False`` computes on ``weights``."""
+    out = dict(weights)
+    for name, heads in (("q_proj", n_heads), ("k_proj", n_kv_heads)):
+        kernel = weights[f"{name}.kernel"]  # (M, heads*D)
+        D = kernel.shape[1] // heads
+        order = np.arange(D).reshape(2, D // 2).T.reshape(D)  # slot 2p <- p, 2p+1 <- p + D/2
+        columns = (np.arange(heads)[:, None] * D + order[None, :]).reshape(-1)  # (heads*D,)
+        out[f"{name}.kernel"] = kernel[:, columns]
+        if f"{name}.bias" in weights:
+            out[f"{name}.bias"] = weights[f"{name}.bias"][columns]
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# Our module for a layer
+# ---------------------------------------------------------------------------------------------
+
+
+def attention_module(
+    impl: ModuleType, weights: Mapping[str, np.ndarray], options: Mapping[str, Any], **kw: Any
+) -> Any:
+    """``impl.GroupedQueryAttention`` (``impl_numpy``, ``impl_torch`` or ``impl_jax``) holding
+    ``weights`` with the settings ``options`` of :func:`module_options`; ``kw`` goes to
+    ``from_canonical`` (``dtype=``, torch's ``device=``).
+
+    Raises:
+        NotImplementedError: an option the module does not take yet (the v2 ones), named.
+    """
+    load = impl.GroupedQueryAttention.from_canonical
+    settings = {k: v for k, v in options.items() if k not in SIZE_KEYS}
+    missing = [k for k in settings if k not in inspect.signature(load).parameters]
+    if missing:
+        wanted = ", ".join(f"{k}={settings[k]!r}" for k in missing)
+        raise NotImplementedError(
+            f"this layer needs the module option(s) {wanted} (SEMANTICS.md, contract v2), which "
+            f"{impl.__name__}.GroupedQueryAttention does not take yet"
+        )
+    return load(
+        dict(weights), n_heads=options["n_heads"], n_kv_heads=options["n_kv_heads"], **settings,
+        **kw,
+    )  # fmt: skip
