@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attention_spec.errors import make_error
+from attention_spec.rules import block_rules
 from attention_spec.validate import AttentionDims, broadcast_shapes, check_size, divisors
 
 __all__ = [
     "LAYOUTS",
     "RingLayout",
     "RingStep",
+    "block_computed",
     "block_visible",
     "check_head_parallel",
     "check_ring",
@@ -187,6 +189,21 @@ def block_visible(q_chunk, k_chunk, Lc: int, Sc: int, offset: int):
     Plain arithmetic, so the chunk indices may be Python ints or traced JAX integers.
     """
     return k_chunk * Sc <= (q_chunk + 1) * Lc - 1 + offset
+
+
+def block_computed(dims, offset: int, q_chunk, k_chunk, Lc: int, Sc: int, q_ids, kv_ids):
+    """Whole blocks, every rule: may some row of query chunk ``q_chunk`` attend some key of key
+    chunk ``k_chunk`` under the causal, window and segment rules (``q_ids``, ``kv_ids``: the
+    chunks' segment ids, or None)? A block for which this is False is masked for every row and
+    is skipped (:func:`attention_spec.rules.block_rules` on the block's rows and keys; with
+    ``is_causal`` alone it is :func:`block_visible`).
+
+    Python bools, or arrays (JAX, traced) where the chunk indices or ids are.
+    """
+    i0, j0 = q_chunk * Lc, k_chunk * Sc
+    some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + Lc, j0, j0 + Sc,
+                          q_ids, kv_ids)  # fmt: skip
+    return some
 
 
 def ring_memory_per_device(

@@ -47,9 +47,10 @@ from jax.sharding import PartitionSpec as P
 
 from attention_spec import causal_offset, check_attention
 from attention_spec.modules import check_module_inputs
+from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingLayout,
-    block_visible,
+    block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
@@ -58,9 +59,11 @@ from attention_spec.sharded import (
 from impl_jax.flash import _block
 from impl_jax.functional import (
     _PRECISION,
+    _allowed,
     _as_given,
     _asarray,
     _attended,
+    _cast,
     _check_x64,
     _compute_dtype,
     _unattended_zeroed,
@@ -101,12 +104,14 @@ def _spec(x: jax.Array, axis: int, name: str) -> P:
     return P(*([None] * (x.ndim + axis)), name, *([None] * (-axis - 1)))
 
 
-def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
+def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
     """Steps 1-6 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
     against the keys at positions ``k_pos`` ``(Sc,)``, and nothing else.
 
     ``q (..., K, G, Lc, D)``, ``k (..., K, Sc, D)``, ``v (..., K, Sc, E)`` in the compute
-    dtype; ``mask`` and ``bias`` this block's slices (or broadcastable whole). Returns
+    dtype; ``mask``, ``bias``, ``q_ids (..., Lc)`` and ``kv_ids (..., Sc)`` this block's slices
+    (or broadcastable whole, or None); ``slopes (H,)`` ALiBi's, or None. The sink is not here:
+    it joins once, after the last block (R6). Returns
     ``(out, lse)``: the block's attention output ``(..., H, Lc, E)``, normalized over these keys
     only, and its row log-sum-exp ``(..., H, Lc)``; a row with no allowed key here has zero
     output and ``lse = -inf`` (and zero gradient). The same steps as ``impl_jax/flash.py``'s
@@ -115,12 +120,10 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
     H, K, G, E = dims.H, dims.K, dims.G, dims.E
     Lc, Sc = q.shape[-2], k.shape[-2]
 
-    # 4. allowed, this block: mask AND causal, at the rows' and keys' places in the whole
-    #    sequence (j <= i + offset). Key and value rows no row of the block attends are zeroed.
-    allowed = mask  # (..., Lc|1, Sc|1) or None
-    if dims.is_causal:
-        causal = k_pos[None, :] <= q_pos[:, None] + offset  # (Lc, Sc)
-        allowed = causal if allowed is None else allowed & causal
+    # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
+    #    places in the whole sequence. Key and value rows no row of the block attends are zeroed.
+    i, j = q_pos[:, None], k_pos[None, :]  # (Lc, 1), (1, Sc)
+    allowed = _allowed(dims, offset, i, j, mask, q_ids, kv_ids)  # (..., Lc|1, Sc|1) or None
     attended = _attended(allowed, bias, (*dims.batch, H, Lc, Sc), K)  # (..., K, Sc)
     k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
     v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
@@ -133,9 +136,12 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
     if dims.softcap is not None:
         s = dims.softcap * jnp.tanh(s / dims.softcap)
 
-    # 3. additive terms: this block's slice of the bias is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+    #    -slope[h] * |i + offset - j| at the block's places in the whole sequence.
     if bias is not None:
         s = s + bias
+    if slopes is not None:
+        s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, Lc, Sc)
 
     # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
     if allowed is not None:
@@ -177,7 +183,7 @@ def _merge(out, lse, out_blk, lse_blk):
     return out, new_lse
 
 
-def _unseen(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
+def _unseen(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
     """A skipped block's ``(out, lse)``: zeros and -inf, which a merge leaves unchanged (marked
     as differing between devices, as :func:`_attend_block`'s result does: ``lax.cond`` wants
     both branches alike)."""
@@ -187,16 +193,18 @@ def _unseen(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
 
 
 def _ring_device(x, *, ring: RingLayout, dims, offset):
-    """What device r does: ``x`` holds its query shard ``(..., H, c*Lc, D)``, its rows of mask
-    and bias, and its own key/value shard ``(..., K, c*Sc, D|E)``; returns its output rows
-    ``(..., H, c*Lc, E)`` in the compute dtype."""
+    """What device r does: ``x`` holds its query shard ``(..., H, c*Lc, D)``, its rows of mask,
+    bias and query segment ids, its own key/value shard ``(..., K, c*Sc, D|E)``, and whole: the
+    key segment ids, sinks and ALiBi slopes; returns its output rows ``(..., H, c*Lc, E)`` in
+    the compute dtype."""
     n, c, Lc, E = ring.n, ring.c, ring.Lc, dims.E
     ct = _compute_dtype(x["query"].dtype)
     q = x["query"].astype(ct)
     q = q.reshape(*q.shape[:-3], dims.K, dims.G, c * Lc, dims.D)  # (..., K, G, c*Lc, D)
-    bias = None if "bias" not in x else x["bias"].astype(ct)
-    shard = dict(r=jax.lax.axis_index(SEQ), q=q, mask=x.get("mask"), bias=bias, ring=ring,
-                 dims=dims, offset=offset)  # fmt: skip
+    bias, sinks, slopes = (_cast(x.get(name), ct) for name in ("bias", "sinks", "alibi_slopes"))
+    shard = dict(r=jax.lax.axis_index(SEQ), q=q, mask=x.get("mask"), bias=bias,
+                 q_ids=x.get("q_segment_ids"), kv_ids=x.get("kv_segment_ids"), slopes=slopes,
+                 ring=ring, dims=dims, offset=offset)  # fmt: skip
 
     # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
     #     -inf); steps 0 .. n-2 are one lax.scan (the program does not grow with n), then the
@@ -207,10 +215,18 @@ def _ring_device(x, *, ring: RingLayout, dims, offset):
     carry = (x["key"], x["value"], outs, lses)
     carry, _ = jax.lax.scan(partial(_ring_step, send=True, **shard), carry, jnp.arange(n - 1))
     (_, _, outs, lses), _ = _ring_step(carry, n - 1, send=False, **shard)
+
+    # R6. (on the device) the sink joins each row once, as one more block with a zero value
+    #     and lse = sinks[h] (a row that saw no key stays zero).
+    if sinks is not None:
+        for a in range(c):
+            sink = jnp.broadcast_to(sinks[:, None], lses[a].shape)  # (..., H, Lc)
+            outs[a], _ = _merge(outs[a], lses[a], jnp.zeros_like(outs[a]), sink)
     return jnp.concatenate(outs, axis=-2)  # (..., H, c*Lc, E)
 
 
-def _ring_step(carry, t, *, send, r, q, mask, bias, ring: RingLayout, dims, offset):
+def _ring_step(carry, t, *, send, r, q, mask, bias, q_ids, kv_ids, slopes, ring: RingLayout,
+               dims, offset):  # fmt: skip
     """Ring step t on device r (traced): this device's query chunks against the key/value shard
     it holds, while (``send``) that shard moves on to the right neighbour. ``carry``: the held
     shard ``(..., K, c*Sc, D|E)`` and the running ``(out, lse)`` of each query chunk."""
@@ -218,7 +234,7 @@ def _ring_step(carry, t, *, send, r, q, mask, bias, ring: RingLayout, dims, offs
     n, c, Lc, Sc = ring.n, ring.c, ring.Lc, ring.Sc
     chunks = jnp.asarray(ring.chunks)  # (n, c): the chunks of every shard
     outs, lses = list(outs), list(lses)
-    step = dict(dims=dims, offset=offset)
+    step = dict(dims=dims, offset=offset, slopes=slopes)
     # R3. step t: this device holds the key/value shard of device src = (r - t) mod n.
     src = (r - t) % n
 
@@ -230,15 +246,17 @@ def _ring_step(carry, t, *, send, r, q, mask, bias, ring: RingLayout, dims, offs
     v_next = jax.lax.ppermute(v_shard, SEQ, right) if send else v_shard
 
     # 4. allowed, whole blocks: each query chunk of the device meets each key chunk it holds; a
-    #    block whose first key is past its last row's diagonal is masked for every row, and
-    #    skipped (attention_spec.sharded.block_visible; lax.cond: the chunk numbers are traced).
+    #    block outside the causal or window band of its rows, or whose segments cannot meet
+    #    theirs, is masked for every row, and skipped (lax.cond: the chunk numbers are traced).
     for a in range(c):  # its query chunks
         q_chunk = chunks[r, a]
         q_pos = q_chunk * Lc + jnp.arange(Lc)  # (Lc,) their rows in the sequence
         q_blk = q[..., a * Lc : (a + 1) * Lc, :]  # (..., K, G, Lc, D)
         mask_rows, bias_rows = _block(mask, -2, a * Lc, Lc), _block(bias, -2, a * Lc, Lc)
+        q_ids_rows = _block(q_ids, -1, a * Lc, Lc)  # (..., Lc): their segments
         for b in range(c):  # the key chunks it holds
             k_chunk = chunks[src, b]
+            kv_ids_blk = _block(kv_ids, -1, k_chunk * Sc, Sc)  # (..., Sc): its keys' segments
             blk = (
                 q_blk,
                 k_shard[..., b * Sc : (b + 1) * Sc, :].astype(q.dtype),  # (..., K, Sc, D)
@@ -247,13 +265,15 @@ def _ring_step(carry, t, *, send, r, q, mask, bias, ring: RingLayout, dims, offs
                 k_chunk * Sc + jnp.arange(Sc),  # (Sc,) its keys in the sequence
                 _block(mask_rows, -1, k_chunk * Sc, Sc),  # its columns of mask and bias
                 _block(bias_rows, -1, k_chunk * Sc, Sc),
+                q_ids_rows,
+                kv_ids_blk,
             )
-            if dims.is_causal:
-                visible = block_visible(q_chunk, k_chunk, Lc, Sc, offset)
-                attend, skip = partial(_attend_block, **step), partial(_unseen, **step)
-                out_blk, lse_blk = jax.lax.cond(visible, attend, skip, *blk)
-            else:
+            some = block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows, kv_ids_blk)
+            if some is True:  # no causal, window or segment rule: every block is computed
                 out_blk, lse_blk = _attend_block(*blk, **step)
+            else:
+                attend, skip = partial(_attend_block, **step), partial(_unseen, **step)
+                out_blk, lse_blk = jax.lax.cond(some, attend, skip, *blk)
 
             # R5. merge: the block into what this query chunk has seen, by their lse.
             outs[a], lses[a] = _merge(outs[a], lses[a], out_blk, lse_blk)
@@ -275,6 +295,11 @@ def ring_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
 ) -> jax.Array:
     """``scaled_dot_product_attention`` on a ring of ``n_shards`` devices, shape
     ``(..., H, L, E)``, sharded along L over them.
@@ -285,9 +310,13 @@ def ring_attention(
             (contiguous) or 2n (zigzag) must divide L and S.
         layout: ``"contiguous"`` (device r holds chunk r of n) or ``"zigzag"`` (chunks r and
             2n - 1 - r of 2n, which balances causal work).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_jax.functional.attention_weights`; mask and bias are held by rows:
-            each device keeps the rows of its query shard.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_jax.functional.attention_weights`. Mask, bias and ``q_segment_ids``
+            are held by rows: each device keeps the rows of its query shard (with every
+            column). ``kv_segment_ids`` (S integers, like a mask row) is held whole by every
+            device; only key and value travel. ALiBi is computed per block at the block's
+            places in the whole sequence; the sink joins each row once, after the last block.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros (zero gradient).
 
@@ -296,24 +325,29 @@ def ring_attention(
     """
     query, key, value = _as_given(query), _as_given(key), _as_given(value)
     mask, bias = _as_given(mask), _as_given(bias)
+    q_ids, kv_ids = _as_given(q_segment_ids), _as_given(kv_segment_ids)
+    sinks, slopes = _as_given(sinks), _as_given(alibi_slopes)
     check_shard_config(n_shards, layout)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     ring = check_ring(dims, n_shards, layout)
     _check_x64(query)
     mesh = _mesh(n_shards, SEQ)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
     H, L, S, E = dims.H, dims.L, dims.S, dims.E
     offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
     if L == 0 or S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
         return jnp.zeros((*dims.batch, H, L, E), query.dtype)
 
-    # R1. split: rows (of query, mask, bias) and keys (of key, value) in shard order, then cut
-    #     into n equal pieces along L and S by shard_map (in_specs), which runs _ring_device on
-    #     each device's pieces. Zigzag puts shard r's two chunks side by side; contiguous is
+    # R1. split: rows (of query, mask, bias, query segment ids) and keys (of key, value) in
+    #     shard order, then cut into n equal pieces along L and S by shard_map (in_specs),
+    #     which runs _ring_device on each device's pieces; key segment ids, sinks and slopes go
+    #     whole to every device. Zigzag puts shard r's two chunks side by side; contiguous is
     #     already in shard order.
     rows = np.concatenate([np.arange(a * ring.Lc, (a + 1) * ring.Lc) for s in ring.chunks
                            for a in s])  # fmt: skip
@@ -327,6 +361,16 @@ def ring_attention(
             if x[name].ndim >= 2 and x[name].shape[-2] != 1:  # mask/bias rows, if not broadcast
                 x[name] = jnp.take(x[name], along, axis=-2)
     specs = {name: _spec(a, -2, SEQ) for name, a in x.items()}
+    if q_ids is not None:  # rows along its last axis (L), unless it broadcasts there
+        if layout == "zigzag" and q_ids.shape[-1] != 1:
+            q_ids = jnp.take(q_ids, rows, axis=-1)
+        split = q_ids.shape[-1] != 1
+        x["q_segment_ids"] = q_ids
+        specs["q_segment_ids"] = P(*([None] * (q_ids.ndim - 1)), SEQ) if split else P()
+    whole = {"kv_segment_ids": kv_ids, "sinks": sinks, "alibi_slopes": slopes}
+    for name, a in whole.items():
+        if a is not None:
+            x[name], specs[name] = a, P()
     device = partial(_ring_device, ring=ring, dims=dims, offset=offset)
     out_spec = P(*([None] * (len(dims.batch) + 1)), SEQ, None)
     out = jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)
@@ -350,6 +394,11 @@ def head_parallel_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
 ) -> jax.Array:
     """``scaled_dot_product_attention`` with its K key/value heads split over ``n_shards``
     devices, shape ``(..., H, L, E)``, sharded along H over them.
@@ -358,34 +407,48 @@ def head_parallel_attention(
         query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
         n_shards: n, which must divide K; device r holds key/value heads ``r*K/n ..`` and query
             heads ``r*H/n ..`` (the query heads that read them: contiguous groups).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_jax.functional.attention_weights`; a head axis of size H is split
-            with the query heads, one of size 1 is kept whole.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_jax.functional.attention_weights`; a head axis of size H (of mask
+            or bias) is split with the query heads, one of size 1 is kept whole; sinks and
+            ALiBi slopes ``(H,)`` are split with the query heads; segment ids (no head axis)
+            go whole to every device.
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``shard_devices``; DimensionMismatchError ``kv_heads_not_divisible``.
     """
     query, key, value = _as_given(query), _as_given(key), _as_given(value)
     mask, bias = _as_given(mask), _as_given(bias)
+    q_ids, kv_ids = _as_given(q_segment_ids), _as_given(kv_segment_ids)
+    sinks, slopes = _as_given(sinks), _as_given(alibi_slopes)
     check_shard_config(n_shards)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
     _check_x64(query)
     mesh = _mesh(n_shards, HEADS)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
 
     # P1. split (by shard_map): device r holds key/value heads r*K/n .. and the query heads that
-    #     read them, r*H/n .. (query head h reads kv head h // G); mask and bias: its heads.
+    #     read them, r*H/n .. (query head h reads kv head h // G); mask, bias, sinks and ALiBi
+    #     slopes: its heads; segment ids (no head axis): whole.
     x = {"query": query, "key": key, "value": value, "mask": mask, "bias": bias}
     x = {name: a for name, a in x.items() if a is not None}
     specs = {name: _spec(a, -3, HEADS) for name, a in x.items()}
+    per_head = {"sinks": sinks, "alibi_slopes": slopes}
+    whole = {"q_segment_ids": q_ids, "kv_segment_ids": kv_ids}
+    for name, a in (*per_head.items(), *whole.items()):
+        if a is not None:
+            x[name], specs[name] = a, P(HEADS) if name in per_head else P()
 
     def device(x):
-        # P2. attend: the unsharded contract on the device's heads (mask and bias: its heads).
+        # P2. attend: the unsharded contract on the device's heads (mask, bias, sinks and ALiBi
+        #     slopes: its heads; segment ids: whole).
         return scaled_dot_product_attention(
             x["query"],
             x["key"],
@@ -396,6 +459,11 @@ def head_parallel_attention(
             causal_alignment=causal_alignment,
             scale=dims.scale,
             softcap=dims.softcap,
+            window=dims.window,
+            q_segment_ids=x.get("q_segment_ids"),
+            kv_segment_ids=x.get("kv_segment_ids"),
+            sinks=x.get("sinks"),
+            alibi_slopes=x.get("alibi_slopes"),
         )  # (..., H/n, L, E)
 
     # P3. gather: the output is one array sharded along H, the devices' heads in order.
@@ -471,6 +539,8 @@ def head_parallel_gqa(
         k = project(a["context"], a, "k_proj").reshape(B, S, Kn, D).transpose(0, 2, 1, 3)
         v = project(a["context"], a, "v_proj").reshape(B, S, Kn, E).transpose(0, 2, 1, 3)
         # q (B, Hn, L, D), k (B, Kn, S, D), v (B, Kn, S, E)
+        #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
+        q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
         # P2. attend on the device's heads: the unsharded contract (mask and bias: its heads).
         out = scaled_dot_product_attention(

@@ -54,15 +54,17 @@ import numpy as np
 
 from attention_spec import causal_offset, check_attention
 from attention_spec.modules import check_module_inputs
+from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingStep,
-    block_visible,
+    block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
 )
 from impl_numpy.flash import _block
 from impl_numpy.functional import (
+    _allowed,
     _asarray,
     _attended,
     _cast,
@@ -74,12 +76,14 @@ from impl_numpy.functional import (
 __all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention"]
 
 
-def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
+def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
     """Steps 1-6 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
     against the keys at positions ``k_pos`` ``(Sc,)``, and nothing else.
 
     ``q (..., K, G, Lc, D)``, ``k (..., K, 1, Sc, D)``, ``v (..., K, 1, Sc, E)`` in the compute
-    dtype; ``mask`` and ``bias`` this block's slices (or broadcastable whole). Returns
+    dtype; ``mask``, ``bias``, ``q_ids (..., Lc)`` and ``kv_ids (..., Sc)`` this block's slices
+    (or broadcastable whole, or None); ``slopes (H,)`` ALiBi's, or None. The sink is not here: it
+    joins once, after the last block (R6). Returns
     ``(out, lse)``: the block's attention output ``(..., H, Lc, E)``, normalized over these keys
     only, and its row log-sum-exp ``(..., H, Lc)``; a row with no allowed key here has zero
     output and ``lse = -inf``. The same steps as ``impl_numpy/flash.py``'s block, which keeps a
@@ -88,12 +92,10 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
     H, K, G, E = dims.H, dims.K, dims.G, dims.E
     Lc, Sc = q.shape[-2], k.shape[-2]
 
-    # 4. allowed, this block: mask AND causal, at the rows' and keys' places in the whole
-    #    sequence (j <= i + offset). Key and value rows no row of the block attends are zeroed.
-    allowed = mask  # (..., Lc|1, Sc|1) or None
-    if dims.is_causal:
-        causal = k_pos[None, :] <= q_pos[:, None] + offset  # (Lc, Sc)
-        allowed = causal if allowed is None else allowed & causal
+    # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
+    #    places in the whole sequence. Key and value rows no row of the block attends are zeroed.
+    i, j = q_pos[:, None], k_pos[None, :]  # (Lc, 1), (1, Sc)
+    allowed = _allowed(dims, offset, i, j, mask, q_ids, kv_ids)  # (..., Lc|1, Sc|1) or None
     attended = _attended(allowed, bias, (*dims.batch, H, Lc, Sc), K)  # (..., K, Sc)
     attended = None if attended is None else attended[..., None, :]  # (..., K, 1, Sc)
     k = _unattended_zeroed(k, attended)  # (..., K, 1, Sc, D)
@@ -112,9 +114,12 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
         np.tanh(s, out=s)
         s *= dims.softcap
 
-    # 3. additive terms: this block's slice of the bias is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+    #    -slope[h] * |i + offset - j| at the block's places in the whole sequence.
     if bias is not None:
         s += bias
+    if slopes is not None:
+        s += alibi(slopes[:, None, None], i, j, offset)  # (H, Lc, Sc)
 
     # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
     if allowed is not None:
@@ -169,6 +174,11 @@ def ring_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     stats: list[RingStep] | None = None,
 ) -> np.ndarray:
     """``scaled_dot_product_attention`` on ``n_shards`` simulated devices in a ring,
@@ -179,9 +189,13 @@ def ring_attention(
         n_shards: n, the devices of the ring; n (contiguous) or 2n (zigzag) must divide L and S.
         layout: ``"contiguous"`` (device r holds chunk r of n) or ``"zigzag"`` (chunks r and
             2n - 1 - r of 2n, which balances causal work).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_numpy.functional.attention_weights`; mask and bias are held by rows:
-            each device keeps the rows of its query shard.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_numpy.functional.attention_weights`. Mask, bias and ``q_segment_ids``
+            are held by rows: each device keeps the rows of its query shard (with every
+            column). ``kv_segment_ids`` (S integers, like a mask row) is held whole by every
+            device; only key and value travel. ALiBi is computed per block at the block's
+            places in the whole sequence; the sink joins each row once, after the last block.
         stats: a list to append one :class:`~attention_spec.sharded.RingStep` per device and
             step to (the blocks computed, the bytes sent), or None.
 
@@ -192,10 +206,13 @@ def ring_attention(
     """
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
+    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
     check_shard_config(n_shards, layout)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     ring = check_ring(dims, n_shards, layout)
     ct = _compute_dtype(query.dtype)
@@ -205,14 +222,16 @@ def ring_attention(
     if L == 0 or dims.S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
         return np.zeros((*dims.batch, H, L, E), query.dtype)
 
-    # R1. split: device r keeps its query chunks (and their rows of mask and bias) for the whole
-    #     call, and starts with its own key/value shard, the key chunks of the same numbers.
-    #     Keys and values travel in the input dtype; each block computes in the compute dtype.
+    # R1. split: device r keeps its query chunks (and their rows of mask, bias and query
+    #     segment ids) for the whole call, and starts with its own key/value shard, the key
+    #     chunks of the same numbers. Keys and values travel in the input dtype; each block
+    #     computes in the compute dtype.
     q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    bias = None if bias is None else _cast(bias, ct)
+    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
     queries = [[q[..., a * Lc : (a + 1) * Lc, :] for a in chunks[r]] for r in range(n)]
     mask_rows = [[_block(mask, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]] for r in range(n)]
     bias_rows = [[_block(bias, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]] for r in range(n)]
+    q_ids_rows = [[_block(q_ids, -1, a * Lc, (a + 1) * Lc) for a in chunks[r]] for r in range(n)]
     held = [
         (
             np.concatenate([key[..., b * Sc : (b + 1) * Sc, :] for b in chunks[r]], axis=-2),
@@ -239,22 +258,24 @@ def ring_attention(
                 arriving[(r + 1) % n] = held[r]
 
             # 4. allowed, whole blocks: each query chunk of the device meets each key chunk it
-            #    holds; a block whose first key is past its last row's diagonal is masked for
-            #    every row, and skipped (attention_spec.sharded.block_visible).
+            #    holds; a block outside the causal or window band of its rows, or whose
+            #    segments cannot meet theirs, is masked for every row, and skipped.
             blocks = []
             for a, q_chunk in enumerate(chunks[r]):  # its query chunks
                 q_pos = q_chunk * Lc + np.arange(Lc)  # (Lc,) their rows in the sequence
                 for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
-                    if dims.is_causal and not block_visible(q_chunk, k_chunk, Lc, Sc, offset):
+                    cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
+                    kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
+                    if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
+                                          q_ids_rows[r][a], kv_ids_blk):  # fmt: skip
                         continue
                     k_pos = k_chunk * Sc + np.arange(Sc)  # (Sc,) their keys in the sequence
                     k = k_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :]
                     v = v_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :]
-                    cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                     out_blk, lse_blk = _attend_block(
                         queries[r][a], k, v, q_pos, k_pos,
                         _block(mask_rows[r][a], -1, *cols), _block(bias_rows[r][a], -1, *cols),
-                        dims=dims, offset=offset,
+                        q_ids_rows[r][a], kv_ids_blk, dims=dims, offset=offset, slopes=slopes,
                     )  # fmt: skip
 
                     # R5. merge: the block into what this query chunk has seen, by their lse.
@@ -267,10 +288,15 @@ def ring_attention(
         # R4. (end) rotate, finished: every device now holds the shard its left neighbour sent.
         held = arriving
 
-    # R6. gather: each device's query chunks back to their rows; one rounding to the input dtype.
+    # R6. sink and gather: the sink joins each row once, as one more block with a zero value
+    #     and lse = sinks[h] (a row that saw no key stays zero); then each device's query
+    #     chunks go back to their rows; one rounding to the input dtype.
     out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E)
     for r in range(n):
         for a, q_chunk in enumerate(chunks[r]):
+            if sinks is not None:
+                sink = np.broadcast_to(sinks[:, None], lses[r][a].shape)  # (..., H, Lc)
+                outs[r][a], _ = _merge(outs[r][a], lses[r][a], 0.0, sink)
             out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = outs[r][a]
     return out.astype(query.dtype, copy=False)
 
@@ -287,6 +313,11 @@ def head_parallel_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> np.ndarray:
     """``scaled_dot_product_attention`` with its K key/value heads split over ``n_shards``
     simulated devices, shape ``(..., H, L, E)``.
@@ -295,19 +326,25 @@ def head_parallel_attention(
         query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
         n_shards: n, which must divide K; device r holds key/value heads ``r*K/n ..`` and query
             heads ``r*H/n ..`` (the query heads that read them: contiguous groups).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_numpy.functional.attention_weights`; a head axis of size H is split
-            with the query heads, one of size 1 is kept whole.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_numpy.functional.attention_weights`; a head axis of size H (of mask
+            or bias) is split with the query heads, one of size 1 is kept whole; sinks and
+            ALiBi slopes ``(H,)`` are split with the query heads; segment ids (no head axis)
+            go whole to every device.
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``;
     DimensionMismatchError ``kv_heads_not_divisible``.
     """
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
+    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
     check_shard_config(n_shards)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
     n = n_shards
@@ -319,7 +356,8 @@ def head_parallel_attention(
     for r in range(n):
         heads, kv_heads = slice(r * Hn, (r + 1) * Hn), slice(r * Kn, (r + 1) * Kn)
         q, k, v = query[..., heads, :, :], key[..., kv_heads, :, :], value[..., kv_heads, :, :]
-        # P2. attend: the unsharded contract on the device's heads (mask and bias: its heads).
+        # P2. attend: the unsharded contract on the device's heads (mask, bias, sinks and ALiBi
+        #     slopes: its heads; segment ids: whole).
         out = scaled_dot_product_attention(
             q,
             k,
@@ -330,6 +368,11 @@ def head_parallel_attention(
             causal_alignment=causal_alignment,
             scale=dims.scale,
             softcap=dims.softcap,
+            window=dims.window,
+            q_segment_ids=q_ids,
+            kv_segment_ids=kv_ids,
+            sinks=None if sinks is None else sinks[heads],
+            alibi_slopes=None if slopes is None else slopes[heads],
         )  # (..., Hn, L, E)
         outs.append(out)
 
@@ -394,6 +437,8 @@ def head_parallel_gqa(
         q = q.reshape(B, L, Hn, D).transpose(0, 2, 1, 3)  # (B, Hn, L, D)
         k = k.reshape(B, S, Kn, D).transpose(0, 2, 1, 3)  # (B, Kn, S, D)
         v = v.reshape(B, S, Kn, E).transpose(0, 2, 1, 3)  # (B, Kn, S, E)
+        #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
+        q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
         # P2. attend on the device's heads: the unsharded contract (mask and bias: its heads).
         heads = slice(r * Hn, (r + 1) * Hn)

@@ -33,9 +33,10 @@ import torch.nn.functional as F
 
 from attention_spec import causal_offset, check_attention, dtype_name
 from attention_spec.modules import check_module_inputs
+from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingStep,
-    block_visible,
+    block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
@@ -43,8 +44,10 @@ from attention_spec.sharded import (
 )
 from impl_torch.flash import _block
 from impl_torch.functional import (
+    _allowed,
     _as_tensors,
     _attended,
+    _cast,
     _compute_dtype,
     _unattended_zeroed,
     scaled_dot_product_attention,
@@ -72,12 +75,14 @@ def _peer(group: dist.ProcessGroup | None, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
+def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
     """Steps 1-6 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
     against the keys at positions ``k_pos`` ``(Sc,)``, and nothing else.
 
     ``q (..., H, Lc, D)``, ``k (..., K, Sc, D)``, ``v (..., K, Sc, E)`` in the compute dtype;
-    ``mask`` and ``bias`` this block's slices (or broadcastable whole). Returns ``(out, lse)``:
+    ``mask``, ``bias``, ``q_ids (..., Lc)`` and ``kv_ids (..., Sc)`` this block's slices (or
+    broadcastable whole, or None); ``slopes (H,)`` ALiBi's, or None. The sink is not here: it
+    joins once, after the last block (R6). Returns ``(out, lse)``:
     the block's attention output ``(..., H, Lc, E)``, normalized over these keys only, and its
     row log-sum-exp ``(..., H, Lc)``; a row with no allowed key here has zero output and
     ``lse = -inf``. The same steps as ``impl_torch/flash.py``'s block, which keeps a running
@@ -86,12 +91,10 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
     H, K, G = dims.H, dims.K, dims.G
     Lc, Sc = q.shape[-2], k.shape[-2]
 
-    # 4. allowed, this block: mask AND causal, at the rows' and keys' places in the whole
-    #    sequence (j <= i + offset). Key and value rows no row of the block attends are zeroed.
-    allowed = mask  # (..., Lc|1, Sc|1) or None
-    if dims.is_causal:
-        causal = k_pos[None, :] <= q_pos[:, None] + offset  # (Lc, Sc)
-        allowed = causal if allowed is None else allowed & causal
+    # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
+    #    places in the whole sequence. Key and value rows no row of the block attends are zeroed.
+    i, j = q_pos[:, None], k_pos[None, :]  # (Lc, 1), (1, Sc)
+    allowed = _allowed(dims, offset, i, j, mask, q_ids, kv_ids)  # (..., Lc|1, Sc|1) or None
     attended = _attended(allowed, bias, (*dims.batch, H, Lc, Sc), K)  # (..., K, Sc)
     k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
     v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
@@ -106,9 +109,12 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, offset):
     if dims.softcap is not None:
         s = dims.softcap * torch.tanh(s / dims.softcap)
 
-    # 3. additive terms: this block's slice of the bias is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+    #    -slope[h] * |i + offset - j| at the block's places in the whole sequence.
     if bias is not None:
         s.add_(bias)
+    if slopes is not None:
+        s.add_(alibi(slopes[:, None, None], i, j, offset))  # (H, Lc, Sc)
 
     # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
     if allowed is not None:
@@ -160,6 +166,11 @@ def ring_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
     stats: list[RingStep] | None = None,
 ) -> torch.Tensor:
@@ -172,9 +183,13 @@ def ring_attention(
             L and S.
         layout: ``"contiguous"`` (rank r holds chunk r of n) or ``"zigzag"`` (chunks r and
             2n - 1 - r of 2n, which balances causal work).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_torch.functional.attention_weights`; mask and bias are held by rows:
-            each rank keeps the rows of its query shard.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_torch.functional.attention_weights`. Mask, bias and ``q_segment_ids``
+            are held by rows: each rank keeps the rows of its query shard (with every column).
+            ``kv_segment_ids`` (S integers, like a mask row) is held whole by every rank; only
+            key and value travel. ALiBi is computed per block at the block's places in the
+            whole sequence; the sink joins each row once, after the last block.
         group: the process group (default: the world).
         stats: a list to append this rank's :class:`~attention_spec.sharded.RingStep` per step
             to (the blocks computed, the bytes sent), or None.
@@ -186,10 +201,12 @@ def ring_attention(
     ``unknown_layout``, ``shard_devices``; DimensionMismatchError ``length_not_divisible``.
     """
     query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
+    q_ids, kv_ids, sinks, slopes = _as_tensors(q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
     check_shard_config(n_shards, layout)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     ring = check_ring(dims, n_shards, layout)
     r = _rank(n_shards, group)  # this process
@@ -201,15 +218,16 @@ def ring_attention(
         return query.new_zeros((*dims.batch, H, L, E))
     device = query.device
 
-    # R1. split: this rank keeps its query chunks (and their rows of mask and bias) for the
-    #     whole call, and starts with its own key/value shard, the key chunks of the same
-    #     numbers. Keys and values travel in the input dtype; each block computes in the
-    #     compute dtype.
+    # R1. split: this rank keeps its query chunks (and their rows of mask, bias and query
+    #     segment ids) for the whole call, and starts with its own key/value shard, the key
+    #     chunks of the same numbers. Keys and values travel in the input dtype; each block
+    #     computes in the compute dtype.
     q = query.to(ct)  # (..., H, L, D)
-    bias = None if bias is None else bias.to(ct)
+    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
     queries = [q[..., a * Lc : (a + 1) * Lc, :] for a in chunks[r]]  # (..., H, Lc, D) each
     mask_rows = [_block(mask, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]]
     bias_rows = [_block(bias, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]]
+    q_ids_rows = [_block(q_ids, -1, a * Lc, (a + 1) * Lc) for a in chunks[r]]
     k_shard = torch.cat([key[..., b * Sc : (b + 1) * Sc, :] for b in chunks[r]], dim=-2)
     v_shard = torch.cat([value[..., b * Sc : (b + 1) * Sc, :] for b in chunks[r]], dim=-2)
     # k_shard (..., K, c*Sc, D), v_shard (..., K, c*Sc, E), contiguous: ready to send
@@ -237,22 +255,24 @@ def ring_attention(
             ])  # fmt: skip
 
         # 4. allowed, whole blocks: each query chunk of the rank meets each key chunk it holds;
-        #    a block whose first key is past its last row's diagonal is masked for every row,
-        #    and skipped (attention_spec.sharded.block_visible).
+        #    a block outside the causal or window band of its rows, or whose segments cannot
+        #    meet theirs, is masked for every row, and skipped.
         blocks = []
         for a, q_chunk in enumerate(chunks[r]):  # its query chunks
             q_pos = q_chunk * Lc + torch.arange(Lc, device=device)  # (Lc,) rows in the sequence
             for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
-                if dims.is_causal and not block_visible(q_chunk, k_chunk, Lc, Sc, offset):
+                cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
+                kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
+                if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
+                                      q_ids_rows[a], kv_ids_blk):  # fmt: skip
                     continue
                 k_pos = k_chunk * Sc + torch.arange(Sc, device=device)  # (Sc,) its keys
                 k = k_shard[..., b * Sc : (b + 1) * Sc, :].to(ct)  # (..., K, Sc, D)
                 v = v_shard[..., b * Sc : (b + 1) * Sc, :].to(ct)  # (..., K, Sc, E)
-                cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                 out_blk, lse_blk = _attend_block(
                     queries[a], k, v, q_pos, k_pos,
                     _block(mask_rows[a], -1, *cols), _block(bias_rows[a], -1, *cols),
-                    dims=dims, offset=offset,
+                    q_ids_rows[a], kv_ids_blk, dims=dims, offset=offset, slopes=slopes,
                 )  # fmt: skip
 
                 # R5. merge: the block into what this query chunk has seen, by their lse.
@@ -269,8 +289,14 @@ def ring_attention(
                 request.wait()
             k_shard, v_shard = k_next, v_next
 
-    # R6. gather: every rank's output rows to every rank, back to their rows; one rounding to
-    #     the input dtype (before the gather, which then moves half the bytes for 16-bit types).
+    # R6. sink and gather: the sink joins each row once, as one more block with a zero value
+    #     and lse = sinks[h] (a row that saw no key stays zero); then every rank's output rows
+    #     to every rank, back to their rows; one rounding to the input dtype (before the
+    #     gather, which then moves half the bytes for 16-bit types).
+    if sinks is not None:
+        for a in range(len(outs)):
+            sink = sinks[:, None].expand(lses[a].shape)  # (..., H, Lc)
+            outs[a], _ = _merge(outs[a], lses[a], torch.zeros_like(outs[a]), sink)
     mine = torch.cat(outs, dim=-2).to(query.dtype)  # (..., H, c*Lc, E)
     pieces = [torch.empty_like(mine) for _ in range(n)]
     dist.all_gather(pieces, mine, group=group)
@@ -294,6 +320,11 @@ def head_parallel_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` with its K key/value heads split over ``n_shards``
@@ -304,19 +335,24 @@ def head_parallel_attention(
         query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
         n_shards: n, the size of the process group, which must divide K; rank r holds key/value
             heads ``r*K/n ..`` and query heads ``r*H/n ..`` (the query heads that read them).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_torch.functional.attention_weights`; a head axis of size H is split
-            with the query heads, one of size 1 is kept whole.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_torch.functional.attention_weights`; a head axis of size H (of mask
+            or bias) is split with the query heads, one of size 1 is kept whole; sinks and
+            ALiBi slopes ``(H,)`` are split with the query heads; segment ids (no head axis)
+            go whole to every rank.
         group: the process group (default: the world).
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``shard_devices``; DimensionMismatchError ``kv_heads_not_divisible``.
     """
     query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
+    q_ids, kv_ids, sinks, slopes = _as_tensors(q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
     check_shard_config(n_shards)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
     r = _rank(n_shards, group)  # this process
@@ -327,7 +363,8 @@ def head_parallel_attention(
     heads, kv_heads = (r * Hn, (r + 1) * Hn), (r * Kn, (r + 1) * Kn)
     q, k, v = _block(query, -3, *heads), _block(key, -3, *kv_heads), _block(value, -3, *kv_heads)
 
-    # P2. attend: the unsharded contract on this rank's heads (mask and bias: its heads).
+    # P2. attend: the unsharded contract on this rank's heads (mask, bias, sinks and ALiBi
+    #     slopes: its heads; segment ids: whole).
     mine = scaled_dot_product_attention(
         q,
         k,
@@ -338,6 +375,11 @@ def head_parallel_attention(
         causal_alignment=causal_alignment,
         scale=dims.scale,
         softcap=dims.softcap,
+        window=dims.window,
+        q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids,
+        sinks=None if sinks is None else sinks[heads[0] : heads[1]],
+        alibi_slopes=None if slopes is None else slopes[heads[0] : heads[1]],
     ).contiguous()  # (..., Hn, L, E)
 
     # P3. gather: the ranks' heads, in order, along H.
@@ -402,6 +444,8 @@ def head_parallel_gqa(
     q = q.view(B, L, Hn, D).transpose(1, 2)  # (B, Hn, L, D)
     k = k.view(B, S, Kn, D).transpose(1, 2)  # (B, Kn, S, D)
     v = v.view(B, S, Kn, E).transpose(1, 2)  # (B, Kn, S, E)
+    #     RoPE (the module's rope_theta), as in its forward: per head, so per rank too.
+    q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
     # P2. attend on this rank's heads: the unsharded contract (mask and bias: its heads).
     heads = (r * Hn, (r + 1) * Hn)
