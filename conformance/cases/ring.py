@@ -216,8 +216,7 @@ def window_causal(rng, dtype):
     """window=(5, 0) with causal, L = S = 32: each row sees itself and the 5 keys before it, so
     with 4 contiguous shards (8 rows each) a device computes its own diagonal block and the
     tail of the previous shard, and skips the rest; zigzag's chunks of 4 rows reach back two
-    chunks. Catches a band skip decided from a chunk's first row alone (the later rows of the
-    chunk lose the keys of the next chunk) and a window at positions within the shard."""
+    chunks. The window's left edge crosses every shard boundary."""
     return call(*_qkv(rng, l=32, s=32), window=(5, 0), is_causal=True)
 
 
@@ -225,7 +224,8 @@ def window_causal(rng, dtype):
 def window_both_bottom_right(rng, dtype):
     """window=(3, 2), no causal, L = 32 < S = 48, bottom_right: the band's diagonal is
     i + 16, so every query shard's keys lie in a later key shard, and both sides of the band
-    cross shard boundaries."""
+    cross shard boundaries. Catches a band skip decided from a chunk's first row alone (its
+    later rows lose the keys of the next key chunk)."""
     return call(*_qkv(rng, l=32, s=48), window=(3, 2), causal_alignment="bottom_right")
 
 
