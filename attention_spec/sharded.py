@@ -223,7 +223,9 @@ def ring_memory_per_device(
     running output and row log-sum-exp of its rows (``accumulators``, compute dtype), and one
     block's scratch, the scores and their exponentials for one (query chunk, key chunk) pair
     (``block_scratch``, compute dtype); a 16-bit input adds its query shard in the compute
-    dtype. ``output_shard`` is what it returns.
+    dtype. ``output_shard`` is what it returns. ``kv_block_zeroed`` is not in ``extra``: one
+    block's key and value rows with the rows no query attends zeroed (the garbage rule), a copy
+    a compiler may fuse away in part; it bounds what it may add.
     """
     *qb, H, L, D = query_shape
     S, E = key_shape[-2], value_shape[-1]
@@ -241,6 +243,11 @@ def ring_memory_per_device(
             math.prod(qb) * H * rows * D * compute_itemsize if compute_itemsize != itemsize else 0
         ),
         "output_shard": batch * H * rows * E * itemsize,
+        "kv_block_zeroed": (
+            (math.prod(key_shape[:-2]) * D + math.prod(value_shape[:-2]) * E)
+            * (keys // c)
+            * compute_itemsize
+        ),
     }
     terms["extra"] = (
         terms["kv_arriving"]

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from conformance.fixtures import ARRAY_KEYWORDS
 from conformance.runner import SHARDED_ALIASES, Run, runs_for
 
 #: The alias of the head-parallel module forward (module fixtures; n must divide K).
@@ -54,7 +55,8 @@ def torch_runs(world: int) -> tuple[Run, ...]:
 
 #: JAX's runs. Each is one compiled program (one to two seconds here): 2, 3, 4 and 8 devices in
 #: both layouts, both alignments, L != S, masks with fully masked rows, bias with softcap,
-#: garbage keys, float64, float32 and both 16-bit types, head-parallel and the module.
+#: garbage keys, float64, float32 and both 16-bit types, head-parallel and the module; and
+#: contract v2 across shards (window, segments, sinks, ALiBi).
 JAX_RUN_IDS: tuple[str, ...] = (
     "ring.n2.causal.top_left.l64_s64.float32",
     "ring_zigzag.n8.causal.top_left.l64_s64.float32",
@@ -69,6 +71,12 @@ JAX_RUN_IDS: tuple[str, ...] = (
     "head_parallel.n2.gqa.h6_k2.head_mask.float32",
     "head_parallel.n3.full.gqa.h6_k3.l96_s96.float64",
     f"{MODULE_ALIAS}.n2.padding.b11s.float32",
+    # contract v2 across shards
+    "ring_zigzag.n4.window.causal.l32_s32.float32",
+    "ring.n4.segments.packed.causal.l32_s32.float32",
+    "ring_zigzag.n2.sinks.padding.l32_s32.float32",
+    "ring.n2.alibi.causal.bottom_right.l32_s48.float32",
+    "head_parallel.n2.sinks.basic.float32",
 )
 
 
@@ -100,9 +108,10 @@ def run_inputs(run: Run) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 def call(module: Any, run: Run, arrays: dict[str, Any], keywords: dict[str, Any],
          **extra: Any) -> Any:  # fmt: skip
     """Call the framework ``module`` (``impl_*.sharded``) for ``run`` on framework arrays
-    (query, key, value, mask, bias); ``extra`` goes to the function (``stats``)."""
+    (query, key, value and the array keywords: mask, bias, segment ids, sinks, ALiBi slopes);
+    ``extra`` goes to the function (``stats``)."""
     kw = dict(keywords, n_shards=run.shards)
-    for name in ("mask", "bias"):
+    for name in ARRAY_KEYWORDS:
         if name in arrays:
             kw[name] = arrays[name]
     q, k, v = arrays["query"], arrays["key"], arrays["value"]

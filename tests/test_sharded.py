@@ -418,8 +418,9 @@ def test_jax_memory_per_device_is_the_formula(jax_results) -> None:
     """XLA's memory analysis of the compiled ring, per device (contiguous, causal, float32,
     L = S = 1024, 4 and 8 devices): the arguments are exactly one query shard and one key/value
     shard, the output one output shard, and the scratch is the formula's extra (the arriving
-    key/value shard, the accumulators, one block's scores and exponentials) plus at most 5%
-    (XLA's own small buffers; measured 1 to 2%)."""
+    key/value shard, the accumulators, one block's scores and exponentials) plus at most one
+    block's key and value rows, the garbage rule's zeroed copy (XLA fuses part of it away;
+    measured: 57% of it with 4 devices, 58% with 8)."""
     p = MEMORY_PROBE
     shapes = ((p["B"], p["H"], p["L"], p["D"]), (p["B"], p["K"], p["L"], p["D"]),
               (p["B"], p["K"], p["L"], p["E"]))  # fmt: skip
@@ -428,7 +429,8 @@ def test_jax_memory_per_device_is_the_formula(jax_results) -> None:
         formula = ring_memory_per_device(*shapes, n, "contiguous", 4, 4)
         assert measured["argument"] == formula["query_shard"] + formula["kv_shard"]
         assert measured["output"] == formula["output_shard"]
-        assert formula["extra"] <= measured["temp"] <= 1.05 * formula["extra"], (n, measured)
+        most = formula["extra"] + formula["kv_block_zeroed"]
+        assert formula["extra"] <= measured["temp"] <= most, (n, measured, formula)
 
 
 # ---------------------------------------------------------------------------------------------
