@@ -216,8 +216,8 @@ def _ring_device(x, *, ring: RingLayout, dims, offset):
     carry, _ = jax.lax.scan(partial(_ring_step, send=True, **shard), carry, jnp.arange(n - 1))
     (_, _, outs, lses), _ = _ring_step(carry, n - 1, send=False, **shard)
 
-    # R6. (on the device) the sink joins each row once, as one more block with a zero value
-    #     and lse = sinks[h] (a row that saw no key stays zero).
+    # R6. sink: the sink joins each row once, as one more block with a zero value and
+    #     lse = sinks[h] (a row that saw no key stays zero).
     if sinks is not None:
         for a in range(c):
             sink = jnp.broadcast_to(sinks[:, None], lses[a].shape)  # (..., H, Lc)
@@ -375,7 +375,7 @@ def ring_attention(
     out_spec = P(*([None] * (len(dims.batch) + 1)), SEQ, None)
     out = jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)
 
-    # R6. gather: the output is one array sharded along L (out_specs); zigzag's rows back in
+    # R7. gather: the output is one array sharded along L (out_specs); zigzag's rows back in
     #     order; one rounding to the input dtype.
     if layout == "zigzag":
         out = jnp.take(out, np.argsort(rows), axis=-2)

@@ -288,15 +288,18 @@ def ring_attention(
         # R4. (end) rotate, finished: every device now holds the shard its left neighbour sent.
         held = arriving
 
-    # R6. sink and gather: the sink joins each row once, as one more block with a zero value
-    #     and lse = sinks[h] (a row that saw no key stays zero); then each device's query
-    #     chunks go back to their rows; one rounding to the input dtype.
+    # R6. sink: the sink joins each row once, as one more block with a zero value and
+    #     lse = sinks[h] (a row that saw no key stays zero).
+    if sinks is not None:
+        for r in range(n):
+            for a in range(len(chunks[r])):
+                sink = np.broadcast_to(sinks[:, None], lses[r][a].shape)  # (..., H, Lc)
+                outs[r][a], _ = _merge(outs[r][a], lses[r][a], 0.0, sink)
+
+    # R7. gather: each device's query chunks back to their rows; one rounding to the input dtype.
     out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E)
     for r in range(n):
         for a, q_chunk in enumerate(chunks[r]):
-            if sinks is not None:
-                sink = np.broadcast_to(sinks[:, None], lses[r][a].shape)  # (..., H, Lc)
-                outs[r][a], _ = _merge(outs[r][a], lses[r][a], 0.0, sink)
             out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = outs[r][a]
     return out.astype(query.dtype, copy=False)
 

@@ -289,14 +289,15 @@ def ring_attention(
                 request.wait()
             k_shard, v_shard = k_next, v_next
 
-    # R6. sink and gather: the sink joins each row once, as one more block with a zero value
-    #     and lse = sinks[h] (a row that saw no key stays zero); then every rank's output rows
-    #     to every rank, back to their rows; one rounding to the input dtype (before the
-    #     gather, which then moves half the bytes for 16-bit types).
+    # R6. sink: the sink joins each row once, as one more block with a zero value and
+    #     lse = sinks[h] (a row that saw no key stays zero).
     if sinks is not None:
         for a in range(len(outs)):
             sink = sinks[:, None].expand(lses[a].shape)  # (..., H, Lc)
             outs[a], _ = _merge(outs[a], lses[a], torch.zeros_like(outs[a]), sink)
+
+    # R7. gather: every rank's output rows to every rank, back to their rows; one rounding to
+    #     the input dtype (before the gather, which then moves half the bytes for 16-bit types).
     mine = torch.cat(outs, dim=-2).to(query.dtype)  # (..., H, c*Lc, E)
     pieces = [torch.empty_like(mine) for _ in range(n)]
     dist.all_gather(pieces, mine, group=group)

@@ -202,14 +202,16 @@ IDIOMS: dict[str, dict[str, str]] = {
             "XLA may overlap with the blocks. None sends at the last step."
         ),
         "4. allowed, whole blocks": (
-            "The same decision in all three, on positions, never on shard numbers "
-            "(`block_visible`): NumPy and torch `continue` their Python loop; JAX's chunk "
-            "numbers are traced, so `jax.lax.cond` runs `_attend_block` or `_unseen`, whose "
-            "zeros and -inf a merge leaves unchanged."
+            "The same decision in all three, on positions and segment ids, never on shard "
+            "numbers (`block_computed`: causal, window and segment rules on the block's "
+            "corners): NumPy and torch `continue` their Python loop; JAX's chunk numbers are "
+            "traced, so `jax.lax.cond` runs `_attend_block` or `_unseen`, whose zeros and -inf "
+            "a merge leaves unchanged."
         ),
         "4. allowed, this block": (
-            "The flash block's rule at this block's rows and keys: causal from the positions "
-            "`q_pos` and `k_pos` (traced in JAX) AND the block's slice of the mask; "
+            "The flash block's rule at this block's rows and keys, functional.py's `_allowed` "
+            "at the positions `q_pos` and `k_pos` (traced in JAX) with the block's slices of "
+            "the mask and segment ids; "
             "functional.py's `_attended` and `_unattended_zeroed` zero the key and value rows "
             "no row of the block attends. NumPy keeps key heads as `(..., K, 1, Sc, D)` for its "
             "grouped matmul."
@@ -223,8 +225,9 @@ IDIOMS: dict[str, dict[str, str]] = {
             "In place in NumPy (`np.tanh(s, out=s)`), out of place in torch (`torch.tanh`) and JAX."
         ),
         "3. additive terms": (
-            "The block's columns of the device's bias rows: added in place in NumPy "
-            "(`s += bias`) and torch (`add_`); JAX writes `s = s + bias`."
+            "The block's columns of the device's bias rows and ALiBi at the block's positions "
+            "(`alibi`): added in place in NumPy (`s += bias`) and torch (`add_`); JAX writes "
+            "`s = s + bias`."
         ),
         "4. allowed": (
             "NumPy writes -inf in place with `np.copyto`, torch with `masked_fill_`, JAX "
@@ -252,7 +255,12 @@ IDIOMS: dict[str, dict[str, str]] = {
             "request (`request.wait()`) before the received buffers become the held shard; JAX "
             "returns them as the scan's next carry."
         ),
-        "R6. gather": (
+        "R6. sink": (
+            "The same merge in the three, once per query chunk after the ring: the sink is a "
+            "block whose value is zero and whose lse is `sinks[h]`; JAX does it on the device, "
+            "inside shard_map."
+        ),
+        "R7. gather": (
             "NumPy writes each device's chunks into one array; torch ranks exchange their rows "
             "with `dist.all_gather` (after the one rounding) and each puts them in place; in "
             "JAX the result is already one array sharded along L (`out_specs`), and zigzag's "
