@@ -86,10 +86,12 @@ def test_the_sharded_functions_are_found_in_the_ports_sharded_submodule() -> Non
 
 
 def test_cli_shards_and_list(capsys) -> None:
-    assert main(["--impl", "impl_numpy", "--function", "ring_zigzag", "--shards", "8", "--list"])
-    assert not main(["--impl", "impl_numpy", "--function", "ring", "--shards", "8", "--list"])
+    argv = ["--impl", "impl_numpy", "--function", "ring", "--function", "ring_zigzag"]
+    assert not main([*argv, "--shards", "8", "--list"])
     ids = capsys.readouterr().out.split()
     assert "ring.n8.causal.top_left.l64_s64.float32" in ids
+    assert "ring_zigzag.n8.causal.top_left.l64_s64.float32" in ids  # 16 chunks of 4 rows
+    assert "ring.n2.segments.with_window.float32" not in ids  # only the n asked for
     assert not [i for i in ids if ".n2." in i or ".n4." in i]
 
 
@@ -141,7 +143,7 @@ def test_torch_runs_each_sharded_call_on_n_forked_gloo_processes() -> None:
     chosen = {
         "ring.n2.causal.bottom_right.l64_s96.float64",
         "ring_zigzag.n4.garbage.padding.l32_s64.bfloat16",
-        "head_parallel.n2.mask_broadcast.head_axis_h.float32",
+        "head_parallel.n2.mask_broadcast.hls.float32",
         "head_parallel_gqa.n2.gqa.h6_k2.float32",
         "ring.error.length_not_divisible.float32",
     }
