@@ -13,6 +13,8 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.errors`: every error of the taxonomy, functional and module;
 - :mod:`~conformance.cases.grads`: the backward pass (``grad.*``, also run against
   ``flash_attention_vjp``) and its tiling (``flash_grad.*``).
+- :mod:`~conformance.cases.ring`: sharded attention, ring and head-parallel (``ring.*``), and
+  the sharded rules of the taxonomy (``ring.error.*``);
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
   and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``).
 
@@ -21,7 +23,17 @@ A new case is one decorated function in the file of its op; a new op is a new fi
 fixture builder in generate.py and a row in the runner's table.
 """
 
-from conformance.cases import decode, errors, flash, grads, masks, modules, rope, sdpa  # noqa: F401
+from conformance.cases import (  # noqa: F401
+    decode,
+    errors,
+    flash,
+    grads,
+    masks,
+    modules,
+    ring,
+    rope,
+    sdpa,
+)
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
 from conformance.cases.decode import DECODE_CHUNKINGS
 
