@@ -360,7 +360,6 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
     dims, bq, bk = tiling.dims, tiling.bq, tiling.bk
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
     ct = q.dtype
-    step = functools.partial(_grad_block, dims=dims, offset=tiling.offset)
 
     def query_block(carry, t):
         """Query rows ``t * bq ..``; the rows below ``t * bq`` that the shifted last block
@@ -397,6 +396,8 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
                 q_ids_rows, kv_ids_blk, slopes, i, j, j0, do_blk, delta,
                 shift.reshape(*dims.batch, K, G, bq, 1),
             )  # fmt: skip
+
+        step = functools.partial(_grad_block, dims=dims, offset=tiling.offset)
 
         def key_block(carry, u):
             return _key_block(tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of), None

@@ -95,16 +95,15 @@ class _Blocks:
             yield i0, min(i0 + self.block_q, self.dims.L)
 
     def key_blocks(self, i0: int, i1: int):
-        """The key blocks rows ``[i0, i1)`` visit, ``(j0, j1, every)``.
-
-        4. allowed, whole blocks: the keys outside the causal and window bands of these rows
-        are masked for every row, so their blocks are never visited (a window of W keys costs
-        W, not S); a block whose segments cannot meet is skipped. The key blocks start at the
-        band's first key, so a band of block_k keys is one block, not two. ``every``: every
+        """The key blocks rows ``[i0, i1)`` visit, ``(j0, j1, every)``. ``every``: every
         position of the block is allowed by causal, window and segments (only the mask remains).
         """
         dims, offset = self.dims, self.offset
         q_ids_rows = _block(self.q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
+        # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows
+        #    are masked for every row, so their blocks are never visited (a window of W keys
+        #    costs W, not S); a block whose segments cannot meet is skipped. The key blocks
+        #    start at the band's first key, so a band of block_k keys is one block, not two.
         lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, dims.S)
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, dims.S)

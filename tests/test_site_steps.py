@@ -83,7 +83,7 @@ FUNCTIONAL_SECTION = next(s for s in SECTIONS if s.id == "functional")
             "numpy",
             "# 5. softmax over S",
             "# 4. softmax over S",
-            r"step \"4\. softmax over S, stable\" is in impl_numpy",
+            r"step \"4\. softmax over S, stable, with a sink per head\" is in impl_numpy",
         ),
     ],
 )

@@ -30,7 +30,7 @@ IDIOMS: dict[str, dict[str, str]] = {
             "place with `np.copyto(s, -np.inf, where=~allowed)`, torch with `masked_fill_`, JAX "
             "selects into a new array with `jnp.where(allowed, s, -jnp.inf)`."
         ),
-        "5. softmax over S, stable": (
+        "5. softmax over S, stable, with a sink per head": (
             "Subtract the row max, clamp the exponent at 0, exponentiate, divide, with a row of "
             "no allowed key sent to zeros: NumPy in place (`np.minimum(s, 0.0, out=s)`), torch "
             "on `s.detach()` with `sub_`, `clamp_` and `exp_`, JAX with "
@@ -45,48 +45,53 @@ IDIOMS: dict[str, dict[str, str]] = {
     },
     "flash": {
         "4. allowed, whole blocks": (
-            "NumPy and torch stop their Python loop over key blocks at `j_end`; a JAX scan "
-            "cannot stop early, so each invisible block is skipped with `jax.lax.cond`."
+            "NumPy and torch yield only the key blocks some row may see, from a Python loop "
+            "that starts at the band's first key (`range(lo, hi, self.block_k)`); a JAX scan "
+            "has a fixed length, so each block outside the bands is skipped with "
+            "`jax.lax.cond`, and a block past the last key does nothing (`j0 < dims.S`)."
         ),
         "4. allowed, this block": (
-            "NumPy and torch build the block's `allowed` only where a boundary crosses it (the "
-            "diagonal test `j1 - 1 > i0 + offset` is decided in Python); JAX builds it for every "
-            "block, with the keys below `j0` of a last block shifted back to keep its size "
-            "static (`j >= j0`). Key and value rows no row of the block attends are zeroed "
-            "(`_unattended_zeroed`)."
+            "NumPy and torch build the block's `allowed` only where a boundary crosses it "
+            "(`every` is decided in Python); JAX builds it for every block, with the keys below "
+            "`j0` of a last block shifted back to keep its size static (`j >= j0`). Key and "
+            "value rows no row of the block attends are zeroed (`_unattended_zeroed`); torch "
+            "then repeats its key heads (`repeat_interleave`)."
         ),
         "1. scores": (
-            "The functional step on one block: NumPy and torch multiply the block `k_blk` they "
-            "sliced in the Python loop (torch also repeats its key heads, "
-            "`repeat_interleave`), and JAX gets its blocks as arguments of a scan body "
-            "(`q_blk`, `k_blk`)."
+            "The functional step on one block: NumPy multiplies grouped queries against "
+            "the block `k_blk` sliced in the Python loop, torch against its repeated heads "
+            "(`mul_` in place), and JAX contracts the groups in one `jnp.einsum` on blocks a "
+            "scan hands it."
         ),
         "2. softcap": (
-            "As in the functional path: in place in NumPy (`np.tanh(s, out=s)`), out of place "
-            "in torch (`torch.tanh`) and JAX."
+            "Kept as `tanh` for the backward's factor: in place in NumPy "
+            "(`np.tanh(s, out=s)`) and torch (`tanh_()`), out of place in JAX (`jnp.tanh`)."
         ),
         "3. additive terms": (
-            "Each gets the block's slice of the bias, `bias_blk`: NumPy and torch cut it at "
-            "Python indices (NumPy adds in place with `s +=`), JAX at a traced start."
+            "Each gets the block's slice of the bias, `bias_blk`, and ALiBi at the block's own "
+            "rows and keys (never an (H, L, S) tensor): NumPy adds in place with `s +=`, torch "
+            "with `add_`, JAX out of place."
         ),
         "4. allowed": (
-            "NumPy writes -inf in place with `np.copyto`; torch and JAX select with "
-            "`torch.where` and `jnp.where`."
+            "NumPy writes -inf in place with `np.copyto`, torch with `masked_fill_`, JAX "
+            "selects with `jnp.where`."
         ),
         "5. online softmax": (
-            "The same recurrence (`m_new`, `alpha`, `l`) in all three; the max is a constant "
-            "for autodiff through `s.detach()` in torch and `jax.lax.stop_gradient` in JAX, "
-            "and NumPy exponentiates in place (`np.exp(s, out=s)`)."
+            "The same recurrence (`m_new`, `alpha`, `l`) in all three, the exponent clamped at "
+            "0: NumPy in place (`np.minimum(s, 0.0, out=s)`), torch chained in place "
+            "(`clamp_`), JAX with `jax.lax.stop_gradient` on the max (its backward is the "
+            "custom one, which rebuilds the weights from the row log-sum-exp)."
         ),
         "6. output, accumulated": (
             "NumPy and JAX multiply grouped `p` against the unexpanded value block, torch "
-            "against `repeat_interleave`d heads; NumPy and torch free the block (`del s, p`), "
-            "JAX hands the scan its new carry (`return m_new, l, acc`)."
+            "against its repeated heads; NumPy and torch free the block (`del s, p`), JAX "
+            "hands the scan its new carry (`return m_new, l, acc`)."
         ),
-        "5. (end) divide by the row sum once, after the last key block": (
-            "Divide once by `l` (1 for a row with no allowed key): NumPy writes into a "
-            "preallocated `out[..., i0:i1, :]`, torch appends to a list (`outs.append`), JAX "
-            "returns the block from the scan body, and the scan stacks the blocks."
+        "5. (end) the sink joins the denominator once, as one more logit with no value": (
+            "Then divide once by `l` (1 for a row with no allowed key) and keep the row "
+            "log-sum-exp for the backward: NumPy and torch write into preallocated "
+            "`out[..., i0:i1, :]`, JAX returns the block from the scan body and the scan "
+            "stacks the blocks."
         ),
     },
     "modules": {

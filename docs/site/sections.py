@@ -40,8 +40,8 @@ SECTIONS: tuple[Section, ...] = (
         "flash",
         "Tiled (flash) attention",
         "flash.py",
-        functions=("flash_attention",),
-        helpers=("_attend_block",),
+        functions=("_forward",),
+        helpers=("key_blocks", "_key_block", "scores", "_block_scores", "_attend_block"),
     ),
     Section(
         "modules",
@@ -74,18 +74,15 @@ SECTIONS: tuple[Section, ...] = (
         "rotary.py",
         functions=("apply_rotary",),
     ),
-    Section(
-        "backward",
-        "Backward pass (vjp)",
-        "functional.py",
-        functions=("scaled_dot_product_attention_vjp",),
-        optional=True,
-    ),
+    # The plain backward (scaled_dot_product_attention_vjp) is not a section: NumPy writes its
+    # steps 6 to 1 out by hand, torch and JAX take their autograd of the forward, so there is no
+    # second and third column to line up. The tiled backward is written out in all three.
     Section(
         "flash_backward",
         "Tiled backward pass (vjp)",
         "flash.py",
-        functions=("flash_attention_vjp",),
+        functions=("_backward",),
+        helpers=("key_blocks", "_key_block", "scores", "_block_scores", "_grad_block"),
         optional=True,
     ),
     Section(
