@@ -11,6 +11,9 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.modules`: ``GroupedQueryAttention``/``MultiHeadAttention`` calls;
 - :mod:`~conformance.cases.decode`: KV-cache decoding in several chunkings;
 - :mod:`~conformance.cases.errors`: every error of the taxonomy, functional and module;
+- :mod:`~conformance.cases.module_masks`: the modules and KV-cache decoding with contract v2's
+  window, sinks, ALiBi, softcap and segment ids (``module.v2.*``, ``decode.v2.*``), a rolling
+  cache included;
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
   and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``).
 
@@ -19,8 +22,17 @@ A new case is one decorated function in the file of its op; a new op is a new fi
 fixture builder in generate.py and a row in the runner's table.
 """
 
-from conformance.cases import decode, errors, flash, masks, modules, rope, sdpa  # noqa: F401
+from conformance.cases import (  # noqa: F401
+    decode,
+    errors,
+    flash,
+    masks,
+    module_masks,
+    modules,
+    rope,
+    sdpa,
+)
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
-from conformance.cases.decode import DECODE_CHUNKINGS
+from conformance.cases.decode import DECODE_CHUNKINGS, ROLLING_CHUNKINGS
 
-__all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "CaseDef", "cases"]
+__all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases"]
