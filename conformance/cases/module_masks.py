@@ -153,4 +153,3 @@ def err_construct_sinks_flag() -> ModuleErrorCall:
 def err_construct_softcap() -> ModuleErrorCall:
     """softcap=0.0 for a module: the functional API's rule, at construction."""
     return construct("GroupedQueryAttention", d_model=24, n_heads=6, n_kv_heads=2, softcap=0.0)
-
