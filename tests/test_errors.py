@@ -125,6 +125,42 @@ CASES = {
     "value_none": (
         (*_arrays()[:2], None), {}, DTypeError, "not_an_array", "value must be an array",
     ),
+    # contract v2: window, segment ids, sinks, ALiBi
+    "window_negative": (
+        _arrays(), {"window": (-1, 0)}, ConfigError, "window_value", "got (-1, 0)",
+    ),
+    "window_triple": (
+        _arrays(), {"window": (1, 2, 3)}, ConfigError, "window_value",
+        "window must be a pair (left, right)",
+    ),
+    "segments_alone": (
+        _arrays(), {"q_segment_ids": np.zeros(5, np.int32)}, ConfigError, "segment_ids_pair",
+        "q_segment_ids was given without kv_segment_ids",
+    ),
+    "segments_float": (
+        _arrays(), {"q_segment_ids": np.zeros(5, np.float32),
+                    "kv_segment_ids": np.zeros(7, np.float32)},
+        MaskError, "segment_ids_dtype", "q_segment_ids must be integers",
+    ),
+    "segments_shape": (
+        _arrays(), {"q_segment_ids": np.zeros(4, np.int32),
+                    "kv_segment_ids": np.zeros(7, np.int32)},
+        MaskError, "segment_ids_shape", "q_segment_ids must broadcast to (L=5); got (4,)",
+    ),
+    "sinks_shape": (
+        _arrays(), {"sinks": np.zeros(3, np.float32)}, DimensionMismatchError, "sinks_shape",
+        "shape (H=8,); got (3,)",
+    ),
+    "sinks_int": (
+        _arrays(), {"sinks": np.zeros(8, np.int32)}, DTypeError, "sinks_dtype", "got int32",
+    ),
+    "alibi_shape": (
+        _arrays(), {"alibi_slopes": np.zeros(2, np.float32)}, DimensionMismatchError,
+        "alibi_shape", "shape (H=8,); got (2,)",
+    ),
+    "alibi_bool": (
+        _arrays(), {"alibi_slopes": np.zeros(8, bool)}, DTypeError, "alibi_dtype", "got bool",
+    ),
 }  # fmt: skip
 
 
@@ -156,7 +192,9 @@ def test_attention_weights_raises_the_same(case, fw):
 def test_every_functional_code_has_a_case():
     covered = {c[3] for c in CASES.values()}
     # the sharded functions' own codes: tests/test_sharded.py, in all three; RoPE's: test_rotary.py
+    # and grad_output_shape, raised by the *_vjp functions only: the grad.error.* fixtures
     functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
+    functional -= {"grad_output_shape"}
     assert functional - covered == set()
     for code, (cls, _) in ERROR_CODES.items():
         assert issubclass(cls, AttentionError), code
