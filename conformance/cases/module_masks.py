@@ -105,7 +105,7 @@ def module_gpt_oss_like(rng, dtype):
                       options={"rope_theta": 100.0, "window": [1, 0]})  # fmt: skip
 
 
-@case("decode", "v2.window.gqa", LOW)
+@case("decode", "v2.window.gqa")
 def decode_window(rng, dtype):
     """KV-cache decoding with window=(1, 0), GQA 6:2: a new token attends itself and one token
     before, fed token by token and in chunks into a plain cache (which masks the rest) and into
@@ -114,7 +114,7 @@ def decode_window(rng, dtype):
                       keywords={"is_causal": True}, options={"window": [1, 0]})  # fmt: skip
 
 
-@case("decode", "v2.window_sinks_alibi_softcap.mha", LOW)
+@case("decode", "v2.window_sinks_alibi_softcap.mha")
 def decode_window_sinks_alibi(rng, dtype):
     """MultiHeadAttention with window=(2, 0), sinks, ALiBi and softcap 2.0, decoded through plain
     and rolling (3-slot) caches: ALiBi's distance is the absolute position's, which a rolling
