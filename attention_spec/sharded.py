@@ -19,12 +19,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from attention_spec.errors import make_error
+from attention_spec.rules import block_rules
 from attention_spec.validate import AttentionDims, broadcast_shapes, check_size, divisors
 
 __all__ = [
     "LAYOUTS",
     "RingLayout",
     "RingStep",
+    "block_computed",
     "block_visible",
     "check_head_parallel",
     "check_ring",
@@ -189,6 +191,21 @@ def block_visible(q_chunk, k_chunk, Lc: int, Sc: int, offset: int):
     return k_chunk * Sc <= (q_chunk + 1) * Lc - 1 + offset
 
 
+def block_computed(dims, offset: int, q_chunk, k_chunk, Lc: int, Sc: int, q_ids, kv_ids):
+    """Whole blocks, every rule: may some row of query chunk ``q_chunk`` attend some key of key
+    chunk ``k_chunk`` under the causal, window and segment rules (``q_ids``, ``kv_ids``: the
+    chunks' segment ids, or None)? A block for which this is False is masked for every row and
+    is skipped (:func:`attention_spec.rules.block_rules` on the block's rows and keys; with
+    ``is_causal`` alone it is :func:`block_visible`).
+
+    Python bools, or arrays (JAX, traced) where the chunk indices or ids are.
+    """
+    i0, j0 = q_chunk * Lc, k_chunk * Sc
+    some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + Lc, j0, j0 + Sc,
+                          q_ids, kv_ids)  # fmt: skip
+    return some
+
+
 def ring_memory_per_device(
     query_shape: Sequence[int],
     key_shape: Sequence[int],
@@ -206,7 +223,9 @@ def ring_memory_per_device(
     running output and row log-sum-exp of its rows (``accumulators``, compute dtype), and one
     block's scratch, the scores and their exponentials for one (query chunk, key chunk) pair
     (``block_scratch``, compute dtype); a 16-bit input adds its query shard in the compute
-    dtype. ``output_shard`` is what it returns.
+    dtype. ``output_shard`` is what it returns. ``kv_block_zeroed`` is not in ``extra``: one
+    block's key and value rows with the rows no query attends zeroed (the garbage rule), a copy
+    a compiler may fuse away in part; it bounds what it may add.
     """
     *qb, H, L, D = query_shape
     S, E = key_shape[-2], value_shape[-1]
@@ -224,6 +243,11 @@ def ring_memory_per_device(
             math.prod(qb) * H * rows * D * compute_itemsize if compute_itemsize != itemsize else 0
         ),
         "output_shard": batch * H * rows * E * itemsize,
+        "kv_block_zeroed": (
+            (math.prod(key_shape[:-2]) * D + math.prod(value_shape[:-2]) * E)
+            * (keys // c)
+            * compute_itemsize
+        ),
     }
     terms["extra"] = (
         terms["kv_arriving"]

@@ -14,6 +14,7 @@ import argparse
 import sys
 
 from conformance.runner import (
+    DEFAULT_SHARDS,
     FUNCTIONS,
     Outcome,
     Report,
@@ -60,6 +61,14 @@ def main(argv: list[str] | None = None) -> int:
         help="run only these functions (default: all required + those present)",
     )
     parser.add_argument("-k", dest="pattern", help="only runs whose id matches this glob")
+    parser.add_argument(
+        "--shards",
+        action="append",
+        type=int,
+        metavar="N",
+        help="shard counts of the sharded functions (repeatable; default: "
+        f"{' and '.join(map(str, DEFAULT_SHARDS))}, wherever they divide L and S, or K)",
+    )
     parser.add_argument("--fixtures", help="fixture folder (default: the committed v1)")
     parser.add_argument("--show-xfails", action="store_true", help="list xfails and skips too")
     parser.add_argument("--list", action="store_true", help="print the run ids; run nothing")
@@ -69,6 +78,7 @@ def main(argv: list[str] | None = None) -> int:
         help="run the ports in this process (a crashing port then ends the run; for debuggers)",
     )
     args = parser.parse_args(argv)
+    args.shards = tuple(args.shards or DEFAULT_SHARDS)
 
     if args.list:
         return _list(args)
@@ -93,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
                 pattern=args.pattern,
                 isolate=not args.in_process,
                 on_outcome=progress,
+                shards=args.shards,
             )
         except KeyboardInterrupt:
             print("interrupted: the report holds the runs made so far")
@@ -116,8 +127,9 @@ def _list(args: argparse.Namespace) -> int:
             print(f"{impl}: could not load the port: {type(exc).__name__}: {exc}")
             return 1
         runs = plan_runs(
-            port, functions=args.function, fixtures=args.fixtures, pattern=args.pattern
-        )
+            port, functions=args.function, fixtures=args.fixtures, pattern=args.pattern,
+            shards=args.shards,
+        )  # fmt: skip
         for run in runs:
             entry = port.xfails.lookup(run.id, args.device)
             tag = "" if entry is None else ("  # skip" if entry.skip else "  # xfail")

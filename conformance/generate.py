@@ -76,11 +76,14 @@ KERNELS = {"torch": "conformance.ports.torch_fused", "jax": "conformance.ports.j
 #: Where a kernel is known to compute differently from the contract on rows that do have an
 #: allowed key: (kernel, glob over case ids, why). These are recorded, not refused.
 KNOWN_DEVIATIONS: list[tuple[str, str, str]] = [
-    (
-        "jax",
-        "sdpa.*.float64",
-        "jax.nn.dot_product_attention always computes the softmax in "
-        "float32 (float64 logits are cast down; a float64 bias below -3.4e38 becomes -inf)",
+    *(
+        (
+            "jax",
+            f"{op}.*.float64",
+            "jax.nn.dot_product_attention always computes the softmax in "
+            "float32 (float64 logits are cast down; a float64 bias below -3.4e38 becomes -inf)",
+        )
+        for op in ("sdpa", "ring")
     ),
     *(
         (kernel, "sdpa.garbage.*", "NaN or inf at keys no query attends leaks into the output "
@@ -88,8 +91,9 @@ KNOWN_DEVIATIONS: list[tuple[str, str, str]] = [
         for kernel in ("torch", "jax")
     ),
     *(
-        (kernel, "flash.tiling.garbage*", "NaN or inf at keys no query attends leaks")
+        (kernel, pattern, "NaN or inf at keys no query attends leaks")
         for kernel in ("torch", "jax")
+        for pattern in ("flash.tiling.garbage*", "ring.garbage.*")
     ),
 ]  # fmt: skip
 
@@ -233,8 +237,10 @@ class Fixture:
 
 
 def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
-    """One attention fixture: op ``sdpa`` (run against sdpa, weights and flash) or ``flash`` (a
-    case with block sizes, run against flash_attention alone; no weights stored)."""
+    """One attention fixture: op ``sdpa`` (run against sdpa, weights, flash and the sharded
+    functions), ``flash`` (a case with block sizes, run against flash_attention alone; no weights
+    stored) or ``ring`` (long enough for several shards, run against the sharded functions; the
+    output only, and the shard counts the case was written for)."""
     rng = np.random.default_rng(case.seed)
     c = case.build(rng, dtype)
     dt = NP_DTYPES[dtype]
@@ -260,9 +266,13 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         "weights": tolerance_bound(golden.weights, plain.weights, dtype),
     }
     tensors = {**inputs, "output": golden.output}
+    extra = {}
     if case.op == "sdpa":
         tensors["weights"] = golden.weights
         stored = bounds
+    elif case.op == "ring":  # the sharded functions return no weights
+        stored = {"output": bounds["output"]}
+        extra["shards"] = list(case.build.shards)
     else:  # flash: the output and the row log-sum-exp, which is in the compute dtype
         ct = "float64" if dtype == "float64" else "float32"
         plain_lse = golden if ct == "float64" else attention(**as64, **semantics, round_to=ct)
@@ -270,9 +280,8 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         stored = {"output": bounds["output"], "lse": tolerance_bound(golden.lse, plain_lse.lse, ct)}
     case_id = f"{case.op}.{case.name}.{dtype}"
     fields, data = _values_fields(case_id, case, c.keywords, tensors, stored)
-    return [
-        Fixture(_entry(case_id, case, dtype, **fields), data, (inputs, semantics, golden, bounds))
-    ]
+    entry = _entry(case_id, case, dtype, **fields, **extra)
+    return [Fixture(entry, data, (inputs, semantics, golden, bounds))]
 
 
 def _module_inputs(c: C.base.ModuleCall, dtype: str) -> tuple[dict, dict]:
@@ -410,12 +419,13 @@ def _expected(case: C.CaseDef) -> dict[str, str]:
 
 
 def _error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
-    """A functional error case: its inputs as shapes and dtypes (the runner passes zeros)."""
+    """A functional (or sharded) error case: its inputs as shapes and dtypes (the runner passes
+    zeros)."""
     c = case.build()
     inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias,
               **c.arrays}  # fmt: skip
     inputs = {name: _spec(spec) for name, spec in inputs.items() if spec is not None}
-    entry = _entry(f"sdpa.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
+    entry = _entry(f"{case.op}.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords), inputs=inputs,
                    expected_error=_expected(case), doc=case.doc)  # fmt: skip
     return [Fixture(entry)]
@@ -458,10 +468,12 @@ BUILDERS: dict[tuple[str, str], Callable[[C.CaseDef, str], list[Fixture]]] = {
     ("causal_mask", "values"): _causal_mask_fixtures,
     ("module", "values"): _module_fixtures,
     ("decode", "values"): _decode_fixtures,
+    ("ring", "values"): _attention_fixtures,
     ("sdpa", "error"): _error_fixtures,
     ("causal_mask", "error"): _causal_mask_error_fixtures,
     ("module", "error"): _module_error_fixtures,
     ("decode", "error"): _module_error_fixtures,
+    ("ring", "error"): _error_fixtures,
     ("rope", "values"): _rope_fixtures,
     ("rope", "error"): _rope_error_fixtures,
 }
@@ -475,6 +487,8 @@ _GROUPS: list[tuple[tuple[str, str], ...]] = [
     (("sdpa", "error"),),
     (("causal_mask", "error"),),
     (("module", "error"), ("decode", "error")),
+    (("ring", "values"),),
+    (("ring", "error"),),
     (("rope", "values"),),
     (("rope", "error"),),
 ]

@@ -18,6 +18,14 @@ module      ``GroupedQueryAttention``,       the golden output (and weights) of 
             ``MultiHeadAttention``           loaded with ``from_canonical``
 decode      ``GroupedQueryAttention``,       the golden rows of one full causal forward,
             ``MultiHeadAttention``           step by step through ``init_cache``/``decode``
+ring        ``ring_attention``               the golden output (optional; sharded: called
+                                             with ``n_shards=n, layout="contiguous"``)
+ring_zigzag ``ring_attention``               the same, ``layout="zigzag"``
+head_       ``head_parallel_attention``      the golden output (optional; sharded)
+parallel
+head_       ``head_parallel_gqa``            a module fixture's golden output (optional;
+parallel_                                    sharded: ``head_parallel_gqa(module, x,
+gqa                                          context, n_shards=n, **keywords)``)
 rope        ``apply_rotary``                 the golden rotated x (optional)
 =========== ================================ ============================================
 
@@ -33,8 +41,19 @@ and an exception inside the port's adapters (``from_numpy``, ``to_numpy``, ``pre
 the adapter.
 
 A missing function (or module class, or module method) makes each of its runs fail as "not
-implemented", one line each. Optional functions (``flash``) are run only when the port has them
-or when they are asked for.
+implemented", one line each. Optional functions (``flash`` and the sharded ones) are run only
+when the port has them or when they are asked for.
+
+The sharded aliases run each fixture once per shard count n of ``shards`` (``--shards``,
+default :data:`DEFAULT_SHARDS`) that fits it: n divides L and S (``ring``), 2n does
+(``ring_zigzag``), n divides K (``head_parallel``, ``head_parallel_gqa``); a fixture that fits
+no n is not run. Their run ids carry n: ``ring.n4.causal.top_left.l64_s64.float32``. A port's
+sharded functions are found at its top level or in its ``sharded`` submodule
+(``impl_numpy.sharded``). A sharded run whose port says it lacks the devices (an error with
+code ``shard_devices``: one JAX device where n are needed) is reported as ``skip`` with the
+port's message; ``python -m conformance`` gives every port's child process
+``XLA_FLAGS=--xla_force_host_platform_device_count=<largest n>`` before JAX starts, and the
+torch adapter runs each sharded call on n forked gloo processes (docs/SHARDED.md).
 
 Modules are loaded through the one documented loading function,
 ``<class>.from_canonical(weights, *, n_heads, n_kv_heads, dtype)`` with the canonical weights as
@@ -69,7 +88,7 @@ import tempfile
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -87,8 +106,10 @@ from conformance.fixtures import (
 from conformance.ports import BUILTIN_ADAPTERS, SHORT_NAMES
 
 __all__ = [
+    "DEFAULT_SHARDS",
     "FLASH_BLOCKS",
     "FUNCTIONS",
+    "SHARDED_ALIASES",
     "Comparison",
     "Function",
     "Outcome",
@@ -113,6 +134,9 @@ __all__ = [
 #: Block sizes passed to ``flash_attention``: small and dividing neither L nor S of the fixtures
 #: (L, S in 0..9), so every fixture spans several query and key blocks, with ragged last blocks.
 FLASH_BLOCKS: dict[str, int] = {"block_q": 2, "block_k": 3}
+
+#: The shard counts the sharded aliases run with, unless told (``--shards``).
+DEFAULT_SHARDS: tuple[int, ...] = (2, 4)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -144,8 +168,16 @@ def _where_raised(exc: BaseException) -> str:
 
 
 def _raised(exc: BaseException, prefix: str = "") -> _Failed:
-    """The failure of a port function that raised ``exc``: its class, message and line."""
+    """The failure of a port function that raised ``exc``: its class, message and line (a
+    sharded function's ``shard_devices``: the machine lacks the devices, and the run is
+    skipped)."""
+    if getattr(exc, "code", None) == "shard_devices":
+        return _NoDevices(f"skipped: too few devices here: {_first_line(exc, 400)}")
     return _Failed(f"{prefix}raised {type(exc).__name__}: {_first_line(exc)}{_where_raised(exc)}")
+
+
+class _NoDevices(_Failed):
+    """A sharded value run that the port cannot place on this machine: reported as skip."""
 
 
 class _AdapterFailed(_Failed):
@@ -285,6 +317,8 @@ class Port:
         if alias not in self._prepared:
             spec = FUNCTIONS[alias]
             fn = getattr(self.module, spec.attribute, None)
+            if fn is None and spec.submodule is not None:  # impl_numpy.sharded.ring_attention
+                fn = getattr(_submodule(self.module, spec.submodule), spec.attribute, None)
             if fn is not None and spec.call is not None:
                 fn = spec.call
             if fn is not None and self.prepare is not None:
@@ -317,6 +351,20 @@ class Port:
                 f"(to_numpy(from_numpy(x)).dtype): from_numpy must keep the dtype exactly "
                 "(conformance/PORTING.md, 'Framework traps')"
             )
+
+
+def _submodule(module: Any, name: str) -> Any:
+    """``module.name``, imported if ``module`` is a package that has it; None if it has not."""
+    found = getattr(module, name, None)
+    package = getattr(module, "__name__", None)
+    if found is not None or not hasattr(module, "__path__") or package is None:
+        return found
+    try:
+        return importlib.import_module(f"{package}.{name}")
+    except ModuleNotFoundError as exc:
+        if exc.name != f"{package}.{name}":  # the submodule exists but imports something missing
+            raise
+        return None
 
 
 def _numpy_in(array: np.ndarray, device: str) -> np.ndarray:
@@ -381,10 +429,12 @@ class Run:
 
     case: Case
     function: str  # alias, a key of FUNCTIONS
+    shards: int | None = None  # n, for a sharded alias's value run
 
     @property
     def id(self) -> str:
-        return self.function + self.case.id[len(self.case.op) :]
+        n = "" if self.shards is None else f".n{self.shards}"
+        return self.function + n + self.case.id[len(self.case.op) :]
 
     @property
     def family(self) -> str:
@@ -394,11 +444,23 @@ class Run:
 def runs_for(
     manifest: Manifest | None = None,
     functions: Iterable[str] | None = None,
+    shards: Iterable[int] = DEFAULT_SHARDS,
 ) -> list[Run]:
-    """Every run of the manifest (default: the committed fixtures) for the given aliases."""
+    """Every run of the manifest (default: the committed fixtures) for the given aliases; a
+    sharded alias's value case once per shard count of ``shards`` that fits it."""
     manifest = manifest or load_manifest()
     wanted = list(FUNCTIONS) if functions is None else list(functions)
-    return [Run(c, f) for f in wanted for c in manifest.cases if f in c.functions]
+    runs = []
+    for f in wanted:
+        fits = FUNCTIONS[f].fits
+        for c in manifest.cases:
+            if f not in c.functions:
+                continue
+            if fits is None or c.kind == "error":  # an error case gives its own n_shards
+                runs.append(Run(c, f))
+            else:
+                runs += [Run(c, f, n) for n in shards if fits(c, n)]
+    return runs
 
 
 #: The statuses of a run. ``ok``: pass, xfail (failed as listed) and skip (listed ``skip:``,
@@ -742,6 +804,49 @@ def _rolling(plan: dict[str, Any]) -> dict[str, Any]:
     return {"rolling": True} if plan.get("rolling") else {}
 
 
+def _module_sharded_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    """A module fixture through ``head_parallel_gqa(module, x, context, n_shards=n, ...)``:
+    the module loaded as for ``module``, its output against the golden (no weights)."""
+    cls = _module_class(port, case, spec)
+    t = case.tensors()
+    kwargs = dict(spec.defaults) | {k: v for k, v in case.keywords.items() if k != "return_weights"}
+    for name in ("mask", "bias"):
+        if name in t:
+            kwargs[name] = port.array_in(t[name], device)
+    context = port.array_in(t["context"], device) if "context" in t else None
+    x = port.array_in(t["x"], device)
+    try:
+        module = _load_module(cls, case.entry["module"], _canonical_weights(t), case.dtype, device)
+        output = fn(module, x, context, **kwargs)
+    except Exception as exc:
+        raise _raised(exc) from exc
+    yield Comparison("output", port.array_out(output), t["output"])
+
+
+def _sizes(case: Case) -> tuple[int, int, int]:
+    """(L, S, K) of an attention value fixture."""
+    query, key = case.entry["shapes"]["query"], case.entry["shapes"]["key"]
+    return query[-2], key[-2], key[-3]
+
+
+def _ring_fits(case: Case, n: int) -> bool:
+    """n contiguous shards cut L and S."""
+    L, S, _ = _sizes(case)
+    return L % n == 0 and S % n == 0
+
+
+def _zigzag_fits(case: Case, n: int) -> bool:
+    """2n zigzag chunks cut L and S."""
+    return _ring_fits(case, 2 * n)
+
+
+def _heads_fit(case: Case, n: int) -> bool:
+    """n devices share the K key/value heads (of the call, or of the module)."""
+    module = case.entry.get("module")
+    K = _sizes(case)[2] if module is None else module.get("n_kv_heads", module["n_heads"])
+    return K % n == 0
+
+
 def _rope_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
     """rope: ``apply_rotary(x, positions, **keywords)`` against the golden rotated x."""
     t = case.tensors()
@@ -764,11 +869,14 @@ class Function:
     """One row of the table: a port function the suite knows.
 
     ``attribute``: the port's function (for the module aliases, the class the port must have;
-    the function run is then the runner's own ``call``, with the class ``methods`` it needs).
-    ``required``: every port is checked on it (optional ones run when present or asked for).
-    ``values(port, fn, case, device, spec)`` yields :class:`Comparison` s of a value case;
-    ``error(...)`` makes the call of an error case, which must raise. ``golden``: the golden the
-    attention aliases compare; ``defaults``: keywords added to every call (flash's blocks).
+    the function run is then the runner's own ``call``, with the class ``methods`` it needs);
+    looked for in the port's ``submodule`` too, when it has that. ``required``: every port is
+    checked on it (optional ones run when present or asked for). ``values(port, fn, case,
+    device, spec)`` yields :class:`Comparison` s of a value case; ``error(...)`` makes the call
+    of an error case, which must raise. ``golden``: the golden the attention aliases compare;
+    ``defaults``: keywords added to every call (flash's blocks, the ring's layout; a sharded run
+    adds its ``n_shards``). ``fits(case, n)``: a sharded alias, run with each n of ``--shards``
+    for which it says True.
     """
 
     attribute: str
@@ -779,6 +887,8 @@ class Function:
     defaults: dict[str, Any] = field(default_factory=dict)
     call: Callable[..., Any] | None = None
     methods: tuple[str, ...] | None = None
+    submodule: str | None = None
+    fits: Callable[[Case, int], bool] | None = None
 
 
 #: Alias -> port function. A new op adds a row here (and its case file and fixture builder).
@@ -807,13 +917,53 @@ FUNCTIONS: dict[str, Function] = {
         call=module_decode,
         methods=("init_cache", "decode"),
     ),
+    "ring": Function(
+        "ring_attention",
+        False,
+        _attention_values,
+        _attention_error,
+        defaults={"layout": "contiguous"},
+        submodule="sharded",
+        fits=_ring_fits,
+    ),
+    "ring_zigzag": Function(
+        "ring_attention",
+        False,
+        _attention_values,
+        _attention_error,
+        defaults={"layout": "zigzag"},
+        submodule="sharded",
+        fits=_zigzag_fits,
+    ),
+    "head_parallel": Function(
+        "head_parallel_attention",
+        False,
+        _attention_values,
+        _attention_error,
+        submodule="sharded",
+        fits=_heads_fit,
+    ),
+    "head_parallel_gqa": Function(
+        "head_parallel_gqa",
+        False,
+        _module_sharded_values,
+        _module_error,
+        methods=(),
+        submodule="sharded",
+        fits=_heads_fit,
+    ),
     "rope": Function("apply_rotary", False, _rope_values, _rope_error),
 }
+
+#: The aliases run once per shard count.
+SHARDED_ALIASES: tuple[str, ...] = tuple(a for a, f in FUNCTIONS.items() if f.fits is not None)
 
 
 def _check(port: Port, run: Run, device: str) -> tuple[str, float | None, float | None]:
     """Run one case; returns (message, error, bound) on success, raises _Failed otherwise."""
     case, spec = run.case, FUNCTIONS[run.function]
+    if run.shards is not None:
+        spec = replace(spec, defaults={**spec.defaults, "n_shards": run.shards})
     fn = port.function(run.function)
     if fn is None:
         raise _Failed(f"not implemented: port has no `{spec.attribute}`")
@@ -875,6 +1025,8 @@ def check(port: Port, run: Run, device: str = "cpu") -> Outcome:
         return Outcome(**base, status="skip", message=f"skipped: {reason}", xfail_reason=reason)
     try:
         message, error, bound = _check(port, run, device)
+    except _NoDevices as skipped:
+        return Outcome(**base, status="skip", message=str(skipped), xfail_reason=reason)
     except _Failed as failed:
         return Outcome(
             **base,
@@ -1013,9 +1165,10 @@ def plan_runs(
     fixtures: str | Path | None = None,
     select: Callable[[Run], bool] | None = None,
     pattern: str | None = None,
+    shards: Iterable[int] = DEFAULT_SHARDS,
 ) -> list[Run]:
     """The runs :func:`run_suite` makes, in order (``--list`` prints their ids)."""
-    runs = runs_for(load_manifest(fixtures), select_functions(port, functions))
+    runs = runs_for(load_manifest(fixtures), select_functions(port, functions), shards)
     for keep in (select, _matcher(pattern)):
         if keep is not None:
             runs = [r for r in runs if keep(r)]
@@ -1033,18 +1186,22 @@ def run_suite(
     pattern: str | None = None,
     isolate: bool = False,
     on_outcome: Callable[[Report, Outcome], None] | None = None,
+    shards: Iterable[int] = DEFAULT_SHARDS,
 ) -> Report:
     """Run every fixture against ``port`` on ``device`` and return the report.
 
     ``functions`` restricts (or, for optional ones such as ``flash``, demands) the aliases;
-    ``select`` (a predicate) and ``pattern`` (a glob over run ids) filter the runs. A port that
-    cannot be imported gives a report with ``error``. ``on_outcome(report, outcome)`` is called
-    after every run, with the report so far (the CLI prints and saves it as it goes).
+    ``select`` (a predicate) and ``pattern`` (a glob over run ids) filter the runs; ``shards``
+    are the shard counts of the sharded aliases. A port that cannot be imported gives a report
+    with ``error``. ``on_outcome(report, outcome)`` is called after every run, with the report
+    so far (the CLI prints and saves it as it goes).
 
     ``isolate=True`` runs the port in child processes (``port`` must then be an importable
     name, and ``select`` is not available: use ``pattern``): a run that kills its process is
-    reported as ``crash`` and the rest go on in a new child.
+    reported as ``crash`` and the rest go on in a new child, which JAX finds with as many host
+    devices as the largest shard count (:func:`_child_env`).
     """
+    shards = tuple(shards)
     start = time.perf_counter()
     if isolate:
         if not isinstance(port, str) or select is not None:
@@ -1052,13 +1209,18 @@ def run_suite(
         extra = xfails if isinstance(xfails, Xfails) else Xfails()
         if xfails is not None and not isinstance(xfails, Xfails):
             extra = Xfails.from_file(xfails)
-        return _run_isolated(port, device, functions, extra, fixtures, pattern, on_outcome, start)
+        return _run_isolated(
+            port, device, functions, extra, fixtures, pattern, on_outcome, start, shards
+        )
     try:
         loaded = port if isinstance(port, Port) else load_port(port, xfails=xfails)
     except Exception as exc:
         name = port if isinstance(port, str) else getattr(port, "__name__", repr(port))
         return Report(str(name), device, [], error=f"{type(exc).__name__}: {exc}")
-    runs = plan_runs(loaded, functions=functions, fixtures=fixtures, select=select, pattern=pattern)
+    runs = plan_runs(
+        loaded, functions=functions, fixtures=fixtures, select=select, pattern=pattern,
+        shards=shards,
+    )  # fmt: skip
     host_port = loaded.numpy_native and device != "cpu"
     report = Report(loaded.name, device, [], host_port=host_port, complete=False)
     for run in runs:
@@ -1094,12 +1256,21 @@ def _crash_site(stderr_text: str) -> str:
     return ""
 
 
-def _child_env() -> dict[str, str]:
+#: The XLA flag that makes JAX's CPU backend show n devices; read once, when JAX starts.
+_HOST_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def _child_env(devices: int = 1) -> dict[str, str]:
     """The environment of a worker: this process's, with everything on ``sys.path`` that can
-    be imported from, so the child finds the port exactly as the parent would."""
+    be imported from, so the child finds the port exactly as the parent would; and, when the
+    sharded runs need ``devices`` > 1, ``XLA_FLAGS`` asking for that many CPU devices (a JAX
+    port's mesh; unless the flags already say how many: then they are the user's)."""
     paths = [p for p in sys.path if p and Path(p).is_dir()]
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join([str(Path.cwd()), *paths])
+    flags = env.get("XLA_FLAGS", "")
+    if devices > 1 and _HOST_DEVICES_FLAG not in flags:
+        env["XLA_FLAGS"] = f"{flags} {_HOST_DEVICES_FLAG}={devices}".strip()
     return env
 
 
@@ -1112,6 +1283,7 @@ def _run_isolated(
     pattern: str | None,
     on_outcome: Callable[[Report, Outcome], None] | None,
     start: float,
+    shards: tuple[int, ...],
 ) -> Report:
     job = {
         "port": port,
@@ -1120,8 +1292,11 @@ def _run_isolated(
         "xfails": xfails.to_json(),
         "fixtures": None if fixtures is None else str(fixtures),
         "pattern": pattern,
+        "shards": list(shards),
         "only": None,
     }
+    sharded = functions is None or any(f in SHARDED_ALIASES for f in functions)
+    env = _child_env(max(shards, default=1) if sharded else 1)
     report = Report(port, device, [], complete=False)
     order: list[str] = []
     done: set[str] = set()
@@ -1134,7 +1309,7 @@ def _run_isolated(
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=err,
-                env=_child_env(),
+                env=env,
                 text=True,
             )
             try:

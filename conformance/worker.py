@@ -1,7 +1,8 @@
 """The child process of ``run_suite(..., isolate=True)``: one port, some runs, one line each.
 
 Reads one job (JSON) on stdin: the port's importable name, the device, the functions, extra
-xfails, the fixture folder, a ``-k`` glob and, after a crash, the run ids still to do. Writes
+xfails, the fixture folder, a ``-k`` glob, the shard counts and, after a crash, the run ids
+still to do (its environment carries ``XLA_FLAGS`` for the sharded runs' devices). Writes
 JSON lines to its stdout, which only the protocol uses (the port's own prints are sent to
 stderr):
 
@@ -39,8 +40,9 @@ def main() -> int:
         send({"error": f"{type(exc).__name__}: {exc}"})
         return 0
     runs = plan_runs(
-        port, functions=job["functions"], fixtures=job["fixtures"], pattern=job["pattern"]
-    )
+        port, functions=job["functions"], fixtures=job["fixtures"], pattern=job["pattern"],
+        shards=job["shards"],
+    )  # fmt: skip
     host_port = port.numpy_native and job["device"] != "cpu"
     send({"plan": [r.id for r in runs], "port": port.name, "host_port": host_port,
           "xfails": port.xfails.to_json()})  # fmt: skip

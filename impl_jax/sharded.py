@@ -11,9 +11,10 @@ for:
   not depend on it, so XLA may run the transfer of the next shard while they compute.
 - A device finds its rank with ``lax.axis_index``, so which key shard it holds at step t
   (``(r - t) mod n``) and whether causal masking empties a block are traced values: the skip is
-  a ``lax.cond``, as in ``impl_jax/flash.py``. Steps 0 .. n-2 (send, then compute) are one
-  ``lax.scan``, so the compiled program does not grow with n; the last step, which sends
-  nothing, follows it. The c x c chunk pairs of a step are Python loops.
+  a ``lax.cond``, as in ``impl_jax/flash.py``. One step is :func:`_ring_step`; steps 0 .. n-2
+  (send, then compute) are one ``lax.scan`` of it, so the compiled program does not grow with
+  n; the last step, which sends nothing, follows it. The c x c chunk pairs of a step are Python
+  loops.
 - Everything is pure and differentiable: ``jax.grad`` goes through the ring (``ppermute``'s
   transpose is the reverse rotation), and the gradients equal the unsharded ones
   (tests/test_sharded.py). jit with the static keywords of :data:`STATIC_ARGNAMES`::
@@ -46,9 +47,10 @@ from jax.sharding import PartitionSpec as P
 
 from attention_spec import causal_offset, check_attention
 from attention_spec.modules import check_module_inputs
+from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingLayout,
-    block_visible,
+    block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
@@ -57,7 +59,14 @@ from attention_spec.sharded import (
 from impl_jax.flash import _block
 from impl_jax.functional import (
     _PRECISION,
+    _allowed,
+    _as_given,
+    _asarray,
+    _attended,
+    _cast,
+    _check_x64,
     _compute_dtype,
+    _unattended_zeroed,
     scaled_dot_product_attention,
 )
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
@@ -95,53 +104,63 @@ def _spec(x: jax.Array, axis: int, name: str) -> P:
     return P(*([None] * (x.ndim + axis)), name, *([None] * (-axis - 1)))
 
 
-def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, is_causal, offset, softcap):
-    """Steps 1-7 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
+def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
+    """Steps 1-6 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
     against the keys at positions ``k_pos`` ``(Sc,)``, and nothing else.
 
     ``q (..., K, G, Lc, D)``, ``k (..., K, Sc, D)``, ``v (..., K, Sc, E)`` in the compute
-    dtype; ``mask`` and ``bias`` this block's slices (or broadcastable whole). Returns
+    dtype; ``mask``, ``bias``, ``q_ids (..., Lc)`` and ``kv_ids (..., Sc)`` this block's slices
+    (or broadcastable whole, or None); ``slopes (H,)`` ALiBi's, or None. The sink is not here:
+    it joins once, after the last block (R6). Returns
     ``(out, lse)``: the block's attention output ``(..., H, Lc, E)``, normalized over these keys
-    only, and its row log-sum-exp ``(..., H, Lc)``; a row that sees no key here has zero output
-    and ``lse = -inf``.
+    only, and its row log-sum-exp ``(..., H, Lc)``; a row with no allowed key here has zero
+    output and ``lse = -inf`` (and zero gradient). The same steps as ``impl_jax/flash.py``'s
+    block, which keeps a running ``(m, l, acc)`` instead of normalizing each block.
     """
     H, K, G, E = dims.H, dims.K, dims.G, dims.E
     Lc, Sc = q.shape[-2], k.shape[-2]
 
-    # 1. scores = (query @ key^T) * scale, one group of G query heads per key/value head.
+    # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
+    #    places in the whole sequence. Key and value rows no row of the block attends are zeroed.
+    i, j = q_pos[:, None], k_pos[None, :]  # (Lc, 1), (1, Sc)
+    allowed = _allowed(dims, offset, i, j, mask, q_ids, kv_ids)  # (..., Lc|1, Sc|1) or None
+    attended = _attended(allowed, bias, (*dims.batch, H, Lc, Sc), K)  # (..., K, Sc)
+    k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
+    v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
+
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     s = jnp.einsum("...kgld,...ksd->...kgls", q, k, precision=_PRECISION)  # (..., K, G, Lc, Sc)
     s = s.reshape(*s.shape[:-4], H, Lc, Sc) * dims.scale  # (..., H, Lc, Sc); h reads kv h // G
-    s = jnp.broadcast_to(s, (*dims.batch, H, Lc, Sc))  # a mask, bias or value with more batch
 
-    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-    if softcap is not None:
-        s = softcap * jnp.tanh(s / softcap)
+    # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    if dims.softcap is not None:
+        s = dims.softcap * jnp.tanh(s / dims.softcap)
 
-    # 3. bias: this block's slice of it is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+    #    -slope[h] * |i + offset - j| at the block's places in the whole sequence.
     if bias is not None:
         s = s + bias
+    if slopes is not None:
+        s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, Lc, Sc)
 
-    # 4. mask: False -> -inf, this block's slice of it.
-    if mask is not None:
-        s = jnp.where(mask, s, -jnp.inf)
+    # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+    if allowed is not None:
+        s = jnp.where(allowed, s, -jnp.inf)
+    s = jnp.broadcast_to(s, (*dims.batch, H, Lc, Sc))  # a mask, bias or value with more batch
 
-    # 5. causal, at the rows' and keys' places in the whole sequence: j <= i + offset.
-    if is_causal:
-        s = jnp.where(k_pos[None, :] <= q_pos[:, None] + offset, s, -jnp.inf)
-
-    # 6. softmax over this block's keys, stable, and its row log-sum-exp lse = m + log(l).
+    # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
+    #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))  # (..., H, Lc, 1)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)  # a row with no key here: exp(-inf - 0) = 0
-    e = jnp.exp(s - m)  # (..., H, Lc, Sc)
-    l = jnp.sum(e, axis=-1, keepdims=True)  # (..., H, Lc, 1)
-    seen = l > 0.0
-    l = jnp.where(seen, l, 1.0)  # no key here: weights 0 / 1 = 0, and lse = -inf below
-    lse = jnp.where(seen, m + jnp.log(l), -jnp.inf)[..., 0]  # (..., H, Lc)
-    w = e / l
+    s = s - jnp.where(jnp.isfinite(m), m, 0.0)  # no allowed key here: exp(-inf - 0) = 0
+    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., H, Lc, Sc); exp(s - max) <= 1
+    l = jnp.sum(p, axis=-1, keepdims=True)  # (..., H, Lc, 1)
+    l = jnp.where(l == 0.0, 1.0, l)
+    p = p / l
+    lse = (m + jnp.log(l))[..., 0]  # (..., H, Lc)
 
-    # 7. output = weights @ value, per group.
-    w = w.reshape(*w.shape[:-3], K, G, Lc, Sc)  # (..., K, G, Lc, Sc)
-    out = jnp.einsum("...kgls,...kse->...kgle", w, v, precision=_PRECISION)  # (..., K, G, Lc, E)
+    # 6. output = weights @ value, per group.
+    p = p.reshape(*p.shape[:-3], K, G, Lc, Sc)  # (..., K, G, Lc, Sc)
+    out = jnp.einsum("...kgls,...kse->...kgle", p, v, precision=_PRECISION)  # (..., K, G, Lc, E)
     return out.reshape(*dims.batch, H, Lc, E), lse
 
 
@@ -164,83 +183,103 @@ def _merge(out, lse, out_blk, lse_blk):
     return out, new_lse
 
 
-def _ring_device(x, *, ring: RingLayout, dims, is_causal, offset, softcap):
-    """What device r does: ``x`` holds its query shard ``(..., H, c*Lc, D)``, its rows of mask
-    and bias, and its own key/value shard ``(..., K, c*Sc, D|E)``; returns its output rows
-    ``(..., H, c*Lc, E)`` in the compute dtype."""
-    n, c, Lc, Sc = ring.n, ring.c, ring.Lc, ring.Sc
-    H, K, G, D, E = dims.H, dims.K, dims.G, dims.D, dims.E
+def _unseen(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
+    """A skipped block's ``(out, lse)``: zeros and -inf, which a merge leaves unchanged (marked
+    as differing between devices, as :func:`_attend_block`'s result does: ``lax.cond`` wants
+    both branches alike)."""
+    out = jnp.zeros((*dims.batch, dims.H, q.shape[-2], dims.E), q.dtype)
+    lse = jnp.full((*dims.batch, dims.H, q.shape[-2]), -jnp.inf, q.dtype)
+    return jax.lax.pcast((out, lse), SEQ, to="varying")
+
+
+def _ring_device(x, *, ring: RingLayout, dims, offset):
+    """What device r does: ``x`` holds its query shard ``(..., H, c*Lc, D)``, its rows of mask,
+    bias and query segment ids, its own key/value shard ``(..., K, c*Sc, D|E)``, and whole: the
+    key segment ids, sinks and ALiBi slopes; returns its output rows ``(..., H, c*Lc, E)`` in
+    the compute dtype."""
+    n, c, Lc, E = ring.n, ring.c, ring.Lc, dims.E
     ct = _compute_dtype(x["query"].dtype)
-    step = dict(dims=dims, is_causal=is_causal, offset=offset, softcap=softcap)
-    r = jax.lax.axis_index(SEQ)  # this device
-    chunks = jnp.asarray(ring.chunks)  # (n, c): the chunks of every shard
-
-    # R1. split (done by shard_map): this device's query chunks, their rows of mask and bias,
-    #     and its own key/value shard, which travels in the input dtype.
     q = x["query"].astype(ct)
-    q = q.reshape(*q.shape[:-3], K, G, c * Lc, D)  # (..., K, G, c*Lc, D)
-    mask, bias = x.get("mask"), x.get("bias")
-    bias = None if bias is None else bias.astype(ct)
-    k_shard, v_shard = x["key"], x["value"]  # (..., K, c*Sc, D), (..., K, c*Sc, E)
+    q = q.reshape(*q.shape[:-3], dims.K, dims.G, c * Lc, dims.D)  # (..., K, G, c*Lc, D)
+    bias, sinks, slopes = (_cast(x.get(name), ct) for name in ("bias", "sinks", "alibi_slopes"))
+    shard = dict(r=jax.lax.axis_index(SEQ), q=q, mask=x.get("mask"), bias=bias,
+                 q_ids=x.get("q_segment_ids"), kv_ids=x.get("kv_segment_ids"), slopes=slopes,
+                 ring=ring, dims=dims, offset=offset)  # fmt: skip
 
-    # Every query chunk starts with nothing seen: output 0, row log-sum-exp -inf. (pcast marks
-    # them as differing between devices, as they will: lax.cond wants both branches alike.)
-    outs = [jnp.zeros((*dims.batch, H, Lc, E), ct) for _ in range(c)]
-    lses = [jnp.full((*dims.batch, H, Lc), -jnp.inf, ct) for _ in range(c)]
-    outs, lses = jax.lax.pcast((outs, lses), SEQ, to="varying")
-    right = [(i, (i + 1) % n) for i in range(n)]  # device i sends to device i + 1
+    # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
+    #     -inf); steps 0 .. n-2 are one lax.scan (the program does not grow with n), then the
+    #     last step, which sends nothing.
+    outs = [jnp.zeros((*dims.batch, dims.H, Lc, E), ct) for _ in range(c)]
+    lses = [jnp.full((*dims.batch, dims.H, Lc), -jnp.inf, ct) for _ in range(c)]
+    outs, lses = jax.lax.pcast((outs, lses), SEQ, to="varying")  # they differ between devices
+    carry = (x["key"], x["value"], outs, lses)
+    carry, _ = jax.lax.scan(partial(_ring_step, send=True, **shard), carry, jnp.arange(n - 1))
+    (_, _, outs, lses), _ = _ring_step(carry, n - 1, send=False, **shard)
 
-    def blocks(t, k_shard, v_shard, outs, lses):
-        """R2-R3 of step t: this device's query chunks against the key/value shard it holds."""
-        # R2. at step t this device holds the key/value shard of device src = (r - t) mod n.
-        src = (r - t) % n
-        outs, lses = list(outs), list(lses)
-        for a in range(c):  # its query chunks
-            q_chunk = chunks[r, a]
-            q_pos = q_chunk * Lc + jnp.arange(Lc)  # (Lc,) their rows in the sequence
-            q_blk = q[..., a * Lc : (a + 1) * Lc, :]  # (..., K, G, Lc, D)
-            mask_rows, bias_rows = _block(mask, -2, a * Lc, Lc), _block(bias, -2, a * Lc, Lc)
-            for b in range(c):  # the key chunks it holds
-                k_chunk = chunks[src, b]
-                k_pos = k_chunk * Sc + jnp.arange(Sc)  # (Sc,) their keys in the sequence
-                blk = (
-                    q_blk,
-                    k_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct),  # (..., K, Sc, D)
-                    v_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct),  # (..., K, Sc, E)
-                    q_pos, k_pos,
-                    _block(mask_rows, -1, k_chunk * Sc, Sc),  # its columns of mask and bias
-                    _block(bias_rows, -1, k_chunk * Sc, Sc),
-                )  # fmt: skip
-
-                # R3. merge the block into what this query chunk has seen, by their lse.
-                def attend(acc, blk=blk):
-                    return _merge(*acc, *_attend_block(*blk, **step))
-
-                if is_causal:  # 5. causal, whole blocks: a block above the diagonal is skipped.
-                    visible = block_visible(q_chunk, k_chunk, Lc, Sc, offset)
-                    outs[a], lses[a] = jax.lax.cond(visible, attend, lambda acc: acc,
-                                                    (outs[a], lses[a]))  # fmt: skip
-                else:
-                    outs[a], lses[a] = attend((outs[a], lses[a]))
-        return outs, lses
-
-    def send_and_attend(carry, t):
-        """Steps 0 .. n-2 of the ring: R4 issued first, then R2-R3 on the shard held."""
-        k_shard, v_shard, outs, lses = carry
-        # R4. send the held shard to the right neighbour, receive the left one's; the blocks
-        #     below do not wait for it, so the transfer can run while they compute.
-        k_next = jax.lax.ppermute(k_shard, SEQ, right)
-        v_next = jax.lax.ppermute(v_shard, SEQ, right)
-        outs, lses = blocks(t, k_shard, v_shard, outs, lses)
-        return (k_next, v_next, outs, lses), None
-
-    # The ring: steps 0 .. n-2 as one compiled loop (lax.scan: the program does not grow with
-    # n), then the last step, which sends nothing: every device has then seen every shard.
-    carry = (k_shard, v_shard, outs, lses)
-    (k_shard, v_shard, outs, lses), _ = jax.lax.scan(send_and_attend, carry, jnp.arange(n - 1))
-    outs, lses = blocks(n - 1, k_shard, v_shard, outs, lses)
-
+    # R6. sink: the sink joins each row once, as one more block with a zero value and
+    #     lse = sinks[h] (a row that saw no key stays zero).
+    if sinks is not None:
+        for a in range(c):
+            sink = jnp.broadcast_to(sinks[:, None], lses[a].shape)  # (..., H, Lc)
+            outs[a], _ = _merge(outs[a], lses[a], jnp.zeros_like(outs[a]), sink)
     return jnp.concatenate(outs, axis=-2)  # (..., H, c*Lc, E)
+
+
+def _ring_step(carry, t, *, send, r, q, mask, bias, q_ids, kv_ids, slopes, ring: RingLayout,
+               dims, offset):  # fmt: skip
+    """Ring step t on device r (traced): this device's query chunks against the key/value shard
+    it holds, while (``send``) that shard moves on to the right neighbour. ``carry``: the held
+    shard ``(..., K, c*Sc, D|E)`` and the running ``(out, lse)`` of each query chunk."""
+    k_shard, v_shard, outs, lses = carry
+    n, c, Lc, Sc = ring.n, ring.c, ring.Lc, ring.Sc
+    chunks = jnp.asarray(ring.chunks)  # (n, c): the chunks of every shard
+    outs, lses = list(outs), list(lses)
+    step = dict(dims=dims, offset=offset, slopes=slopes)
+    # R3. step t: this device holds the key/value shard of device src = (r - t) mod n.
+    src = (r - t) % n
+
+    # R4. rotate, started: ppermute sends the held shard to the right neighbour (i -> i + 1)
+    #     and receives the left one's; the blocks below do not use it, so XLA may run the
+    #     transfer while they compute. The last step sends nothing.
+    right = [(i, (i + 1) % n) for i in range(n)]
+    k_next = jax.lax.ppermute(k_shard, SEQ, right) if send else k_shard
+    v_next = jax.lax.ppermute(v_shard, SEQ, right) if send else v_shard
+
+    # 4. allowed, whole blocks: each query chunk of the device meets each key chunk it holds; a
+    #    block outside the causal or window band of its rows, or whose segments cannot meet
+    #    theirs, is masked for every row, and skipped (lax.cond: the chunk numbers are traced).
+    for a in range(c):  # its query chunks
+        q_chunk = chunks[r, a]
+        q_pos = q_chunk * Lc + jnp.arange(Lc)  # (Lc,) their rows in the sequence
+        q_blk = q[..., a * Lc : (a + 1) * Lc, :]  # (..., K, G, Lc, D)
+        mask_rows, bias_rows = _block(mask, -2, a * Lc, Lc), _block(bias, -2, a * Lc, Lc)
+        q_ids_rows = _block(q_ids, -1, a * Lc, Lc)  # (..., Lc): their segments
+        for b in range(c):  # the key chunks it holds
+            k_chunk = chunks[src, b]
+            kv_ids_blk = _block(kv_ids, -1, k_chunk * Sc, Sc)  # (..., Sc): its keys' segments
+            blk = (
+                q_blk,
+                k_shard[..., b * Sc : (b + 1) * Sc, :].astype(q.dtype),  # (..., K, Sc, D)
+                v_shard[..., b * Sc : (b + 1) * Sc, :].astype(q.dtype),  # (..., K, Sc, E)
+                q_pos,
+                k_chunk * Sc + jnp.arange(Sc),  # (Sc,) its keys in the sequence
+                _block(mask_rows, -1, k_chunk * Sc, Sc),  # its columns of mask and bias
+                _block(bias_rows, -1, k_chunk * Sc, Sc),
+                q_ids_rows,
+                kv_ids_blk,
+            )
+            some = block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows, kv_ids_blk)
+            if some is True:  # no causal, window or segment rule: every block is computed
+                out_blk, lse_blk = _attend_block(*blk, **step)
+            else:
+                attend, skip = partial(_attend_block, **step), partial(_unseen, **step)
+                out_blk, lse_blk = jax.lax.cond(some, attend, skip, *blk)
+
+            # R5. merge: the block into what this query chunk has seen, by their lse.
+            outs[a], lses[a] = _merge(outs[a], lses[a], out_blk, lse_blk)
+
+    # R4. (end) rotate, finished: the shard received is the one held at the next step.
+    return (k_next, v_next, outs, lses), None
 
 
 def ring_attention(
@@ -256,6 +295,11 @@ def ring_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
 ) -> jax.Array:
     """``scaled_dot_product_attention`` on a ring of ``n_shards`` devices, shape
     ``(..., H, L, E)``, sharded along L over them.
@@ -266,34 +310,45 @@ def ring_attention(
             (contiguous) or 2n (zigzag) must divide L and S.
         layout: ``"contiguous"`` (device r holds chunk r of n) or ``"zigzag"`` (chunks r and
             2n - 1 - r of 2n, which balances causal work).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_jax.functional.attention_weights`; mask and bias are held by rows:
-            each device keeps the rows of its query shard.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_jax.functional.attention_weights`. Mask, bias and ``q_segment_ids``
+            are held by rows: each device keeps the rows of its query shard (with every
+            column). ``kv_segment_ids`` (S integers, like a mask row) is held whole by every
+            device; only key and value travel. ALiBi is computed per block at the block's
+            places in the whole sequence; the sink joins each row once, after the last block.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros (zero gradient).
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``unknown_layout``, ``shard_devices``; DimensionMismatchError ``length_not_divisible``.
     """
-    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    mask = None if mask is None else jnp.asarray(mask)
-    bias = None if bias is None else jnp.asarray(bias)
+    query, key, value = _as_given(query), _as_given(key), _as_given(value)
+    mask, bias = _as_given(mask), _as_given(bias)
+    q_ids, kv_ids = _as_given(q_segment_ids), _as_given(kv_segment_ids)
+    sinks, slopes = _as_given(sinks), _as_given(alibi_slopes)
     check_shard_config(n_shards, layout)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
-    is_causal, softcap = dims.is_causal, dims.softcap  # as Python values, checked
     ring = check_ring(dims, n_shards, layout)
+    _check_x64(query)
     mesh = _mesh(n_shards, SEQ)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
     H, L, S, E = dims.H, dims.L, dims.S, dims.E
     offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
     if L == 0 or S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
         return jnp.zeros((*dims.batch, H, L, E), query.dtype)
 
-    # R1. split: rows (of query, mask, bias) and keys (of key, value) in shard order, then cut
-    #     into n equal pieces along L and S by shard_map. Zigzag puts shard r's two chunks side
-    #     by side; contiguous is already in shard order.
+    # R1. split: rows (of query, mask, bias, query segment ids) and keys (of key, value) in
+    #     shard order, then cut into n equal pieces along L and S by shard_map (in_specs),
+    #     which runs _ring_device on each device's pieces; key segment ids, sinks and slopes go
+    #     whole to every device. Zigzag puts shard r's two chunks side by side; contiguous is
+    #     already in shard order.
     rows = np.concatenate([np.arange(a * ring.Lc, (a + 1) * ring.Lc) for s in ring.chunks
                            for a in s])  # fmt: skip
     keys = np.concatenate([np.arange(b * ring.Sc, (b + 1) * ring.Sc) for s in ring.chunks
@@ -306,12 +361,22 @@ def ring_attention(
             if x[name].ndim >= 2 and x[name].shape[-2] != 1:  # mask/bias rows, if not broadcast
                 x[name] = jnp.take(x[name], along, axis=-2)
     specs = {name: _spec(a, -2, SEQ) for name, a in x.items()}
-    device = partial(_ring_device, ring=ring, dims=dims, is_causal=is_causal, offset=offset,
-                     softcap=softcap)  # fmt: skip
+    if q_ids is not None:  # rows along its last axis (L), unless it broadcasts there
+        if layout == "zigzag" and q_ids.shape[-1] != 1:
+            q_ids = jnp.take(q_ids, rows, axis=-1)
+        split = q_ids.shape[-1] != 1
+        x["q_segment_ids"] = q_ids
+        specs["q_segment_ids"] = P(*([None] * (q_ids.ndim - 1)), SEQ) if split else P()
+    whole = {"kv_segment_ids": kv_ids, "sinks": sinks, "alibi_slopes": slopes}
+    for name, a in whole.items():
+        if a is not None:
+            x[name], specs[name] = a, P()
+    device = partial(_ring_device, ring=ring, dims=dims, offset=offset)
     out_spec = P(*([None] * (len(dims.batch) + 1)), SEQ, None)
     out = jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)
 
-    # R5. gather: the output is one array sharded along L; zigzag's rows back in order.
+    # R7. gather: the output is one array sharded along L (out_specs); zigzag's rows back in
+    #     order; one rounding to the input dtype.
     if layout == "zigzag":
         out = jnp.take(out, np.argsort(rows), axis=-2)
     return out.astype(query.dtype)  # (..., H, L, E)
@@ -329,6 +394,11 @@ def head_parallel_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
 ) -> jax.Array:
     """``scaled_dot_product_attention`` with its K key/value heads split over ``n_shards``
     devices, shape ``(..., H, L, E)``, sharded along H over them.
@@ -337,43 +407,63 @@ def head_parallel_attention(
         query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
         n_shards: n, which must divide K; device r holds key/value heads ``r*K/n ..`` and query
             heads ``r*H/n ..`` (the query heads that read them: contiguous groups).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_jax.functional.attention_weights`; a head axis of size H is split
-            with the query heads, one of size 1 is kept whole.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_jax.functional.attention_weights`; a head axis of size H (of mask
+            or bias) is split with the query heads, one of size 1 is kept whole; sinks and
+            ALiBi slopes ``(H,)`` are split with the query heads; segment ids (no head axis)
+            go whole to every device.
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``shard_devices``; DimensionMismatchError ``kv_heads_not_divisible``.
     """
-    query, key, value = jnp.asarray(query), jnp.asarray(key), jnp.asarray(value)
-    mask = None if mask is None else jnp.asarray(mask)
-    bias = None if bias is None else jnp.asarray(bias)
+    query, key, value = _as_given(query), _as_given(key), _as_given(value)
+    mask, bias = _as_given(mask), _as_given(bias)
+    q_ids, kv_ids = _as_given(q_segment_ids), _as_given(kv_segment_ids)
+    sinks, slopes = _as_given(sinks), _as_given(alibi_slopes)
     check_shard_config(n_shards)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
-    is_causal, softcap = dims.is_causal, dims.softcap  # as Python values, checked
     check_head_parallel(dims.H, dims.K, n_shards)
+    _check_x64(query)
     mesh = _mesh(n_shards, HEADS)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
 
     # P1. split (by shard_map): device r holds key/value heads r*K/n .. and the query heads that
-    #     read them, r*H/n .. (query head h reads kv head h // G); mask and bias: its heads.
+    #     read them, r*H/n .. (query head h reads kv head h // G); mask, bias, sinks and ALiBi
+    #     slopes: its heads; segment ids (no head axis): whole.
     x = {"query": query, "key": key, "value": value, "mask": mask, "bias": bias}
     x = {name: a for name, a in x.items() if a is not None}
     specs = {name: _spec(a, -3, HEADS) for name, a in x.items()}
+    per_head = {"sinks": sinks, "alibi_slopes": slopes}
+    whole = {"q_segment_ids": q_ids, "kv_segment_ids": kv_ids}
+    for name, a in (*per_head.items(), *whole.items()):
+        if a is not None:
+            x[name], specs[name] = a, P(HEADS) if name in per_head else P()
 
     def device(x):
-        # P2. attend: the unsharded contract on the device's heads.
+        # P2. attend: the unsharded contract on the device's heads (mask, bias, sinks and ALiBi
+        #     slopes: its heads; segment ids: whole).
         return scaled_dot_product_attention(
             x["query"],
             x["key"],
             x["value"],
             mask=x.get("mask"),
             bias=x.get("bias"),
-            is_causal=is_causal,
+            is_causal=dims.is_causal,
             causal_alignment=causal_alignment,
             scale=dims.scale,
-            softcap=softcap,
+            softcap=dims.softcap,
+            window=dims.window,
+            q_segment_ids=x.get("q_segment_ids"),
+            kv_segment_ids=x.get("kv_segment_ids"),
+            sinks=x.get("sinks"),
+            alibi_slopes=x.get("alibi_slopes"),
         )  # (..., H/n, L, E)
 
     # P3. gather: the output is one array sharded along H, the devices' heads in order.
@@ -405,10 +495,7 @@ def head_parallel_gqa(
         module: an ``impl_jax`` ``GroupedQueryAttention``; n_shards must divide its K.
         x, context, mask, bias, is_causal, causal_alignment: as in the module's ``__call__``.
     """
-    x = jnp.asarray(x)
-    context = None if context is None else jnp.asarray(context)
-    mask = None if mask is None else jnp.asarray(mask)
-    bias = None if bias is None else jnp.asarray(bias)
+    x, context, mask, bias = _as_given(x), _as_given(context), _as_given(mask), _as_given(bias)
     check_shard_config(n_shards)
     dims = module.dims
     check_module_inputs(
@@ -417,14 +504,15 @@ def head_parallel_gqa(
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
     mesh = _mesh(n_shards, HEADS)
+    x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
     ct = _compute_dtype(module.dtype)
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     o_bias = module.o_proj.bias
 
-    # P1. split (by shard_map): device r's columns of q_proj (query heads r*Hn ..), k_proj and
-    #     v_proj (key/value heads r*Kn ..), and its rows of o_proj; head h owns features
-    #     [h*D:(h+1)*D], so an even cut of the columns is a cut by heads.
+    # P1. split the projections (by shard_map): device r's columns of q_proj (query heads
+    #     r*Hn ..), k_proj and v_proj (key/value heads r*Kn ..), and its rows of o_proj; head h
+    #     owns features [h*D:(h+1)*D], so an even cut of the columns is a cut by heads.
     a = {"x": x, "context": x if context is None else context, "mask": mask, "bias": bias}
     specs = {"x": P(), "context": P()}
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
@@ -451,8 +539,10 @@ def head_parallel_gqa(
         k = project(a["context"], a, "k_proj").reshape(B, S, Kn, D).transpose(0, 2, 1, 3)
         v = project(a["context"], a, "v_proj").reshape(B, S, Kn, E).transpose(0, 2, 1, 3)
         # q (B, Hn, L, D), k (B, Kn, S, D), v (B, Kn, S, E)
+        #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
+        q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-        # P2. attend on the device's heads.
+        # P2. attend on the device's heads: the unsharded contract (mask and bias: its heads).
         out = scaled_dot_product_attention(
             q,
             k,
@@ -469,10 +559,12 @@ def head_parallel_gqa(
         partial_y = jnp.matmul(merged.astype(ct), a["o_proj.kernel"].astype(ct),
                                precision=_PRECISION)  # fmt: skip
 
-        # P4. all-reduce: the partials summed over the devices.
+        # P4. all-reduce: the partials summed over the devices, in the compute dtype.
         return jax.lax.psum(partial_y, HEADS)  # (B, L, M)
 
-    y = jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=P())(a)
-    if o_bias is not None:  # o_proj's bias once; one rounding to the dtype
+    # P5. output bias: o_proj's bias added once, to the sum (shard_map returns it, the same on
+    #     every device: out_specs=P()); one rounding to the dtype.
+    y = jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=P())(a)  # (B, L, M)
+    if o_bias is not None:
         y = y + o_bias[...].astype(ct)
     return y.astype(module.dtype)

@@ -54,70 +54,90 @@ import numpy as np
 
 from attention_spec import causal_offset, check_attention
 from attention_spec.modules import check_module_inputs
+from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingStep,
-    block_visible,
+    block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
 )
 from impl_numpy.flash import _block
-from impl_numpy.functional import _compute_dtype, scaled_dot_product_attention
+from impl_numpy.functional import (
+    _allowed,
+    _asarray,
+    _attended,
+    _cast,
+    _compute_dtype,
+    _unattended_zeroed,
+    scaled_dot_product_attention,
+)
 
 __all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention"]
 
 
-def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, is_causal, offset, softcap):
-    """Steps 1-7 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
+def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
+    """Steps 1-6 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
     against the keys at positions ``k_pos`` ``(Sc,)``, and nothing else.
 
     ``q (..., K, G, Lc, D)``, ``k (..., K, 1, Sc, D)``, ``v (..., K, 1, Sc, E)`` in the compute
-    dtype; ``mask`` and ``bias`` this block's slices (or broadcastable whole). Returns
+    dtype; ``mask``, ``bias``, ``q_ids (..., Lc)`` and ``kv_ids (..., Sc)`` this block's slices
+    (or broadcastable whole, or None); ``slopes (H,)`` ALiBi's, or None. The sink is not here: it
+    joins once, after the last block (R6). Returns
     ``(out, lse)``: the block's attention output ``(..., H, Lc, E)``, normalized over these keys
-    only, and its row log-sum-exp ``(..., H, Lc)``; a row that sees no key here has zero output
-    and ``lse = -inf``.
+    only, and its row log-sum-exp ``(..., H, Lc)``; a row with no allowed key here has zero
+    output and ``lse = -inf``. The same steps as ``impl_numpy/flash.py``'s block, which keeps a
+    running ``(m, l, acc)`` instead of normalizing each block.
     """
     H, K, G, E = dims.H, dims.K, dims.G, dims.E
     Lc, Sc = q.shape[-2], k.shape[-2]
 
-    # 1. scores = (query @ key^T) * scale, one group of G query heads per key/value head.
+    # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
+    #    places in the whole sequence. Key and value rows no row of the block attends are zeroed.
+    i, j = q_pos[:, None], k_pos[None, :]  # (Lc, 1), (1, Sc)
+    allowed = _allowed(dims, offset, i, j, mask, q_ids, kv_ids)  # (..., Lc|1, Sc|1) or None
+    attended = _attended(allowed, bias, (*dims.batch, H, Lc, Sc), K)  # (..., K, Sc)
+    attended = None if attended is None else attended[..., None, :]  # (..., K, 1, Sc)
+    k = _unattended_zeroed(k, attended)  # (..., K, 1, Sc, D)
+    v = _unattended_zeroed(v, attended)  # (..., K, 1, Sc, E)
+
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     s = q @ np.swapaxes(k, -1, -2)  # (..., K, G, Lc, Sc)
     s = s.reshape(*s.shape[:-4], H, Lc, Sc)  # (..., H, Lc, Sc); head h reads kv head h // G
     if s.shape[:-3] != dims.batch:  # a mask, bias or value with more batch than query and key
         s = np.broadcast_to(s, (*dims.batch, H, Lc, Sc)).copy()
     s *= dims.scale
 
-    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-    if softcap is not None:
-        s /= softcap
+    # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    if dims.softcap is not None:
+        s /= dims.softcap
         np.tanh(s, out=s)
-        s *= softcap
+        s *= dims.softcap
 
-    # 3. bias: this block's slice of it is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+    #    -slope[h] * |i + offset - j| at the block's places in the whole sequence.
     if bias is not None:
         s += bias
+    if slopes is not None:
+        s += alibi(slopes[:, None, None], i, j, offset)  # (H, Lc, Sc)
 
-    # 4. mask: False -> -inf, this block's slice of it.
-    if mask is not None:
-        np.copyto(s, -np.inf, where=~mask)
+    # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+    if allowed is not None:
+        np.copyto(s, -np.inf, where=~allowed)
 
-    # 5. causal, at the rows' and keys' places in the whole sequence: j <= i + offset.
-    if is_causal:
-        np.copyto(s, -np.inf, where=k_pos[None, :] > q_pos[:, None] + offset)
-
-    # 6. softmax over this block's keys, stable, and its row log-sum-exp lse = m + log(l).
+    # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
+    #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., H, Lc, 1)
-    m[~np.isfinite(m)] = 0.0  # a row with no key here: exp(-inf - 0) = 0, not NaN
-    s -= m
-    np.exp(s, out=s)
-    l = s.sum(axis=-1, keepdims=True)  # (..., H, Lc, 1)
-    seen = l > 0.0
-    l[~seen] = 1.0  # no key here: weights 0 / 1 = 0, and lse = -inf below
-    lse = np.where(seen, m + np.log(l), -np.inf)[..., 0]  # (..., H, Lc)
-    s /= l
+    s -= np.where(np.isfinite(m), m, 0.0)  # no allowed key here: exp(-inf - 0) = 0, not NaN
+    np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently
+    p = np.exp(s, out=s)  # (..., H, Lc, Sc)
+    l = p.sum(axis=-1, keepdims=True)  # (..., H, Lc, 1)
+    l[l == 0.0] = 1.0
+    p /= l
+    lse = (m + np.log(l))[..., 0]  # (..., H, Lc)
 
-    # 7. output = weights @ value, per group.
-    w = s.reshape(*s.shape[:-3], K, G, Lc, Sc)  # (..., K, G, Lc, Sc)
+    # 6. output = weights @ value, per group.
+    w = p.reshape(*p.shape[:-3], K, G, Lc, Sc)  # (..., K, G, Lc, Sc)
     out = (w @ v).reshape(*dims.batch, H, Lc, E)  # (..., H, Lc, E)
     return out, lse
 
@@ -154,6 +174,11 @@ def ring_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
     stats: list[RingStep] | None = None,
 ) -> np.ndarray:
     """``scaled_dot_product_attention`` on ``n_shards`` simulated devices in a ring,
@@ -164,9 +189,13 @@ def ring_attention(
         n_shards: n, the devices of the ring; n (contiguous) or 2n (zigzag) must divide L and S.
         layout: ``"contiguous"`` (device r holds chunk r of n) or ``"zigzag"`` (chunks r and
             2n - 1 - r of 2n, which balances causal work).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_numpy.functional.attention_weights`; mask and bias are held by rows:
-            each device keeps the rows of its query shard.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_numpy.functional.attention_weights`. Mask, bias and ``q_segment_ids``
+            are held by rows: each device keeps the rows of its query shard (with every
+            column). ``kv_segment_ids`` (S integers, like a mask row) is held whole by every
+            device; only key and value travel. ALiBi is computed per block at the block's
+            places in the whole sequence; the sink joins each row once, after the last block.
         stats: a list to append one :class:`~attention_spec.sharded.RingStep` per device and
             step to (the blocks computed, the bytes sent), or None.
 
@@ -175,15 +204,16 @@ def ring_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``unknown_layout``; DimensionMismatchError ``length_not_divisible``.
     """
-    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
-    mask = None if mask is None else np.asarray(mask)
-    bias = None if bias is None else np.asarray(bias)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
+    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
     check_shard_config(n_shards, layout)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
-    is_causal, softcap = dims.is_causal, dims.softcap  # as Python values, checked
     ring = check_ring(dims, n_shards, layout)
     ct = _compute_dtype(query.dtype)
     n, chunks, Lc, Sc = ring.n, ring.chunks, ring.Lc, ring.Sc
@@ -191,16 +221,17 @@ def ring_attention(
     offset = causal_offset(L, dims.S, causal_alignment)  # query i sees key j iff j <= i + offset
     if L == 0 or dims.S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
         return np.zeros((*dims.batch, H, L, E), query.dtype)
-    step = dict(dims=dims, is_causal=is_causal, offset=offset, softcap=softcap)
 
-    # R1. split: device r keeps its query chunks (and their rows of mask and bias) for the whole
-    #     call, and starts with its own key/value shard, the key chunks of the same numbers.
-    #     Keys and values travel in the input dtype; each block computes in the compute dtype.
+    # R1. split: device r keeps its query chunks (and their rows of mask, bias and query
+    #     segment ids) for the whole call, and starts with its own key/value shard, the key
+    #     chunks of the same numbers. Keys and values travel in the input dtype; each block
+    #     computes in the compute dtype.
     q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    bias = None if bias is None else bias.astype(ct, copy=False)
+    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
     queries = [[q[..., a * Lc : (a + 1) * Lc, :] for a in chunks[r]] for r in range(n)]
     mask_rows = [[_block(mask, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]] for r in range(n)]
     bias_rows = [[_block(bias, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]] for r in range(n)]
+    q_ids_rows = [[_block(q_ids, -1, a * Lc, (a + 1) * Lc) for a in chunks[r]] for r in range(n)]
     held = [
         (
             np.concatenate([key[..., b * Sc : (b + 1) * Sc, :] for b in chunks[r]], axis=-2),
@@ -209,46 +240,63 @@ def ring_attention(
         for r in range(n)
     ]  # device r: key (..., K, c*Sc, D), value (..., K, c*Sc, E)
 
-    # Every query chunk starts with nothing seen: output 0, row log-sum-exp -inf.
+    # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
+    #     -inf); n steps, at each of which every device attends to the shard it holds.
     outs = [[np.zeros((*dims.batch, H, Lc, E), ct) for _ in chunks[r]] for r in range(n)]
     lses = [[np.full((*dims.batch, H, Lc), -np.inf, ct) for _ in chunks[r]] for r in range(n)]
-
-    for t in range(n):  # the ring: n steps
+    for t in range(n):
+        arriving = list(held)  # what each device holds at step t + 1
         for r in range(n):  # every device, at the same step
-            # R2. at step t device r holds the key/value shard of device src = (r - t) mod n.
+            # R3. step t: device r holds the key/value shard of device src = (r - t) mod n.
             src = (r - t) % n
             k_shard, v_shard = held[r]
+
+            # R4. rotate, started: device r sends the shard it holds to its right neighbour
+            #     r + 1 (and receives its left neighbour's); a device starts the transfer now,
+            #     and the blocks below do not wait for it. The last step sends nothing.
+            if t < n - 1:
+                arriving[(r + 1) % n] = held[r]
+
+            # 4. allowed, whole blocks: each query chunk of the device meets each key chunk it
+            #    holds; a block outside the causal or window band of its rows, or whose
+            #    segments cannot meet theirs, is masked for every row, and skipped.
             blocks = []
             for a, q_chunk in enumerate(chunks[r]):  # its query chunks
                 q_pos = q_chunk * Lc + np.arange(Lc)  # (Lc,) their rows in the sequence
                 for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
-                    # 5. causal, whole blocks: a block above the diagonal is skipped.
-                    if is_causal and not block_visible(q_chunk, k_chunk, Lc, Sc, offset):
+                    cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
+                    kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
+                    if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
+                                          q_ids_rows[r][a], kv_ids_blk):  # fmt: skip
                         continue
                     k_pos = k_chunk * Sc + np.arange(Sc)  # (Sc,) their keys in the sequence
                     k = k_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :]
                     v = v_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :]
-                    cols = slice(k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask, bias
                     out_blk, lse_blk = _attend_block(
                         queries[r][a], k, v, q_pos, k_pos,
-                        _block(mask_rows[r][a], -1, cols.start, cols.stop),
-                        _block(bias_rows[r][a], -1, cols.start, cols.stop),
-                        **step,
+                        _block(mask_rows[r][a], -1, *cols), _block(bias_rows[r][a], -1, *cols),
+                        q_ids_rows[r][a], kv_ids_blk, dims=dims, offset=offset, slopes=slopes,
                     )  # fmt: skip
-                    # R3. merge the block into what this query chunk has seen, by their lse.
+
+                    # R5. merge: the block into what this query chunk has seen, by their lse.
                     outs[r][a], lses[r][a] = _merge(outs[r][a], lses[r][a], out_blk, lse_blk)
                     blocks.append((q_chunk, k_chunk))
-            sent = k_shard.nbytes + v_shard.nbytes if t < n - 1 else 0
             if stats is not None:
+                sent = k_shard.nbytes + v_shard.nbytes if t < n - 1 else 0
                 stats.append(RingStep(t, r, src, tuple(blocks), sent))
 
-        # R4. rotate: every device sends the shard it holds to its right neighbour r + 1 and
-        #     receives its left neighbour's (r - 1). After the last step nothing is sent: every
-        #     device has seen every shard.
-        if t < n - 1:
-            held = [held[(r - 1) % n] for r in range(n)]
+        # R4. (end) rotate, finished: every device now holds the shard its left neighbour sent.
+        held = arriving
 
-    # R5. gather: each device's query chunks back to their rows; one rounding to the input dtype.
+    # R6. sink: the sink joins each row once, as one more block with a zero value and
+    #     lse = sinks[h] (a row that saw no key stays zero).
+    if sinks is not None:
+        for r in range(n):
+            for a in range(len(chunks[r])):
+                sink = np.broadcast_to(sinks[:, None], lses[r][a].shape)  # (..., H, Lc)
+                outs[r][a], _ = _merge(outs[r][a], lses[r][a], 0.0, sink)
+
+    # R7. gather: each device's query chunks back to their rows; one rounding to the input dtype.
     out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E)
     for r in range(n):
         for a, q_chunk in enumerate(chunks[r]):
@@ -268,6 +316,11 @@ def head_parallel_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
 ) -> np.ndarray:
     """``scaled_dot_product_attention`` with its K key/value heads split over ``n_shards``
     simulated devices, shape ``(..., H, L, E)``.
@@ -276,43 +329,53 @@ def head_parallel_attention(
         query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
         n_shards: n, which must divide K; device r holds key/value heads ``r*K/n ..`` and query
             heads ``r*H/n ..`` (the query heads that read them: contiguous groups).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_numpy.functional.attention_weights`; a head axis of size H is split
-            with the query heads, one of size 1 is kept whole.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_numpy.functional.attention_weights`; a head axis of size H (of mask
+            or bias) is split with the query heads, one of size 1 is kept whole; sinks and
+            ALiBi slopes ``(H,)`` are split with the query heads; segment ids (no head axis)
+            go whole to every device.
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``;
     DimensionMismatchError ``kv_heads_not_divisible``.
     """
-    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
-    mask = None if mask is None else np.asarray(mask)
-    bias = None if bias is None else np.asarray(bias)
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias = _asarray(mask), _asarray(bias)
+    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
+    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
     check_shard_config(n_shards)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
-    is_causal, softcap = dims.is_causal, dims.softcap  # as Python values, checked
     check_head_parallel(dims.H, dims.K, n_shards)
     n = n_shards
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
 
+    # P1. split: device r holds key/value heads r*Kn .. (r+1)*Kn - 1 and the query heads that
+    #     read them, r*Hn .. (r+1)*Hn - 1 (query head h reads kv head h // G).
     outs = []
     for r in range(n):
-        # P1. split: device r holds key/value heads r*Kn .. (r+1)*Kn - 1 and the query heads
-        #     that read them, r*Hn .. (r+1)*Hn - 1 (query head h reads kv head h // G).
         heads, kv_heads = slice(r * Hn, (r + 1) * Hn), slice(r * Kn, (r + 1) * Kn)
         q, k, v = query[..., heads, :, :], key[..., kv_heads, :, :], value[..., kv_heads, :, :]
-        # P2. attend: the unsharded contract on the device's heads (mask and bias: its heads).
+        # P2. attend: the unsharded contract on the device's heads (mask, bias, sinks and ALiBi
+        #     slopes: its heads; segment ids: whole).
         out = scaled_dot_product_attention(
             q,
             k,
             v,
             mask=_block(mask, -3, heads.start, heads.stop),
             bias=_block(bias, -3, heads.start, heads.stop),
-            is_causal=is_causal,
+            is_causal=dims.is_causal,
             causal_alignment=causal_alignment,
             scale=dims.scale,
-            softcap=softcap,
+            softcap=dims.softcap,
+            window=dims.window,
+            q_segment_ids=q_ids,
+            kv_segment_ids=kv_ids,
+            sinks=None if sinks is None else sinks[heads],
+            alibi_slopes=None if slopes is None else slopes[heads],
         )  # (..., Hn, L, E)
         outs.append(out)
 
@@ -344,10 +407,7 @@ def head_parallel_gqa(
         module: an ``impl_numpy`` ``GroupedQueryAttention``; n_shards must divide its K.
         x, context, mask, bias, is_causal, causal_alignment: as in the module's ``__call__``.
     """
-    x = np.asarray(x)
-    context = None if context is None else np.asarray(context)
-    mask = None if mask is None else np.asarray(mask)
-    bias = None if bias is None else np.asarray(bias)
+    x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
     check_shard_config(n_shards)
     dims = module.dims
     check_module_inputs(
@@ -363,6 +423,8 @@ def head_parallel_gqa(
     B, L, _ = x.shape
     S = context.shape[1]
 
+    # P1. split the projections: device r's columns of q_proj (query heads r*Hn ..), k_proj
+    #     and v_proj (key/value heads r*Kn ..); head h owns features [h*D:(h+1)*D].
     def project(inp, name, features):
         """``inp @ kernel[:, features] + bias[features]``, rounded to the module's dtype."""
         y = inp @ w[f"{name}.kernel"][:, features]
@@ -372,16 +434,16 @@ def head_parallel_gqa(
 
     partials = []
     for r in range(n):
-        # P1. split: device r's columns of q_proj (query heads r*Hn ..), k_proj and v_proj
-        #     (key/value heads r*Kn ..); head h owns features [h*D:(h+1)*D].
         q = project(x, "q_proj", slice(r * Hn * D, (r + 1) * Hn * D))  # (B, L, Hn*D)
         k = project(context, "k_proj", slice(r * Kn * D, (r + 1) * Kn * D))  # (B, S, Kn*D)
         v = project(context, "v_proj", slice(r * Kn * E, (r + 1) * Kn * E))  # (B, S, Kn*E)
         q = q.reshape(B, L, Hn, D).transpose(0, 2, 1, 3)  # (B, Hn, L, D)
         k = k.reshape(B, S, Kn, D).transpose(0, 2, 1, 3)  # (B, Kn, S, D)
         v = v.reshape(B, S, Kn, E).transpose(0, 2, 1, 3)  # (B, Kn, S, E)
+        #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
+        q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-        # P2. attend on the device's heads.
+        # P2. attend on the device's heads: the unsharded contract (mask and bias: its heads).
         heads = slice(r * Hn, (r + 1) * Hn)
         out = scaled_dot_product_attention(
             q,
@@ -399,8 +461,10 @@ def head_parallel_gqa(
         rows = w["o_proj.kernel"][r * Hn * E : (r + 1) * Hn * E, :]  # (Hn*E, M)
         partials.append(merged.astype(ct) @ rows.astype(ct))  # (B, L, M)
 
-    # P4. all-reduce: the partials summed; o_proj's bias once; one rounding to the dtype.
+    # P4. all-reduce: the partials summed, in the compute dtype.
     y = sum(partials[1:], partials[0])  # (B, L, M)
+
+    # P5. output bias: o_proj's bias added once, to the sum; one rounding to the dtype.
     if "o_proj.bias" in w:
         y = y + w["o_proj.bias"].astype(ct)
     return y.astype(module.dtype, copy=False)

@@ -33,16 +33,25 @@ import torch.nn.functional as F
 
 from attention_spec import causal_offset, check_attention, dtype_name
 from attention_spec.modules import check_module_inputs
+from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingStep,
-    block_visible,
+    block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
     check_shard_devices,
 )
 from impl_torch.flash import _block
-from impl_torch.functional import _compute_dtype, scaled_dot_product_attention
+from impl_torch.functional import (
+    _allowed,
+    _as_tensors,
+    _attended,
+    _cast,
+    _compute_dtype,
+    _unattended_zeroed,
+    scaled_dot_product_attention,
+)
 
 __all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention"]
 
@@ -66,52 +75,62 @@ def _peer(group: dist.ProcessGroup | None, rank: int) -> int:
     return rank if group is None else dist.get_global_rank(group, rank)
 
 
-def _attend_block(q, k, v, q_pos, k_pos, mask, bias, *, dims, is_causal, offset, softcap):
-    """Steps 1-7 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
+def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
+    """Steps 1-6 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
     against the keys at positions ``k_pos`` ``(Sc,)``, and nothing else.
 
     ``q (..., H, Lc, D)``, ``k (..., K, Sc, D)``, ``v (..., K, Sc, E)`` in the compute dtype;
-    ``mask`` and ``bias`` this block's slices (or broadcastable whole). Returns ``(out, lse)``:
+    ``mask``, ``bias``, ``q_ids (..., Lc)`` and ``kv_ids (..., Sc)`` this block's slices (or
+    broadcastable whole, or None); ``slopes (H,)`` ALiBi's, or None. The sink is not here: it
+    joins once, after the last block (R6). Returns ``(out, lse)``:
     the block's attention output ``(..., H, Lc, E)``, normalized over these keys only, and its
-    row log-sum-exp ``(..., H, Lc)``; a row that sees no key here has zero output and
-    ``lse = -inf``.
+    row log-sum-exp ``(..., H, Lc)``; a row with no allowed key here has zero output and
+    ``lse = -inf``. The same steps as ``impl_torch/flash.py``'s block, which keeps a running
+    ``(m, l, acc)`` instead of normalizing each block.
     """
-    G, H, Lc, Sc = dims.G, dims.H, q.shape[-2], k.shape[-2]
+    H, K, G = dims.H, dims.K, dims.G
+    Lc, Sc = q.shape[-2], k.shape[-2]
 
-    # 1. scores = (query @ key^T) * scale; key/value head k serves query heads k*G .. k*G+G-1.
+    # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
+    #    places in the whole sequence. Key and value rows no row of the block attends are zeroed.
+    i, j = q_pos[:, None], k_pos[None, :]  # (Lc, 1), (1, Sc)
+    allowed = _allowed(dims, offset, i, j, mask, q_ids, kv_ids)  # (..., Lc|1, Sc|1) or None
+    attended = _attended(allowed, bias, (*dims.batch, H, Lc, Sc), K)  # (..., K, Sc)
+    k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
+    v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
+
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     k = k.repeat_interleave(G, dim=-3)  # (..., H, Sc, D); head h reads kv head h // G
     s = (q @ k.transpose(-2, -1)).mul_(dims.scale)  # (..., H, Lc, Sc)
     if s.shape[:-3] != dims.batch:  # a mask, bias or value with more batch than query and key
         s = s.expand(*dims.batch, H, Lc, Sc).clone()
 
-    # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask.
-    if softcap is not None:
-        s = softcap * torch.tanh(s / softcap)
+    # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    if dims.softcap is not None:
+        s = dims.softcap * torch.tanh(s / dims.softcap)
 
-    # 3. bias: this block's slice of it is added, may hold -inf.
+    # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+    #    -slope[h] * |i + offset - j| at the block's places in the whole sequence.
     if bias is not None:
         s.add_(bias)
+    if slopes is not None:
+        s.add_(alibi(slopes[:, None, None], i, j, offset))  # (H, Lc, Sc)
 
-    # 4. mask: False -> -inf, this block's slice of it.
-    if mask is not None:
-        s.masked_fill_(~mask, float("-inf"))
+    # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+    if allowed is not None:
+        s.masked_fill_(~allowed, float("-inf"))
 
-    # 5. causal, at the rows' and keys' places in the whole sequence: j <= i + offset.
-    if is_causal:
-        s.masked_fill_(k_pos[None, :] > q_pos[:, None] + offset, float("-inf"))
-
-    # 6. softmax over this block's keys, stable, and its row log-sum-exp lse = m + log(l).
+    # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
+    #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
     m = s.amax(dim=-1, keepdim=True)  # (..., H, Lc, 1)
-    m = torch.where(torch.isfinite(m), m, 0.0)  # a row with no key here: exp(-inf - 0) = 0
-    e = s.sub_(m).exp_()  # (..., H, Lc, Sc)
-    l = e.sum(dim=-1, keepdim=True)  # (..., H, Lc, 1)
-    seen = l > 0.0
-    l = torch.where(seen, l, 1.0)  # no key here: weights 0 / 1 = 0, and lse = -inf below
-    lse = torch.where(seen, m + torch.log(l), float("-inf"))[..., 0]  # (..., H, Lc)
-    w = e.div_(l)
+    p = s.sub_(torch.where(torch.isfinite(m), m, 0.0)).clamp_(max=0.0).exp_()  # exp(s - m) <= 1
+    l = p.sum(dim=-1, keepdim=True)  # (..., H, Lc, 1)
+    l = torch.where(l == 0.0, 1.0, l)
+    p.div_(l)
+    lse = (m + torch.log(l)).squeeze(-1)  # (..., H, Lc)
 
-    # 7. output = weights @ value, per group.
-    return w @ v.repeat_interleave(G, dim=-3), lse  # (..., H, Lc, E), (..., H, Lc)
+    # 6. output = weights @ value, per group.
+    return p @ v.repeat_interleave(G, dim=-3), lse  # (..., H, Lc, E), (..., H, Lc)
 
 
 def _merge(out, lse, out_blk, lse_blk):
@@ -147,6 +166,11 @@ def ring_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
     stats: list[RingStep] | None = None,
 ) -> torch.Tensor:
@@ -159,9 +183,13 @@ def ring_attention(
             L and S.
         layout: ``"contiguous"`` (rank r holds chunk r of n) or ``"zigzag"`` (chunks r and
             2n - 1 - r of 2n, which balances causal work).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_torch.functional.attention_weights`; mask and bias are held by rows:
-            each rank keeps the rows of its query shard.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_torch.functional.attention_weights`. Mask, bias and ``q_segment_ids``
+            are held by rows: each rank keeps the rows of its query shard (with every column).
+            ``kv_segment_ids`` (S integers, like a mask row) is held whole by every rank; only
+            key and value travel. ALiBi is computed per block at the block's places in the
+            whole sequence; the sink joins each row once, after the last block.
         group: the process group (default: the world).
         stats: a list to append this rank's :class:`~attention_spec.sharded.RingStep` per step
             to (the blocks computed, the bytes sent), or None.
@@ -172,12 +200,14 @@ def ring_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``unknown_layout``, ``shard_devices``; DimensionMismatchError ``length_not_divisible``.
     """
+    query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
+    q_ids, kv_ids, sinks, slopes = _as_tensors(q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
     check_shard_config(n_shards, layout)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
-    is_causal, softcap = dims.is_causal, dims.softcap  # as Python values, checked
     ring = check_ring(dims, n_shards, layout)
     r = _rank(n_shards, group)  # this process
     ct = _compute_dtype(query.dtype)
@@ -186,33 +216,35 @@ def ring_attention(
     offset = causal_offset(L, dims.S, causal_alignment)  # query i sees key j iff j <= i + offset
     if L == 0 or dims.S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
         return query.new_zeros((*dims.batch, H, L, E))
-    step = dict(dims=dims, is_causal=is_causal, offset=offset, softcap=softcap)
     device = query.device
 
-    # R1. split: this rank keeps its query chunks (and their rows of mask and bias) for the
-    #     whole call, and starts with its own key/value shard, the key chunks of the same
-    #     numbers. Keys and values travel in the input dtype; each block computes in the
-    #     compute dtype.
+    # R1. split: this rank keeps its query chunks (and their rows of mask, bias and query
+    #     segment ids) for the whole call, and starts with its own key/value shard, the key
+    #     chunks of the same numbers. Keys and values travel in the input dtype; each block
+    #     computes in the compute dtype.
     q = query.to(ct)  # (..., H, L, D)
-    bias = None if bias is None else bias.to(ct)
+    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
     queries = [q[..., a * Lc : (a + 1) * Lc, :] for a in chunks[r]]  # (..., H, Lc, D) each
     mask_rows = [_block(mask, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]]
     bias_rows = [_block(bias, -2, a * Lc, (a + 1) * Lc) for a in chunks[r]]
+    q_ids_rows = [_block(q_ids, -1, a * Lc, (a + 1) * Lc) for a in chunks[r]]
     k_shard = torch.cat([key[..., b * Sc : (b + 1) * Sc, :] for b in chunks[r]], dim=-2)
     v_shard = torch.cat([value[..., b * Sc : (b + 1) * Sc, :] for b in chunks[r]], dim=-2)
     # k_shard (..., K, c*Sc, D), v_shard (..., K, c*Sc, E), contiguous: ready to send
 
-    # Every query chunk starts with nothing seen: output 0, row log-sum-exp -inf.
+    # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
+    #     -inf); n steps, at each of which every rank attends to the shard it holds.
     outs = [torch.zeros((*dims.batch, H, Lc, E), dtype=ct, device=device) for _ in chunks[r]]
     lses = [torch.full((*dims.batch, H, Lc), float("-inf"), dtype=ct, device=device)
             for _ in chunks[r]]  # fmt: skip
     right, left = _peer(group, (r + 1) % n), _peer(group, (r - 1) % n)
-
-    for t in range(n):  # the ring: n steps
-        # R2. at step t this rank holds the key/value shard of rank src = (r - t) mod n.
+    for t in range(n):
+        # R3. step t: this rank holds the key/value shard of rank src = (r - t) mod n.
         src = (r - t) % n
-        # R4. (started) send the held shard to the right neighbour and receive the left one's
-        #     into fresh buffers, while the blocks below compute.
+
+        # R4. rotate, started: batch_isend_irecv posts the send of the held shard to the right
+        #     neighbour and the receive of the left one's into fresh buffers; the blocks below
+        #     compute while they travel. The last step sends nothing.
         if t < n - 1:
             k_next, v_next = torch.empty_like(k_shard), torch.empty_like(v_shard)
             requests = dist.batch_isend_irecv([
@@ -221,35 +253,50 @@ def ring_attention(
                 dist.P2POp(dist.irecv, k_next, left, group),
                 dist.P2POp(dist.irecv, v_next, left, group),
             ])  # fmt: skip
+
+        # 4. allowed, whole blocks: each query chunk of the rank meets each key chunk it holds;
+        #    a block outside the causal or window band of its rows, or whose segments cannot
+        #    meet theirs, is masked for every row, and skipped.
         blocks = []
         for a, q_chunk in enumerate(chunks[r]):  # its query chunks
             q_pos = q_chunk * Lc + torch.arange(Lc, device=device)  # (Lc,) rows in the sequence
             for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
-                # 5. causal, whole blocks: a block above the diagonal is skipped.
-                if is_causal and not block_visible(q_chunk, k_chunk, Lc, Sc, offset):
+                cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
+                kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
+                if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
+                                      q_ids_rows[a], kv_ids_blk):  # fmt: skip
                     continue
                 k_pos = k_chunk * Sc + torch.arange(Sc, device=device)  # (Sc,) its keys
                 k = k_shard[..., b * Sc : (b + 1) * Sc, :].to(ct)  # (..., K, Sc, D)
                 v = v_shard[..., b * Sc : (b + 1) * Sc, :].to(ct)  # (..., K, Sc, E)
-                cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                 out_blk, lse_blk = _attend_block(
                     queries[a], k, v, q_pos, k_pos,
-                    _block(mask_rows[a], -1, *cols), _block(bias_rows[a], -1, *cols), **step,
+                    _block(mask_rows[a], -1, *cols), _block(bias_rows[a], -1, *cols),
+                    q_ids_rows[a], kv_ids_blk, dims=dims, offset=offset, slopes=slopes,
                 )  # fmt: skip
-                # R3. merge the block into what this query chunk has seen, by their lse.
+
+                # R5. merge: the block into what this query chunk has seen, by their lse.
                 outs[a], lses[a] = _merge(outs[a], lses[a], out_blk, lse_blk)
                 blocks.append((q_chunk, k_chunk))
-        sent = 0
-        if t < n - 1:
-            # R4. (completed) wait for the transfer; the received shard is the one held next.
-            for request in requests:
-                request.wait()
-            sent = k_shard.nbytes + v_shard.nbytes
-            k_shard, v_shard = k_next, v_next
         if stats is not None:
+            sent = k_shard.nbytes + v_shard.nbytes if t < n - 1 else 0
             stats.append(RingStep(t, r, src, tuple(blocks), sent))
 
-    # R5. gather: every rank's output rows to every rank, back to their rows; one rounding to
+        # R4. (end) rotate, finished: wait for the transfer; the shard received is the one held
+        #     at the next step.
+        if t < n - 1:
+            for request in requests:
+                request.wait()
+            k_shard, v_shard = k_next, v_next
+
+    # R6. sink: the sink joins each row once, as one more block with a zero value and
+    #     lse = sinks[h] (a row that saw no key stays zero).
+    if sinks is not None:
+        for a in range(len(outs)):
+            sink = sinks[:, None].expand(lses[a].shape)  # (..., H, Lc)
+            outs[a], _ = _merge(outs[a], lses[a], torch.zeros_like(outs[a]), sink)
+
+    # R7. gather: every rank's output rows to every rank, back to their rows; one rounding to
     #     the input dtype (before the gather, which then moves half the bytes for 16-bit types).
     mine = torch.cat(outs, dim=-2).to(query.dtype)  # (..., H, c*Lc, E)
     pieces = [torch.empty_like(mine) for _ in range(n)]
@@ -274,6 +321,11 @@ def head_parallel_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """``scaled_dot_product_attention`` with its K key/value heads split over ``n_shards``
@@ -284,20 +336,25 @@ def head_parallel_attention(
         query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
         n_shards: n, the size of the process group, which must divide K; rank r holds key/value
             heads ``r*K/n ..`` and query heads ``r*H/n ..`` (the query heads that read them).
-        mask, bias, is_causal, causal_alignment, scale, softcap: as in
-            :func:`impl_torch.functional.attention_weights`; a head axis of size H is split
-            with the query heads, one of size 1 is kept whole.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_torch.functional.attention_weights`; a head axis of size H (of mask
+            or bias) is split with the query heads, one of size 1 is kept whole; sinks and
+            ALiBi slopes ``(H,)`` are split with the query heads; segment ids (no head axis)
+            go whole to every rank.
         group: the process group (default: the world).
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``shard_devices``; DimensionMismatchError ``kv_heads_not_divisible``.
     """
+    query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
+    q_ids, kv_ids, sinks, slopes = _as_tensors(q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
     check_shard_config(n_shards)
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
-    is_causal, softcap = dims.is_causal, dims.softcap  # as Python values, checked
     check_head_parallel(dims.H, dims.K, n_shards)
     r = _rank(n_shards, group)  # this process
     Hn, Kn = dims.H // n_shards, dims.K // n_shards  # query and key/value heads per rank
@@ -307,17 +364,23 @@ def head_parallel_attention(
     heads, kv_heads = (r * Hn, (r + 1) * Hn), (r * Kn, (r + 1) * Kn)
     q, k, v = _block(query, -3, *heads), _block(key, -3, *kv_heads), _block(value, -3, *kv_heads)
 
-    # P2. attend: the unsharded contract on this rank's heads (mask and bias: its heads).
+    # P2. attend: the unsharded contract on this rank's heads (mask, bias, sinks and ALiBi
+    #     slopes: its heads; segment ids: whole).
     mine = scaled_dot_product_attention(
         q,
         k,
         v,
         mask=_block(mask, -3, *heads),
         bias=_block(bias, -3, *heads),
-        is_causal=is_causal,
+        is_causal=dims.is_causal,
         causal_alignment=causal_alignment,
         scale=dims.scale,
-        softcap=softcap,
+        softcap=dims.softcap,
+        window=dims.window,
+        q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids,
+        sinks=None if sinks is None else sinks[heads[0] : heads[1]],
+        alibi_slopes=None if slopes is None else slopes[heads[0] : heads[1]],
     ).contiguous()  # (..., Hn, L, E)
 
     # P3. gather: the ranks' heads, in order, along H.
@@ -353,6 +416,7 @@ def head_parallel_gqa(
         x, context, mask, bias, is_causal, causal_alignment: as in the module's ``forward``.
         group: the process group (default: the world).
     """
+    x, context, mask, bias = _as_tensors(x, context, mask, bias)
     check_shard_config(n_shards)
     dims = module.dims
     check_module_inputs(
@@ -368,21 +432,23 @@ def head_parallel_gqa(
     B, L, _ = x.shape
     S = context.shape[1]
 
+    # P1. split the projections: this rank's rows of q_proj (query heads r*Hn ..), k_proj and
+    #     v_proj (key/value heads r*Kn ..); head h owns features [h*D:(h+1)*D].
     def project(inp, proj, start, stop):
         """``nn.Linear`` on the output features ``start .. stop - 1`` (rows of its weight)."""
         b = None if proj.bias is None else proj.bias[start:stop]
         return F.linear(inp, proj.weight[start:stop], b)
 
-    # P1. split: this rank's rows of q_proj (query heads r*Hn ..), k_proj and v_proj (key/value
-    #     heads r*Kn ..); head h owns features [h*D:(h+1)*D].
     q = project(x, module.q_proj, r * Hn * D, (r + 1) * Hn * D)  # (B, L, Hn*D)
     k = project(context, module.k_proj, r * Kn * D, (r + 1) * Kn * D)  # (B, S, Kn*D)
     v = project(context, module.v_proj, r * Kn * E, (r + 1) * Kn * E)  # (B, S, Kn*E)
     q = q.view(B, L, Hn, D).transpose(1, 2)  # (B, Hn, L, D)
     k = k.view(B, S, Kn, D).transpose(1, 2)  # (B, Kn, S, D)
     v = v.view(B, S, Kn, E).transpose(1, 2)  # (B, Kn, S, E)
+    #     RoPE (the module's rope_theta), as in its forward: per head, so per rank too.
+    q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-    # P2. attend on this rank's heads.
+    # P2. attend on this rank's heads: the unsharded contract (mask and bias: its heads).
     heads = (r * Hn, (r + 1) * Hn)
     out = scaled_dot_product_attention(
         q,
@@ -400,8 +466,10 @@ def head_parallel_gqa(
     cols = module.o_proj.weight[:, r * Hn * E : (r + 1) * Hn * E]  # (M, Hn*E)
     y = F.linear(merged.to(ct), cols.to(ct))  # (B, L, M)
 
-    # P4. all-reduce: the partials summed over the ranks; o_proj's bias once; one rounding.
+    # P4. all-reduce: the partials summed over the ranks, in the compute dtype.
     dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
+
+    # P5. output bias: o_proj's bias added once, to the sum; one rounding to the dtype.
     if module.o_proj.bias is not None:
         y = y + module.o_proj.bias.to(ct)
     return y.to(module.dtype)

@@ -1,21 +1,24 @@
 """Run the sharded functions of JAX or torch on several devices and hand back what they gave.
 
-``python -m tests.sharded_worker jax OUT`` runs :data:`tests.sharded_runs.JAX_RUNS` on 8
-simulated CPU devices (``jax_grads`` instead of ``jax``: the gradient checks,
-:data:`~tests.sharded_runs.JAX_GRAD_RUNS`). It must be started with
-``XLA_FLAGS=--xla_force_host_platform_device_count=8`` in its environment, which JAX reads
-once, when it starts (tests/test_sharded.py does this). Meshes of 2, 4 and 8 of them run the
-2-, 4- and 8-device runs.
+``python -m tests.sharded_worker jax OUT`` runs :func:`tests.sharded_runs.jax_runs` on 8
+simulated CPU devices through the conformance runner's own ``check`` (``jax_grads`` instead of
+``jax``: the gradient checks, :data:`~tests.sharded_runs.JAX_GRAD_RUNS`). It must be started
+with ``XLA_FLAGS=--xla_force_host_platform_device_count=8`` in its environment, which JAX reads
+once, when it starts (tests/test_sharded.py does this). Meshes of 2, 3, 4 and 8 of them run the
+runs of that many shards. Each ring program is also lowered and compiled again (from JAX's
+compilation cache: the same program) to read the bytes its collective-permutes move and XLA's
+memory analysis of it.
 
 ``python -m tests.sharded_worker torch OUT`` forks 2, then 4, processes, joined in a gloo
-process group through a file in OUT; each rank runs :func:`tests.sharded_runs.torch_runs` and
-writes its own outputs (every rank returns the whole output). The processes are forked from a
-parent that has imported torch but run nothing, so they start in milliseconds instead of
-importing torch again each (real launches use torchrun or ``spawn``: docs/SHARDED.md).
+process group through a file in OUT, as ``torchrun`` would start them; each rank runs the
+runner's checks of :func:`tests.sharded_runs.torch_runs` (the torch adapter calls the sharded
+function directly inside a process group) and, for the ring runs of the ``ring.*`` fixtures, the
+function once more with ``stats=[]``. The processes are forked from a parent that has imported
+torch but run nothing, so they start in milliseconds instead of importing torch again each.
 
-Nothing is judged here: outputs (as float64, exact for every dtype), their dtypes, the bytes
-the ring sent and the compiler's memory figures go to ``OUT/<name>.npz`` and ``.json``, and the
-tests compare them with the goldens. A run that raises is recorded with its error, not fatal.
+Nothing is judged here beyond the runner's verdicts: outcomes, the bytes the ring sent and the
+compiler's memory figures go to ``OUT/<name>.json`` (and gradients to ``.npz``), and the tests
+read them. A run that raises outside the runner's check is recorded with its error, not fatal.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import re
 import sys
 import time
 import traceback
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -34,14 +38,12 @@ import numpy as np
 
 from tests.sharded_runs import (
     JAX_GRAD_RUNS,
-    JAX_RUNS,
     MEMORY_PROBE,
-    MODULE_ALIAS,
     TORCH_WORLDS,
     call,
-    canonical_weights,
-    module_spec,
+    jax_runs,
     run_inputs,
+    runs_by_id,
     torch_runs,
 )
 
@@ -97,57 +99,42 @@ def lowered_permutes(stablehlo: str) -> list[int]:
     return sizes
 
 
-def _jax_forward(run, sharded, impl_jax, jax, jnp) -> tuple[Any, dict[str, Any]]:
-    """One run, jit-compiled ahead of time: its output and what the compiler says about it."""
+def _jax_measure(run, sharded, jax) -> dict[str, Any]:
+    """A ring run's program, lowered and compiled again (a cache hit: the runner's check
+    compiled it): the bytes of its collective-permutes and XLA's memory analysis of it."""
     arrays, keywords = run_inputs(run)
-    record: dict[str, Any] = {}
-    if run.alias == MODULE_ALIAS:
-        spec = module_spec(run.case_id)
-        cls = getattr(impl_jax, spec.pop("class"))
-        module = cls.from_canonical(canonical_weights(arrays), **spec)
-        given = {n: jnp.asarray(arrays[n]) for n in ("x", "context", "mask", "bias") if n in arrays}
-
-        def forward(given):  # the module's weights are constants of the compiled program
-            return sharded.head_parallel_gqa(
-                module, given["x"], given.get("context"), n_shards=run.n_shards,
-                mask=given.get("mask"), bias=given.get("bias"), **keywords,
-            )  # fmt: skip
-
-        return jax.jit(forward)(given), record
-    given = {n: jnp.asarray(a) for n, a in arrays.items()
-             if n in ("query", "key", "value", "mask", "bias")}  # fmt: skip
-    kw = dict(keywords, n_shards=run.n_shards)
-    if run.alias == "head_parallel":
-        fn = sharded.head_parallel_attention
-    else:
-        fn, kw["layout"] = sharded.ring_attention, run.layout
-    lowered = jax.jit(fn, static_argnames=[s for s in sharded.STATIC_ARGNAMES if s in kw]).lower(
-        **given, **kw
-    )
+    given = {n: a for n, a in arrays.items() if n in ("query", "key", "value", "mask", "bias")}
+    layout = "zigzag" if run.function == "ring_zigzag" else "contiguous"
+    kw = dict(keywords, n_shards=run.shards, layout=layout)
+    ring = jax.jit(sharded.ring_attention, static_argnames=[s for s in sharded.STATIC_ARGNAMES
+                                                            if s in kw])  # fmt: skip
+    lowered = ring.lower(**given, **kw)
     compiled = lowered.compile()
-    if run.alias != "head_parallel":
-        memory = compiled.memory_analysis()
-        record["permute_bytes_lowered"] = lowered_permutes(lowered.as_text())
-        record["permute_bytes_compiled"] = compiled_permutes(compiled.as_text())
-        record["memory"] = {
+    memory = compiled.memory_analysis()
+    return {
+        "permute_bytes_lowered": lowered_permutes(lowered.as_text()),
+        "permute_bytes_compiled": compiled_permutes(compiled.as_text()),
+        "memory": {
             "argument": memory.argument_size_in_bytes,
             "output": memory.output_size_in_bytes,
             "temp": memory.temp_size_in_bytes,
-        }
-    return compiled(**given), record
+        },
+    }
 
 
 def _jax_gradients(run, wrt, sharded, impl_jax, jax, jnp) -> dict[str, np.ndarray]:
     """Gradients of ``sum(output * cotangent)`` through the ring and through the unsharded
     implementation, with respect to ``wrt``."""
     arrays, keywords = run_inputs(run)
-    given = {n: jnp.asarray(a) for n, a in arrays.items()}
+    given = {n: jnp.asarray(a) for n, a in arrays.items()
+             if n in ("query", "key", "value", "mask", "bias")}  # fmt: skip
     out_shape = impl_jax.scaled_dot_product_attention(**given, **keywords).shape
     cotangent = jnp.asarray(np.random.default_rng(0).standard_normal(out_shape))
+    layout = "zigzag" if run.function == "ring_zigzag" else "contiguous"
 
     def ring_loss(diff):
         out = sharded.ring_attention(
-            **(given | diff), n_shards=run.n_shards, layout=run.layout, **keywords
+            **(given | diff), n_shards=run.shards, layout=layout, **keywords
         )
         return jnp.sum(out * cotangent)
 
@@ -165,19 +152,25 @@ def _jax_gradients(run, wrt, sharded, impl_jax, jax, jnp) -> dict[str, np.ndarra
 
 
 def jax_main(out: Path, *, gradients: bool) -> None:
-    """The forward runs (``jax.npz``), or the gradient checks (``jax_grads.npz``)."""
+    """The runner's checks and measurements (``jax.json``), or the gradients
+    (``jax_grads.npz``)."""
     import jax
 
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
 
     import impl_jax
+    from conformance.runner import check, load_port
     from impl_jax import sharded
 
     assert len(jax.devices()) >= 8, "start with XLA_FLAGS=--xla_force_host_platform_device_count=8"
     arrays_out: dict[str, np.ndarray] = {}
     meta: dict[str, Any] = {"devices": len(jax.devices()), "runs": {}}
-    todo = [(run, wrt) for run, wrt in JAX_GRAD_RUNS] if gradients else [(r, ()) for r in JAX_RUNS]
+    port = load_port("impl_jax")
+    if gradients:
+        todo = [(runs_by_id()[run_id], wrt) for run_id, wrt in JAX_GRAD_RUNS]
+    else:
+        todo = [(run, ()) for run in jax_runs()]
     for run, wrt in todo:
         record: dict[str, Any] = {}
         start = time.process_time()
@@ -185,10 +178,9 @@ def jax_main(out: Path, *, gradients: bool) -> None:
             if gradients:
                 arrays_out |= _jax_gradients(run, wrt, sharded, impl_jax, jax, jnp)
             else:
-                result, record = _jax_forward(run, sharded, impl_jax, jax, jnp)
-                result = np.asarray(result)
-                record["dtype"] = result.dtype.name
-                arrays_out[run.id] = result.astype(np.float64)
+                record["outcome"] = asdict(check(port, run))
+                if run.function.startswith("ring"):
+                    record |= _jax_measure(run, sharded, jax)
         except Exception as exc:
             record["error"] = _error(exc)
             traceback.print_exc()
@@ -227,41 +219,34 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    import impl_torch
+    from conformance.runner import check, load_port
     from impl_torch import sharded
-    from impl_torch.modules import tensor_from_numpy, tensor_to_numpy
+    from impl_torch.modules import tensor_from_numpy
 
     torch.set_num_threads(1)
     dist.init_process_group(
         "gloo", init_method=f"file://{out / f'rendezvous_{world}'}", rank=rank,
         world_size=world, timeout=timedelta(seconds=120),
     )  # fmt: skip
-    arrays_out: dict[str, np.ndarray] = {}
+    port = load_port("impl_torch")
     meta: dict[str, Any] = {"runs": {}}
     for run in torch_runs(world):
         record: dict[str, Any] = {}
         try:
-            arrays, keywords = run_inputs(run)
-            given = {n: tensor_from_numpy(a) for n, a in arrays.items()
-                     if n in ("query", "key", "value", "mask", "bias", "x", "context")}  # fmt: skip
-            extra: dict[str, Any] = {}
-            if run.alias == MODULE_ALIAS:
-                spec = module_spec(run.case_id)
-                cls = getattr(impl_torch, spec.pop("class"))
-                given["module"] = cls.from_canonical(canonical_weights(arrays), **spec)
-            elif run.alias != "head_parallel":
-                extra["stats"] = stats = []
-            result = tensor_to_numpy(call(sharded, run, given, keywords, **extra))
-            record["dtype"] = result.dtype.name
-            if "stats" in extra:
+            record["outcome"] = asdict(check(port, run))
+            if run.function.startswith("ring") and run.case.op == "ring" and run.shards:
+                arrays, keywords = run_inputs(run)
+                given = {n: tensor_from_numpy(a) for n, a in arrays.items()
+                         if n in ("query", "key", "value", "mask", "bias")}  # fmt: skip
+                stats: list = []
+                call(sharded, run, given, keywords, stats=stats)
                 record["bytes_sent"] = [s.bytes_sent for s in stats]
                 record["blocks"] = [[list(b) for b in s.blocks] for s in stats]
-            arrays_out[run.id] = result.astype(np.float64)
         except Exception as exc:
             record["error"] = _error(exc)
             traceback.print_exc()
         meta["runs"][run.id] = record
-    _save(out, f"torch_w{world}_r{rank}", arrays_out, meta)
+    _save(out, f"torch_w{world}_r{rank}", {}, meta)
     dist.destroy_process_group()
 
 

@@ -1,19 +1,22 @@
 """Sharded attention (ring and head-parallel) in all three frameworks, held to the goldens.
 
-- NumPy, the specification, runs in this process: every ``ring.*`` case with each of its shard
-  counts and both layouts, and every v1 ``sdpa`` and ``module`` fixture with 1, 2 and 3 shards
-  wherever they fit (tests/sharded_runs.py).
-- JAX runs in one subprocess on 8 simulated CPU devices (XLA_FLAGS set before JAX starts), on
-  meshes of 2, 4 and 8 of them; torch in one subprocess that forks 2, then 4, gloo processes.
-  Both hand back their outputs (tests/sharded_worker.py), and the tests here compare them with
-  the same goldens and bounds as NumPy's. Each subprocess runs once per session, however many
-  pytest-xdist workers there are (a file lock in the session's shared temporary folder).
-- Goldens: a fixture's stored output and bound; a ring case's from the float64 oracle, computed
-  here once per session (``conformance.ring_cases.golden``).
+The fixtures are the conformance suite's (``conformance/cases/ring.py``, and the ``sdpa`` and
+``module`` fixtures wherever the shards fit), and every verdict is the conformance runner's own
+``check`` of a sharded run (``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``
+with n shards; tests/sharded_runs.py):
+
+- NumPy, the specification, runs every sharded run with the runner's default shard counts in
+  ``conformance/tests/test_conformance.py``, and here with 1, 3 and 8 shards;
+- JAX runs in one subprocess on 8 simulated CPU devices (XLA_FLAGS set before JAX starts), a
+  chosen list on meshes of 2, 3, 4 and 8 of them; torch in one subprocess that forks 2, then 4,
+  gloo processes, each running every sharded run of that many shards. Both hand back the
+  runner's outcomes (tests/sharded_worker.py). Each subprocess runs once per session, however
+  many pytest-xdist workers there are (a file lock in the session's shared temporary folder).
 
 Also: the errors (identical in all three), the ring's schedule (which blocks each device
 computes at each step, the drawing of docs/SHARDED.md), the bytes sent per step against the
-formula, JAX's per-device memory, gradients through the ring, and the broken ports.
+formula, JAX's per-device memory and gradients through the ring. The broken sharded ports are
+caught by the runner in conformance/tests/test_broken_ports.py.
 """
 
 from __future__ import annotations
@@ -41,23 +44,17 @@ from attention_spec.sharded import (
     shard_chunks,
 )
 from conformance.oracle import tolerance_bound
-from conformance.ring_cases import RING_CASES, ShardedRun
+from conformance.runner import SHARDED_ALIASES, Run, run_suite
 from tests.frameworks import FRAMEWORKS
-from tests.sharded_broken import BUGS, make_port
 from tests.sharded_runs import (
     JAX_DEVICES,
     JAX_GRAD_RUNS,
-    JAX_RUNS,
     MEMORY_PROBE,
-    MODULE_ALIAS,
     TORCH_WORLDS,
     call,
-    canonical_weights,
-    case_dtype,
-    compute_golden,
-    module_spec,
-    numpy_runs,
+    jax_runs,
     run_inputs,
+    runs_by_id,
     torch_runs,
 )
 
@@ -80,36 +77,6 @@ def _once(path: Path, produce) -> Path:
         if not path.exists():
             produce(path)
     return path
-
-
-class Goldens:
-    """Golden output and bound per case id, shared through files in the session folder."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder = folder / "sharded_goldens"
-        self.folder.mkdir(exist_ok=True)
-        self.cache: dict[str, tuple[np.ndarray, float]] = {}
-
-    def __call__(self, case_id: str) -> tuple[np.ndarray, float]:
-        if case_id not in self.cache:
-            if not case_id.startswith("ring."):  # a stored fixture: nothing to compute
-                self.cache[case_id] = compute_golden(case_id)
-            else:
-
-                def produce(path: Path) -> None:
-                    output, bound = compute_golden(case_id)
-                    np.savez(path.with_suffix(".tmp.npz"), output=output, bound=bound)
-                    path.with_suffix(".tmp.npz").rename(path)
-
-                path = _once(self.folder / f"{case_id}.npz", produce)
-                with np.load(path) as data:
-                    self.cache[case_id] = (data["output"], float(data["bound"]))
-        return self.cache[case_id]
-
-
-@pytest.fixture(scope="session")
-def goldens(shared_dir) -> Goldens:
-    return Goldens(shared_dir)
 
 
 #: The JAX subprocess: 8 host devices; XLA's cheapest code generation (the programs are tiny,
@@ -138,18 +105,19 @@ def _run_worker(which: str, out: Path, env: dict[str, str]) -> None:
 
 
 class WorkerResults:
-    """What a worker handed back: outputs (float64) by run id, and a JSON record per run."""
+    """What a worker handed back: a JSON record per run (the runner's outcome, measurements),
+    and arrays (gradients)."""
 
     def __init__(self, folder: Path, name: str) -> None:
         with np.load(folder / f"{name}.npz") as data:
             self.arrays = {k: data[k] for k in data.files}
         self.meta = json.loads((folder / f"{name}.json").read_text())
 
-    def output(self, run_id: str) -> tuple[np.ndarray, str]:
+    def outcome(self, run_id: str) -> dict:
         record = self.meta["runs"].get(run_id)
         assert record is not None, f"{run_id}: not run"
         assert "error" not in record, f"{run_id} raised {record['error']}"
-        return self.arrays[run_id], record["dtype"]
+        return record["outcome"]
 
 
 def _jax_worker(shared_dir: Path, which: str) -> WorkerResults:
@@ -189,20 +157,8 @@ def torch_results(shared_dir) -> dict[tuple[int, int], WorkerResults]:
     }
 
 
-def _check(got: np.ndarray, dtype: str, run: ShardedRun, golden: np.ndarray, bound: float):
-    """The runner's rule: the golden's shape, the input dtype, max error (NaN = inf) <= bound."""
-    assert dtype == case_dtype(run), f"{run.id}: dtype {dtype}, expected {case_dtype(run)}"
-    assert got.shape == golden.shape, f"{run.id}: shape {got.shape}, expected {golden.shape}"
-    if golden.size == 0:
-        return
-    with np.errstate(invalid="ignore"):
-        diff = np.where(np.isfinite(got), np.abs(got.astype(np.float64) - golden), math.inf)
-    err = float(diff.max())
-    where = np.unravel_index(int(np.argmax(diff)), diff.shape)
-    assert err <= bound, (
-        f"{run.id}: max error {err:.3g} at {where} > bound {bound:.3g} "
-        f"(expected {golden[where]:.6g}, got {got[where]:.6g})"
-    )
+def _assert_passed(outcome: dict) -> None:
+    assert outcome["status"] == "pass", f"{outcome['run_id']}: {outcome['message']}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -210,57 +166,60 @@ def _check(got: np.ndarray, dtype: str, run: ShardedRun, golden: np.ndarray, bou
 # ---------------------------------------------------------------------------------------------
 
 
-def _numpy_arrays(run: ShardedRun, arrays: dict[str, np.ndarray]) -> dict[str, object]:
-    if run.alias != MODULE_ALIAS:
-        return arrays
-    spec = module_spec(run.case_id)
-    cls = getattr(impl_numpy, spec.pop("class"))
-    return {**arrays, "module": cls.from_canonical(canonical_weights(arrays), **spec)}
+def test_numpy_with_1_3_and_8_shards() -> None:
+    """The runner's default shard counts (2 and 4) run in test_conformance; the others here,
+    in one suite (the whole of it takes NumPy about a second)."""
+    report = run_suite("impl_numpy", functions=SHARDED_ALIASES, shards=(1, 3, 8))
+    assert report.ok, "\n".join(o.line() for o in report.failures)
+    counts = {n: sum(f".n{n}." in o.run_id for o in report.outcomes) for n in (1, 3, 8)}
+    assert counts[1] > 100 and counts[3] >= 4 and counts[8] >= 10, counts
 
 
-def run_numpy(run: ShardedRun, port=impl_numpy.sharded, **extra) -> np.ndarray:
-    arrays, keywords = run_inputs(run)
-    return np.asarray(call(port, run, _numpy_arrays(run, arrays), keywords, **extra))
-
-
-@pytest.mark.parametrize("run", numpy_runs(), ids=lambda r: r.id)
-def test_numpy(run: ShardedRun, goldens: Goldens) -> None:
-    got = run_numpy(run)
-    _check(got, got.dtype.name, run, *goldens(run.case_id))
+JAX_RUNS = jax_runs()
 
 
 @pytest.mark.parametrize("run", JAX_RUNS, ids=lambda r: r.id)
-def test_jax(run: ShardedRun, goldens: Goldens, jax_results: WorkerResults) -> None:
-    _check(*jax_results.output(run.id), run, *goldens(run.case_id))
+def test_jax(run: Run, jax_results: WorkerResults) -> None:
+    _assert_passed(jax_results.outcome(run.id))
 
 
 TORCH_RUNS = [(world, run) for world in TORCH_WORLDS for run in torch_runs(world)]
 
 
-@pytest.mark.parametrize(("world", "run"), TORCH_RUNS, ids=lambda x: x if isinstance(x, int)
-                         else x.id)  # fmt: skip
-def test_torch(world: int, run: ShardedRun, goldens: Goldens, torch_results) -> None:
-    """Every rank returns the whole output; each is held to the golden."""
-    for rank in range(world):
-        _check(*torch_results[world, rank].output(run.id), run, *goldens(run.case_id))
+@pytest.mark.parametrize("world", TORCH_WORLDS)
+def test_torch(world: int, torch_results) -> None:
+    """Every sharded run of ``world`` shards, on every rank of a gloo group of ``world``
+    processes (each returns the whole output, each is checked)."""
+    failures = []
+    for run in torch_runs(world):
+        for rank in range(world):
+            outcome = torch_results[world, rank].outcome(run.id)
+            if outcome["status"] != "pass":
+                failures.append(f"rank {rank}: {outcome['run_id']}: {outcome['message']}")
+    assert not failures, "\n".join(failures[:20])
+    assert len(torch_runs(world)) >= 40
 
 
-def test_jax_covers_2_4_and_8_devices_both_layouts_and_head_parallel() -> None:
-    covered = {(run.alias, run.n_shards) for run in JAX_RUNS}
+def test_jax_covers_2_3_4_and_8_devices_both_layouts_head_parallel_and_the_module() -> None:
+    covered = {(run.function, run.shards) for run in JAX_RUNS}
     for n in (2, 4, 8):
-        assert {("ring", n), ("ring_zigzag", n)} <= covered
-    assert {("head_parallel", 2), ("head_parallel", 3), (MODULE_ALIAS, 2)} <= covered
+        assert {("ring", n), ("ring_zigzag", n)} & covered, n
+    assert {("ring", 2), ("ring_zigzag", 2), ("ring", 4), ("ring_zigzag", 4)} <= covered
+    assert {("head_parallel", 2), ("head_parallel", 3), ("head_parallel_gqa", 2)} <= covered
 
 
-def test_every_ring_case_runs_in_numpy_and_torch() -> None:
-    """Each ring case, in each of its dtypes, runs in NumPy with every shard count it lists and
-    in torch with 2 or 4 processes (JAX runs its own list)."""
-    torch_cases = {run.case_id for _, run in TORCH_RUNS}
-    numpy_runs_ = {(run.case_id, run.n_shards) for run in numpy_runs()}
-    for case in RING_CASES:
-        for dtype in case.dtypes:
-            assert case.id(dtype) in torch_cases
-            assert {(case.id(dtype), n) for n in case.shards} <= numpy_runs_
+def test_every_ring_fixture_runs_with_the_shard_counts_it_was_written_for() -> None:
+    """NumPy runs each ``ring.*`` fixture with every n it lists (2 and 4 in test_conformance,
+    the rest here), torch with 2 and 4 processes wherever it fits."""
+    torch_ids = {run.id for _, run in TORCH_RUNS}
+    fixtures = {run.case.id: run.case for run in runs_by_id().values() if run.case.op == "ring"}
+    assert len(fixtures) >= 15
+    for case in fixtures.values():
+        if case.kind == "error":
+            continue
+        for n in case.entry["shards"]:
+            assert f"ring.n{n}{case.id[4:]}" in runs_by_id(), (case.id, n)
+        assert any(f".n{w}{case.id[4:]}" in i for w in TORCH_WORLDS for i in torch_ids), case.id
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +228,11 @@ def test_every_ring_case_runs_in_numpy_and_torch() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(("run", "wrt"), JAX_GRAD_RUNS, ids=lambda x: getattr(x, "id", ""))
+@pytest.mark.parametrize(
+    ("run", "wrt"),
+    [(runs_by_id()[run_id], wrt) for run_id, wrt in JAX_GRAD_RUNS],
+    ids=lambda x: getattr(x, "id", ""),
+)
 def test_jax_gradients_through_the_ring(run, wrt, jax_grads: WorkerResults) -> None:
     """jax.grad through shard_map, ppermute and the causal cond equals jax.grad of
     impl_jax.scaled_dot_product_attention (float64, the float64 bound of the tolerance rule);
@@ -369,22 +332,29 @@ def test_docs_draw_the_schedule_the_code_runs(layout) -> None:
 # ---------------------------------------------------------------------------------------------
 
 
-def _formula_bytes(run: ShardedRun) -> list[int]:
+def _formula_bytes(run: Run) -> list[int]:
     arrays, _ = run_inputs(run)
     k, v = arrays["key"], arrays["value"]
-    return ring_bytes_per_step(k.shape, v.shape, run.n_shards, k.dtype.itemsize)
+    return ring_bytes_per_step(k.shape, v.shape, run.shards, k.dtype.itemsize)
 
 
-RING_CASE_RUNS = [r for r in numpy_runs() if r.alias.startswith("ring")
-                  and r.case_id.startswith("ring.")]  # fmt: skip
+def run_numpy(run: Run, **extra) -> np.ndarray:
+    arrays, keywords = run_inputs(run)
+    return call(impl_numpy.sharded, run, arrays, keywords, **extra)
 
 
-@pytest.mark.parametrize("run", RING_CASE_RUNS[::7], ids=lambda r: r.id)
-def test_numpy_bytes_sent_per_step_match_the_formula(run: ShardedRun) -> None:
+RING_FIXTURE_RUNS = [
+    r for r in runs_by_id().values() if r.function.startswith("ring") and r.case.op == "ring"
+    and r.shards
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("run", RING_FIXTURE_RUNS[::7], ids=lambda r: r.id)
+def test_numpy_bytes_sent_per_step_match_the_formula(run: Run) -> None:
     stats: list[RingStep] = []
     run_numpy(run, stats=stats)
     formula = _formula_bytes(run)
-    for r in range(run.n_shards):
+    for r in range(run.shards):
         assert [s.bytes_sent for s in stats if s.r == r] == formula
 
 
@@ -395,7 +365,7 @@ def test_torch_bytes_sent_and_blocks_match_the_formula_and_the_specification(
     blocks it computed are the NumPy simulation's for that device."""
     checked = 0
     for world, run in TORCH_RUNS:
-        if not run.alias.startswith("ring") or not run.case_id.startswith("ring."):
+        if not run.function.startswith("ring") or run.case.op != "ring" or not run.shards:
             continue
         stats: list[RingStep] = []
         run_numpy(run, stats=stats)
@@ -408,7 +378,7 @@ def test_torch_bytes_sent_and_blocks_match_the_formula_and_the_specification(
     assert checked >= 30
 
 
-@pytest.mark.parametrize("run", [r for r in JAX_RUNS if r.alias.startswith("ring")],
+@pytest.mark.parametrize("run", [r for r in JAX_RUNS if r.function.startswith("ring")],
                          ids=lambda r: r.id)  # fmt: skip
 def test_jax_collective_permutes_move_the_formula_bytes(run, jax_results) -> None:
     """The program's collective-permutes: one for the key shard, one for the value shard,
@@ -419,21 +389,21 @@ def test_jax_collective_permutes_move_the_formula_bytes(run, jax_results) -> Non
     record = jax_results.meta["runs"][run.id]
     arrays, _ = run_inputs(run)
     per_step = _formula_bytes(run)[0]
-    k_bytes = arrays["key"].nbytes // run.n_shards
+    k_bytes = arrays["key"].nbytes // run.shards
     formula = sorted([k_bytes, per_step - k_bytes])
     assert sorted(record["permute_bytes_lowered"]) == formula
-    widened = 2 if case_dtype(run) == "bfloat16" else 1
+    widened = 2 if run.case.dtype == "bfloat16" else 1
     assert sorted(record["permute_bytes_compiled"]) == [widened * b for b in formula]
 
 
-@pytest.mark.parametrize("run", [r for r in JAX_RUNS if r.alias == "ring"], ids=lambda r: r.id)
+@pytest.mark.parametrize("run", [r for r in JAX_RUNS if r.function == "ring"], ids=lambda r: r.id)
 def test_jax_device_holds_one_query_shard_and_one_key_value_shard(run, jax_results) -> None:
     """Per device (XLA's memory analysis of the compiled SPMD program): the arguments are
     exactly its query shard, its key/value shard and its rows of mask and bias; the scratch
     XLA allocates stays below one whole (..., H, L, S) score matrix."""
     record = jax_results.meta["runs"][run.id]["memory"]
     arrays, _ = run_inputs(run)
-    n = run.n_shards
+    n = run.shards
     shards = sum(a.nbytes // (n if a.ndim >= 2 and a.shape[-2] != 1 else 1)
                  for name, a in arrays.items()
                  if name in ("query", "key", "value", "mask", "bias"))  # fmt: skip
@@ -448,8 +418,9 @@ def test_jax_memory_per_device_is_the_formula(jax_results) -> None:
     """XLA's memory analysis of the compiled ring, per device (contiguous, causal, float32,
     L = S = 1024, 4 and 8 devices): the arguments are exactly one query shard and one key/value
     shard, the output one output shard, and the scratch is the formula's extra (the arriving
-    key/value shard, the accumulators, one block's scores and exponentials) plus at most 5%
-    (XLA's own small buffers; measured 1 to 2%)."""
+    key/value shard, the accumulators, one block's scores and exponentials) plus at most one
+    block's key and value rows, the garbage rule's zeroed copy (XLA fuses part of it away;
+    measured: 57% of it with 4 devices, 58% with 8)."""
     p = MEMORY_PROBE
     shapes = ((p["B"], p["H"], p["L"], p["D"]), (p["B"], p["K"], p["L"], p["D"]),
               (p["B"], p["K"], p["L"], p["E"]))  # fmt: skip
@@ -458,7 +429,8 @@ def test_jax_memory_per_device_is_the_formula(jax_results) -> None:
         formula = ring_memory_per_device(*shapes, n, "contiguous", 4, 4)
         assert measured["argument"] == formula["query_shard"] + formula["kv_shard"]
         assert measured["output"] == formula["output_shard"]
-        assert formula["extra"] <= measured["temp"] <= 1.05 * formula["extra"], (n, measured)
+        most = formula["extra"] + formula["kv_block_zeroed"]
+        assert formula["extra"] <= measured["temp"] <= most, (n, measured, formula)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -533,28 +505,3 @@ def test_module_head_parallel_validates_like_the_module() -> None:
     with pytest.raises(AttentionError) as info:
         impl_numpy.sharded.head_parallel_gqa(module, x[..., :11], n_shards=2)
     assert info.value.code == "model_width_mismatch"
-
-
-# ---------------------------------------------------------------------------------------------
-# 6. Broken ports: the sharded runs catch each mistake
-# ---------------------------------------------------------------------------------------------
-
-_RUNS_BY_ID = {r.id: r for r in numpy_runs()}
-
-
-@pytest.mark.parametrize("bug", list(BUGS))
-def test_broken_port_is_caught(bug: str, goldens: Goldens) -> None:
-    """The bug fails its run; the same code without the bug passes it."""
-    _, must_fail = BUGS[bug]
-    run = _RUNS_BY_ID[must_fail]
-    golden, bound = goldens(run.case_id)
-    _check(run_numpy(run, port=make_port(None)), case_dtype(run), run, golden, bound)
-    with pytest.raises(AssertionError, match=r"max error|shape"):
-        _check(run_numpy(run, port=make_port(bug)), case_dtype(run), run, golden, bound)
-
-
-def test_the_unbroken_port_passes_every_ring_case(goldens: Goldens) -> None:
-    port = make_port(None)
-    runs = [r for r in numpy_runs() if r.case_id.startswith("ring.") and r.alias != MODULE_ALIAS]
-    for run in runs[::3]:
-        _check(run_numpy(run, port=port), case_dtype(run), run, *goldens(run.case_id))

@@ -53,13 +53,16 @@ B, H, K, L, S, D, E = 2, 6, 2, 5, 7, 11, 13
 # wrong number, not a shape error), L != S for cross-attention.
 MB, ML, MS, MM, MD = 2, 5, 7, 24, 4
 
+#: The sharded aliases an attention case is run against (with n shards wherever n fits).
+SHARDED = ("ring", "ring_zigzag", "head_parallel")
 #: The port functions (runner aliases) a case of each op is run against, unless it says so.
 OP_FUNCTIONS: dict[str, tuple[str, ...]] = {
-    "sdpa": ("sdpa", "weights", "flash"),
+    "sdpa": ("sdpa", "weights", "flash", *SHARDED),
     "flash": ("flash",),
     "causal_mask": ("causal_mask",),
-    "module": ("module",),
+    "module": ("module", "head_parallel_gqa"),
     "decode": ("decode",),
+    "ring": SHARDED,
 }
 
 
@@ -124,6 +127,8 @@ def case(
 
     def register(fn: Callable[..., Any]) -> Callable[..., Any]:
         fns = OP_FUNCTIONS[op] if functions is None else tuple(functions)
+        if error is not None and functions is None:  # the sharded errors are ring.error.*
+            fns = tuple(f for f in fns if f not in (*SHARDED, "head_parallel_gqa"))
         REGISTRY.append(CaseDef(op, name, fn, tuple(dtypes), fns, error, seed_name))
         return fn
 

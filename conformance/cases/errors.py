@@ -55,7 +55,7 @@ def module_error_case(name: str, error_class: str, code: str):
 
     def register(fn: Callable[[], ModuleErrorCall]) -> Callable[[], ModuleErrorCall]:
         op = "decode" if fn().call == "decode" else "module"
-        return case(op, name, ("float32",), error=(error_class, code))(fn)
+        return case(op, name, ("float32",), functions=(op,), error=(error_class, code))(fn)
 
     return register
 

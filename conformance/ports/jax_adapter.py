@@ -9,6 +9,13 @@ it once. Here it is ``jax.jit`` with the scalar keywords static, so a fixture co
 compilation instead of one per primitive (eager JAX recompiles every operation for every new
 shape, which made the suite several times slower), and every port is checked the way JAX code
 runs in practice: traced and compiled.
+
+A sharded function (one that takes ``n_shards``) is jitted with ``n_shards`` and ``layout``
+static too, and gets its arrays uncommitted: :func:`from_numpy` commits each array to one
+device, and a program over a mesh of n devices refuses arguments committed elsewhere. The n
+devices themselves must exist when JAX starts: ``python -m conformance`` starts its worker with
+``XLA_FLAGS=--xla_force_host_platform_device_count=<n>``; with fewer, the sharded function
+raises ``shard_devices`` and the runner reports the run as skipped.
 """
 
 from __future__ import annotations
@@ -60,6 +67,9 @@ _STATIC_KEYWORDS = (
 #: Keywords of the module call and the decode step that are Python scalars or strings.
 _MODULE_STATIC_KEYWORDS = ("is_causal", "causal_alignment", "return_weights")
 
+#: Keywords of the sharded functions that decide the mesh and the program.
+_SHARD_KEYWORDS = ("n_shards", "layout")
+
 
 def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
     """``jax.jit(function)`` with the scalar arguments static (all of them for causal_mask).
@@ -76,4 +86,27 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
     if alias == "causal_mask":
         return jax.jit(function, static_argnums=(0, 1), static_argnames=("alignment",))
     params = inspect.signature(function).parameters
+    if "n_shards" in params:
+        return _on_mesh(function, params)
     return jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])
+
+
+def _on_mesh(function: Callable[..., Any], params) -> Callable[..., Any]:
+    """A sharded function, jitted (``nnx.jit`` when it takes a module), called with its arrays
+    uncommitted so that the program places them on its mesh."""
+    static = [n for n in (*_STATIC_KEYWORDS, *_SHARD_KEYWORDS) if n in params]
+    if "module" in params:
+        from flax import nnx
+
+        jitted = nnx.jit(function, static_argnames=static)
+    else:
+        jitted = jax.jit(function, static_argnames=static)
+
+    def uncommitted(x: Any) -> Any:
+        return np.asarray(x) if isinstance(x, jax.Array) else x
+
+    def on_mesh(*args: Any, **kwargs: Any) -> Any:
+        args = tuple(uncommitted(a) for a in args)
+        return jitted(*args, **{k: uncommitted(v) for k, v in kwargs.items()})
+
+    return on_mesh

@@ -11,20 +11,23 @@ once at the end. Everything around it is Python that runs before the launch:
 - validation through ``attention_spec.check_attention`` (the same call, errors and messages as
   impl_numpy, impl_torch and impl_jax), then this kernel's own limits: float32, float16 and
   bfloat16 only (a float64 input is ``DTypeError`` ``unsupported_dtype``);
-- the broadcasting of SEMANTICS.md without copies: mask and bias become ``expand``ed views
-  (stride 0 along every broadcast axis), and the leading batch dims, however many and however
-  broadcast, become one table of element offsets per batch element (``(B, 6)`` int64, one
-  column per tensor), so the kernel reads any layout through strides;
+- the broadcasting of SEMANTICS.md without copies: mask, bias and segment ids become
+  ``expand``ed views (stride 0 along every broadcast axis), and the leading batch dims, however
+  many and however broadcast, become one table of element offsets per batch element
+  (``(B, 8)`` int64, one column per tensor), so the kernel reads any layout through strides;
 - the choice of how to run, made when triton is first imported: on a machine where torch
   sees no CUDA this module sets ``TRITON_INTERPRET=1`` before importing it, and the kernel
   runs in Triton's interpreter (the same code, executed with NumPy) on CPU tensors; with CUDA
   it is compiled (CPU tensors then need ``TRITON_INTERPRET=1`` set by the caller).
 
-The steps and their numbers are the contract's (SEMANTICS.md): 1. scores, 2. softcap,
-3. bias, 4. mask, 5. causal, 6. softmax with fully masked rows giving zeros, 7. output in the
-input dtype. Scores, softmax and accumulator are float32; for float16/bfloat16 inputs the dots
-take the input dtype with a float32 accumulator (products of 16-bit numbers are exact in
-float32) and the weights are rounded to the input dtype before ``weights @ value``, as
+The steps and their numbers are the contract's (SEMANTICS.md, v2): 1. scores, 2. softcap, 3.
+additive terms (bias, ALiBi computed per block), 4. allowed (mask, causal, window, segment ids;
+key blocks outside the causal and window bands are never visited), 5. softmax with the sink in
+the denominator and fully masked rows giving zeros, 6. output in the input dtype (value rows no
+query of the block attends selected away, so NaN there never leaks), and the row log-sum-exp
+for ``return_lse``. Scores, softmax and accumulator are float32; for float16/bfloat16 inputs
+the dots take the input dtype with a float32 accumulator (products of 16-bit numbers are exact
+in float32) and the weights are rounded to the input dtype before ``weights @ value``, as
 FlashAttention does; float32 dots are IEEE (Triton's default would be TF32 on a GPU).
 
 Functions the conformance runner calls: :func:`scaled_dot_product_attention`,
@@ -40,6 +43,7 @@ D query/key head dim, E value head dim; ``bq`` and ``bk`` the rows and keys of o
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 
@@ -55,7 +59,14 @@ import triton
 import triton.language as tl
 from triton.runtime.interpreter import InterpretedFunction
 
-from attention_spec import AttentionDims, causal_offset, check_attention, check_block_sizes
+from attention_spec import (
+    NO_VALUE,
+    AttentionDims,
+    causal_offset,
+    check_attention,
+    check_block_sizes,
+    check_flag,
+)
 from attention_spec.errors import make_error
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
@@ -90,30 +101,37 @@ _MIN_TILE = 16
 
 @triton.jit
 def _flash_forward_kernel(
-    Q, K, V, Out, Mask, Bias, Offsets,  # pointers; Offsets: (B, 6) int64, see _batch_offsets
+    Q, K, V, Out, Lse, Mask, Bias, QSeg, KVSeg, Sinks, Slopes, Offsets,  # pointers, see below
     stride_qh, stride_ql, stride_qd,  # strides of query (..., H, L, D), in elements
     stride_kh, stride_ks, stride_kd,  # key (..., K, S, D)
     stride_vh, stride_vs, stride_ve,  # value (..., K, S, E)
     stride_oh, stride_ol, stride_oe,  # output (..., H, L, E)
     stride_mh, stride_ml, stride_ms,  # mask, expanded to (..., H, L, S): 0 where broadcast
     stride_bh, stride_bl, stride_bs,  # bias, likewise
+    stride_ql_seg, stride_ks_seg,  # segment ids, expanded to (..., L) and (..., S)
     H, G, L, S, D, E,  # sizes; query head h reads key/value head h // G
-    scale, softcap, offset,  # offset: the causal diagonal, key j allowed iff j <= i + offset
+    scale, softcap, offset,  # offset: the causal and window diagonal, key i + offset for row i
+    left, right,  # window=(left, right): key j allowed iff i+offset-left <= j <= i+offset+right
     block_q, block_k,  # rows and keys per block, as asked (<= TILE_Q, TILE_K)
     TILE_Q: tl.constexpr, TILE_K: tl.constexpr, TILE_D: tl.constexpr, TILE_E: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SEGMENTS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_ALIBI: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
     # One program: block_q query rows (i0 .. i0 + block_q - 1) of query head h of batch
     # element b. The tiles are powers of two; lanes past block_q/block_k or past L/S are off.
+    # Offsets: (B, 8) int64, the element offset of batch element b in query, key, value,
+    # output, mask, bias, q and kv segment ids (see _batch_offsets). Lse: (B * H, L) float32.
+    # Sinks and Slopes: (H,) float32.
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
     i0 = tl.program_id(1) * block_q
-    q_off = tl.load(Offsets + b * 6 + 0)
-    k_off = tl.load(Offsets + b * 6 + 1)
-    v_off = tl.load(Offsets + b * 6 + 2)
-    o_off = tl.load(Offsets + b * 6 + 3)
+    q_off = tl.load(Offsets + b * 8 + 0)
+    k_off = tl.load(Offsets + b * 8 + 1)
+    v_off = tl.load(Offsets + b * 8 + 2)
+    o_off = tl.load(Offsets + b * 8 + 3)
     kv = h // G  # contiguous groups: heads kv*G .. kv*G + G - 1 share key/value head kv
 
     lane_q = tl.arange(0, TILE_Q)
@@ -132,25 +150,41 @@ def _flash_forward_kernel(
     k_ptrs = K + k_off + kv * stride_kh + lane_k[:, None] * stride_ks + d[None, :] * stride_kd
     v_ptrs = V + v_off + kv * stride_vh + lane_k[:, None] * stride_vs + e[None, :] * stride_ve
     if HAS_BIAS:
-        b_off = tl.load(Offsets + b * 6 + 5)
+        b_off = tl.load(Offsets + b * 8 + 5)
         b_ptrs = Bias + b_off + h * stride_bh + rows[:, None] * stride_bl
         b_ptrs += lane_k[None, :] * stride_bs  # (bq, bk)
     if HAS_MASK:
-        m_off = tl.load(Offsets + b * 6 + 4)
+        m_off = tl.load(Offsets + b * 8 + 4)
         m_ptrs = Mask + m_off + h * stride_mh + rows[:, None] * stride_ml
         m_ptrs += lane_k[None, :] * stride_ms  # (bq, bk)
+    if HAS_SEGMENTS:
+        qs_off = tl.load(Offsets + b * 8 + 6)
+        ks_off = tl.load(Offsets + b * 8 + 7)
+        q_seg = tl.load(QSeg + qs_off + rows * stride_ql_seg, mask=row_ok, other=0)  # (bq,)
+        kv_seg_ptrs = KVSeg + ks_off + lane_k * stride_ks_seg  # (bk,)
+    if HAS_ALIBI:
+        slope = tl.load(Slopes + h)  # this query head's ALiBi slope, float32
 
     m = tl.full((TILE_Q,), float("-inf"), tl.float32)  # running row max of the scores
     l = tl.full((TILE_Q,), 0.0, tl.float32)  # running row sum of exp(s - m)
     acc = tl.full((TILE_Q, TILE_E), 0.0, tl.float32)  # running sum of exp(s - m) @ value
 
-    # 5. causal, whole blocks: no row of this block sees a key j > i_last + offset, so the
-    #    key blocks from there on are never visited (causal costs about half).
+    # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows are
+    #    masked for every row, so their blocks are never visited (causal costs about half, a
+    #    window of W keys costs W, not S). The first row's band starts first, the last row's
+    #    ends last; the loop starts on a block boundary, so the blocks are the caller's.
+    i_last = tl.minimum(i0 + block_q, L) - 1
+    j_start = 0
     j_end = S
     if IS_CAUSAL:
-        i_last = tl.minimum(i0 + block_q, L) - 1
-        j_end = tl.minimum(S, tl.maximum(0, i_last + offset + 1))
-    for j0 in range(0, j_end, block_k):  # one block of keys at a time
+        j_end = tl.minimum(j_end, tl.maximum(0, i_last + offset + 1))
+    if HAS_LEFT:
+        j_start = tl.maximum(0, i0 + offset - left)
+        j_start = tl.minimum(j_start, S)
+        j_start -= j_start % block_k
+    if HAS_RIGHT:
+        j_end = tl.minimum(j_end, tl.maximum(0, i_last + offset + right + 1))
+    for j0 in range(j_start, j_end, block_k):  # one block of keys at a time
         cols = j0 + lane_k  # (bk,) key positions j
         col_ok = (lane_k < block_k) & (cols < S)  # loads: this block's keys, none past S
         k = tl.load(k_ptrs + j0 * stride_ks, mask=col_ok[:, None] & d_ok, other=0.0)  # (bk, D)
@@ -158,30 +192,44 @@ def _flash_forward_kernel(
         # 1. scores = (query @ key^T) * scale, float32.
         s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
 
-        # 2. softcap: s = softcap * tanh(s / softcap), before any bias or mask. tanh from exp,
-        #    in float64 (Triton's interpreter has no tanh; float64 keeps float32 accuracy).
+        # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask. tanh
+        #    from exp, in float64 (Triton's interpreter has no tanh; float64 keeps float32
+        #    accuracy).
         if HAS_SOFTCAP:
             t = tl.exp((2.0 * s / softcap).to(tl.float64))
             s = (softcap * (1.0 - 2.0 / (t + 1.0))).to(tl.float32)
 
         in_block = row_ok[:, None] & col_ok[None, :]  # (bq, bk) lanes that may be loaded
-        # 3. bias: this block's slice of it is added, may hold -inf.
+        # 3. additive terms: this block's slice of the bias (may hold -inf), then ALiBi's
+        #    -slope[h] * |i + offset - j|, computed here for this block's rows and keys.
         if HAS_BIAS:
-            s += tl.load(b_ptrs + j0 * stride_bs, mask=in_block, other=0.0)
+            bias = tl.load(b_ptrs + j0 * stride_bs, mask=in_block, other=0.0)  # (bq, bk)
+            s += bias
+        if HAS_ALIBI:
+            distance = tl.abs(rows[:, None] + offset - cols[None, :]).to(tl.float32)
+            s += -slope * distance
 
-        # 4. mask: False -> -inf, together with 5. and with the lanes that are no position:
-        #    a key past S was loaded as zeros, which makes its score 0, not -inf, so the
-        #    ragged last block is masked here too.
+        # 4. allowed(i, j) = mask AND causal AND window AND same segment, and the lanes that
+        #    are no position: a key past S was loaded as zeros, which makes its score 0, not
+        #    -inf, so the ragged last block is masked here too. A -inf bias excludes its key
+        #    as a False mask does (a NaN key's score plus -inf would be NaN, not -inf).
         allowed = row_ok[:, None] & (lane_k < block_k)[None, :] & (cols[None, :] < S)
         if HAS_MASK:
             allowed &= tl.load(m_ptrs + j0 * stride_ms, mask=in_block, other=0) != 0
-
-        # 5. causal, inside the block: query i sees key j iff j <= i + offset.
+        if HAS_BIAS:
+            allowed &= bias != float("-inf")
         if IS_CAUSAL:
             allowed &= cols[None, :] <= rows[:, None] + offset
+        if HAS_LEFT:
+            allowed &= cols[None, :] >= rows[:, None] + offset - left
+        if HAS_RIGHT:
+            allowed &= cols[None, :] <= rows[:, None] + offset + right
+        if HAS_SEGMENTS:
+            kv_seg = tl.load(kv_seg_ptrs + j0 * stride_ks_seg, mask=col_ok, other=0)  # (bk,)
+            allowed &= q_seg[:, None] == kv_seg[None, :]
         s = tl.where(allowed, s, float("-inf"))  # (bq, bk)
 
-        # 6. online softmax: raise the running max, rescale what was summed under the old one
+        # 5. online softmax: raise the running max, rescale what was summed under the old one
         #    by exp(m_old - m_new), add this block's exp(s - m_new). Nothing allowed yet: the
         #    max is -inf, and the shift 0 keeps exp(-inf - shift) = 0 instead of NaN. The
         #    exponent is clamped at 0: compiled, s - shift may be fused with the scaling into
@@ -193,19 +241,36 @@ def _flash_forward_kernel(
         p = tl.exp(z)  # (bq, bk), unnormalized weights
         l = l * alpha + tl.sum(p, 1)
 
-        # 7. output, accumulated: acc = alpha * acc + p @ value, the weights first rounded to
-        #    the input dtype (FlashAttention's practice; exact for float32).
+        # 6. output, accumulated: acc = alpha * acc + p @ value, the weights first rounded to
+        #    the input dtype (FlashAttention's practice; exact for float32). A value row that
+        #    no row of this block attends is selected away, not multiplied by its zero weight:
+        #    NaN or inf there (padding, unused cache slots) never reaches the output.
         v = tl.load(v_ptrs + j0 * stride_vs, mask=col_ok[:, None] & e_ok, other=0.0)  # (bk, E)
-        p = p.to(v.dtype).to(DOT_DTYPE)
-        pv = tl.dot(p, v.to(DOT_DTYPE), input_precision=DOT_PRECISION)  # (bq, E), float32
+        attended = tl.max(allowed.to(tl.int32), 0) != 0  # (bk,) keys some row here attends
+        v = tl.where(attended[:, None], v.to(DOT_DTYPE), 0.0).to(DOT_DTYPE)
+        p = p.to(V.dtype.element_ty).to(DOT_DTYPE)
+        pv = tl.dot(p, v, input_precision=DOT_PRECISION)  # (bq, E), float32
         acc = acc * alpha[:, None] + pv
         m = m_new
 
-    # 6. (end) divide by the row sum once; a row with no allowed key has l = 0 and acc = 0:
-    #    0 / 1 = 0, never NaN and never uniform.
-    l = tl.where(l == 0.0, 1.0, l)
+    # 5. (end) the sink joins the denominator once, as one more logit with no value, untouched
+    #    by scale, softcap, bias, ALiBi and masks; then divide by the row sum once. A row with
+    #    no allowed key has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), never NaN, and its
+    #    log-sum-exp is -inf.
+    empty = l == 0.0  # (bq,) rows that saw no allowed key
+    if HAS_SINKS:
+        sink = tl.load(Sinks + h)  # float32
+        m_sink = tl.maximum(m, sink)
+        shift = tl.where(m_sink == float("-inf"), 0.0, m_sink)
+        alpha = tl.exp(m - shift)
+        l = l * alpha + tl.exp(tl.minimum(sink - shift, 0.0))
+        acc = acc * alpha[:, None]
+        m = m_sink
+    l = tl.where(empty, 1.0, l)
     out = acc / l[:, None]  # (bq, E)
-    # 7. (end) back to the input dtype.
+    lse = tl.where(empty, float("-inf"), m + tl.log(l))  # (bq,)
+    tl.store(Lse + bh * L + rows, lse, mask=row_ok)
+    # 6. (end) back to the input dtype.
     o_ptrs = Out + o_off + h * stride_oh + rows[:, None] * stride_ol + e[None, :] * stride_oe
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & e_ok)
 
@@ -219,21 +284,9 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")  # torch.bfloat16 -> "bfloat16"
 
 
-def _validate(query, key, value, mask, bias, causal_alignment, scale, softcap) -> AttentionDims:
+def _validate(query, key, value, **keywords) -> AttentionDims:
     """The contract's validation (attention_spec), then this kernel's own limit: no float64."""
-    dims = check_attention(
-        query.shape, _dtype_name(query),
-        key.shape, _dtype_name(key),
-        None if value is None else value.shape,
-        None if value is None else _dtype_name(value),
-        mask_shape=None if mask is None else mask.shape,
-        mask_dtype=None if mask is None else _dtype_name(mask),
-        bias_shape=None if bias is None else bias.shape,
-        bias_dtype=None if bias is None else _dtype_name(bias),
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-    )  # fmt: skip
+    dims = check_attention(query, key, value, **keywords)  # value: NO_VALUE for weights
     if query.dtype not in KERNEL_DTYPES:
         supported = ", ".join(KERNEL_DTYPES.values())
         raise make_error(
@@ -251,23 +304,27 @@ def _tile(n: int) -> int:
     return max(_MIN_TILE, triton.next_power_of_2(n))
 
 
-def _batch_offsets(tensors: list[torch.Tensor | None], batch: tuple[int, ...]) -> torch.Tensor:
+def _batch_offsets(
+    tensors: list[tuple[torch.Tensor | None, int]], batch: tuple[int, ...]
+) -> torch.Tensor:
     """``(B, len(tensors))`` int64: the element offset of each flattened batch element in each
-    tensor (0 for None). Each tensor is ``(*batch_t, X, Y, Z)`` with ``batch_t`` broadcastable to
-    ``batch``; an axis it lacks or has of size 1 contributes nothing (stride 0)."""
+    tensor (0 for None). Each entry is a tensor ``(*batch_t, <core>)`` and the number of its
+    core axes (3 for query ``(..., H, L, D)``, 1 for segment ids ``(..., L)``), with
+    ``batch_t`` broadcastable to ``batch``; an axis it lacks or has of size 1 contributes
+    nothing (stride 0)."""
     columns = []
-    for t in tensors:
+    for t, core in tensors:
         offset = torch.zeros(batch, dtype=torch.int64)
         if t is not None:
-            t_batch = t.shape[:-3]
+            t_batch = t.shape[:-core]
             for axis in range(1, len(t_batch) + 1):  # right-aligned, as broadcasting is
-                n, stride = t_batch[-axis], t.stride(-3 - axis)
+                n, stride = t_batch[-axis], t.stride(-core - axis)
                 if n > 1:
                     position = [1] * len(batch)
                     position[-axis] = n
                     offset = offset + torch.arange(n).view(position) * stride
         columns.append(offset.reshape(-1))
-    return torch.stack(columns, dim=1)  # (B, 6)
+    return torch.stack(columns, dim=1)  # (B, 8)
 
 
 def _forward(
@@ -275,25 +332,37 @@ def _forward(
     key: torch.Tensor,
     value: torch.Tensor,
     dims: AttentionDims,
+    causal_alignment: str,
     mask: torch.Tensor | None,
     bias: torch.Tensor | None,
-    is_causal: bool,
-    causal_alignment: str,
-    softcap: float | None,
+    q_segment_ids: torch.Tensor | None,
+    kv_segment_ids: torch.Tensor | None,
+    sinks: torch.Tensor | None,
+    alibi_slopes: torch.Tensor | None,
     block_q: int,
     block_k: int,
-) -> torch.Tensor:
-    """Launch the kernel on validated inputs; returns the output ``(..., H, L, E)``."""
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the kernel on validated inputs; returns the output ``(..., H, L, E)`` and the
+    row log-sum-exp ``(..., H, L)`` (float32)."""
     out = torch.empty(dims.output_shape, dtype=query.dtype, device=query.device)
+    lse = torch.full((*dims.batch, dims.H, dims.L), -math.inf, device=query.device)
     if out.numel() == 0:  # L = 0, E = 0 or an empty batch: nothing to launch
-        return out
+        return out, lse
     H, L, S = dims.H, dims.L, dims.S
-    # Mask and bias as (..., H, L, S) views: stride 0 along every broadcast axis, no copy.
-    # bias is taken to float32, the compute dtype, first (SEMANTICS.md v2).
+    # Mask and bias as (..., H, L, S) views, segment ids as (..., L) and (..., S): stride 0
+    # along every broadcast axis, no copy. bias, sinks and slopes are taken to float32, the
+    # compute dtype, first (SEMANTICS.md v2); segment ids to int64, which holds any of them.
     scores = dims.scores_shape
     mask_v = None if mask is None else mask.view(torch.uint8).expand(scores)
     bias_v = None if bias is None else bias.to(torch.float32).expand(scores)
-    operands = [query, key, value, out, mask_v, bias_v]
+    q_seg = kv_seg = None
+    if q_segment_ids is not None:
+        q_seg = q_segment_ids.to(torch.int64).expand(*dims.batch, L)
+        kv_seg = kv_segment_ids.to(torch.int64).expand(*dims.batch, S)
+    sinks_f = None if sinks is None else sinks.to(torch.float32).contiguous()  # (H,)
+    slopes_f = None if alibi_slopes is None else alibi_slopes.to(torch.float32).contiguous()
+    operands = [(query, 3), (key, 3), (value, 3), (out, 3), (mask_v, 3), (bias_v, 3),
+                (q_seg, 1), (kv_seg, 1)]  # fmt: skip
     offsets = _batch_offsets(operands, dims.batch).to(query.device)
 
     def strides(t: torch.Tensor | None) -> tuple[int, int, int]:
@@ -311,24 +380,34 @@ def _forward(
     # (triton-lang/triton#11584): it widens to float32 first, which is exact.
     bf16_interpreted = INTERPRETED and query.dtype == torch.bfloat16
     dot_dtype = torch.float32 if bf16_interpreted else query.dtype
+    left, right = dims.window if dims.window is not None else (None, None)
     _flash_forward_kernel[grid](
-        query, key, value, out,
+        query, key, value, out, lse,
         query if mask_v is None else mask_v,  # an unused pointer still needs a tensor
         query if bias_v is None else bias_v,
+        offsets if q_seg is None else q_seg,
+        offsets if kv_seg is None else kv_seg,
+        lse if sinks_f is None else sinks_f,
+        lse if slopes_f is None else slopes_f,
         offsets,
         *strides(query), *strides(key), *strides(value), *strides(out),
         *strides(mask_v), *strides(bias_v),
+        0 if q_seg is None else q_seg.stride(-1), 0 if kv_seg is None else kv_seg.stride(-1),
         H, dims.G, L, S, dims.D, dims.E,
-        dims.scale, 1.0 if softcap is None else float(softcap),
+        dims.scale, 1.0 if dims.softcap is None else dims.softcap,
         causal_offset(L, S, causal_alignment),
+        left or 0, right or 0,
         block_q, block_k,
         TILE_Q=_tile(block_q), TILE_K=_tile(block_k), TILE_D=_tile(dims.D), TILE_E=_tile(dims.E),
-        HAS_MASK=mask is not None, HAS_BIAS=bias is not None, HAS_SOFTCAP=softcap is not None,
-        IS_CAUSAL=bool(is_causal),
+        HAS_MASK=mask is not None, HAS_BIAS=bias is not None,
+        HAS_SOFTCAP=dims.softcap is not None, IS_CAUSAL=dims.is_causal,
+        HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        HAS_SEGMENTS=q_seg is not None, HAS_SINKS=sinks is not None,
+        HAS_ALIBI=alibi_slopes is not None,
         DOT_DTYPE=_DOT_DTYPES[dot_dtype],
         DOT_PRECISION="ieee" if dot_dtype == torch.float32 else "tf32",
     )  # fmt: skip
-    return out
+    return out, lse
 
 
 def flash_attention(
@@ -342,9 +421,15 @@ def flash_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
     block_q: int = BLOCK_Q,
     block_k: int = BLOCK_K,
-) -> torch.Tensor:
+    return_lse: bool = False,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """The contract's attention output ``(..., H, L, E)``, computed by the Triton kernel.
 
     Args:
@@ -357,20 +442,37 @@ def flash_attention(
         is_causal: apply the causal rule of ``causal_alignment`` ("top_left" | "bottom_right").
         scale: score scale, default ``1/sqrt(D)``.
         softcap: if given, scores become ``softcap * tanh(scores / softcap)`` before bias/mask.
+        window: ``(left, right)``, each an int >= 0 or None (unbounded): query i sees keys
+            ``i + offset - left .. i + offset + right``, on ``causal_alignment``'s diagonal.
+        q_segment_ids, kv_segment_ids: integers broadcastable to ``(..., L)`` and ``(..., S)``;
+            a query attends only keys of its own segment (packed documents).
+        sinks: ``(H,)`` floating: one extra logit per query head in the softmax's denominator,
+            with no value.
+        alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` added to the scores.
         block_q: query rows per program (any integer >= 1; it need not divide L).
         block_k: keys per step of a program's loop (any integer >= 1; it need not divide S).
+        return_lse: also return the row log-sum-exp of the final scores, the sink included,
+            ``(..., H, L)`` float32; ``-inf`` for a row with no allowed key.
 
-    Returns the output in the query's dtype; rows with no allowed key are zeros.
+    Returns the output in the query's dtype (rows with no allowed key are zeros), or
+    ``(output, lse)``.
 
     Raises the contract's errors (attention_spec) before any launch, ConfigError for a block
     size < 1, and DTypeError ``unsupported_dtype`` for float64.
     """
-    dims = _validate(query, key, value, mask, bias, causal_alignment, scale, softcap)
-    check_block_sizes(block_q, block_k)
-    return _forward(
-        query, key, value, dims, mask, bias, is_causal, causal_alignment, softcap,
-        block_q, block_k,
+    dims = _validate(
+        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+        alibi_slopes=alibi_slopes,
     )  # fmt: skip
+    check_block_sizes(block_q, block_k)
+    return_lse = check_flag("return_lse", return_lse)
+    out, lse = _forward(
+        query, key, value, dims, causal_alignment, mask, bias, q_segment_ids, kv_segment_ids,
+        sinks, alibi_slopes, block_q, block_k,
+    )  # fmt: skip
+    return (out, lse) if return_lse else out
 
 
 def scaled_dot_product_attention(
@@ -384,11 +486,18 @@ def scaled_dot_product_attention(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """:func:`flash_attention` with the default blocks (``BLOCK_Q`` x ``BLOCK_K``)."""
     return flash_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+        alibi_slopes=alibi_slopes,
     )  # fmt: skip
 
 
@@ -402,6 +511,11 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The weights ``(..., H, L, S)`` as the kernel computes them: the kernel run with the
     identity as value (E = S, one value column per key), so that output row i is weight row i.
@@ -409,11 +523,17 @@ def attention_weights(
     For checking the kernel weight by weight; it costs an ``(S, S)`` identity, shared by every
     head and batch element (stride 0).
     """
-    dims = _validate(query, key, None, mask, bias, causal_alignment, scale, softcap)
+    dims = _validate(
+        query, key, NO_VALUE, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+        alibi_slopes=alibi_slopes,
+    )  # fmt: skip
     K, S = dims.K, dims.S
     identity = torch.eye(S, dtype=query.dtype, device=query.device).expand(K, S, S)  # (K, S, E=S)
-    dims = AttentionDims(dims.batch, dims.H, K, dims.L, S, dims.D, S, dims.scale)
-    return _forward(
-        query, key, identity, dims, mask, bias, is_causal, causal_alignment, softcap,
-        BLOCK_Q, BLOCK_K,
+    dims = dataclasses.replace(dims, E=S)
+    out, _ = _forward(
+        query, key, identity, dims, causal_alignment, mask, bias, q_segment_ids,
+        kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K,
     )  # fmt: skip
+    return out

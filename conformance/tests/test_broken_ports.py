@@ -3,14 +3,16 @@
 The unbroken version of the same small port passes every run (with its tiled ``flash_attention``
 too), so each failure below is caused by its bug; each bug also fails the one run named for it in
 ``broken_ports.BUGS``: functional bugs, module and KV-cache bugs, and the classic online-softmax
-bugs of ``flash_broken.py``.
+bugs of ``flash_broken.py``. The sharded ports of ``sharded_broken.py`` (ring and head-parallel
+mistakes around the real block) are run through the runner's sharded aliases the same way.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from conformance.runner import Report, run_suite
+from conformance.runner import SHARDED_ALIASES, Report, run_suite
+from conformance.tests import sharded_broken
 from conformance.tests.broken_ports import BUGS, make_port
 
 _REPORTS: dict[str | None, Report] = {}
@@ -116,6 +118,45 @@ def test_a_failure_names_case_index_error_bound_device_and_dtype() -> None:
     ]
     assert line.startswith("FAIL sdpa.saturation.default_scale.bfloat16 [cpu bfloat16]: ")
     assert "output max error" in line and " at (" in line and "> bound" in line
+
+
+# ---------------------------------------------------------------------------------------------
+# Sharded ports: ring and head-parallel
+# ---------------------------------------------------------------------------------------------
+
+_SHARDED_REPORTS: dict[str | None, Report] = {}
+
+
+def _sharded_report(bug: str | None) -> Report:
+    if bug not in _SHARDED_REPORTS:
+        port = sharded_broken.make_port(bug)
+        _SHARDED_REPORTS[bug] = run_suite(port, functions=SHARDED_ALIASES)
+    return _SHARDED_REPORTS[bug]
+
+
+def test_the_unbroken_sharded_port_passes_every_sharded_run() -> None:
+    report = _sharded_report(None)
+    assert report.ok, "\n".join(o.line() for o in report.failures)
+    assert {o.run_id.split(".")[0] for o in report.outcomes} == set(SHARDED_ALIASES)
+    assert len(report.outcomes) > 200
+
+
+@pytest.mark.parametrize("bug", list(sharded_broken.BUGS))
+def test_broken_sharded_port_is_caught(bug: str) -> None:
+    what, must_fail = sharded_broken.BUGS[bug]
+    failed = {o.run_id for o in _sharded_report(bug).failures}
+    assert must_fail in failed, f"{bug} ({what}) passed {must_fail}"
+
+
+def test_every_broken_sharded_port_is_caught_and_counted(capsys: pytest.CaptureFixture) -> None:
+    bugs = sharded_broken.BUGS
+    caught = {bug: len(_sharded_report(bug).failures) for bug in bugs}
+    with capsys.disabled():
+        n_caught = sum(n > 0 for n in caught.values())
+        print(f"\nbroken sharded ports caught: {n_caught} of {len(bugs)}")
+        for bug, n in caught.items():
+            print(f"  {bug:<24} {n:>4} failing runs  ({bugs[bug][0]})")
+    assert len(bugs) >= 8 and all(n > 0 for n in caught.values())
 
 
 ROPE_BUGS = [b for b in BUGS if b.startswith("rope_")]

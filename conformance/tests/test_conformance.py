@@ -5,11 +5,19 @@ Test ids read ``<impl>-<run id>``, e.g. ``numpy-sdpa.gqa.h6_k2.float32`` or
 implementation as soon as it exports them. The same runs, with a table, are
 ``python -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax``.
 
-One subset is left to that command: JAX's token-by-token decode runs in float64, float16 and
-bfloat16. The JAX KV cache's position is static, so every decode step compiles once (about 0.3 s
-on a loaded 2-core machine; 60 compilations for those 12 runs); here JAX decodes token by token
-in float32, and in uneven chunks (which also decode single tokens at a cached position) in every
-dtype. NumPy and torch run everything.
+Two subsets are left to that command:
+
+- JAX's token-by-token decode runs in float64, float16 and bfloat16. The JAX KV cache's position
+  is static, so every decode step compiles once (about 0.3 s on a loaded 2-core machine; 60
+  compilations for those 12 runs); here JAX decodes token by token in float32, and in uneven
+  chunks (which also decode single tokens at a cached position) in every dtype.
+- The sharded runs of torch and JAX (``ring``, ``ring_zigzag``, ``head_parallel``,
+  ``head_parallel_gqa``). torch's need n processes per call and JAX's n devices, which JAX sees
+  only if told before it starts; tests/test_sharded.py runs the same checks of the runner in a
+  gloo group of 2 and of 4 processes (every torch run) and on 8 simulated JAX devices (a chosen
+  list: one compilation each).
+
+NumPy runs everything.
 """
 
 from __future__ import annotations
@@ -18,11 +26,20 @@ import fnmatch
 
 import pytest
 
-from conformance.runner import Port, Run, check, load_port, runs_for, select_functions
+from conformance.runner import (
+    SHARDED_ALIASES,
+    Port,
+    Run,
+    check,
+    load_port,
+    runs_for,
+    select_functions,
+)
 
 IMPLS = {"numpy": "impl_numpy", "torch": "impl_torch", "jax": "impl_jax"}
 #: (implementation, glob over run ids): runs left to ``make conformance`` (see the docstring).
 LEFT_TO_THE_CLI = [("jax", f"decode.*.tokens.{d}") for d in ("float64", "float16", "bfloat16")]
+LEFT_TO_THE_CLI += [(fw, f"{alias}.*") for fw in ("torch", "jax") for alias in SHARDED_ALIASES]
 _PORTS: dict[str, Port] = {}
 
 
@@ -48,4 +65,6 @@ def test_conformance(impl: str, run: Run) -> None:
     outcome = check(_PORTS[impl], run, "cpu")
     if outcome.status == "xfail":
         pytest.xfail(outcome.message)
+    if outcome.status == "skip":
+        pytest.skip(outcome.message)
     assert outcome.ok, outcome.line()

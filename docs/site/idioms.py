@@ -176,4 +176,132 @@ IDIOMS: dict[str, dict[str, str]] = {
             "Identical in the three: `self._project_output(out)`."
         ),
     },
+    "sharded": {
+        "R1. split": (
+            "NumPy builds every device's pieces as lists indexed by rank (`held`); a torch rank "
+            "cuts only its own (`torch.cat`); JAX puts rows and keys in shard order (zigzag: "
+            "`jnp.take`) and lets `jax.shard_map` cut them along L and S (`in_specs`), running "
+            "`_ring_device` on each device's pieces."
+        ),
+        "R2. the ring": (
+            "The accumulators start at output 0 and log-sum-exp -inf in all three; NumPy and "
+            "torch loop over the steps in Python (`for t in range(n)`), JAX marks the "
+            "accumulators as differing between devices (`jax.lax.pcast`, which lax.cond needs) "
+            "and runs steps 0 .. n-2 as one `jax.lax.scan`, then the last step, which sends "
+            "nothing (`send=False`)."
+        ),
+        "R3. step t": (
+            "The same arithmetic in all three, `src = (r - t) % n`: in NumPy `r` is the loop "
+            "over simulated devices, in torch this process's rank, in JAX a traced integer "
+            "(lax.axis_index)."
+        ),
+        "R4. rotate, started": (
+            "NumPy puts the held shard in its right neighbour's slot of `arriving`; torch posts "
+            "`dist.batch_isend_irecv` (two sends to the right, two receives from the left into "
+            "`torch.empty_like` buffers); JAX's `jax.lax.ppermute` is a collective-permute that "
+            "XLA may overlap with the blocks. None sends at the last step."
+        ),
+        "4. allowed, whole blocks": (
+            "The same decision in all three, on positions and segment ids, never on shard "
+            "numbers (`block_computed`: causal, window and segment rules on the block's "
+            "corners): NumPy and torch `continue` their Python loop; JAX's chunk numbers are "
+            "traced, so `jax.lax.cond` runs `_attend_block` or `_unseen`, whose zeros and -inf "
+            "a merge leaves unchanged."
+        ),
+        "4. allowed, this block": (
+            "The flash block's rule at this block's rows and keys, functional.py's `_allowed` "
+            "at the positions `q_pos` and `k_pos` (traced in JAX) with the block's slices of "
+            "the mask and segment ids; "
+            "functional.py's `_attended` and `_unattended_zeroed` zero the key and value rows "
+            "no row of the block attends. NumPy keeps key heads as `(..., K, 1, Sc, D)` for its "
+            "grouped matmul."
+        ),
+        "1. scores": (
+            "As in the functional path: NumPy multiplies the grouped query heads against the "
+            "broadcast key (`(..., K, G, Lc, Sc)`), torch repeats the key heads "
+            "(`repeat_interleave`), JAX contracts the groups in one `jnp.einsum`."
+        ),
+        "2. softcap": (
+            "In place in NumPy (`np.tanh(s, out=s)`), out of place in torch (`torch.tanh`) and JAX."
+        ),
+        "3. additive terms": (
+            "The block's columns of the device's bias rows and ALiBi at the block's positions "
+            "(`alibi`): added in place in NumPy (`s += bias`) and torch (`add_`); JAX writes "
+            "`s = s + bias`."
+        ),
+        "4. allowed": (
+            "NumPy writes -inf in place with `np.copyto`, torch with `masked_fill_`, JAX "
+            "selects with `jnp.where` (and broadcasts to the batch only then)."
+        ),
+        "5. softmax over this block's keys, stable, and its row log-sum-exp": (
+            "The functional softmax on one block, plus the row log-sum-exp `lse` the merge "
+            "needs: subtract the row max (0 for a row with no allowed key here), clamp the "
+            "exponent at 0 (`np.minimum`, `clamp_`, `jnp.where(s > 0.0, 0.0, s)`), divide by the "
+            "row sum (1 where it is 0); JAX holds the max constant for autodiff "
+            "(`jax.lax.stop_gradient`), torch works in place (`sub_`, `exp_`, `div_`)."
+        ),
+        "6. output": (
+            "Grouped weights against the unexpanded value block in NumPy (`w @ v`) and JAX "
+            "(`jnp.einsum`), against `repeat_interleave`d value heads in torch: normalized over "
+            "this block's keys only, in the compute dtype."
+        ),
+        "R5. merge": (
+            "`_merge` is the same stable log-sum-exp in the three: each side reweighted by "
+            "exp(its lse - the larger one), a side at -inf counting nothing; JAX holds the "
+            "larger one constant for autodiff, so gradients flow through both shares."
+        ),
+        "R4. (end) rotate, finished": (
+            "NumPy swaps in the shards that arrived (`held = arriving`); torch waits for each "
+            "request (`request.wait()`) before the received buffers become the held shard; JAX "
+            "returns them as the scan's next carry."
+        ),
+        "R6. sink": (
+            "The same merge in the three, once per query chunk after the ring: the sink is a "
+            "block whose value is zero and whose lse is `sinks[h]`; JAX does it on the device, "
+            "inside shard_map."
+        ),
+        "R7. gather": (
+            "NumPy writes each device's chunks into one array; torch ranks exchange their rows "
+            "with `dist.all_gather` (after the one rounding) and each puts them in place; in "
+            "JAX the result is already one array sharded along L (`out_specs`), and zigzag's "
+            "rows go back in order with `jnp.take`."
+        ),
+        "P1. split": (
+            "NumPy and torch slice the device's heads out of the whole arrays (torch with "
+            "flash's `_block`); JAX gives shard_map specs that cut the head axes "
+            "(`_spec(a, -3, HEADS)`): K/n key/value heads and H/n query heads per device."
+        ),
+        "P2. attend": (
+            "Identical in the three: the framework's own `scaled_dot_product_attention` on the "
+            "device's heads, with the call's resolved `dims.scale`."
+        ),
+        "P3. gather": (
+            "NumPy concatenates along H (`np.concatenate`), torch gathers every rank's heads "
+            "(`dist.all_gather`); in JAX the shard_map call is the gather: its `out_specs` put "
+            "the devices' heads side by side along H."
+        ),
+        "P1. split the projections": (
+            "Megatron's column-parallel split: NumPy and torch project with the device's "
+            "features only (torch: rows of nn.Linear's weight, `proj.weight[start:stop]`); "
+            "JAX shards the kernels with `P(None, HEADS)` (o_proj's rows with "
+            "`P(HEADS, None)`) and projects inside the per-device function."
+        ),
+        "P2. attend on the device's heads": (
+            "Identical in the three: the unsharded contract on the device's heads; NumPy and "
+            "torch cut the mask's and bias's heads (`_block`), JAX's come cut by shard_map."
+        ),
+        "P3. row-parallel output projection": (
+            "The device's features meet its rows of o_proj's kernel (NumPy, JAX) or its "
+            "columns of torch's `(M, H*E)` weight, in the compute dtype: "
+            "`F.linear(merged.to(ct), cols.to(ct))`."
+        ),
+        "P4. all-reduce": (
+            "NumPy sums the list of partials; torch's `dist.all_reduce` sums in place on every "
+            "rank; JAX's `jax.lax.psum` over the heads axis, inside shard_map."
+        ),
+        "P5. output bias": (
+            "Added once, after the sum, never per device (that would add it n times); JAX's "
+            "`out_specs=P()` says the shard_map result is the same on every device."
+        ),
+    },
 }

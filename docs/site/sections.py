@@ -93,7 +93,7 @@ SECTIONS: tuple[Section, ...] = (
         "Sharded attention",
         "sharded.py",
         functions=("ring_attention", "head_parallel_attention", "head_parallel_gqa"),
-        helpers=("_ring_device", "_attend_block"),
+        helpers=("_ring_device", "_ring_step", "_attend_block"),
         optional=True,
     ),
 )

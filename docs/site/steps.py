@@ -32,7 +32,9 @@ from docs.site.sections import FRAMEWORK_NAMES, FRAMEWORKS, SECTIONS, Section
 ROOT = Path(__file__).resolve().parents[2]
 
 #: ``# 5. causal, whole blocks: ...`` or ``# 6. (end) divide ...``; the text after the number.
-STEP_COMMENT = re.compile(r"#\s*(?P<number>\d+)\.\s+(?:\((?P<tag>[^)]*)\)\s*)?(?P<text>.*)")
+#: A capital letter before the number (``# R3. step t: ...``, ``# P1. split: ...``) numbers the
+#: steps of an algorithm around the contract's own (the ring's, head-parallel's).
+STEP_COMMENT = re.compile(r"#\s*(?P<number>[A-Z]?\d+)\.\s+(?:\((?P<tag>[^)]*)\)\s*)?(?P<text>.*)")
 
 
 class DriftError(Exception):

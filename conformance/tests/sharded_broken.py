@@ -1,0 +1,267 @@
+"""Deliberately broken sharded attention: the mistakes of ring and head-parallel code, one each.
+
+:func:`make_port` returns a port with ``ring_attention``, ``head_parallel_attention`` and
+``head_parallel_gqa`` (the signatures of ``impl_numpy/sharded.py``): a compressed copy of the
+NumPy simulation with one bug switched on. With no bug it passes every sharded run of the
+conformance runner (a test asserts that), so a run it fails is failed because of the bug. The
+block computation is the real one (``impl_numpy.sharded._attend_block``): the bugs are in what
+is sharded around it, but for one, which switches off the block's zeroing of key and value rows
+no row of the block attends.
+
+conformance/tests/test_broken_ports.py proves that the runner's sharded runs catch every one of
+them (:data:`BUGS` names one run each must fail).
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+from types import SimpleNamespace
+from unittest import mock
+
+import numpy as np
+
+import impl_numpy
+from attention_spec import causal_offset, check_attention
+from attention_spec.rules import alibi, block_rules
+from attention_spec.sharded import block_computed, check_ring, check_shard_config
+from impl_numpy import sharded
+from impl_numpy.flash import _block
+from impl_numpy.functional import _cast, _compute_dtype, scaled_dot_product_attention
+
+__all__ = ["BUGS", "make_port"]
+
+#: bug -> (what it does, a run id that must fail because of it)
+BUGS: dict[str, tuple[str, str]] = {
+    "merge_without_lse": (
+        "partial outputs added as they are, not reweighted by exp(lse_part - lse)",
+        "ring.n2.causal.top_left.l64_s64.float64",
+    ),
+    "skips_own_shard": (
+        "the ring rotates before its first block and runs n - 1 steps: no device ever "
+        "attends its own key/value shard",
+        "ring.n4.full.gqa.h6_k3.l96_s96.float64",
+    ),
+    "zigzag_chunks_swapped": (
+        "a zigzag key/value shard is packed (chunk 2n-1-r, chunk r) but read as (r, 2n-1-r): "
+        "its two chunks take each other's positions",
+        "ring_zigzag.n2.causal.top_left.l64_s64.float64",
+    ),
+    "causal_skip_by_shard": (
+        "causal skips every step whose key shard comes after the query shard (src > r), "
+        "right only for contiguous shards of L = S",
+        "ring.n2.causal.bottom_right.l64_s96.float64",
+    ),
+    "head_parallel_tiling": (
+        "device r takes the query heads h with h % K among its key/value heads (tiling), "
+        "not the contiguous block r*H/n ..",
+        "head_parallel.n2.gqa.h6_k2.float32",
+    ),
+    "merge_unstable": (
+        "merge by exp(lse) itself, without subtracting the larger lse: exp(200) overflows",
+        "ring.n2.large_logits.shifted.l64_s64.float32",
+    ),
+    "merge_unguarded": (
+        "merge with no guard for rows that have seen nothing: exp(-inf - -inf) is NaN",
+        "ring.n4.causal.bottom_right.l96_s64.float64",
+    ),
+    "garbage_not_zeroed": (
+        "a block multiplies the zero weights of keys no row of it attends by their values: "
+        "NaN held there (padding) leaks, 0 * NaN = NaN",
+        "ring.n2.garbage.padding.l32_s64.float32",
+    ),
+    "window_skip_first_row": (
+        "a block is skipped when the window band of the query chunk's first row misses it: "
+        "the chunk's later rows lose keys of the next key chunk",
+        "ring.n4.window.both.bottom_right.l32_s48.float64",
+    ),
+    "segments_of_query_chunk": (
+        "a block reads the key segment ids at its query chunk's places, not its key chunk's",
+        "ring.n4.segments.packed.causal.l32_s32.float64",
+    ),
+    "sink_every_block": (
+        "the sink joins every block's softmax, so it is counted once per computed block",
+        "ring.n2.sinks.padding.l32_s32.float64",
+    ),
+    "sink_dropped": (
+        "the ring forgets the sink (a row's weights sum to 1)",
+        "ring.n2.sinks.padding.l32_s32.float64",
+    ),
+    "alibi_shard_positions": (
+        "ALiBi's distance |i + offset - j| counted from the block's first row and key, not in "
+        "the whole sequence",
+        "ring.n2.alibi.causal.bottom_right.l32_s48.float64",
+    ),
+    "head_parallel_sinks_whole": (
+        "every device takes the first H/n sinks (and slopes), not those of its query heads",
+        "head_parallel.n2.sinks.basic.float32",
+    ),
+}
+
+
+def _merge(out, lse, out_blk, lse_blk, bug):
+    """``impl_numpy.sharded._merge``, or its broken variant."""
+    if bug == "merge_without_lse":
+        return out + out_blk, np.logaddexp(lse, lse_blk)
+    if bug == "merge_unstable":
+        with np.errstate(over="ignore", invalid="ignore", divide="ignore"):
+            a, b = np.exp(lse), np.exp(lse_blk)  # exp(200) is inf in float32
+            total = a + b
+            return (a / total)[..., None] * out + (b / total)[..., None] * out_blk, np.log(total)
+    if bug == "merge_unguarded":
+        with np.errstate(invalid="ignore"):
+            new = np.logaddexp(lse, lse_blk)
+            share, share_blk = np.exp(lse - new)[..., None], np.exp(lse_blk - new)[..., None]
+            return share * out + share_blk * out_blk, new
+    return sharded._merge(out, lse, out_blk, lse_blk)
+
+
+def _computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids, kv_ids, bug):
+    """``attention_spec.sharded.block_computed``, or the window band of the first row only."""
+    if bug == "window_skip_first_row" and dims.window is not None:
+        i0, j0 = q_chunk * Lc, k_chunk * Sc
+        some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + 1, j0, j0 + Sc,
+                              q_ids, kv_ids)  # fmt: skip
+        return bool(some)
+    return block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids, kv_ids)
+
+
+def _local_alibi(slopes, i, j, offset):
+    """The bug ``alibi_shard_positions``: distances from the block's first row and key."""
+    return alibi(slopes, i - i.min(), j - j.min(), offset)
+
+
+def _ring(
+    query, key, value, *, n_shards, layout="contiguous", mask=None, bias=None, is_causal=False,
+    causal_alignment="top_left", scale=None, softcap=None, window=None, q_segment_ids=None,
+    kv_segment_ids=None, sinks=None, alibi_slopes=None, bug=None,
+):  # fmt: skip
+    """``impl_numpy.sharded.ring_attention``, compressed, with the one ``bug`` switched in."""
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    q_ids, kv_ids = q_segment_ids, kv_segment_ids
+    check_shard_config(n_shards, layout)
+    dims = check_attention(
+        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    ring = check_ring(dims, n_shards, layout)
+    ct = _compute_dtype(query.dtype)
+    n, chunks, Lc, Sc = ring.n, ring.chunks, ring.Lc, ring.Sc
+    H, K, G, L, D, E = dims.H, dims.K, dims.G, dims.L, dims.D, dims.E
+    if L == 0 or dims.S == 0:
+        return np.zeros((*dims.batch, H, L, E), query.dtype)
+    offset = causal_offset(L, dims.S, causal_alignment)
+    q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)
+    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(alibi_slopes, ct)
+    if bug == "sink_dropped":
+        sinks = None
+    packed = [c[::-1] if bug == "zigzag_chunks_swapped" else c for c in chunks]
+    held = [
+        (np.concatenate([key[..., b * Sc : (b + 1) * Sc, :] for b in packed[r]], axis=-2),
+         np.concatenate([value[..., b * Sc : (b + 1) * Sc, :] for b in packed[r]], axis=-2))
+        for r in range(n)
+    ]  # fmt: skip
+    outs = [[np.zeros((*dims.batch, H, Lc, E), ct) for _ in chunks[r]] for r in range(n)]
+    lses = [[np.full((*dims.batch, H, Lc), -np.inf, ct) for _ in chunks[r]] for r in range(n)]
+    steps = range(1, n) if bug == "skips_own_shard" else range(n)
+    keep_garbage = mock.patch.object(sharded, "_unattended_zeroed", lambda x, attended: x)
+    patches = {
+        "garbage_not_zeroed": keep_garbage,
+        "alibi_shard_positions": mock.patch.object(sharded, "alibi", _local_alibi),
+    }
+    patch = patches.get(bug, nullcontext())
+    for t in steps:
+        if bug == "skips_own_shard":  # rotated before computing
+            held = [held[(r - 1) % n] for r in range(n)]
+        for r in range(n):
+            src = (r - t) % n
+            if dims.is_causal and bug == "causal_skip_by_shard" and src > r:
+                continue
+            k_shard, v_shard = held[r]
+            for a, q_chunk in enumerate(chunks[r]):
+                q_pos = q_chunk * Lc + np.arange(Lc)
+                rows = (q_chunk * Lc, (q_chunk + 1) * Lc)
+                q_ids_rows = _block(q_ids, -1, *rows)
+                for b, k_chunk in enumerate(chunks[src]):
+                    cols = (k_chunk * Sc, (k_chunk + 1) * Sc)
+                    kv_ids_blk = _block(kv_ids, -1, *cols)
+                    if bug == "segments_of_query_chunk":
+                        kv_ids_blk = _block(kv_ids, -1, *rows)
+                    if not _computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows,
+                                     kv_ids_blk, bug):  # fmt: skip
+                        continue
+                    with patch:
+                        out_blk, lse_blk = sharded._attend_block(
+                            q[..., rows[0] : rows[1], :],
+                            k_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :],
+                            v_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :],
+                            q_pos, k_chunk * Sc + np.arange(Sc),
+                            _block(_block(mask, -2, *rows), -1, *cols),
+                            _block(_block(bias, -2, *rows), -1, *cols), q_ids_rows, kv_ids_blk,
+                            dims=dims, offset=offset, slopes=slopes,
+                        )  # fmt: skip
+                    if bug == "sink_every_block" and sinks is not None:
+                        sink = np.broadcast_to(sinks[:, None], lse_blk.shape)
+                        out_blk, lse_blk = sharded._merge(out_blk, lse_blk, 0.0, sink)
+                    outs[r][a], lses[r][a] = _merge(outs[r][a], lses[r][a], out_blk, lse_blk, bug)
+        if bug != "skips_own_shard" and t < n - 1:
+            held = [held[(r - 1) % n] for r in range(n)]
+    out = np.empty((*dims.batch, H, L, E), ct)
+    for r in range(n):
+        for a, q_chunk in enumerate(chunks[r]):
+            if sinks is not None and bug != "sink_every_block":
+                sink = np.broadcast_to(sinks[:, None], lses[r][a].shape)
+                outs[r][a], _ = sharded._merge(outs[r][a], lses[r][a], 0.0, sink)
+            out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = outs[r][a]
+    return out.astype(query.dtype)
+
+
+def _head_parallel(
+    query, key, value, *, n_shards, mask=None, bias=None, sinks=None, alibi_slopes=None, bug=None,
+    **kw,
+):  # fmt: skip
+    """``impl_numpy.sharded.head_parallel_attention``, or with tiled head groups, or with every
+    device's sinks and slopes the first H/n."""
+    per_head = {"sinks": sinks, "alibi_slopes": alibi_slopes}
+    if bug not in ("head_parallel_tiling", "head_parallel_sinks_whole"):
+        return sharded.head_parallel_attention(
+            query, key, value, n_shards=n_shards, mask=mask, bias=bias, **per_head, **kw
+        )
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    H, K = query.shape[-3], key.shape[-3]
+    Hn, Kn = H // n_shards, K // n_shards
+    outs = []
+    for r in range(n_shards):
+        kv = list(range(r * Kn, (r + 1) * Kn))
+        heads = list(range(r * Hn, (r + 1) * Hn))
+        if bug == "head_parallel_tiling":
+            heads = [h for h in range(H) if h % K in kv]  # tiling: h reads kv head h % K
+        picked = [_block(x, -3, 0, H)[..., heads, :, :] if x is not None and x.ndim >= 3
+                  and x.shape[-3] == H else x for x in (mask, bias)]  # fmt: skip
+        first = heads if bug == "head_parallel_tiling" else list(range(Hn))
+        vectors = {k: None if x is None else np.asarray(x)[first] for k, x in per_head.items()}
+        outs.append(scaled_dot_product_attention(
+            query[..., heads, :, :], key[..., kv, :, :], value[..., kv, :, :],
+            mask=picked[0], bias=picked[1], **vectors, **kw,
+        ))  # fmt: skip
+    return np.concatenate(outs, axis=-3)
+
+
+def make_port(bug: str | None) -> SimpleNamespace:
+    """The sharded functions with ``bug`` (a key of :data:`BUGS`, or None for none), as a port
+    the conformance runner takes (``functions=SHARDED_ALIASES``)."""
+
+    def ring_attention(query, key, value, *, n_shards, **kw):
+        return _ring(query, key, value, n_shards=n_shards, bug=bug, **kw)
+
+    def head_parallel_attention(query, key, value, *, n_shards, **kw):
+        return _head_parallel(query, key, value, n_shards=n_shards, bug=bug, **kw)
+
+    return SimpleNamespace(
+        __name__=f"sharded_broken.{bug}",
+        GroupedQueryAttention=impl_numpy.GroupedQueryAttention,  # for head_parallel_gqa
+        MultiHeadAttention=impl_numpy.MultiHeadAttention,
+        ring_attention=ring_attention,
+        head_parallel_attention=head_parallel_attention,
+        head_parallel_gqa=sharded.head_parallel_gqa,
+    )
