@@ -20,6 +20,7 @@ from attention_spec.errors import (
     DTypeError,
     MaskError,
 )
+from attention_spec.grads import AttentionGrads, check_grad_output
 from attention_spec.rotary import (
     RopeConfig,
     RotaryDims,
@@ -71,6 +72,7 @@ __all__ = [
     "ArraySpec",
     "AttentionDims",
     "AttentionError",
+    "AttentionGrads",
     "ConfigError",
     "DTypeError",
     "DimensionMismatchError",
@@ -89,6 +91,7 @@ __all__ = [
     "check_flag",
     "check_float64",
     "check_given",
+    "check_grad_output",
     "check_rope_config",
     "check_rotary",
     "check_size",

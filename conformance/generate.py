@@ -32,6 +32,7 @@ import argparse
 import fnmatch
 import importlib.metadata
 import json
+import math
 import re
 import sys
 import tempfile
@@ -56,7 +57,9 @@ from conformance.fixtures import (
 from conformance.oracle import (
     NOISE_FLOOR,
     Golden,
+    GoldenGrads,
     attention,
+    attention_vjp,
     causal_mask,
     module_forward,
     rotary,
@@ -93,7 +96,15 @@ KNOWN_DEVIATIONS: list[tuple[str, str, str]] = [
     *(
         (kernel, pattern, "NaN or inf at keys no query attends leaks")
         for kernel in ("torch", "jax")
-        for pattern in ("flash.tiling.garbage*", "ring.garbage.*")
+        for pattern in ("flash.tiling.garbage*", "ring.garbage.*", "grad.garbage.*")
+    ),
+    # The kernels' own backward (their ports' scaled_dot_product_attention_vjp): JAX's float32
+    # softmax, and its rows with no allowed key (uniform weights or NaN), which dK, dV and dbias
+    # sum over, so no row can be left out of the comparison as in the forward's.
+    ("jax", "grad.*.float64", "jax.nn's softmax is float32, and so is its backward"),
+    *(
+        ("jax", pattern, "rows with no allowed key are uniform or NaN, and dK, dV sum over them")
+        for pattern in ("grad.fully_masked.*", "grad.mask_broadcast.l1.*", "grad.segments.no_key.*")
     ),
 ]  # fmt: skip
 
@@ -234,6 +245,8 @@ class Fixture:
     entry: dict
     data: bytes | None = None
     check: tuple | None = None  # (inputs, semantic keywords, golden, bounds)
+    #: a gradient case's cross-check: ``verify(kernels) -> (what each said, disagreements)``
+    verify: Callable[[dict[str, Any]], tuple[dict[str, str], list[str]]] | None = None
 
 
 def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
@@ -461,6 +474,179 @@ def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
                            f"error.{case.name}", **fields))]  # fmt: skip
 
 
+# ---------------------------------------------------------------------------------------------
+# Gradient fixtures: the oracle's own backward, cross-checked against the frameworks' autograd
+# and against central finite differences of the oracle's forward
+# ---------------------------------------------------------------------------------------------
+
+#: (golden name in the fixture, field of AttentionGrads / GoldenGrads, the input it belongs to)
+GRAD_NAMES: tuple[tuple[str, str], ...] = (
+    ("dq", "query"),
+    ("dk", "key"),
+    ("dv", "value"),
+    ("dbias", "bias"),
+    ("dsinks", "sinks"),
+)
+#: Finite differences check this many entries of each differentiated input, of a case whose
+#: scores have at most :data:`FD_MAX_SCORES` entries (the oracle's forward is a Python loop).
+FD_SAMPLES, FD_MAX_SCORES = 4, 2000
+
+
+def _rounded_inputs(c: C.base.Call, dtype: str) -> dict[str, np.ndarray]:
+    """A call's arrays as stored: rounded to ``dtype`` (bias to its own dtype, segment ids as
+    int32, masks as bool)."""
+    dt = NP_DTYPES[dtype]
+    inputs = {
+        "query": np.asarray(c.query, np.float64).astype(dt),
+        "key": np.asarray(c.key, np.float64).astype(dt),
+        "value": np.asarray(c.value, np.float64).astype(dt),
+    }
+    if c.mask is not None:
+        inputs["mask"] = np.asarray(c.mask, dtype=bool)
+    if c.bias is not None:
+        inputs["bias"] = np.asarray(c.bias, np.float64).astype(NP_DTYPES[c.bias_dtype or dtype])
+    for name, array in c.arrays.items():
+        ids = name.endswith("segment_ids")
+        inputs[name] = np.asarray(array).astype(np.int32 if ids else dt)
+    return inputs
+
+
+def _as64(inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    return {k: (v if v.dtype.kind in "biu" else v.astype(np.float64)) for k, v in inputs.items()}
+
+
+def _grad_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """One gradient fixture: the call's inputs, ``grad_output`` (standard normal, drawn after
+    the inputs from the case's generator, rounded to the dtype) and the golden gradients of
+    the oracle's backward, with a bound per gradient from the plain same-dtype backward."""
+    rng = np.random.default_rng(case.seed)
+    c = case.build(rng, dtype)
+    inputs = _rounded_inputs(c, dtype)
+    as64 = _as64(inputs)
+    semantics = {k: v for k, v in c.keywords.items() if k not in BLOCK_KEYWORDS}
+    out = attention(**as64, **semantics).output  # (..., H, L, E): the cotangent's shape
+    inputs["grad_output"] = rng.standard_normal(out.shape).astype(NP_DTYPES[dtype])
+    as64["grad_output"] = inputs["grad_output"].astype(np.float64)
+    golden = attention_vjp(**as64, **semantics)
+    plain = golden if dtype == "float64" else attention_vjp(**as64, **semantics, round_to=dtype)
+    tensors, bounds = dict(inputs), {}
+    for name, field in GRAD_NAMES:
+        want = getattr(golden, field)
+        if want is not None:
+            tensors[name] = want
+            bounds[name] = tolerance_bound(want, getattr(plain, field), dtype)
+    case_id = f"{case.op}.{case.name}.{dtype}"
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds)
+
+    def verify(kernels: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+        return _grad_cross_check(kernels, case_id, case.seed, as64, semantics, golden, bounds)
+
+    return [Fixture(_entry(case_id, case, dtype, **fields), data, verify=verify)]
+
+
+def _grad_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
+    """A gradient error case: the forward call's inputs and ``grad_output``, as shapes."""
+    c, grad_output = case.build()
+    inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias,
+              **c.arrays, "grad_output": grad_output}  # fmt: skip
+    inputs = {name: _spec(spec) for name, spec in inputs.items() if spec is not None}
+    entry = _entry(f"grad.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
+                   keywords=encode_keywords(c.keywords), inputs=inputs,
+                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+    return [Fixture(entry)]
+
+
+def _grad_errors(got: dict[str, np.ndarray], golden: GoldenGrads) -> dict[str, float]:
+    """Max |got - golden| per gradient (NaN counts as NaN)."""
+    worst = {}
+    for name, field in GRAD_NAMES:
+        want = getattr(golden, field)
+        if want is None or want.size == 0:
+            continue
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(np.asarray(got[name], np.float64) - want)
+        worst[name] = float(np.max(diff)) if not np.isnan(diff).any() else float("nan")
+    return worst
+
+
+def _finite_differences(case_seed: int, as64: dict[str, np.ndarray], semantics: dict,
+                        golden: GoldenGrads) -> list[str]:  # fmt: skip
+    """Central differences of ``sum(attention(...).output * grad_output)`` (the oracle's
+    forward, float64) at :data:`FD_SAMPLES` finite entries of each differentiated input,
+    against the oracle's backward: they must agree to 1e-6 of the gradient's scale."""
+    rng = np.random.default_rng(case_seed)
+    forward = {k: v for k, v in as64.items() if k != "grad_output"}
+    do = as64["grad_output"]
+
+    def loss(**changed: np.ndarray) -> float:
+        out = attention(**{**forward, **changed}, **semantics).output
+        return math.fsum((out * do).ravel().tolist())
+
+    problems = []
+    for name, field in GRAD_NAMES:
+        want = getattr(golden, field)
+        if want is None or want.size == 0:
+            continue
+        x = forward[field]
+        finite = np.flatnonzero(np.isfinite(x))
+        scale = max(1.0, float(np.max(np.abs(want))))
+        for flat in rng.choice(finite, size=min(FD_SAMPLES, finite.size), replace=False):
+            index = np.unravel_index(flat, x.shape)
+            eps = 1e-6 * max(1.0, abs(float(x[index])))
+            up, down = x.copy(), x.copy()
+            up[index] += eps
+            down[index] -= eps
+            fd = (loss(**{field: up}) - loss(**{field: down})) / (2 * eps)
+            if not abs(fd - want[index]) <= 1e-6 * scale:
+                problems.append(
+                    f"finite differences {name}{tuple(int(i) for i in index)}: {fd!r} against "
+                    f"the oracle's {float(want[index])!r}"
+                )
+    return problems
+
+
+def _grad_cross_check(kernels: dict[str, Any], case_id: str, seed: int,
+                      as64: dict[str, np.ndarray], semantics: dict, golden: GoldenGrads,
+                      bounds: dict[str, float]) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+    """What each kernel's autograd says about one gradient case, computed in float64 from the
+    case's (rounded) inputs, within the case's bounds; and, on small cases, central finite
+    differences of the oracle's own forward (recorded as ``finite_differences``)."""
+    said, disagreements = {}, []
+    n_scores = golden.query.size // max(1, golden.query.shape[-1]) * as64["key"].shape[-2]
+    if n_scores <= FD_MAX_SCORES:
+        bad = _finite_differences(seed, as64, semantics, golden)
+        said["finite_differences"] = "agree" if not bad else "disagree"
+        disagreements += bad
+    else:
+        said["finite_differences"] = f"not run: more than {FD_MAX_SCORES} scores"
+    for name, port in kernels.items():
+        vjp = getattr(port.module, "scaled_dot_product_attention_vjp", None)
+        if vjp is None:
+            said[name] = "n/a: the port has no scaled_dot_product_attention_vjp"
+            continue
+        convert = {k: port.from_numpy(v, "cpu") for k, v in as64.items()}
+        extra = {k: convert[k] for k in ARRAY_KEYWORDS if k in convert}
+        try:
+            grads = vjp(convert["query"], convert["key"], convert["value"],
+                        convert["grad_output"], **extra, **semantics)  # fmt: skip
+            got = {n: port.to_numpy(grads[i]) for i, (n, f) in enumerate(GRAD_NAMES)
+                   if getattr(golden, f) is not None}  # fmt: skip
+        except Exception as exc:  # the framework cannot express this case
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            said[name] = f"n/a: {type(exc).__name__}: {first[:120]}"
+            continue
+        worst = _grad_errors(got, golden)
+        beyond = [w for w in worst if not worst[w] <= bounds[w]]
+        known = _known_deviation(name, case_id)
+        if beyond and known:
+            said[name] = f"known deviation: {known}"
+            continue
+        disagreements += [f"{name} {w}: max error {worst[w]:.3g} > bound {bounds[w]:.3g}"
+                          for w in beyond]  # fmt: skip
+        said[name] = "agree"
+    return said, disagreements
+
+
 #: (op, kind) -> the builder of its fixtures, in the order the manifest lists them.
 BUILDERS: dict[tuple[str, str], Callable[[C.CaseDef, str], list[Fixture]]] = {
     ("sdpa", "values"): _attention_fixtures,
@@ -473,6 +659,9 @@ BUILDERS: dict[tuple[str, str], Callable[[C.CaseDef, str], list[Fixture]]] = {
     ("causal_mask", "error"): _causal_mask_error_fixtures,
     ("module", "error"): _module_error_fixtures,
     ("decode", "error"): _module_error_fixtures,
+    ("grad", "values"): _grad_fixtures,
+    ("flash_grad", "values"): _grad_fixtures,
+    ("grad", "error"): _grad_error_fixtures,
     ("ring", "error"): _error_fixtures,
     ("rope", "values"): _rope_fixtures,
     ("rope", "error"): _rope_error_fixtures,
@@ -487,6 +676,9 @@ _GROUPS: list[tuple[tuple[str, str], ...]] = [
     (("sdpa", "error"),),
     (("causal_mask", "error"),),
     (("module", "error"), ("decode", "error")),
+    (("grad", "values"),),
+    (("flash_grad", "values"),),
+    (("grad", "error"),),
     (("ring", "values"),),
     (("ring", "error"),),
     (("rope", "values"),),
@@ -513,7 +705,7 @@ def generate(
     """
     out = Path(out)
     kernels, versions = _load_kernels() if cross_check else ({}, {"numpy": np.__version__})
-    entries, files, said, refused, checks = [], {}, {}, [], []
+    entries, files, said, refused, checks, verifications = [], {}, {}, [], [], []
     for group in _GROUPS:
         for case in C.REGISTRY:
             if (case.op, case.kind) not in group or (select is not None and not select(case)):
@@ -526,10 +718,18 @@ def generate(
                     if fixture.check is not None:
                         said[fixture.entry["id"]] = {name: "not checked" for name in KERNELS}
                         checks.append((fixture.entry["id"], *fixture.check))
+                    if fixture.verify is not None:
+                        said[fixture.entry["id"]] = {name: "not checked" for name in KERNELS}
+                        verifications.append((fixture.entry["id"], fixture.verify))
     # Two threads: JAX spends the time compiling one kernel per case, outside the GIL.
     with ThreadPoolExecutor(max_workers=2) as pool:
         verdicts = pool.map(lambda args: _cross_check(kernels, *args), checks if kernels else [])
         for (case_id, *_), (verdict, bad) in zip(checks, verdicts):
+            said[case_id] = verdict
+            refused += [f"{case_id}: {b}" for b in bad]
+        # gradient cases: the frameworks' autograd and finite differences (no kernel needed)
+        runs = verifications if cross_check else []
+        for (case_id, _), (verdict, bad) in zip(runs, pool.map(lambda v: v[1](kernels), runs)):
             said[case_id] = verdict
             refused += [f"{case_id}: {b}" for b in bad]
 

@@ -38,8 +38,10 @@ import numpy as np
 __all__ = [
     "NOISE_FLOOR",
     "Golden",
+    "GoldenGrads",
     "ModuleGolden",
     "attention",
+    "attention_vjp",
     "causal_mask",
     "linear",
     "module_forward",
@@ -435,6 +437,154 @@ def alibi_slopes(n_heads: int) -> np.ndarray:
     slopes = power_of_two(closest)
     slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
     return np.array(slopes, dtype=np.float64)
+
+
+# ---------------------------------------------------------------------------------------------
+# The backward pass: the gradients of <attention(...).output, grad_output>, element by element
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GoldenGrads:
+    """What :func:`attention_vjp` returns, each of its input's shape, float64: ``query
+    (..., H, L, D)``, ``key (..., K, S, D)``, ``value (..., K, S, E)``, ``bias`` (the bias's
+    own shape, or None without one) and ``sinks`` ``(H,)`` (None without sinks)."""
+
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    bias: np.ndarray | None = None
+    sinks: np.ndarray | None = None
+
+
+def _source(index: tuple[int, ...], shape: tuple[int, ...]) -> tuple[int, ...]:
+    """The element of an input of ``shape`` that reached ``index`` of a broadcast result: the
+    last ``len(shape)`` axes of ``index``, with 0 along the axes where ``shape`` has 1."""
+    tail = index[len(index) - len(shape) :]
+    return tuple(0 if n == 1 else i for i, n in zip(tail, shape))
+
+
+def attention_vjp(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    grad_output: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    round_to: str | None = None,
+) -> GoldenGrads:
+    """The gradients of ``sum(attention(...).output * grad_output)``, by the book, in float64.
+
+    Derived here, not taken from any implementation: for one query row i of head h (key/value
+    head ``h // G``), with the weights ``w_ij`` and output ``O_i`` of :func:`attention`,
+
+    - output ``O_i = sum_j w_ij v_j``:  ``dv_j += w_ij dO_i`` and ``dw_ij = dO_i . v_j``;
+    - softmax over the allowed keys and the sink (a logit with a zero value):
+      ``ds_ij = w_ij (dw_ij - dO_i . O_i)``, ``dsink_h += -w_sink,i (dO_i . O_i)`` with
+      ``w_sink,i = exp(sink_h - lse_i)``; a key that is not allowed has ``w_ij = 0``, so no
+      term; a row with no allowed key adds nothing at all;
+    - bias (added after softcap): ``dbias_ij = ds_ij``; ALiBi is not differentiated;
+    - softcap ``c tanh(s / c)``: ``ds_ij *= 1 - tanh^2(s_ij / c)``, s the scaled scores;
+    - scores ``s_ij = scale q_i . k_j``: ``dq_i += scale ds_ij k_j``, ``dk_j += scale ds_ij q_i``.
+
+    Every term is collected, per element of each input (a broadcast input's element collects
+    the terms of every position it reached; a key/value head those of its G query heads), and
+    summed once with ``math.fsum``. ``round_to`` (the plain same-dtype backward of the tolerance
+    rule) rounds the forward (as :func:`attention` does) and every step here to that dtype.
+    """
+    rnd = rounding(round_to)
+    keywords = dict(
+        mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+        softcap=softcap, window=window, q_segment_ids=q_segment_ids,
+        kv_segment_ids=kv_segment_ids, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    golden = attention(query, key, value, **keywords, round_to=round_to)
+    q = np.asarray(query, dtype=np.float64)
+    k = np.asarray(key, dtype=np.float64)
+    v = np.asarray(value, dtype=np.float64)
+    do = np.asarray(grad_output, dtype=np.float64)
+    H, L, D = q.shape[-3:]
+    K, S, E = k.shape[-3], k.shape[-2], v.shape[-1]
+    G = H // K
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    out_batch = do.shape[:-3]  # the batch of query, key and value together
+    weights = np.broadcast_to(golden.weights, (*out_batch, H, L, S))
+    allowed = np.broadcast_to(golden.allowed, (*out_batch, H, L, S))
+    lse = np.broadcast_to(golden.lse, (*out_batch, H, L))
+    sink = None if sinks is None else [float(x) for x in sinks]  # (H,)
+
+    terms: dict[str, dict[tuple[int, ...], list[float]]] = {
+        name: {} for name in ("query", "key", "value", "bias", "sinks")
+    }
+
+    def add(name: str, index: tuple[int, ...], term: float) -> None:
+        terms[name].setdefault(index, []).append(term)
+
+    for b in np.ndindex(*out_batch):
+        for h in range(H):
+            kv = h // G
+            keys = k[_source((*b, kv), k.shape[:-2])].tolist()  # S rows of D numbers
+            values = v[_source((*b, kv), v.shape[:-2])].tolist()  # S rows of E numbers
+            for i in range(L):
+                ok = [j for j in range(S) if allowed[(*b, h, i, j)]]
+                if not ok:  # no allowed key: zero output, zero gradient
+                    continue
+                w = weights[(*b, h, i)].tolist()  # S numbers
+                q_row = q[_source((*b, h, i), q.shape[:-1])].tolist()  # D numbers
+                do_row = do[(*b, h, i)].tolist()  # E numbers
+                o_row = golden.output[(*b, h, i)].tolist()  # E numbers
+                q_at = _source((*b, h, i), q.shape[:-1])
+                # 6. output: dv_j += w_ij dO_i; dw_ij = dO_i . v_j
+                dw = {}
+                for j in ok:
+                    v_at = _source((*b, kv, j), v.shape[:-1])
+                    for e in range(E):
+                        add("value", (*v_at, e), rnd(w[j] * do_row[e]))
+                    dw[j] = rnd(math.fsum(a * c for a, c in zip(do_row, values[j])))
+                # 5. softmax: ds_ij = w_ij (dw_ij - dO_i . O_i); the sink's share of the row
+                row_dot = rnd(math.fsum(a * c for a, c in zip(do_row, o_row)))
+                ds = {j: rnd(w[j] * rnd(dw[j] - row_dot)) for j in ok}
+                if sink is not None:
+                    w_sink = rnd(math.exp(rnd(sink[h] - float(lse[(*b, h, i)]))))
+                    add("sinks", (h,), -rnd(w_sink * row_dot))
+                for j in ok:
+                    # 3. bias: dbias_ij = ds_ij, into the bias element that reached (i, j)
+                    if bias is not None:
+                        add("bias", _source((*b, h, i, j), np.shape(bias)), ds[j])
+                    # 2. softcap: ds_ij *= 1 - tanh^2(s_ij / c), s the scaled scores
+                    if softcap is not None:
+                        s = rnd(rnd(math.fsum(a * c for a, c in zip(q_row, keys[j]))) * scale)
+                        t = rnd(math.tanh(rnd(s / softcap)))
+                        ds[j] = rnd(ds[j] * rnd(1.0 - rnd(t * t)))
+                    # 1. scores: dq_i += scale ds_ij k_j; dk_j += scale ds_ij q_i
+                    k_at = _source((*b, kv, j), k.shape[:-1])
+                    for d in range(D):
+                        add("query", (*q_at, d), rnd(rnd(ds[j] * keys[j][d]) * scale))
+                        add("key", (*k_at, d), rnd(rnd(ds[j] * q_row[d]) * scale))
+
+    def total(name: str, shape: tuple[int, ...]) -> np.ndarray:
+        grad = np.zeros(shape, dtype=np.float64)
+        for index, collected in terms[name].items():
+            grad[index] = rnd(math.fsum(collected))
+        return grad
+
+    return GoldenGrads(
+        query=total("query", q.shape),
+        key=total("key", k.shape),
+        value=total("value", v.shape),
+        bias=None if bias is None else total("bias", np.shape(bias)),
+        sinks=None if sinks is None else total("sinks", (H,)),
+    )
 
 
 def _round_up_2_digits(x: float) -> float:

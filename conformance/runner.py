@@ -18,6 +18,10 @@ module      ``GroupedQueryAttention``,       the golden output (and weights) of 
             ``MultiHeadAttention``           loaded with ``from_canonical``
 decode      ``GroupedQueryAttention``,       the golden rows of one full causal forward,
             ``MultiHeadAttention``           step by step through ``init_cache``/``decode``
+grad        ``scaled_dot_product_attention_  the golden dq, dk, dv (dbias, dsinks) of
+            vjp``                            ``fn(q, k, v, grad_output, **kw)`` (optional)
+flash_grad  ``flash_attention_vjp``          the same, with ``block_q=2, block_k=3`` unless
+                                             the case gives its own (optional)
 ring        ``ring_attention``               the golden output (optional; sharded: called
                                              with ``n_shards=n, layout="contiguous"``)
 ring_zigzag ``ring_attention``               the same, ``layout="zigzag"``
@@ -804,6 +808,53 @@ def _rolling(plan: dict[str, Any]) -> dict[str, Any]:
     return {"rolling": True} if plan.get("rolling") else {}
 
 
+#: The gradients of a ``*_vjp`` call, in the order of ``AttentionGrads``: (golden name, the
+#: input whose gradient it is, and whose dtype it must have).
+GRADS: tuple[tuple[str, str], ...] = (
+    ("dq", "query"),
+    ("dk", "key"),
+    ("dv", "value"),
+    ("dbias", "bias"),
+    ("dsinks", "sinks"),
+)
+
+
+def _grad_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    """grad, flash_grad: ``fn(query, key, value, grad_output, **keywords)`` returns
+    ``AttentionGrads(query, key, value, bias, sinks)`` (a named tuple, or any sequence in that
+    order); each gradient the case has a golden for is compared, in its input's dtype."""
+    t = case.tensors()
+    kwargs = dict(spec.defaults) | dict(case.keywords)
+    for name in ARRAY_KEYWORDS:
+        if name in t:
+            kwargs[name] = port.array_in(t[name], device)
+    args = [port.array_in(t[name], device) for name in ("query", "key", "value", "grad_output")]
+    _require_keywords(fn, kwargs)
+    try:
+        grads = fn(*args, **kwargs)
+    except Exception as exc:
+        raise _raised(exc) from exc
+    for index, (name, given) in enumerate(GRADS):
+        if name not in t:
+            continue
+        got = grads[index] if index < len(grads) else None
+        if got is None:
+            raise _Failed(f"returned None for the gradient of {given} ({name}), which was given")
+        yield Comparison(name, port.array_out(got), t[name], dtype=t[given].dtype.name)
+
+
+def _grad_error(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Any:
+    kwargs = dict(spec.defaults) | dict(case.keywords)
+    inputs = case.entry["inputs"]
+    for name in ARRAY_KEYWORDS:
+        if name in inputs:
+            kwargs[name] = _zeros(port, inputs[name], device)
+    names = ("query", "key", "value", "grad_output")
+    args = [_zeros(port, inputs[name], device) for name in names]
+    _require_keywords(fn, kwargs)
+    return fn(*args, **kwargs)
+
+
 def _module_sharded_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
     """A module fixture through ``head_parallel_gqa(module, x, context, n_shards=n, ...)``:
     the module loaded as for ``module``, its output against the golden (no weights)."""
@@ -916,6 +967,10 @@ FUNCTIONS: dict[str, Function] = {
         _module_error,
         call=module_decode,
         methods=("init_cache", "decode"),
+    ),
+    "grad": Function("scaled_dot_product_attention_vjp", False, _grad_values, _grad_error),
+    "flash_grad": Function(
+        "flash_attention_vjp", False, _grad_values, _grad_error, defaults=FLASH_BLOCKS
     ),
     "ring": Function(
         "ring_attention",
@@ -1421,7 +1476,9 @@ def quick_check(
 
 def _result_size(case: Case, op: str) -> int:
     shapes = case.entry["shapes"]
-    name = {"weights": "weights", "causal_mask": "mask"}.get(op, "output")
+    name = {"weights": "weights", "causal_mask": "mask", "grad": "dq", "flash_grad": "dq"}.get(
+        op, "output"
+    )
     return math.prod(shapes[name])
 
 

@@ -1,13 +1,14 @@
 """JAX reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
-from impl_jax.flash import flash_attention
+from impl_jax.flash import flash_attention, flash_attention_vjp
 from impl_jax.functional import (
     STATIC_ARGNAMES,
     alibi_slopes,
     attention_weights,
     causal_mask,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_vjp,
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
@@ -24,6 +25,8 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "flash_attention",
+    "flash_attention_vjp",
     "padding_mask",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
 ]

@@ -28,9 +28,14 @@ side by side and gives the measured memory and time. What JAX asks for:
 
       flash = jax.jit(flash_attention, static_argnames=STATIC_ARGNAMES)
 
-  Under ``jax.grad`` the scans keep each step's intermediates for the backward pass, so the
-  memory saving is the forward's; a backward that recomputes blocks from the returned ``lse``
-  (``jax.custom_vjp``) is what FlashAttention adds on top, and is not here.
+- Training goes through a ``jax.custom_vjp``: the forward keeps only its inputs, its output and
+  the row log-sum-exp ``lse`` as residuals, and the backward is FlashAttention-2's (Algorithm 2,
+  in the forward's loop order) written with the same two scans: it visits the blocks the
+  forward visits (the same ``cond``), rebuilds each block's weights as ``P = exp(S - lse)`` and
+  accumulates ``dQ``, ``dK`` and ``dV``. Nothing of a block outlives its step, so a training
+  step needs O(L + S) memory beyond inputs, output and gradients (plus one block). In the
+  shifted last blocks, the rows a block repeats get a zero cotangent and the keys it repeats
+  are masked, so nothing is counted twice.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
@@ -41,6 +46,9 @@ and keys.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+
 import jax
 import jax.numpy as jnp
 
@@ -48,10 +56,12 @@ from attention_spec import (
     BLOCK_K,
     BLOCK_Q,
     AttentionDims,
+    AttentionGrads,
     causal_offset,
     check_attention,
     check_block_sizes,
     check_flag,
+    check_grad_output,
 )
 from attention_spec.rules import alibi, block_rules
 from impl_jax.functional import (
@@ -68,7 +78,7 @@ from impl_jax.functional import (
 )
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention", "flash_attention_vjp"]
 
 #: The keywords to mark static under ``jax.jit``: those of ``scaled_dot_product_attention`` and
 #: the block sizes and ``return_lse``, which decide the shapes and loops XLA compiles.
@@ -84,14 +94,13 @@ def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.A
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
 
 
-def _attend_block(
-    carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j, j0, *,
-    dims: AttentionDims, offset: int,
-):  # fmt: skip
-    """Steps 1-6 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
-    ``(1, bk)``, of which those below ``j0`` are not this block's: ``(m, l, acc)`` in and out."""
-    m, l, acc = carry  # (..., H, bq, 1), (..., H, bq, 1), (..., H, bq, E)
-    H, K, G = dims.H, dims.K, dims.G
+def _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j, j0, *,
+                  dims: AttentionDims, offset: int):  # fmt: skip
+    """Steps 1-4 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
+    ``(1, bk)``, of which those below ``j0`` are not this block's. Returns ``s (..., H, bq, bk)``
+    (-inf where not allowed), the attended mask of the block's key/value rows
+    ``(..., K, bk)`` (or None), and ``tanh(s1 / softcap)`` of the step-1 scores (or None)."""
+    H, K = dims.H, dims.K
     bq, bk = q_blk.shape[-2], k_blk.shape[-2]
 
     # 4. allowed, this block: mask AND causal AND window AND segment (all True inside every
@@ -101,15 +110,16 @@ def _attend_block(
     allowed = j >= j0 if allowed is None else allowed & (j >= j0)  # (..., bq, bk)
     attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
     k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
-    v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
 
     # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
     s = jnp.einsum("...kgld,...ksd->...kgls", q_blk, k_blk, precision=_PRECISION)
     s = s.reshape(*s.shape[:-4], H, bq, bk) * dims.scale  # (..., H, bq, bk); h reads kv h // G
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+    tanh = None
     if dims.softcap is not None:
-        s = dims.softcap * jnp.tanh(s / dims.softcap)
+        tanh = jnp.tanh(s / dims.softcap)
+        s = dims.softcap * tanh
 
     # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
     #    -slope[h] * |i + offset - j| at this block's rows and keys.
@@ -121,6 +131,21 @@ def _attend_block(
     # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
     s = jnp.where(allowed, s, -jnp.inf)
     s = jnp.broadcast_to(s, (*dims.batch, H, bq, bk))  # a value with more batch than query, key
+    return s, attended, tanh
+
+
+def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
+                  j0, *, dims: AttentionDims, offset: int):  # fmt: skip
+    """Steps 1-6 for one block of query rows against one block of keys: ``(m, l, acc)`` in and
+    out."""
+    m, l, acc = carry  # (..., H, bq, 1), (..., H, bq, 1), (..., H, bq, E)
+    H, K, G = dims.H, dims.K, dims.G
+    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
+
+    # 1.-4. this block's scores (_block_scores: the steps written out, as in sdpa)
+    s, attended, _ = _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i,
+                                   j, j0, dims=dims, offset=offset)  # fmt: skip
+    v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
 
     # 5. online softmax: raise the running max, rescale what was summed under the old one by
     #    exp(m_old - m_new), add this block's exp(s - m_new).
@@ -136,6 +161,300 @@ def _attend_block(
     pv = jnp.einsum("...kgls,...kse->...kgle", p, v_blk, precision=_PRECISION)
     acc = alpha * acc + pv.reshape(*dims.batch, H, bq, dims.E)  # (..., H, bq, E)
     return m_new, l, acc
+
+
+def _grad_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
+                j0, do_blk, delta, shift, *, dims: AttentionDims, offset: int):  # fmt: skip
+    """The backward of one block (FlashAttention-2): ``(dq_blk, dk, dv, dbias)`` in and out;
+    ``do_blk (..., K, G, bq, E)``, ``delta = rowsum(dO * O)`` and the rows' log-sum-exp
+    ``shift`` ``(..., K, G, bq, 1)``; the block's keys start at ``j[0, 0]``."""
+    dq_blk, dk, dv, dbias = carry  # (..., K, G, bq, D), (..., K, S, D), (..., K, S, E), bias's
+    H, K, G = dims.H, dims.K, dims.G
+    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
+    j_start = j[0, 0]
+
+    # 1.-4. this block's scores, as the forward made them
+    s, attended, tanh = _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes,
+                                      i, j, j0, dims=dims, offset=offset)  # fmt: skip
+    k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
+    v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
+
+    # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
+    s = s.reshape(*dims.batch, K, G, bq, bk) - shift
+    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., K, G, bq, bk); P <= 1
+
+    # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
+    dv_blk = jnp.einsum("...kgls,...kgle->...kse", p, do_blk, precision=_PRECISION)
+    dv = _add_rows(dv, dv_blk, j_start)  # (..., K, S, E)
+    dp = jnp.einsum("...kgle,...kse->...kgls", do_blk, v_blk, precision=_PRECISION)
+
+    # 5. softmax:  dS = P * (dP - D); zero wherever P is (masked, -inf bias, no key).
+    ds = p * (dp - delta)  # (..., K, G, bq, bk)
+
+    # 3. additive terms:  dbias += dS, summed to the bias block's shape.
+    if dbias is not None:
+        ds_h = ds.reshape(*dims.batch, H, bq, bk)  # (..., H, bq, bk)
+        dbias = _add_block(dbias, _sum_to(ds_h, bias_blk.shape), i[0, 0], j_start)
+
+    # 2. softcap:  dS *= 1 - tanh^2(s / softcap).
+    if tanh is not None:
+        ds = ds * (1.0 - tanh * tanh).reshape(*tanh.shape[:-3], K, G, bq, bk)
+
+    # 1. scores:  dQ += dS K * scale;  dK += dS^T Q * scale (summed over the group).
+    dq_blk = dq_blk + dims.scale * jnp.einsum(
+        "...kgls,...ksd->...kgld", ds, k_blk, precision=_PRECISION
+    )
+    dk_blk = jnp.einsum("...kgls,...kgld->...ksd", ds, q_blk, precision=_PRECISION)
+    dk = _add_rows(dk, dims.scale * dk_blk, j_start)  # (..., K, S, D)
+    return dq_blk, dk, dv, dbias
+
+
+def _sum_to(x: jax.Array, shape: tuple[int, ...]) -> jax.Array:
+    """``x`` summed over the axes it was broadcast along to come from ``shape``."""
+    lead = x.ndim - len(shape)
+    x = x.sum(axis=tuple(range(lead))) if lead > 0 else x
+    axes = tuple(a for a, n in enumerate(shape) if n == 1 and x.shape[a] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+def _add_rows(x: jax.Array, update: jax.Array, start: jax.Array) -> jax.Array:
+    """``x[..., start:start + n, :] += update`` (``update (..., n, X)``; start traced)."""
+    starts = [0] * (x.ndim - 2) + [start, 0]
+    current = jax.lax.dynamic_slice(x, starts, update.shape)
+    return jax.lax.dynamic_update_slice(x, current + update, starts)
+
+
+def _add_block(x: jax.Array, update: jax.Array, i0: jax.Array, j0: jax.Array) -> jax.Array:
+    """``x[..., i0:i0+bq, j0:j0+bk] += update`` on a mask or bias that broadcasts to
+    ``(..., H, L, S)``: an axis of size 1 (or one it lacks) is added to whole, as :func:`_block`
+    reads it."""
+    starts = [0] * x.ndim
+    if x.ndim >= 2 and x.shape[-2] != 1:
+        starts[-2] = i0
+    if x.ndim >= 1 and x.shape[-1] != 1:
+        starts[-1] = j0
+    current = jax.lax.dynamic_slice(x, starts, update.shape)
+    return jax.lax.dynamic_update_slice(x, current + update, starts)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Tiling:
+    """What a call's loops need besides its arrays (static under jit): the validated sizes, the
+    causal offset, the block sizes, and the number of blocks each way."""
+
+    dims: AttentionDims
+    offset: int
+    bq: int
+    bk: int
+
+    @property
+    def n_q(self) -> int:
+        return -(-self.dims.L // self.bq)
+
+    @property
+    def n_k(self) -> int:
+        return -(-self.dims.S // self.bk)
+
+    @property
+    def skips(self) -> bool:
+        """Whether some key block can be skipped (causal, window or segments)."""
+        return self.dims.is_causal or self.dims.window is not None
+
+
+def _key_block(tiling: _Tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of):
+    """One step of the inner scan: keys ``lo + u * bk ..`` (the last block shifted back to end
+    at S), run
+    through ``step`` unless every one of its positions is outside the bands of rows
+    ``i0 ..`` (4. allowed, whole blocks: skipped with ``jax.lax.cond``)."""
+    dims, bk = tiling.dims, tiling.bk
+    # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
+    #    (the keys before it are masked for every row), so a band of bk keys is one block.
+    lo = 0
+    if dims.window is not None and dims.window[0] is not None:
+        lo = jnp.clip(i0 + tiling.offset - dims.window[0], 0, dims.S)
+    j0 = lo + u * bk  # first key this block counts
+    j_start = jnp.minimum(j0, dims.S - bk)  # first key it holds
+    j = (j_start + jnp.arange(bk))[None, :]  # (1, bk)
+    kv_ids_blk = _block(kv_ids, -1, j_start, bk)  # (..., bk)
+    blk = blk_of(j_start, j, j0, kv_ids_blk)
+    if not (tiling.skips or q_ids_rows is not None):
+        return step(carry, *blk)
+    some, _ = block_rules(dims.is_causal, dims.window, tiling.offset, i0, i0 + tiling.bq, j0,
+                          j_start + bk, q_ids_rows, kv_ids_blk)  # fmt: skip
+    some = some & (j0 < dims.S)  # past the last key: the band started late, nothing left
+    return jax.lax.cond(some, lambda c: step(c, *blk), lambda c: c, carry)
+
+
+def _in_row_order(blocks: jax.Array, tiling: _Tiling) -> jax.Array:
+    """``(n_q, ..., bq, X)`` blocks of rows -> ``(..., L, X)``: the last block holds rows
+    ``L - bq .. L``, of which the first ``n_q * bq - L`` are already in the block before it."""
+    n_q, bq, L = tiling.n_q, tiling.bq, tiling.dims.L
+    drop = n_q * bq - L
+    rows = jnp.moveaxis(blocks[:-1], 0, -3)  # (..., n_q - 1, bq, X)
+    rows = rows.reshape(*rows.shape[:-3], (n_q - 1) * bq, rows.shape[-1])
+    return jnp.concatenate([rows, blocks[-1][..., drop:, :]], axis=-2)  # (..., L, X)
+
+
+def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling):
+    """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype.
+    ``q (..., K, G, L, D)``, ``k (..., K, S, D)``, ``v (..., K, S, E)`` in the compute dtype."""
+    dims, bq, bk = tiling.dims, tiling.bq, tiling.bk
+    H, L, E = dims.H, dims.L, dims.E
+    ct = q.dtype
+    step = functools.partial(_attend_block, dims=dims, offset=tiling.offset)
+
+    def query_block(_, t):
+        """Query rows ``t * bq ..`` (the last block shifted back to end at L): steps 1-6."""
+        i0 = jnp.minimum(t * bq, L - bq)  # first row
+        q_blk = jax.lax.dynamic_slice_in_dim(q, i0, bq, axis=q.ndim - 2)  # (..., K, G, bq, D)
+        i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
+        bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
+        mask_rows = _block(mask, -2, i0, bq)
+        q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
+
+        def blk_of(j_start, j, j0, kv_ids_blk):
+            return (
+                q_blk,
+                jax.lax.dynamic_slice_in_dim(k, j_start, bk, axis=k.ndim - 2),  # (..., K, bk, D)
+                jax.lax.dynamic_slice_in_dim(v, j_start, bk, axis=v.ndim - 2),  # (..., K, bk, E)
+                _block(bias_rows, -1, j_start, bk),
+                _block(mask_rows, -1, j_start, bk),
+                q_ids_rows, kv_ids_blk, slopes, i, j, j0,
+            )  # fmt: skip
+
+        def key_block(carry, u):
+            return _key_block(tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of), None
+
+        m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
+        l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
+        acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
+        (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(tiling.n_k))
+
+        # 5. (end) the sink joins the denominator once, as one more logit with no value; then
+        #    divide by the row sum once, after the last key block. A row with no allowed key
+        #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
+        empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
+        if sinks is not None:
+            m_sink = jnp.maximum(m, jax.lax.stop_gradient(sinks)[:, None, None])
+            shift = jnp.where(jnp.isfinite(m_sink), m_sink, 0.0)
+            alpha = jnp.exp(m - shift)
+            sink = sinks[:, None, None] - shift
+            l = alpha * l + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
+            acc, m = alpha * acc, m_sink
+        l = jnp.where(empty, 1.0, l)
+        row_lse = jnp.where(empty, -jnp.inf, m + jnp.log(l))  # (..., H, bq, 1)
+        return None, (acc / l, row_lse)  # (..., H, bq, E), (..., H, bq, 1)
+
+    _, (outs, lses) = jax.lax.scan(query_block, None, jnp.arange(tiling.n_q))  # (n_q, ..., bq, .)
+    return _in_row_order(outs, tiling), _in_row_order(lses, tiling)[..., 0]
+
+
+def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, tiling):
+    """The tiled backward (FlashAttention-2, Algorithm 2, in the forward's loop order):
+    ``(dQ (..., H, L, D), dK (..., K, S, D), dV (..., K, S, E), dbias (the bias's shape) or
+    None, dsinks (H,) or None)`` in the compute dtype, at the call's batch.
+
+    For each block of query rows, ``D_i = rowsum(dO_i * O_i)``; for each key block the forward
+    visited, ``P = exp(S - lse)``, ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
+    ``dQ += dS K``, ``dK += dS^T Q`` (:func:`_grad_block`)."""
+    dims, bq, bk = tiling.dims, tiling.bq, tiling.bk
+    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    ct = q.dtype
+    step = functools.partial(_grad_block, dims=dims, offset=tiling.offset)
+
+    def query_block(carry, t):
+        """Query rows ``t * bq ..``; the rows below ``t * bq`` that the shifted last block
+        repeats get a zero cotangent, so they add nothing twice."""
+        dk, dv, dbias, dsinks = carry
+        i0 = jnp.minimum(t * bq, L - bq)  # first row
+        q_blk = jax.lax.dynamic_slice_in_dim(q, i0, bq, axis=q.ndim - 2)  # (..., K, G, bq, D)
+        i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
+        fresh = i >= t * bq  # (bq, 1): the rows this block counts
+        do_blk = jax.lax.dynamic_slice_in_dim(do, i0, bq, axis=do.ndim - 2)  # (..., H, bq, E)
+        do_blk = jnp.where(fresh, do_blk, 0.0).reshape(*dims.batch, K, G, bq, E)
+        o_blk = jax.lax.dynamic_slice_in_dim(out, i0, bq, axis=out.ndim - 2)
+        o_blk = o_blk.reshape(*dims.batch, K, G, bq, E)
+        delta = jnp.sum(do_blk * o_blk, axis=-1, keepdims=True)  # (..., K, G, bq, 1)
+        row_lse = jax.lax.dynamic_slice_in_dim(lse, i0, bq, axis=lse.ndim - 1)  # (..., H, bq)
+        shift = jnp.where(jnp.isfinite(row_lse), row_lse, 0.0)[..., None]  # no key: P = 0
+        bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
+        mask_rows = _block(mask, -2, i0, bq)
+        q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq)
+
+        # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
+        if sinks is not None:
+            sink = sinks[:, None, None] - shift  # (..., H, bq, 1)
+            w_sink = jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
+            dsinks = dsinks - (w_sink * delta.reshape(w_sink.shape)).reshape(-1, H, bq).sum((0, 2))
+
+        def blk_of(j_start, j, j0, kv_ids_blk):
+            return (
+                q_blk,
+                jax.lax.dynamic_slice_in_dim(k, j_start, bk, axis=k.ndim - 2),  # (..., K, bk, D)
+                jax.lax.dynamic_slice_in_dim(v, j_start, bk, axis=v.ndim - 2),  # (..., K, bk, E)
+                _block(bias_rows, -1, j_start, bk),
+                _block(mask_rows, -1, j_start, bk),
+                q_ids_rows, kv_ids_blk, slopes, i, j, j0, do_blk, delta,
+                shift.reshape(*dims.batch, K, G, bq, 1),
+            )  # fmt: skip
+
+        def key_block(carry, u):
+            return _key_block(tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of), None
+
+        dq_blk = jnp.zeros((*dims.batch, K, G, bq, D), ct)  # (..., K, G, bq, D)
+        (dq_blk, dk, dv, dbias), _ = jax.lax.scan(
+            key_block, (dq_blk, dk, dv, dbias), jnp.arange(tiling.n_k)
+        )
+        return (dk, dv, dbias, dsinks), dq_blk.reshape(*dims.batch, H, bq, D)
+
+    dk = jnp.zeros((*dims.batch, K, S, D), ct)  # (..., K, S, D), accumulated over query blocks
+    dv = jnp.zeros((*dims.batch, K, S, E), ct)  # (..., K, S, E), likewise
+    dbias = None if bias is None else jnp.zeros(bias.shape, ct)  # the bias's shape
+    dsinks = None if sinks is None else jnp.zeros((H,), ct)
+    (dk, dv, dbias, dsinks), dqs = jax.lax.scan(
+        query_block, (dk, dv, dbias, dsinks), jnp.arange(tiling.n_q)
+    )
+    return _in_row_order(dqs, tiling), dk, dv, dbias, dsinks  # dQ: (..., H, L, D)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def _flash(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling):
+    """``(output, lse)`` in the compute dtype, differentiable in query, key, value, bias and
+    sinks through the tiled backward; the residuals are the inputs, the output and ``lse``."""
+    return _flash_forward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling)[0]
+
+
+def _flash_forward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling):
+    dims = tiling.dims
+    ct = _compute_dtype(query.dtype)
+    q = query.astype(ct).reshape(*query.shape[:-3], dims.K, dims.G, dims.L, dims.D)
+    out, lse = _forward(q, key.astype(ct), value.astype(ct), _cast(bias, ct), _cast(sinks, ct),
+                        mask, q_ids, kv_ids, _cast(slopes, ct), tiling)  # fmt: skip
+    residuals = (query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse)
+    return (out, lse), residuals
+
+
+def _flash_backward(tiling: _Tiling, residuals, cotangents):
+    query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse = residuals
+    do, _ = cotangents  # lse is not differentiated
+    dims = tiling.dims
+    ct = _compute_dtype(query.dtype)
+    q = query.astype(ct).reshape(*query.shape[:-3], dims.K, dims.G, dims.L, dims.D)
+    dq, dk, dv, dbias, dsinks = _backward(
+        q, key.astype(ct), value.astype(ct), _cast(bias, ct), _cast(sinks, ct), mask, q_ids,
+        kv_ids, _cast(slopes, ct), out, lse, do.astype(ct), tiling,
+    )  # fmt: skip
+
+    # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
+    def back(grad, given):
+        return None if given is None else _sum_to(grad, given.shape).astype(given.dtype)
+
+    grads = (back(dq, query), back(dk, key), back(dv, value), back(dbias, bias),
+             back(dsinks, sinks))  # fmt: skip
+    return (*grads, None, None, None, None)  # mask, segment ids, slopes: not differentiated
+
+
+_flash.defvjp(_flash_forward, _flash_backward)
 
 
 def flash_attention(
@@ -173,11 +492,13 @@ def flash_attention(
             additive terms and every rule, the sink included), ``lse = log(sum_j exp(s_ij)
             [+ exp(sink)])`` of shape ``(..., H, L)`` in the compute dtype (float64 for float64
             input, else float32); ``-inf`` for a row with no allowed key. It is what a backward
-            pass needs to rebuild the weights: ``exp(s - lse)``.
+            pass needs to rebuild the weights: ``exp(s - lse)``. It is not differentiated.
 
     Returns the output in the query's dtype (rows with no allowed key are zeros, with zero
     gradient), or ``(output, lse)`` when ``return_lse``. Key blocks outside the causal and
     window bands, and blocks whose segments cannot meet, are skipped (``jax.lax.cond``).
+    Differentiable in query, key, value, bias and sinks through a ``jax.custom_vjp`` whose
+    backward is the tiled one, in O(L + S) memory.
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
@@ -205,90 +526,68 @@ def flash_attention(
     mask, bias = _asarray(mask), _asarray(bias)
     q_ids, kv_ids, sinks, slopes = (_asarray(kw[name]) for name in _V2_ARRAYS)
     ct = _compute_dtype(query.dtype)
-    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    H, L, S, E = dims.H, dims.L, dims.S, dims.E
     offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
     if L == 0 or S == 0:  # no block to scan: no rows, or no keys (every row fully masked)
         out = jnp.zeros((*dims.batch, H, L, E), query.dtype)
         lse = jnp.full((*dims.batch, H, L), -jnp.inf, ct)
         return (out, lse) if return_lse else out
 
-    q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    k = key.astype(ct)  # (..., K, S, D)
-    v = value.astype(ct)  # (..., K, S, E)
-    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
-    bq, bk = min(block_q, L), min(block_k, S)
-    n_q, n_k = -(-L // bq), -(-S // bk)  # blocks of query rows, blocks of keys
-    step = dict(dims=dims, offset=offset)
-
-    def query_block(_, t):
-        """Query rows ``t * bq ..`` (the last block shifted back to end at L): steps 1-6."""
-        i0 = jnp.minimum(t * bq, L - bq)  # first row
-        q_blk = jax.lax.dynamic_slice_in_dim(q, i0, bq, axis=q.ndim - 2)  # (..., K, G, bq, D)
-        i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
-        bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
-        mask_rows = _block(mask, -2, i0, bq)
-        q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
-
-        # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
-        #    (the keys before it are masked for every row), so a band of bk keys is one block.
-        lo = 0
-        if dims.window is not None and dims.window[0] is not None:
-            lo = jnp.clip(i0 + offset - dims.window[0], 0, S)
-
-        def key_block(carry, u):
-            """Keys ``lo + u * bk ..`` (the last block shifted back to end at S)."""
-            j0 = lo + u * bk  # first key this block counts
-            j_start = jnp.minimum(j0, S - bk)  # first key it holds
-            j = (j_start + jnp.arange(bk))[None, :]  # (1, bk)
-            kv_ids_blk = _block(kv_ids, -1, j_start, bk)  # (..., bk)
-            blk = (
-                q_blk,
-                jax.lax.dynamic_slice_in_dim(k, j_start, bk, axis=k.ndim - 2),  # (..., K, bk, D)
-                jax.lax.dynamic_slice_in_dim(v, j_start, bk, axis=v.ndim - 2),  # (..., K, bk, E)
-                _block(bias_rows, -1, j_start, bk),
-                _block(mask_rows, -1, j_start, bk),
-                q_ids_rows, kv_ids_blk, slopes, i, j, j0,
-            )  # fmt: skip
-            # 4. allowed, whole blocks: a key block outside the causal and window bands of these
-            #    rows, or whose segments cannot meet theirs, is masked for every row: skipped.
-            if not (dims.is_causal or dims.window is not None or q_ids is not None):
-                return _attend_block(carry, *blk, **step), None
-            some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + bq, j0,
-                                  j_start + bk, q_ids_rows, kv_ids_blk)  # fmt: skip
-            some = some & (j0 < S)  # past the last key: the band started late, nothing left
-
-            def attend(c):
-                return _attend_block(c, *blk, **step)
-
-            return jax.lax.cond(some, attend, lambda c: c, carry), None
-
-        m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
-        l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
-        acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
-        (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(n_k))
-
-        # 5. (end) the sink joins the denominator once, as one more logit with no value; then
-        #    divide by the row sum once, after the last key block. A row with no allowed key
-        #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
-        empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
-        if sinks is not None:
-            m_sink = jnp.maximum(m, jax.lax.stop_gradient(sinks)[:, None, None])
-            shift = jnp.where(jnp.isfinite(m_sink), m_sink, 0.0)
-            alpha = jnp.exp(m - shift)
-            sink = sinks[:, None, None] - shift
-            l = alpha * l + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
-            acc, m = alpha * acc, m_sink
-        l = jnp.where(empty, 1.0, l)
-        row_lse = jnp.where(empty, -jnp.inf, m + jnp.log(l))[..., 0]  # (..., H, bq)
-        return None, (acc / l, row_lse)  # (..., H, bq, E), (..., H, bq)
-
-    _, (outs, lses) = jax.lax.scan(query_block, None, jnp.arange(n_q))  # (n_q, ..., H, bq, .)
-    # The blocks in row order: the last one holds rows L - bq .. L, of which the first `drop`
-    # are already in the block before it.
-    drop = n_q * bq - L
-    out = jnp.moveaxis(outs[:-1], 0, -3).reshape(*dims.batch, H, (n_q - 1) * bq, E)
-    out = jnp.concatenate([out, outs[-1][..., drop:, :]], axis=-2)  # (..., H, L, E)
-    lse = jnp.moveaxis(lses[:-1], 0, -2).reshape(*dims.batch, H, (n_q - 1) * bq)
-    lse = jnp.concatenate([lse, lses[-1][..., drop:]], axis=-1)  # (..., H, L), compute dtype
+    tiling = _Tiling(dims, offset, min(block_q, L), min(block_k, S))
+    out, lse = _flash(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling)
     out = out.astype(query.dtype)  # back to the input dtype
     return (out, lse) if return_lse else out
+
+
+def flash_attention_vjp(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    grad_output: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+) -> AttentionGrads:
+    """The gradients of ``<flash_attention(...), grad_output>``, by ``jax.vjp`` through the
+    ``custom_vjp`` (whose backward is the tiled one).
+
+    Args: those of :func:`flash_attention` (without ``return_lse``), and ``grad_output``
+        ``(..., H, L, E)``, the cotangent ``dO`` of the output (its exact shape).
+
+    Returns ``AttentionGrads(query, key, value, bias, sinks)`` as
+    :func:`impl_jax.functional.scaled_dot_product_attention_vjp` does. Jit it with
+    :data:`STATIC_ARGNAMES` (``return_lse`` aside).
+    """
+    query, key, value = _as_given(query), _as_given(key), _as_given(value)
+    grad_output, mask, bias = _as_given(grad_output), _as_given(mask), _as_given(bias)
+    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
+    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
+    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+                    softcap=softcap, window=window)  # fmt: skip
+    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    check_block_sizes(block_q, block_k)
+    check_grad_output(dims, grad_output)
+    _check_x64(query)
+    kw = {name: _asarray(x) for name, x in kw.items()}
+
+    def forward(query, key, value, bias, sinks):  # the differentiated inputs; None: not given
+        return flash_attention(
+            query, key, value, mask=mask, bias=bias, q_segment_ids=kw["q_segment_ids"],
+            kv_segment_ids=kw["kv_segment_ids"], sinks=sinks, alibi_slopes=kw["alibi_slopes"],
+            block_q=block_q, block_k=block_k, **keywords,
+        )  # fmt: skip
+
+    primals = (query, key, value, bias, kw["sinks"])
+    out, pullback = jax.vjp(forward, *(_asarray(x) for x in primals))
+    return AttentionGrads(*pullback(jnp.asarray(grad_output).astype(out.dtype)))

@@ -22,11 +22,13 @@ import jax.numpy as jnp
 
 from attention_spec import (
     AttentionDims,
+    AttentionGrads,
     alibi_slope_values,
     causal_offset,
     check_attention,
     check_causal_mask_args,
     check_float64,
+    check_grad_output,
     check_size,
     dtype_name,
 )
@@ -38,6 +40,7 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
 ]
 
 #: The keywords to mark static under ``jax.jit``.
@@ -332,3 +335,60 @@ def scaled_dot_product_attention(
     v = value.astype(weights.dtype)  # (..., K, S, E)
     out = jnp.einsum("...kgls,...kse->...kgle", w, v, precision=_PRECISION)  # (..., K, G, L, E)
     return out.reshape(*dims.batch, K * G, L, E).astype(query.dtype)  # (..., H, L, E)
+
+
+def scaled_dot_product_attention_vjp(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    grad_output: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+) -> AttentionGrads:
+    """The gradients of ``<scaled_dot_product_attention(...), grad_output>``, by ``jax.vjp``.
+
+    Args:
+        query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, window,
+            q_segment_ids, kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`scaled_dot_product_attention`.
+        grad_output: ``(..., H, L, E)``, the cotangent ``dO`` of the output (its exact shape).
+
+    Returns ``AttentionGrads(query, key, value, bias, sinks)``: ``dQ (..., H, L, D)``,
+    ``dK (..., K, S, D)``, ``dV (..., K, S, E)``, ``dbias`` of the bias's shape (None without a
+    bias), ``dsinks (H,)`` (None without sinks), each in its input's dtype. The forward above
+    is differentiated as written (``jax.vjp``): it is built so that masked positions, ``-inf``
+    bias entries, rows with no allowed key and keys no query attends get exactly zero gradient
+    (the row max is a ``stop_gradient``; masks select with ``jnp.where``). impl_numpy writes
+    the same backward out by hand. Jit it like the forward, with :data:`STATIC_ARGNAMES`.
+    """
+    query, key, value = _as_given(query), _as_given(key), _as_given(value)
+    grad_output, mask, bias = _as_given(grad_output), _as_given(mask), _as_given(bias)
+    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
+    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
+    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+                    softcap=softcap, window=window)  # fmt: skip
+    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    check_grad_output(dims, grad_output)
+    _check_x64(query)
+    kw = {name: _asarray(x) for name, x in kw.items()}
+
+    def forward(query, key, value, bias, sinks):  # the differentiated inputs; None: not given
+        return scaled_dot_product_attention(
+            query, key, value, mask=mask, bias=bias, q_segment_ids=kw["q_segment_ids"],
+            kv_segment_ids=kw["kv_segment_ids"], sinks=sinks, alibi_slopes=kw["alibi_slopes"],
+            **keywords,
+        )  # fmt: skip
+
+    primals = (query, key, value, bias, kw["sinks"])
+    out, pullback = jax.vjp(forward, *(_asarray(x) for x in primals))
+    return AttentionGrads(*pullback(jnp.asarray(grad_output).astype(out.dtype)))

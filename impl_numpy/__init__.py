@@ -1,11 +1,12 @@
 """NumPy reference implementation of the attention contract (SEMANTICS.md)."""
 
-from impl_numpy.flash import flash_attention
+from impl_numpy.flash import flash_attention, flash_attention_vjp
 from impl_numpy.functional import (
     alibi_slopes,
     attention_weights,
     causal_mask,
     scaled_dot_product_attention,
+    scaled_dot_product_attention_vjp,
 )
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_numpy.rotary import apply_rotary
@@ -19,6 +20,8 @@ __all__ = [
     "attention_weights",
     "causal_mask",
     "flash_attention",
+    "flash_attention_vjp",
     "padding_mask",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
 ]

@@ -15,6 +15,13 @@ The same steps, numbers, names and comments as ``impl_numpy/functional.py`` (ste
 ``impl_torch/flash.py`` and ``impl_jax/flash.py``; docs/FLASH.md puts the plain and tiled paths
 side by side and gives the measured memory and time.
 
+:func:`flash_attention_vjp` is the tiled backward (FlashAttention-2's Algorithm 2, written here
+with the forward's loop order): the forward keeps only its output and the row log-sum-exp
+``lse``; the backward visits the same blocks the forward visits, rebuilds each block's weights as
+``P = exp(S - lse)`` and accumulates ``dQ``, ``dK`` and ``dV`` block by block, so no
+``(..., H, L, S)`` array ever exists: the memory beyond inputs, output and gradients is
+O(L + S) plus one block.
+
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
 D query/key head dim, E value head dim; ``bq`` and ``bk`` are the rows and keys of one block
@@ -29,10 +36,13 @@ import numpy as np
 from attention_spec import (
     BLOCK_K,
     BLOCK_Q,
+    AttentionDims,
+    AttentionGrads,
     causal_offset,
     check_attention,
     check_block_sizes,
     check_flag,
+    check_grad_output,
 )
 from attention_spec.rules import alibi, block_rules, key_band
 from impl_numpy.functional import (
@@ -41,10 +51,11 @@ from impl_numpy.functional import (
     _attended,
     _cast,
     _compute_dtype,
+    _sum_to,
     _unattended_zeroed,
 )
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention", "flash_attention_vjp"]
 
 
 def _block(x: np.ndarray | None, axis: int, start: int, stop: int) -> np.ndarray | None:
@@ -56,6 +67,244 @@ def _block(x: np.ndarray | None, axis: int, start: int, stop: int) -> np.ndarray
     index = [slice(None)] * x.ndim
     index[axis] = slice(start, stop)
     return x[tuple(index)]
+
+
+class _Blocks:
+    """The tiling of one call, shared by the forward and the backward: which key blocks each
+    block of query rows visits, and each visited block's steps 1-4.
+
+    Built from the validated call in the compute dtype: ``q (..., K, G, L, D)``,
+    ``k (..., K, 1, S, D)``, ``v (..., K, 1, S, E)``; mask, bias, segment ids, sinks and slopes
+    as given (bias, sinks and slopes cast to the compute dtype).
+    """
+
+    def __init__(self, dims: AttentionDims, offset: int, q, k, v, mask, bias, q_ids, kv_ids,
+                 slopes, block_q: int, block_k: int):  # fmt: skip
+        self.dims, self.offset = dims, offset
+        self.q, self.k, self.v = q, k, v
+        self.mask, self.bias, self.q_ids, self.kv_ids, self.slopes = (
+            mask,
+            bias,
+            q_ids,
+            kv_ids,
+            slopes,
+        )
+        self.block_q, self.block_k = block_q, block_k
+
+    def query_blocks(self):
+        """``(i0, i1)`` of each block of query rows, in order."""
+        for i0 in range(0, self.dims.L, self.block_q):
+            yield i0, min(i0 + self.block_q, self.dims.L)
+
+    def key_blocks(self, i0: int, i1: int):
+        """The key blocks rows ``[i0, i1)`` visit, ``(j0, j1, every)``.
+
+        4. allowed, whole blocks: the keys outside the causal and window bands of these rows
+        are masked for every row, so their blocks are never visited (a window of W keys costs
+        W, not S); a block whose segments cannot meet is skipped. The key blocks start at the
+        band's first key, so a band of block_k keys is one block, not two. ``every``: every
+        position of the block is allowed by causal, window and segments (only the mask remains).
+        """
+        dims, offset = self.dims, self.offset
+        q_ids_rows = _block(self.q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
+        lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, dims.S)
+        for j0 in range(lo, hi, self.block_k):
+            j1 = min(j0 + self.block_k, dims.S)
+            kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
+            some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
+                                      q_ids_rows, kv_ids_blk)  # fmt: skip
+            if some:
+                yield j0, j1, every
+
+    def scores(self, i0: int, i1: int, j0: int, j1: int, every: bool):
+        """Steps 1-4 on the block of rows ``[i0, i1)`` and keys ``[j0, j1)``.
+
+        Returns ``s (..., H, bq, bk)`` (-inf where not allowed), the block's key and value rows
+        ``(..., K, 1, bk, D|E)`` with the rows no row of the block attends zeroed, the bias
+        block (or None) and, with softcap, ``tanh(s1 / softcap)`` of the step-1 scores ``s1``
+        (what the backward's softcap factor needs; None without softcap).
+        """
+        dims, offset = self.dims, self.offset
+        H, K, bq, bk = dims.H, dims.K, i1 - i0, j1 - j0
+        i = np.arange(i0, i1)[:, None]  # (bq, 1)
+        j = np.arange(j0, j1)[None, :]  # (1, bk)
+
+        # 4. allowed, this block: the rules a boundary crosses, elementwise (mask AND causal AND
+        #    window AND segment); a block inside every band needs none of them.
+        mask_blk = _block(_block(self.mask, -2, i0, i1), -1, j0, j1)
+        if every:
+            allowed = mask_blk  # (..., bq|1, bk|1) or None
+        else:
+            q_ids_rows = _block(self.q_ids, -1, i0, i1)
+            kv_ids_blk = _block(self.kv_ids, -1, j0, j1)
+            allowed = _allowed(dims, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
+        bias_blk = _block(_block(self.bias, -2, i0, i1), -1, j0, j1)
+        attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
+        attended = None if attended is None else attended[..., None, :]  # (..., K, 1, bk)
+        k_blk = _unattended_zeroed(self.k[..., j0:j1, :], attended)  # (..., K, 1, bk, D)
+        v_blk = _unattended_zeroed(self.v[..., j0:j1, :], attended)  # (..., K, 1, bk, E)
+
+        # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
+        s = self.q[..., i0:i1, :] @ np.swapaxes(k_blk, -1, -2)  # (..., K, G, bq, bk)
+        s = s.reshape(*s.shape[:-4], H, bq, bk)  # (..., H, bq, bk); head h reads kv h // G
+        if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
+            s = np.broadcast_to(s, (*dims.batch, H, bq, bk)).copy()
+        s *= dims.scale
+
+        # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+        tanh = None
+        if dims.softcap is not None:
+            s /= dims.softcap
+            tanh = np.tanh(s, out=s)
+            s = tanh * dims.softcap
+
+        # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+        #    -slope[h] * |i + offset - j| at this block's rows and keys.
+        if bias_blk is not None:
+            s += bias_blk
+        if self.slopes is not None:
+            s += alibi(self.slopes[:, None, None], i, j, offset)  # (H, bq, bk)
+
+        # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+        if allowed is not None:
+            np.copyto(s, -np.inf, where=~allowed)
+        return s, k_blk, v_blk, bias_blk, tanh
+
+
+def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
+    """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
+    dims, ct = blocks.dims, blocks.q.dtype
+    H, K, G, L, E = dims.H, dims.K, dims.G, dims.L, dims.E
+    out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E), filled one query block at a time
+    lse = np.empty((*dims.batch, H, L), ct)  # (..., H, L)
+    for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
+        bq = i1 - i0
+        m = np.full((*dims.batch, H, bq, 1), -np.inf, ct)  # running row max of the scores
+        l = np.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
+        acc = np.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
+        for j0, j1, every in blocks.key_blocks(i0, i1):  # one block of keys at a time
+            # 1.-4. this block's scores (blocks.scores: the steps written out, as in sdpa)
+            s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every)  # (..., H, bq, bk)
+            bk = j1 - j0
+
+            # 5. online softmax: raise the running max, rescale what was summed under the old
+            #    one by exp(m_old - m_new), add this block's exp(s - m_new).
+            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., H, bq, 1)
+            shift = np.where(np.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
+            alpha = np.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
+            s -= shift
+            np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently
+            p = np.exp(s, out=s)  # (..., H, bq, bk), unnormalized weights
+            l = alpha * l + p.sum(axis=-1, keepdims=True)
+
+            # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
+            pv = p.reshape(*dims.batch, K, G, bq, bk) @ v_blk  # (..., K, G, bq, E)
+            acc = alpha * acc + pv.reshape(*dims.batch, H, bq, E)  # (..., H, bq, E)
+            m = m_new
+            del s, p  # this block's scores go before the next block's are made
+
+        # 5. (end) the sink joins the denominator once, as one more logit with no value; then
+        #    divide by the row sum once, after the last key block. A row with no allowed key
+        #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
+        empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
+        if sinks is not None:
+            m_sink = np.maximum(m, sinks[:, None, None])  # (..., H, bq, 1)
+            shift = np.where(np.isfinite(m_sink), m_sink, 0.0)
+            alpha = np.exp(m - shift)
+            l = alpha * l + np.exp(np.minimum(sinks[:, None, None] - shift, 0.0))
+            acc, m = alpha * acc, m_sink
+        l = np.where(empty, 1.0, l)
+        out[..., i0:i1, :] = acc / l  # (..., H, bq, E)
+        lse[..., i0:i1] = np.where(empty, -np.inf, m + np.log(l))[..., 0]  # (..., H, bq)
+    return out, lse
+
+
+def _backward(blocks: _Blocks, sinks, out, lse, do):
+    """The tiled backward (FlashAttention-2, Algorithm 2, in the forward's loop order):
+    ``(dQ, dK, dV, dbias, dsinks)`` in the compute dtype, dQ ``(..., H, L, D)``, dK and dV
+    ``(..., K, S, D|E)`` at the call's batch, dbias of the bias's shape (or None), dsinks
+    ``(H,)`` (or None).
+
+    ``out (..., H, L, E)`` and ``lse (..., H, L)`` are the forward's, ``do (..., H, L, E)``
+    the cotangent of the output. For each block of query rows, ``D_i = rowsum(dO_i * O_i)``;
+    for each key block the forward visited, its weights are rebuilt from the row log-sum-exp,
+    ``P = exp(S - lse)``, and the steps of the plain backward run on the block: ``dV += P^T dO``,
+    ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K``, ``dK += dS^T Q``.
+    """
+    dims, q, ct = blocks.dims, blocks.q, blocks.q.dtype
+    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    dq = np.zeros((*dims.batch, K, G, L, D), ct)  # (..., K, G, L, D), one query block at a time
+    dk = np.zeros((*dims.batch, K, S, D), ct)  # (..., K, S, D), accumulated over query blocks
+    dv = np.zeros((*dims.batch, K, S, E), ct)  # (..., K, S, E), likewise
+    dbias = None if blocks.bias is None else np.zeros(blocks.bias.shape, ct)  # the bias's shape
+    dsinks = None if sinks is None else np.zeros((*dims.batch, H, L), ct)  # per row, summed last
+    for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
+        bq = i1 - i0
+        do_blk = do[..., i0:i1, :].reshape(*dims.batch, K, G, bq, E)  # (..., K, G, bq, E)
+        o_blk = out[..., i0:i1, :].reshape(*dims.batch, K, G, bq, E)
+        delta = (do_blk * o_blk).sum(axis=-1, keepdims=True)  # (..., K, G, bq, 1): dO_i . O_i
+        row_lse = lse[..., i0:i1, None]  # (..., H, bq, 1)
+        shift = np.where(np.isfinite(row_lse), row_lse, 0.0)  # a row with no key: P = 0
+        q_blk = q[..., i0:i1, :]  # (..., K, G, bq, D)
+
+        # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
+        if sinks is not None:
+            w_sink = np.exp(np.minimum(sinks[:, None, None] - shift, 0.0))  # (..., H, bq, 1)
+            dsinks[..., i0:i1] = -(w_sink * delta.reshape(w_sink.shape))[..., 0]
+
+        for j0, j1, every in blocks.key_blocks(i0, i1):  # the blocks the forward visited
+            s, k_blk, v_blk, bias_blk, tanh = blocks.scores(i0, i1, j0, j1, every)
+            bk = j1 - j0
+
+            # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
+            s -= shift
+            np.minimum(s, 0.0, out=s)  # P <= 1 even if S was rounded differently
+            p = np.exp(s, out=s).reshape(*dims.batch, K, G, bq, bk)  # (..., K, G, bq, bk)
+
+            # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
+            dv[..., j0:j1, :] += (np.swapaxes(p, -1, -2) @ do_blk).sum(axis=-3)  # (..., K, bk, E)
+            dp = do_blk @ np.swapaxes(v_blk, -1, -2)  # (..., K, G, bq, bk)
+
+            # 5. softmax:  dS = P * (dP - D); zero wherever P is (masked, -inf bias, no key).
+            ds = p * (dp - delta)  # (..., K, G, bq, bk)
+
+            # 3. additive terms:  dbias += dS, summed to the bias block's shape.
+            if dbias is not None:
+                ds_h = ds.reshape(*dims.batch, H, bq, bk)  # (..., H, bq, bk)
+                _block(_block(dbias, -2, i0, i1), -1, j0, j1)[...] += _sum_to(ds_h, bias_blk.shape)
+
+            # 2. softcap:  dS *= 1 - tanh^2(s / softcap).
+            if tanh is not None:
+                ds = ds * (1.0 - tanh * tanh).reshape(*tanh.shape[:-3], K, G, bq, bk)
+
+            # 1. scores:  dQ += dS K * scale;  dK += dS^T Q * scale (summed over the group).
+            dq[..., i0:i1, :] += (ds @ k_blk) * dims.scale  # (..., K, G, bq, D)
+            dk[..., j0:j1, :] += (np.swapaxes(ds, -1, -2) @ q_blk).sum(axis=-3) * dims.scale
+            del s, p, dp, ds  # this block's arrays go before the next block's are made
+
+    dq = dq.reshape(*dims.batch, H, L, D)  # (..., H, L, D)
+    dsinks = None if dsinks is None else dsinks.reshape(-1, H, L).sum(axis=(0, 2))  # (H,)
+    return dq, dk, dv, dbias, dsinks
+
+
+def _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords,
+               block_q, block_k):  # fmt: skip
+    """Validation (the plain path's, then the block sizes) and the call's :class:`_Blocks` in
+    the compute dtype; returns ``(dims, blocks, sinks in the compute dtype)``."""
+    dims = check_attention(
+        query, key, value, mask=mask, bias=bias, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
+        sinks=sinks, alibi_slopes=slopes, **keywords,
+    )  # fmt: skip
+    check_block_sizes(block_q, block_k)
+    ct = _compute_dtype(query.dtype)
+    K, G, L, D = dims.K, dims.G, dims.L, dims.D
+    offset = causal_offset(L, dims.S, keywords["causal_alignment"])  # j <= i + offset
+    q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
+    k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
+    v = value.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
+    blocks = _Blocks(dims, offset, q, k, v, mask, _cast(bias, ct), q_ids, kv_ids,
+                     _cast(slopes, ct), block_q, block_k)  # fmt: skip
+    return dims, blocks, _cast(sinks, ct)
 
 
 def flash_attention(
@@ -106,125 +355,66 @@ def flash_attention(
     mask, bias = _asarray(mask), _asarray(bias)
     q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
     sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
-    dims = check_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        q_segment_ids=q_ids,
-        kv_segment_ids=kv_ids,
-        sinks=sinks,
-        alibi_slopes=slopes,
-    )
-    check_block_sizes(block_q, block_k)
+    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+                    softcap=softcap, window=window)  # fmt: skip
+    _, blocks, sinks_ct = _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes,
+                                     keywords, block_q, block_k)  # fmt: skip
     return_lse = check_flag("return_lse", return_lse)
-    ct = _compute_dtype(query.dtype)
-    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
-    offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
-
-    q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
-    v = value.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
-    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
-
-    out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E), filled one query block at a time
-    lse = np.empty((*dims.batch, H, L), ct)  # (..., H, L)
-    for i0 in range(0, L, block_q):  # one block of query rows at a time
-        i1 = min(i0 + block_q, L)
-        bq = i1 - i0
-        m = np.full((*dims.batch, H, bq, 1), -np.inf, ct)  # running row max of the scores
-        l = np.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
-        acc = np.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
-        i = np.arange(i0, i1)[:, None]  # (bq, 1)
-        q_ids_rows = _block(q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
-
-        # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows
-        #    are masked for every row, so their blocks are never visited (a window of W keys
-        #    costs W, not S); a block whose segments cannot meet is skipped. The key blocks
-        #    start at the band's first key, so a band of block_k keys is one block, not two.
-        lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, S)
-        for j0 in range(lo, hi, block_k):  # one block of keys at a time
-            j1 = min(j0 + block_k, S)
-            bk = j1 - j0
-            kv_ids_blk = _block(kv_ids, -1, j0, j1)  # (..., bk)
-            some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
-                                      q_ids_rows, kv_ids_blk)  # fmt: skip
-            if not some:
-                continue
-
-            # 4. allowed, this block: the rules a boundary crosses, elementwise (mask AND
-            #    causal AND window AND segment); a block inside every band needs none of them.
-            j = np.arange(j0, j1)[None, :]  # (1, bk)
-            mask_blk = _block(_block(mask, -2, i0, i1), -1, j0, j1)
-            if every:
-                allowed = mask_blk  # (..., bq|1, bk|1) or None
-            else:
-                allowed = _allowed(dims, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
-            bias_blk = _block(_block(bias, -2, i0, i1), -1, j0, j1)
-            attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
-            attended = None if attended is None else attended[..., None, :]  # (..., K, 1, bk)
-            k_blk = _unattended_zeroed(k[..., j0:j1, :], attended)  # (..., K, 1, bk, D)
-            v_blk = _unattended_zeroed(v[..., j0:j1, :], attended)  # (..., K, 1, bk, E)
-
-            # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-            s = q[..., i0:i1, :] @ np.swapaxes(k_blk, -1, -2)  # (..., K, G, bq, bk)
-            s = s.reshape(*s.shape[:-4], H, bq, bk)  # (..., H, bq, bk); head h reads kv h // G
-            if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
-                s = np.broadcast_to(s, (*dims.batch, H, bq, bk)).copy()
-            s *= dims.scale
-
-            # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
-            if dims.softcap is not None:
-                s /= dims.softcap
-                np.tanh(s, out=s)
-                s *= dims.softcap
-
-            # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
-            #    -slope[h] * |i + offset - j| at this block's rows and keys.
-            if bias_blk is not None:
-                s += bias_blk
-            if slopes is not None:
-                s += alibi(slopes[:, None, None], i, j, offset)  # (H, bq, bk)
-
-            # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
-            if allowed is not None:
-                np.copyto(s, -np.inf, where=~allowed)
-
-            # 5. online softmax: raise the running max, rescale what was summed under the old
-            #    one by exp(m_old - m_new), add this block's exp(s - m_new).
-            m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., H, bq, 1)
-            shift = np.where(np.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
-            alpha = np.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
-            s -= shift
-            np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently
-            p = np.exp(s, out=s)  # (..., H, bq, bk), unnormalized weights
-            l = alpha * l + p.sum(axis=-1, keepdims=True)
-
-            # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
-            pv = p.reshape(*dims.batch, K, G, bq, bk) @ v_blk  # (..., K, G, bq, E)
-            acc = alpha * acc + pv.reshape(*dims.batch, H, bq, E)  # (..., H, bq, E)
-            m = m_new
-            del s, p  # this block's scores go before the next block's are made
-
-        # 5. (end) the sink joins the denominator once, as one more logit with no value; then
-        #    divide by the row sum once, after the last key block. A row with no allowed key
-        #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
-        empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
-        if sinks is not None:
-            m_sink = np.maximum(m, sinks[:, None, None])  # (..., H, bq, 1)
-            shift = np.where(np.isfinite(m_sink), m_sink, 0.0)
-            alpha = np.exp(m - shift)
-            l = alpha * l + np.exp(np.minimum(sinks[:, None, None] - shift, 0.0))
-            acc, m = alpha * acc, m_sink
-        l = np.where(empty, 1.0, l)
-        out[..., i0:i1, :] = acc / l  # (..., H, bq, E)
-        lse[..., i0:i1] = np.where(empty, -np.inf, m + np.log(l))[..., 0]  # (..., H, bq)
-
+    out, lse = _forward(blocks, sinks_ct)  # (..., H, L, E), (..., H, L) in the compute dtype
     out = out.astype(query.dtype, copy=False)  # back to the input dtype
-    return (out, lse) if return_lse else out  # lse: (..., H, L) in the compute dtype
+    return (out, lse) if return_lse else out
+
+
+def flash_attention_vjp(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    grad_output: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+) -> AttentionGrads:
+    """The gradients of ``<flash_attention(...), grad_output>``, block by block, by hand.
+
+    Args: those of :func:`flash_attention` (without ``return_lse``), and ``grad_output``
+        ``(..., H, L, E)``, the cotangent ``dO`` of the output (its exact shape).
+
+    Returns ``AttentionGrads(query, key, value, bias, sinks)`` as
+    :func:`impl_numpy.functional.scaled_dot_product_attention_vjp` does (each gradient of its
+    input's shape and dtype; None for an input not given), computed with one tiled forward
+    (which keeps only the output and ``lse``) and the tiled backward (:func:`_backward`): the
+    memory beyond inputs, output and gradients is O(L + S) plus one block, and the backward
+    skips the blocks the forward skips.
+    """
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias, grad_output = _asarray(mask), _asarray(bias), _asarray(grad_output)
+    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
+    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
+    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+                    softcap=softcap, window=window)  # fmt: skip
+    dims, blocks, sinks_ct = _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks,
+                                        slopes, keywords, block_q, block_k)  # fmt: skip
+    check_grad_output(dims, grad_output)
+    out, lse = _forward(blocks, sinks_ct)  # what the forward keeps: O and lse
+    do = grad_output.astype(out.dtype, copy=False)  # (..., H, L, E) in the compute dtype
+    dq, dk, dv, dbias, dsinks = _backward(blocks, sinks_ct, out, lse, do)
+
+    # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
+    return AttentionGrads(
+        query=_sum_to(dq, query.shape).astype(query.dtype, copy=False),
+        key=_sum_to(dk, key.shape).astype(key.dtype, copy=False),
+        value=_sum_to(dv, value.shape).astype(value.dtype, copy=False),
+        bias=None if dbias is None else dbias.astype(bias.dtype, copy=False),
+        sinks=None if dsinks is None else dsinks.astype(sinks.dtype, copy=False),
+    )

@@ -16,15 +16,23 @@ import numpy as np
 
 from attention_spec import (
     AttentionDims,
+    AttentionGrads,
     alibi_slope_values,
     causal_offset,
     check_attention,
     check_causal_mask_args,
+    check_grad_output,
     check_size,
 )
 from attention_spec.rules import alibi, causal, segments, window
 
-__all__ = ["alibi_slopes", "attention_weights", "causal_mask", "scaled_dot_product_attention"]
+__all__ = [
+    "alibi_slopes",
+    "attention_weights",
+    "causal_mask",
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
+]
 
 
 def causal_mask(q_len: int, kv_len: int, *, alignment: str = "top_left") -> np.ndarray:
@@ -106,8 +114,10 @@ def _unattended_zeroed(x: np.ndarray, attended) -> np.ndarray:
     return x if attended is None else np.where(attended[..., None], x, 0.0)
 
 
-def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
-    """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
+def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks,
+             with_sink: bool = False):  # fmt: skip
+    """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype
+    (``with_sink``: and the sink's share of each row, ``(..., H, L, 1)``, for the backward)."""
     ct = _compute_dtype(query.dtype)
     K, G, L, S, D = dims.K, dims.G, dims.L, dims.S, dims.D
 
@@ -148,11 +158,13 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently (XLA's FMA)
     np.exp(s, out=s)
     row_sum = s.sum(axis=-1, keepdims=True)  # (..., H, L, 1)
+    sink = 0.0
     if sinks is not None:
-        row_sum += np.exp(np.minimum(sinks[:, None, None] - row_max, 0.0))  # the sink's share
+        sink = np.exp(np.minimum(sinks[:, None, None] - row_max, 0.0))  # (..., H, L, 1)
+        row_sum += sink  # the sink's share
     row_sum[row_sum == 0.0] = 1.0  # fully masked row: 0 / 1 = 0
     s /= row_sum
-    return s
+    return (s, sink / row_sum) if with_sink else s
 
 
 def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias, kw):
@@ -285,3 +297,128 @@ def scaled_dot_product_attention(
     v = value.astype(weights.dtype, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
     out = (w @ v).reshape(*dims.batch, K * G, L, E)  # (..., H, L, E)
     return out.astype(query.dtype, copy=False)
+
+
+def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    """``x`` summed over the axes it was broadcast along to come from ``shape``: the leading axes
+    ``shape`` lacks, and the axes where ``shape`` has 1 (the gradient of a broadcast input)."""
+    x = x.sum(axis=tuple(range(x.ndim - len(shape)))) if x.ndim > len(shape) else x
+    axes = tuple(a for a, n in enumerate(shape) if n == 1 and x.shape[a] != 1)
+    return x.sum(axis=axes, keepdims=True) if axes else x
+
+
+def scaled_dot_product_attention_vjp(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    grad_output: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+) -> AttentionGrads:
+    """The gradients of ``<scaled_dot_product_attention(...), grad_output>``, by hand.
+
+    Args:
+        query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, window,
+            q_segment_ids, kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`scaled_dot_product_attention`.
+        grad_output: ``(..., H, L, E)``, the cotangent ``dO`` of the output (its exact shape).
+
+    Returns ``AttentionGrads(query, key, value, bias, sinks)``: ``dQ (..., H, L, D)``,
+    ``dK (..., K, S, D)`` and ``dV (..., K, S, E)`` (each summed over the G query heads of its
+    group), ``dbias`` of the bias's own shape (None without a bias), ``dsinks (H,)`` (None
+    without sinks), each in its input's dtype, computed in the compute dtype. Mask, segment ids,
+    window, scale, softcap and ALiBi slopes are not differentiated. Masked positions, ``-inf``
+    bias entries, rows with no allowed key and keys no query attends get exactly zero gradient.
+
+    The forward's steps in reverse, 6 to 1, with the same numbers: a step's gradient is the
+    chain rule applied to that step alone, and the weights ``W``, the output ``O`` and the
+    sink's share are the forward's own (recomputed here; the tiled ``flash_attention_vjp``
+    rebuilds them block by block from the row log-sum-exp instead).
+    """
+    query, key, value = _asarray(query), _asarray(key), _asarray(value)
+    mask, bias, grad_output = _asarray(mask), _asarray(bias), _asarray(grad_output)
+    kw = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
+          "alibi_slopes": alibi_slopes}  # fmt: skip
+    kw = {name: _asarray(x) for name, x in kw.items()}
+    dims = check_attention(
+        query,
+        key,
+        value,
+        mask=mask,
+        bias=bias,
+        is_causal=is_causal,
+        causal_alignment=causal_alignment,
+        scale=scale,
+        softcap=softcap,
+        window=window,
+        **kw,
+    )
+    check_grad_output(dims, grad_output)
+    offset, allowed, bias_ct, slopes, sinks_ct, attended = _prepared(
+        query, key, dims, causal_alignment, mask, bias, kw
+    )
+    key0, value0 = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
+    weights, w_sink = _weights(
+        query, key0, dims, offset, allowed, bias_ct, slopes, sinks_ct, with_sink=True
+    )
+    ct = weights.dtype
+    batch, H, K, G, L, S, D, E = dims.batch, dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    w = weights.reshape(*batch, K, G, L, S)  # (..., K, G, L, S): W, per group
+    q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
+    k = key0.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
+    v = value0.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
+    do = grad_output.astype(ct, copy=False).reshape(*batch, K, G, L, E)  # (..., K, G, L, E)
+    out = w @ v  # (..., K, G, L, E): the forward's output O, in the compute dtype
+
+    # 6. output = weights @ value:  dV = W^T dO, summed over the G query heads that read each
+    #    key/value head;  dW = dO V^T.
+    dv = (np.swapaxes(w, -1, -2) @ do).sum(axis=-3)  # (..., K, S, E)
+    dw = do @ np.swapaxes(v, -1, -2)  # (..., K, G, L, S)
+
+    # 5. softmax (the sink a logit with a zero value):  dS = W * (dW - rowsum(dO * O)), since
+    #    sum_j W_ij dW_ij = dO_i . O_i;  dsink_h = -sum_i w_sink,i (dO_i . O_i) over the head's
+    #    rows. W = 0 wherever step 4 put -inf, so masked positions, -inf bias entries and rows
+    #    with no allowed key get dS = 0 exactly.
+    row_dot = (do * out).sum(axis=-1, keepdims=True)  # (..., K, G, L, 1): dO_i . O_i
+    ds = w * (dw - row_dot)  # (..., K, G, L, S)
+    dsinks = None
+    if sinks_ct is not None:
+        share = w_sink.reshape(*batch, K, G, L, 1)  # (..., K, G, L, 1): w_sink,i
+        dsinks = -(share * row_dot).reshape(-1, H, L).sum(axis=(0, 2))  # (H,)
+
+    # 4. allowed: s = -inf where a rule says no: nothing flows back there (dS is 0 already).
+
+    # 3. additive terms:  dbias = dS, summed over the axes the bias was broadcast along
+    #    (ALiBi's slopes are not differentiated).
+    ds = ds.reshape(*batch, H, L, S)  # (..., H, L, S)
+    dbias = None if bias is None else _sum_to(ds, bias.shape)  # the bias's shape
+
+    # 2. softcap, s = c tanh(s / c):  dS *= 1 - tanh^2(s / c), at the step-1 scores.
+    if dims.softcap is not None:
+        t = np.tanh((q @ np.swapaxes(k, -1, -2)) * (dims.scale / dims.softcap))  # (..., K, G, L, S)
+        ds = ds * (1.0 - t * t).reshape(*t.shape[:-4], H, L, S)
+
+    # 1. scores = (query @ key^T) * scale:  dQ = dS K * scale;  dK = dS^T Q * scale, summed
+    #    over the G query heads of each group (key/value head k serves heads k*G .. k*G+G-1).
+    ds = ds.reshape(*batch, K, G, L, S)  # (..., K, G, L, S)
+    dq = (ds @ k).reshape(*batch, H, L, D) * dims.scale  # (..., H, L, D)
+    dk = (np.swapaxes(ds, -1, -2) @ q).sum(axis=-3) * dims.scale  # (..., K, S, D)
+
+    # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
+    return AttentionGrads(
+        query=_sum_to(dq, query.shape).astype(query.dtype, copy=False),
+        key=_sum_to(dk, key.shape).astype(key.dtype, copy=False),
+        value=_sum_to(dv, value.shape).astype(value.dtype, copy=False),
+        bias=None if dbias is None else dbias.astype(bias.dtype, copy=False),
+        sinks=None if dsinks is None else dsinks.astype(kw["sinks"].dtype, copy=False),
+    )

@@ -13,12 +13,16 @@ no row of the block may attend are zeroed (garbage there never reaches the outpu
 
 The same steps, numbers, names and comments as ``impl_torch/functional.py`` (steps 1-6) and as
 ``impl_numpy/flash.py`` and ``impl_jax/flash.py``; docs/FLASH.md puts the plain and tiled paths
-side by side and gives the measured memory and time. Each step makes a new block tensor (a step
-works in place only on a tensor it has just made and autograd does not keep: the scaled scores,
-the exponentials), so autograd differentiates through the loops; it then keeps each block's
-intermediates for the backward pass, so the memory saving is the forward's (inference,
-``torch.no_grad()``): a backward that recomputes blocks from the returned ``lse`` is what
-FlashAttention adds on top, and is not here.
+side by side and gives the measured memory and time.
+
+Training goes through a ``torch.autograd.Function`` (:class:`FlashAttention`): its forward runs
+the tiled loops outside autograd and saves only the inputs, the output and the row
+log-sum-exp ``lse``; its backward is FlashAttention-2's (Algorithm 2, in the forward's loop
+order), which visits the blocks the forward visits, rebuilds each block's weights as
+``P = exp(S - lse)`` and accumulates ``dQ``, ``dK`` and ``dV`` block by block. Autograd keeps
+no block alive, so a training step needs O(L + S) memory beyond inputs, output and gradients
+(plus one block). Inside the Function nothing is tracked, so the steps work in place, as in
+NumPy.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
@@ -33,10 +37,13 @@ import torch
 from attention_spec import (
     BLOCK_K,
     BLOCK_Q,
+    AttentionDims,
+    AttentionGrads,
     causal_offset,
     check_attention,
     check_block_sizes,
     check_flag,
+    check_grad_output,
 )
 from attention_spec.rules import alibi, block_rules, key_band
 from impl_torch.functional import (
@@ -48,7 +55,7 @@ from impl_torch.functional import (
     _unattended_zeroed,
 )
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "FlashAttention", "flash_attention", "flash_attention_vjp"]
 
 
 def _block(x: torch.Tensor | None, axis: int, start: int, stop: int) -> torch.Tensor | None:
@@ -58,6 +65,262 @@ def _block(x: torch.Tensor | None, axis: int, start: int, stop: int) -> torch.Te
     if x is None or x.dim() < -axis or x.shape[axis] == 1:
         return x
     return x.narrow(axis, start, stop - start)
+
+
+class _Blocks:
+    """The tiling of one call, shared by the forward and the backward: which key blocks each
+    block of query rows visits, and each visited block's steps 1-4.
+
+    Built from the validated call in the compute dtype: ``q (..., H, L, D)``,
+    ``k (..., K, S, D)``, ``v (..., K, S, E)``; mask, bias, segment ids and slopes as given
+    (bias and slopes cast to the compute dtype).
+    """
+
+    def __init__(self, dims: AttentionDims, offset: int, q, k, v, mask, bias, q_ids, kv_ids,
+                 slopes, block_q: int, block_k: int):  # fmt: skip
+        self.dims, self.offset = dims, offset
+        self.q, self.k, self.v = q, k, v
+        self.mask, self.bias, self.q_ids, self.kv_ids, self.slopes = (
+            mask,
+            bias,
+            q_ids,
+            kv_ids,
+            slopes,
+        )
+        self.block_q, self.block_k = block_q, block_k
+
+    def query_blocks(self):
+        """``(i0, i1)`` of each block of query rows, in order."""
+        for i0 in range(0, self.dims.L, self.block_q):
+            yield i0, min(i0 + self.block_q, self.dims.L)
+
+    def key_blocks(self, i0: int, i1: int):
+        """The key blocks rows ``[i0, i1)`` visit, ``(j0, j1, every)``.
+
+        4. allowed, whole blocks: the keys outside the causal and window bands of these rows
+        are masked for every row, so their blocks are never visited (a window of W keys costs
+        W, not S); a block whose segments cannot meet is skipped. The key blocks start at the
+        band's first key, so a band of block_k keys is one block, not two. ``every``: every
+        position of the block is allowed by causal, window and segments (only the mask remains).
+        """
+        dims, offset = self.dims, self.offset
+        q_ids_rows = _block(self.q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
+        lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, dims.S)
+        for j0 in range(lo, hi, self.block_k):
+            j1 = min(j0 + self.block_k, dims.S)
+            kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
+            some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
+                                      q_ids_rows, kv_ids_blk)  # fmt: skip
+            if some:
+                yield j0, j1, bool(every)
+
+    def scores(self, i0: int, i1: int, j0: int, j1: int, every: bool):
+        """Steps 1-4 on the block of rows ``[i0, i1)`` and keys ``[j0, j1)``.
+
+        Returns ``s (..., H, bq, bk)`` (-inf where not allowed), the block's key and value rows
+        ``(..., H, bk, D|E)`` (repeated for the G heads of each group) with the rows no row of
+        the block attends zeroed, the bias block (or None) and, with softcap,
+        ``tanh(s1 / softcap)`` of the step-1 scores ``s1`` (None without softcap).
+        """
+        dims, offset = self.dims, self.offset
+        H, K, G, bq, bk = dims.H, dims.K, dims.G, i1 - i0, j1 - j0
+        device = self.q.device
+        i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
+        j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
+
+        # 4. allowed, this block: the rules a boundary crosses, elementwise (mask AND causal AND
+        #    window AND segment); a block inside every band needs none of them.
+        mask_blk = _block(_block(self.mask, -2, i0, i1), -1, j0, j1)
+        if every:
+            allowed = mask_blk  # (..., bq|1, bk|1) or None
+        else:
+            q_ids_rows = _block(self.q_ids, -1, i0, i1)
+            kv_ids_blk = _block(self.kv_ids, -1, j0, j1)
+            allowed = _allowed(dims, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
+        bias_blk = _block(_block(self.bias, -2, i0, i1), -1, j0, j1)
+        attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
+        k_blk = _unattended_zeroed(self.k[..., j0:j1, :], attended)  # (..., K, bk, D)
+        v_blk = _unattended_zeroed(self.v[..., j0:j1, :], attended)  # (..., K, bk, E)
+        k_blk = k_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, D); h reads kv h // G
+        v_blk = v_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, E)
+
+        # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
+        s = (self.q[..., i0:i1, :] @ k_blk.transpose(-2, -1)).mul_(dims.scale)  # (.., H, bq, bk)
+        if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
+            s = s.expand(*dims.batch, H, bq, bk).clone()
+
+        # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
+        tanh = None
+        if dims.softcap is not None:
+            tanh = s.div_(dims.softcap).tanh_()
+            s = tanh * dims.softcap
+
+        # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
+        #    -slope[h] * |i + offset - j| at this block's rows and keys.
+        if bias_blk is not None:
+            s.add_(bias_blk)
+        if self.slopes is not None:
+            s.add_(alibi(self.slopes[:, None, None], i, j, offset))  # (H, bq, bk)
+
+        # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
+        if allowed is not None:
+            s.masked_fill_(~allowed, float("-inf"))
+        return s, k_blk, v_blk, bias_blk, tanh
+
+
+def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
+    """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
+    dims, q = blocks.dims, blocks.q
+    H, L, E = dims.H, dims.L, dims.E
+    out = q.new_empty((*dims.batch, H, L, E))  # (..., H, L, E), one query block at a time
+    lse = q.new_empty((*dims.batch, H, L))  # (..., H, L)
+    for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
+        bq = i1 - i0
+        m = q.new_full((*dims.batch, H, bq, 1), float("-inf"))  # running row max of the scores
+        l = q.new_zeros((*dims.batch, H, bq, 1))  # running row sum of exp(s - m)
+        acc = q.new_zeros((*dims.batch, H, bq, E))  # running sum of exp(s - m) @ value
+        for j0, j1, every in blocks.key_blocks(i0, i1):  # one block of keys at a time
+            # 1.-4. this block's scores (blocks.scores: the steps written out, as in sdpa)
+            s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every)  # (..., H, bq, bk)
+
+            # 5. online softmax: raise the running max, rescale what was summed under the old
+            #    one by exp(m_old - m_new), add this block's exp(s - m_new).
+            m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
+            shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
+            alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
+            p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); exp(s - max) <= 1
+            l = alpha * l + p.sum(dim=-1, keepdim=True)
+
+            # 6. output, accumulated: acc = alpha * acc + p @ value.
+            acc = alpha * acc + p @ v_blk  # (..., H, bq, E)
+            m = m_new
+            del s, p  # this block's scores go before the next block's are made
+
+        # 5. (end) the sink joins the denominator once, as one more logit with no value; then
+        #    divide by the row sum once, after the last key block. A row with no allowed key
+        #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
+        empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
+        if sinks is not None:
+            m_sink = torch.maximum(m, sinks[:, None, None])  # (..., H, bq, 1)
+            shift = torch.where(torch.isfinite(m_sink), m_sink, 0.0)
+            alpha = torch.exp(m - shift)
+            l = alpha * l + (sinks[:, None, None] - shift).clamp(max=0.0).exp()
+            acc, m = alpha * acc, m_sink
+        l = torch.where(empty, 1.0, l)
+        out[..., i0:i1, :] = acc / l  # (..., H, bq, E)
+        lse[..., i0:i1] = torch.where(empty, float("-inf"), m + torch.log(l)).squeeze(-1)
+    return out, lse
+
+
+def _backward(blocks: _Blocks, sinks, out, lse, do):
+    """The tiled backward (FlashAttention-2, Algorithm 2, in the forward's loop order):
+    ``(dQ, dK, dV, dbias, dsinks)`` in the compute dtype, dQ ``(..., H, L, D)``, dK and dV
+    ``(..., K, S, D|E)`` at the call's batch, dbias of the bias's shape (or None), dsinks
+    ``(H,)`` (or None).
+
+    ``out (..., H, L, E)`` and ``lse (..., H, L)`` are the forward's, ``do (..., H, L, E)``
+    the cotangent of the output. For each block of query rows, ``D_i = rowsum(dO_i * O_i)``;
+    for each key block the forward visited, its weights are rebuilt from the row log-sum-exp,
+    ``P = exp(S - lse)``, and the steps of the plain backward run on the block: ``dV += P^T dO``,
+    ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K``, ``dK += dS^T Q``.
+    """
+    dims, q = blocks.dims, blocks.q
+    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    dq = q.new_zeros((*dims.batch, H, L, D))  # (..., H, L, D), one query block at a time
+    dk = q.new_zeros((*dims.batch, K, S, D))  # (..., K, S, D), accumulated over query blocks
+    dv = q.new_zeros((*dims.batch, K, S, E))  # (..., K, S, E), likewise
+    dbias = None if blocks.bias is None else torch.zeros_like(blocks.bias)  # the bias's shape
+    dsinks = None if sinks is None else q.new_zeros((*dims.batch, H, L))  # per row, summed last
+    for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
+        do_blk = do[..., i0:i1, :]  # (..., H, bq, E)
+        delta = (do_blk * out[..., i0:i1, :]).sum(dim=-1, keepdim=True)  # (..., H, bq, 1)
+        row_lse = lse[..., i0:i1, None]  # (..., H, bq, 1)
+        shift = torch.where(torch.isfinite(row_lse), row_lse, 0.0)  # a row with no key: P = 0
+        q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
+
+        # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
+        if sinks is not None:
+            w_sink = (sinks[:, None, None] - shift).clamp(max=0.0).exp()  # (..., H, bq, 1)
+            dsinks[..., i0:i1] = -(w_sink * delta).squeeze(-1)
+
+        for j0, j1, every in blocks.key_blocks(i0, i1):  # the blocks the forward visited
+            s, k_blk, v_blk, bias_blk, tanh = blocks.scores(i0, i1, j0, j1, every)
+            bk = j1 - j0
+
+            # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
+            p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); P <= 1
+
+            # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
+            dv_h = p.transpose(-2, -1) @ do_blk  # (..., H, bk, E)
+            dv[..., j0:j1, :] += dv_h.reshape(*dims.batch, K, G, bk, E).sum(dim=-3)
+            dp = do_blk @ v_blk.transpose(-2, -1)  # (..., H, bq, bk)
+
+            # 5. softmax:  dS = P * (dP - D); zero wherever P is (masked, -inf bias, no key).
+            ds = dp.sub_(delta).mul_(p)  # (..., H, bq, bk)
+
+            # 3. additive terms:  dbias += dS, summed to the bias block's shape.
+            if dbias is not None:
+                _block(_block(dbias, -2, i0, i1), -1, j0, j1).add_(ds.sum_to_size(bias_blk.shape))
+
+            # 2. softcap:  dS *= 1 - tanh^2(s / softcap).
+            if tanh is not None:
+                ds = ds * (1.0 - tanh * tanh)
+
+            # 1. scores:  dQ += dS K * scale;  dK += dS^T Q * scale (summed over the group).
+            dq[..., i0:i1, :] += (ds @ k_blk).mul_(dims.scale)  # (..., H, bq, D)
+            dk_h = (ds.transpose(-2, -1) @ q_blk).mul_(dims.scale)  # (..., H, bk, D)
+            dk[..., j0:j1, :] += dk_h.reshape(*dims.batch, K, G, bk, D).sum(dim=-3)
+            del s, p, dp, ds  # this block's tensors go before the next block's are made
+
+    dsinks = None if dsinks is None else dsinks.reshape(-1, H, L).sum(dim=(0, 2))  # (H,)
+    return dq, dk, dv, dbias, dsinks
+
+
+class FlashAttention(torch.autograd.Function):
+    """The tiled attention as one autograd node: the forward saves the inputs, the output and
+    ``lse`` only; the backward recomputes every block it needs (:func:`_backward`).
+
+    ``apply(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config)`` returns
+    ``(output in the input dtype, lse in the compute dtype)``; ``config`` is ``(dims, offset,
+    block_q, block_k)``. Differentiable: query, key, value, bias, sinks.
+    """
+
+    @staticmethod
+    def forward(ctx, query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config):
+        blocks, sinks_ct = _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
+                                   config)  # fmt: skip
+        out, lse = _forward(blocks, sinks_ct)  # (..., H, L, E), (..., H, L), compute dtype
+        ctx.save_for_backward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
+                              out, lse)  # fmt: skip
+        ctx.config = config
+        ctx.mark_non_differentiable(lse)
+        return out.to(query.dtype), lse
+
+    @staticmethod
+    def backward(ctx, grad_output, _grad_lse):
+        query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse = ctx.saved_tensors
+        blocks, sinks_ct = _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
+                                   ctx.config)  # fmt: skip
+        do = grad_output.to(out.dtype)  # (..., H, L, E) in the compute dtype
+        dq, dk, dv, dbias, dsinks = _backward(blocks, sinks_ct, out, lse, do)
+
+        # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
+        def back(grad, given):
+            return None if given is None else grad.sum_to_size(given.shape).to(given.dtype)
+
+        grads = (back(dq, query), back(dk, key), back(dv, value), back(dbias, bias),
+                 back(dsinks, sinks))  # fmt: skip
+        return (*grads, None, None, None, None, None)
+
+
+def _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config):
+    """The :class:`_Blocks` of a validated call, in the compute dtype, and its sinks."""
+    dims, offset, block_q, block_k = config
+    ct = _compute_dtype(query.dtype)
+    blocks = _Blocks(dims, offset, query.to(ct), key.to(ct), value.to(ct), mask,
+                     _cast(bias, ct), q_ids, kv_ids, _cast(slopes, ct), block_q,
+                     block_k)  # fmt: skip
+    return blocks, _cast(sinks, ct)
 
 
 def flash_attention(
@@ -100,7 +363,8 @@ def flash_attention(
     Returns the output in the query's dtype (rows with no allowed key are zeros, with zero
     gradient), or ``(output, lse)`` when ``return_lse``. Key blocks outside the causal and
     window bands are never visited, blocks whose segments cannot meet are skipped, and only the
-    blocks a rule's boundary crosses are masked elementwise.
+    blocks a rule's boundary crosses are masked elementwise. Differentiable in query, key,
+    value, bias and sinks through :class:`FlashAttention`, in O(L + S) memory.
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
@@ -125,102 +389,67 @@ def flash_attention(
     )
     check_block_sizes(block_q, block_k)
     return_lse = check_flag("return_lse", return_lse)
-    ct = _compute_dtype(query.dtype)
-    H, K, G, L, S, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.E
-    offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
-    device = query.device
+    offset = causal_offset(
+        dims.L, dims.S, causal_alignment
+    )  # query i sees key j iff j <= i + offset
+    config = (dims, offset, block_q, block_k)
+    out, lse = FlashAttention.apply(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
+                                    config)  # fmt: skip
+    return (out, lse) if return_lse else out  # lse: (..., H, L) in the compute dtype
 
-    q = query.to(ct)  # (..., H, L, D)
-    k = key.to(ct)  # (..., K, S, D)
-    v = value.to(ct)  # (..., K, S, E)
-    bias, sinks, slopes = _cast(bias, ct), _cast(sinks, ct), _cast(slopes, ct)
 
-    outs = [q.new_zeros((*dims.batch, H, 0, E))]  # an empty first piece: L = 0 needs no case
-    lses = [q.new_zeros((*dims.batch, H, 0))]
-    for i0 in range(0, L, block_q):  # one block of query rows at a time
-        i1 = min(i0 + block_q, L)
-        bq = i1 - i0
-        m = q.new_full((*dims.batch, H, bq, 1), float("-inf"))  # running row max of the scores
-        l = q.new_zeros((*dims.batch, H, bq, 1))  # running row sum of exp(s - m)
-        acc = q.new_zeros((*dims.batch, H, bq, E))  # running sum of exp(s - m) @ value
-        i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
-        q_ids_rows = _block(q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
+def flash_attention_vjp(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    grad_output: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    block_q: int = BLOCK_Q,
+    block_k: int = BLOCK_K,
+) -> AttentionGrads:
+    """The gradients of ``<flash_attention(...), grad_output>``, by autograd through
+    :class:`FlashAttention` (whose backward is the tiled one).
 
-        # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows
-        #    are masked for every row, so their blocks are never visited (a window of W keys
-        #    costs W, not S); a block whose segments cannot meet is skipped. The key blocks
-        #    start at the band's first key, so a band of block_k keys is one block, not two.
-        lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, S)
-        for j0 in range(lo, hi, block_k):  # one block of keys at a time
-            j1 = min(j0 + block_k, S)
-            bk = j1 - j0
-            kv_ids_blk = _block(kv_ids, -1, j0, j1)  # (..., bk)
-            some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
-                                      q_ids_rows, kv_ids_blk)  # fmt: skip
-            if not some:
-                continue
+    Args: those of :func:`flash_attention` (without ``return_lse``), and ``grad_output``
+        ``(..., H, L, E)``, the cotangent ``dO`` of the output (its exact shape).
 
-            # 4. allowed, this block: the rules a boundary crosses, elementwise (mask AND
-            #    causal AND window AND segment); a block inside every band needs none of them.
-            j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
-            mask_blk = _block(_block(mask, -2, i0, i1), -1, j0, j1)
-            if every:
-                allowed = mask_blk  # (..., bq|1, bk|1) or None
-            else:
-                allowed = _allowed(dims, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
-            bias_blk = _block(_block(bias, -2, i0, i1), -1, j0, j1)
-            attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
-            k_blk = _unattended_zeroed(k[..., j0:j1, :], attended)  # (..., K, bk, D)
-            v_blk = _unattended_zeroed(v[..., j0:j1, :], attended)  # (..., K, bk, E)
+    Returns ``AttentionGrads(query, key, value, bias, sinks)`` as
+    :func:`impl_torch.functional.scaled_dot_product_attention_vjp` does.
+    """
+    query, key, value, grad_output, mask, bias, *v2 = _as_tensors(
+        query, key, value, grad_output, mask, bias, q_segment_ids, kv_segment_ids, sinks,
+        alibi_slopes,
+    )  # fmt: skip
+    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
+    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+                    softcap=softcap, window=window)  # fmt: skip
+    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    check_block_sizes(block_q, block_k)
+    check_grad_output(dims, grad_output)
 
-            # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-            q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
-            k_blk = k_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, D); h reads kv h // G
-            s = (q_blk @ k_blk.transpose(-2, -1)).mul_(dims.scale)  # (..., H, bq, bk)
-
-            # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
-            if dims.softcap is not None:
-                s = dims.softcap * torch.tanh(s / dims.softcap)
-
-            # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
-            #    -slope[h] * |i + offset - j| at this block's rows and keys.
-            if bias_blk is not None:
-                s = s + bias_blk
-            if slopes is not None:
-                s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, bq, bk)
-
-            # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
-            if allowed is not None:
-                s = torch.where(allowed, s, float("-inf"))
-
-            # 5. online softmax: raise the running max, rescale what was summed under the old
-            #    one by exp(m_old - m_new), add this block's exp(s - m_new).
-            m_new = torch.maximum(m, s.detach().amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
-            shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
-            alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
-            p = (s - shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); exp(s - max) <= 1
-            l = alpha * l + p.sum(dim=-1, keepdim=True)
-
-            # 6. output, accumulated: acc = alpha * acc + p @ value.
-            v_blk = v_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, E)
-            acc = alpha * acc + p @ v_blk  # (..., H, bq, E)
-            m = m_new
-            del s, p  # this block's scores go before the next block's are made
-
-        # 5. (end) the sink joins the denominator once, as one more logit with no value; then
-        #    divide by the row sum once, after the last key block. A row with no allowed key
-        #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
-        empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
-        if sinks is not None:
-            m_sink = torch.maximum(m, sinks.detach()[:, None, None])  # (..., H, bq, 1)
-            shift = torch.where(torch.isfinite(m_sink), m_sink, 0.0)
-            alpha = torch.exp(m - shift)
-            l = alpha * l + (sinks[:, None, None] - shift).clamp(max=0.0).exp()
-            acc, m = alpha * acc, m_sink
-        l = torch.where(empty, 1.0, l)
-        outs.append(acc / l)  # (..., H, bq, E)
-        lses.append(torch.where(empty, float("-inf"), m + torch.log(l)).squeeze(-1))  # (..., H, bq)
-
-    out = torch.cat(outs, dim=-2).to(query.dtype)  # (..., H, L, E)
-    lse = torch.cat(lses, dim=-1)  # (..., H, L) in the compute dtype
-    return (out, lse) if return_lse else out
+    # The differentiated inputs as leaves of a new graph (what was not given stays None).
+    given = {"query": query, "key": key, "value": value, "bias": bias, "sinks": kw["sinks"]}
+    leaves = {n: None if x is None else x.detach().requires_grad_() for n, x in given.items()}
+    with torch.enable_grad():
+        out = flash_attention(
+            leaves["query"], leaves["key"], leaves["value"], mask=mask, bias=leaves["bias"],
+            q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"],
+            sinks=leaves["sinks"], alibi_slopes=kw["alibi_slopes"], block_q=block_q,
+            block_k=block_k, **keywords,
+        )  # fmt: skip
+    wrt = [x for x in leaves.values() if x is not None]
+    grads = torch.autograd.grad(out, wrt, grad_output.to(out.dtype), allow_unused=True,
+                                materialize_grads=True)  # fmt: skip
+    grads = iter(grads)
+    return AttentionGrads(**{n: None if x is None else next(grads) for n, x in leaves.items()})

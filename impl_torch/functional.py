@@ -19,15 +19,23 @@ import torch
 
 from attention_spec import (
     AttentionDims,
+    AttentionGrads,
     alibi_slope_values,
     causal_offset,
     check_attention,
     check_causal_mask_args,
+    check_grad_output,
     check_size,
 )
 from attention_spec.rules import alibi, causal, segments, window
 
-__all__ = ["alibi_slopes", "attention_weights", "causal_mask", "scaled_dot_product_attention"]
+__all__ = [
+    "alibi_slopes",
+    "attention_weights",
+    "causal_mask",
+    "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
+]
 
 
 def causal_mask(
@@ -299,3 +307,64 @@ def scaled_dot_product_attention(
     # 6. output = weights @ value, then back to the input dtype.
     v = value.to(weights.dtype).repeat_interleave(dims.G, dim=-3)  # (..., H, S, E)
     return (weights @ v).to(query.dtype)  # (..., H, L, E)
+
+
+def scaled_dot_product_attention_vjp(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    grad_output: torch.Tensor,
+    *,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> AttentionGrads:
+    """The gradients of ``<scaled_dot_product_attention(...), grad_output>``, by autograd.
+
+    Args:
+        query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, window,
+            q_segment_ids, kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`scaled_dot_product_attention`.
+        grad_output: ``(..., H, L, E)``, the cotangent ``dO`` of the output (its exact shape).
+
+    Returns ``AttentionGrads(query, key, value, bias, sinks)``: ``dQ (..., H, L, D)``,
+    ``dK (..., K, S, D)``, ``dV (..., K, S, E)``, ``dbias`` of the bias's shape (None without a
+    bias), ``dsinks (H,)`` (None without sinks), each in its input's dtype. The forward above
+    is differentiated as written (``torch.autograd.grad``): it is built so that masked
+    positions, ``-inf`` bias entries, rows with no allowed key and keys no query attends get
+    exactly zero gradient (the row max is detached; unattended rows are selected away, not
+    multiplied by zero). impl_numpy writes the same backward out by hand.
+    """
+    query, key, value, grad_output, mask, bias, *v2 = _as_tensors(
+        query, key, value, grad_output, mask, bias, q_segment_ids, kv_segment_ids, sinks,
+        alibi_slopes,
+    )  # fmt: skip
+    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
+    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
+                    softcap=softcap, window=window)  # fmt: skip
+    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    check_grad_output(dims, grad_output)
+
+    # The differentiated inputs as leaves of a new graph (what was not given stays None).
+    given = {"query": query, "key": key, "value": value, "bias": bias, "sinks": kw["sinks"]}
+    leaves = {n: None if x is None else x.detach().requires_grad_() for n, x in given.items()}
+    with torch.enable_grad():
+        out = scaled_dot_product_attention(
+            leaves["query"], leaves["key"], leaves["value"], mask=mask, bias=leaves["bias"],
+            q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"],
+            sinks=leaves["sinks"], alibi_slopes=kw["alibi_slopes"], **keywords,
+        )  # fmt: skip
+    wrt = [x for x in leaves.values() if x is not None]
+    grads = torch.autograd.grad(
+        out, wrt, grad_output.to(out.dtype), allow_unused=True, materialize_grads=True
+    )  # an unused input (S = 0): zeros
+    grads = iter(grads)
+    return AttentionGrads(**{n: None if x is None else next(grads) for n, x in leaves.items()})

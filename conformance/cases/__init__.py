@@ -14,6 +14,8 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.module_masks`: the modules and KV-cache decoding with contract v2's
   window, sinks, ALiBi, softcap and segment ids (``module.v2.*``, ``decode.v2.*``), a rolling
   cache included;
+- :mod:`~conformance.cases.grads`: the backward pass (``grad.*``, also run against
+  ``flash_attention_vjp``) and its tiling (``flash_grad.*``).
 - :mod:`~conformance.cases.ring`: sharded attention, ring and head-parallel (``ring.*``), and
   the sharded rules of the taxonomy (``ring.error.*``);
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
@@ -28,6 +30,7 @@ from conformance.cases import (  # noqa: F401
     decode,
     errors,
     flash,
+    grads,
     masks,
     module_masks,
     modules,

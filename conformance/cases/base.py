@@ -62,6 +62,8 @@ OP_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "causal_mask": ("causal_mask",),
     "module": ("module", "head_parallel_gqa"),
     "decode": ("decode",),
+    "grad": ("grad", "flash_grad"),
+    "flash_grad": ("flash_grad",),
     "ring": SHARDED,
 }
 

@@ -43,6 +43,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from attention_spec import AttentionGrads
 from conformance.ports import jax_adapter
 from conformance.ports.jax_adapter import from_numpy, to_numpy
 from conformance.ports.precision import jax_highest
@@ -53,6 +54,7 @@ __all__ = [
     "pinned",
     "prepare",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
     "to_numpy",
 ]
 
@@ -142,6 +144,42 @@ def scaled_dot_product_attention(
     return out.reshape(*batch, H, L, E)
 
 
+def scaled_dot_product_attention_vjp(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    grad_output: jax.Array,
+    *,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    implementation: str | None = None,
+) -> AttentionGrads:
+    """JAX's own backward of its kernel: ``jax.vjp`` of :func:`scaled_dot_product_attention`
+    (the same call, the same translation) with ``grad_output`` as the cotangent. Gradients for
+    query, key, value and bias (None where not given); no sinks (NotImplementedError)."""
+    keywords = dict(mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
+                    scale=scale, softcap=softcap, window=window, q_segment_ids=q_segment_ids,
+                    kv_segment_ids=kv_segment_ids, sinks=sinks, alibi_slopes=alibi_slopes,
+                    implementation=implementation)  # fmt: skip
+
+    def forward(query, key, value, bias):
+        return scaled_dot_product_attention(query, key, value, bias=bias, **keywords)
+
+    with jax_highest():
+        out, pullback = jax.vjp(forward, query, key, value, bias)
+        dq, dk, dv, dbias = pullback(grad_output.astype(out.dtype))
+    return AttentionGrads(dq, dk, dv, dbias, None)
+
+
 def attention_weights(
     query: jax.Array,
     key: jax.Array,
@@ -193,7 +231,11 @@ def pinned(implementation: str) -> types.ModuleType:
     ``conformance.ports.jax_fused[<implementation>]``; its xfails are this port's own file."""
     port = types.ModuleType(f"{__name__}[{implementation}]", f"jax.nn.dpa, {implementation}")
     port.__file__ = __file__
-    for name in ("scaled_dot_product_attention", "attention_weights"):
+    for name in (
+        "scaled_dot_product_attention",
+        "attention_weights",
+        "scaled_dot_product_attention_vjp",
+    ):
         setattr(port, name, functools.partial(globals()[name], implementation=implementation))
     port.from_numpy, port.to_numpy, port.prepare = from_numpy, to_numpy, prepare
     return port

@@ -40,6 +40,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
+from attention_spec import AttentionGrads
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
@@ -50,6 +51,7 @@ __all__ = [
     "from_numpy",
     "pinned",
     "scaled_dot_product_attention",
+    "scaled_dot_product_attention_vjp",
     "to_numpy",
 ]
 
@@ -141,6 +143,32 @@ def scaled_dot_product_attention(
         )
 
 
+def scaled_dot_product_attention_vjp(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    grad_output: torch.Tensor,
+    *,
+    bias: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    **keywords: Any,
+) -> AttentionGrads:
+    """torch's own backward of its SDPA kernel: ``torch.autograd.grad`` of
+    :func:`scaled_dot_product_attention` (the same call, keywords translated the same way) with
+    ``grad_output`` as the cotangent. Gradients for query, key, value and bias (None where not
+    given); sinks do not exist in torch (NotImplementedError, from the forward)."""
+    wanted = [x.detach().requires_grad_() for x in (query, key, value)]
+    if bias is not None:
+        bias = bias.detach().requires_grad_(bias.is_floating_point())
+    with torch.enable_grad():
+        out = scaled_dot_product_attention(*wanted, bias=bias, sinks=sinks, **keywords)
+        inputs = wanted + ([bias] if bias is not None and bias.requires_grad else [])
+        with torch_ieee_float32():
+            grads = torch.autograd.grad(out, inputs, grad_output, allow_unused=True)
+    dbias = grads[3] if len(grads) > 3 else None
+    return AttentionGrads(grads[0], grads[1], grads[2], dbias, None)
+
+
 def _v2_as_mask_and_bias(mask, bias, device, L, S, alignment, window, q_ids, kv_ids, slopes):
     """The window and segments folded into the boolean mask, ALiBi into the bias."""
     offset = 0 if alignment == "top_left" else S - L
@@ -212,5 +240,6 @@ def pinned(name: str) -> types.ModuleType:
 
     port.scaled_dot_product_attention = pin(scaled_dot_product_attention)
     port.attention_weights = pin(attention_weights)
+    port.scaled_dot_product_attention_vjp = pin(scaled_dot_product_attention_vjp)
     port.from_numpy, port.to_numpy = from_numpy, to_numpy
     return port

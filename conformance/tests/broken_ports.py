@@ -5,7 +5,9 @@
 named bug switched on. With no bug it passes the whole suite (a test asserts that), so every
 failure of a broken port is the bug's. The ``flash_*`` bugs give the port a ``flash_attention``:
 the broken tiled versions of ``flash_broken.py`` (the classic online-softmax bugs); its
-unbroken version (the same code with no bug) passes every flash run.
+unbroken version (the same code with no bug) passes every flash run. The ``grad_*`` bugs give
+it the two ``*_vjp`` functions of ``grad_broken.py`` (the backward pass's bugs), whose unbroken
+version passes every grad and flash_grad run.
 
 Each bug is a mistake seen in real attention code; :data:`BUGS` says what it does and names one
 run that must catch it.
@@ -218,6 +220,40 @@ BUGS: dict[str, tuple[str, str]] = {
         "flash: a running max of -inf is used as the shift: NaN where a block has no allowed key",
         "flash.tiling.left_padding.l17_s203.float32",
     ),
+    # -- the backward pass: grad_broken.py ----------------------------------------------
+    "grad_kv_not_summed": (
+        "grad: dK and dV of a key/value head are its group's first query head's, not summed",
+        "grad.gqa.h6_k2.float32",
+    ),
+    "grad_kv_summed_tiling": (
+        "grad: dK and dV summed over the query heads h % K == n (tiling), not h // G == n",
+        "grad.gqa.h6_k2.float32",
+    ),
+    "grad_softcap_factor_missing": (
+        "grad: the softcap's factor 1 - tanh^2(s / softcap) left out of dS",
+        "grad.softcap.cap30.float32",
+    ),
+    "grad_delta_missing": (
+        "grad: dS = P * dP, without the - rowsum(dO * O) term of the softmax backward",
+        "grad.basic.mha.float32",
+    ),
+    "grad_nan_fully_masked": (
+        "grad: P = exp(S - lse) unguarded: NaN in rows with no allowed key (lse = -inf)",
+        "grad.fully_masked.bool_row.float32",
+    ),
+    "grad_dbias_not_reduced": (
+        "grad: dbias returned at (..., H, L, S), not summed to the bias's broadcast shape",
+        "grad.bias_broadcast.ls.float32",
+    ),
+    "grad_scale_twice": ("grad: dQ multiplied by the scale twice", "grad.scale.custom.float32"),
+    "grad_lse_offset": (
+        "grad, tiled: a block's weights rebuilt with the lse rows at the key block's offset",
+        "flash_grad.tiling.lse_rows.l113_s203.float32",
+    ),
+    "grad_skip_diagonal_block": (
+        "grad, tiled: under causal masking, the key blocks the diagonal crosses are skipped",
+        "flash_grad.tiling.blocks_7.causal.l113_s203.float32",
+    ),
 }
 
 
@@ -232,11 +268,15 @@ class _Cache(NamedTuple):
     slots: int | None = None  # a rolling cache's min(left + 1, max_len)
 
 
-def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace:
+def make_port(
+    bug: str | None = None, *, flash: bool = False, grad: bool = False
+) -> SimpleNamespace:
     """A NumPy port of the contract with ``bug`` (a key of :data:`BUGS`) switched on.
 
     ``flash=True`` (implied by a ``flash_*`` bug) adds a ``flash_attention``: the tiled code of
-    ``flash_broken.py`` with that bug, or with none.
+    ``flash_broken.py`` with that bug, or with none. ``grad=True`` (implied by a ``grad_*``
+    bug) adds ``scaled_dot_product_attention_vjp`` and ``flash_attention_vjp``: the backward of
+    ``grad_broken.py`` with that bug, or with none.
     """
     if bug is not None and bug not in BUGS:
         raise KeyError(bug)
@@ -465,6 +505,11 @@ def make_port(bug: str | None = None, *, flash: bool = False) -> SimpleNamespace
         flash_bug = bug.removeprefix("flash_") if bug else "none"
         tiled = partial(flash_broken._broken_flash, bug=flash_bug)
         port.flash_attention = flash_broken.BROKEN.get(flash_bug, tiled)
+    if grad or (bug or "").startswith("grad_"):
+        from conformance.tests.grad_broken import vjp_pair
+
+        grad_bug = bug.removeprefix("grad_") if bug else "none"
+        port.scaled_dot_product_attention_vjp, port.flash_attention_vjp = vjp_pair(grad_bug)
     return port
 
 

@@ -22,9 +22,16 @@ V2_FAMILIES = ("window", "segments", "sinks", "alibi")
 V2_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in V2_FAMILIES]
 
 
+GRAD_BUGS = [b for b in BUGS if b.startswith("grad_")]
+GRAD_FUNCTIONS = ("grad", "flash_grad")
+
+
 def _report(bug: str | None) -> Report:
+    """The whole suite for a bug; the gradient runs alone for a backward bug (the forward is
+    the unbroken port's, which the first test proves)."""
     if bug not in _REPORTS:
-        _REPORTS[bug] = run_suite(make_port(bug))
+        grad = bug is not None and bug.startswith("grad_")
+        _REPORTS[bug] = run_suite(make_port(bug), functions=GRAD_FUNCTIONS if grad else None)
     return _REPORTS[bug]
 
 
@@ -34,6 +41,13 @@ def test_the_unbroken_port_passes_everything() -> None:
     assert report.counts()["pass"] == len(report.outcomes) > 400
     ran = {o.run_id.split(".")[0] for o in report.outcomes}
     assert ran == {"sdpa", "weights", "causal_mask", "flash", "module", "decode", "rope"}
+
+
+def test_the_unbroken_backward_passes_every_gradient_run() -> None:
+    report = run_suite(make_port(None, grad=True), functions=GRAD_FUNCTIONS)
+    assert report.ok, "\n".join(o.line() for o in report.failures)
+    assert report.counts()["pass"] == len(report.outcomes) > 150
+    assert {o.run_id.split(".")[0] for o in report.outcomes} == set(GRAD_FUNCTIONS)
 
 
 @pytest.mark.parametrize("bug", list(BUGS))
@@ -53,6 +67,7 @@ def test_every_broken_port_is_caught_and_counted(capsys: pytest.CaptureFixture) 
             print(f"  {bug:<26} {n:>4} failing runs  ({BUGS[bug][0]})")
     assert len(BUGS) >= 12 + 12 + 5 + 4  # functional v1 and v2, module and decode, flash
     assert len(MODULE_BUGS) >= 5 and len(FLASH_BUGS) == 4 and len(V2_BUGS) >= 12
+    assert len(GRAD_BUGS) >= 9
     assert all(n > 0 for n in caught.values())
 
 
@@ -179,3 +194,21 @@ def test_rope_bugs_fail_rope_runs_only(bug: str) -> None:
         assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
     if bug == "rope_angles_low_precision":  # float32 angles are what the bound allows, no more
         assert set(failed) == {f"rope.positions.large_1e5.{d}" for d in ("float16", "bfloat16")}
+
+
+def test_gradient_tiling_is_told_apart_from_contiguous_groups() -> None:
+    """dK and dV summed over h % K: GQA 6:2 fails in every dtype, MQA 8:1 (one key/value head,
+    where both mappings agree) passes; not summing at all fails 6:2 and 8:1."""
+    tiled = {o.run_id for o in _report("grad_kv_summed_tiling").failures}
+    unsummed = {o.run_id for o in _report("grad_kv_not_summed").failures}
+    for dtype in ("float64", "float32", "float16", "bfloat16"):
+        assert f"grad.gqa.h6_k2.{dtype}" in tiled and f"grad.gqa.h6_k2.{dtype}" in unsummed
+    assert "grad.gqa.h8_k1.float32" not in tiled and "grad.gqa.h8_k1.float32" in unsummed
+    assert "grad.basic.mha.float32" not in tiled | unsummed  # G = 1: nothing to sum
+
+
+@pytest.mark.parametrize("bug", ["grad_lse_offset"])
+def test_tiled_backward_bugs_fail_only_the_tiled_runs(bug: str) -> None:
+    """With one block the key block's offset is the query block's: only flash_grad sees it."""
+    failed = {o.run_id.split(".")[0] for o in _report(bug).failures}
+    assert failed == {"flash_grad"}

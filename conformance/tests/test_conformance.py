@@ -5,7 +5,7 @@ Test ids read ``<impl>-<run id>``, e.g. ``numpy-sdpa.gqa.h6_k2.float32`` or
 implementation as soon as it exports them. The same runs, with a table, are
 ``python -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax``.
 
-Two subsets are left to that command:
+Three subsets are left to that command:
 
 - JAX's token-by-token decode runs in float64, float16 and bfloat16. The JAX KV cache's position
   is static, so every decode step compiles once (about 0.3 s on a loaded 2-core machine; 60
@@ -16,6 +16,10 @@ Two subsets are left to that command:
   only if told before it starts; tests/test_sharded.py runs the same checks of the runner in a
   gloo group of 2 and of 4 processes (every torch run) and on 8 simulated JAX devices (a chosen
   list: one compilation each).
+- JAX's tiled backward (``flash_grad``) in float64, float16 and bfloat16 (42 runs), and its plain
+  ``grad`` in float16 and bfloat16 (32 runs): each run compiles a forward and a backward (the
+  ``custom_vjp``'s two scans: several seconds); here every ``flash_grad`` case runs in float32
+  and every ``grad`` case in float32 and float64.
 
 NumPy runs everything.
 """
@@ -40,6 +44,8 @@ IMPLS = {"numpy": "impl_numpy", "torch": "impl_torch", "jax": "impl_jax"}
 #: (implementation, glob over run ids): runs left to ``make conformance`` (see the docstring).
 LEFT_TO_THE_CLI = [("jax", f"decode.*.tokens.{d}") for d in ("float64", "float16", "bfloat16")]
 LEFT_TO_THE_CLI += [(fw, f"{alias}.*") for fw in ("torch", "jax") for alias in SHARDED_ALIASES]
+LEFT_TO_THE_CLI += [("jax", f"flash_grad.*.{d}") for d in ("float64", "float16", "bfloat16")]
+LEFT_TO_THE_CLI += [("jax", f"grad.*.{d}") for d in ("float16", "bfloat16")]
 _PORTS: dict[str, Port] = {}
 
 

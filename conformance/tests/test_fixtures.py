@@ -84,7 +84,7 @@ def _codes(ops: tuple[str, ...]) -> set[str]:
 def test_error_cases_cover_every_functional_rule_of_the_taxonomy() -> None:
     # SHARDED_ERROR_CODES: no ring fixtures yet (conformance/ring_cases.py); tests/test_sharded.py
     functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
-    assert _codes(("sdpa", "causal_mask")) == functional
+    assert _codes(("sdpa", "causal_mask", "grad")) == functional  # grad: grad_output_shape
     assert _codes(("rope",)) >= ROTARY_ERROR_CODES  # and rank, not_a_bool, ... of x and keywords
     for case in MANIFEST.cases:
         if case.kind == "error":

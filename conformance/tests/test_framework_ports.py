@@ -38,14 +38,59 @@ from conformance.runner import (
     runs_for,
 )
 
+#: The required aliases: what a kernel port is run on (none of them has flash_attention).
+_KERNEL_FUNCTIONS = [alias for alias, spec in FUNCTIONS.items() if spec.required]
+
 
 @pytest.mark.parametrize("name", ["torch_fused", "jax_fused"])
 def test_deviations_are_exactly_the_xfails(name: str) -> None:
     pytest.importorskip(name.split("_")[0])
-    report = run_suite(name)
+    report = run_suite(name, functions=_KERNEL_FUNCTIONS)
     print(report.table())
     assert report.ok, "\n".join(o.line() for o in report.failures)
     assert report.counts()["xfail"] > 0
+
+
+#: The gradient runs the backward tests read by id, besides one per family.
+_GRAD_PINNED = (
+    "grad.basic.mha.float64",
+    "grad.fully_masked.bool_row.float32",
+    "grad.fully_masked.neg_inf_bias_row.float32",
+    "grad.garbage.padding.float32",
+)
+
+
+def _grad_subset() -> list[str]:
+    """One ``grad`` run per family (its float32 run, else its first) and :data:`_GRAD_PINNED`:
+    each JAX run compiles a forward and a backward. ``make conformance-frameworks`` runs all."""
+    chosen: dict[str, str] = {}
+    for run in runs_for(functions=["grad"]):
+        if run.family not in chosen or (
+            run.case.dtype == "float32" and not chosen[run.family].endswith(".float32")
+        ):
+            chosen[run.family] = run.id
+    return sorted(set(chosen.values()) | set(_GRAD_PINNED))
+
+
+@pytest.mark.parametrize("name", ["torch_fused", "jax_fused"])
+def test_backward_deviations_are_exactly_the_xfails(name: str) -> None:
+    """The kernels' own backward (``torch.autograd.grad``, ``jax.vjp`` through the port's
+    forward) against the oracle's gradients: torch's deviations are its forward's, JAX's add
+    float32 gradients for float64 inputs and NaN from garbage at unattended keys."""
+    pytest.importorskip(name.split("_")[0])
+    subset = set(_grad_subset())
+    report = run_suite(name, functions=["grad"], select=lambda run: run.id in subset)
+    print(report.table())
+    assert report.ok, "\n".join(o.line() for o in report.failures)
+    assert len(report.outcomes) == len(subset)
+    outcome = {o.run_id: o for o in report.outcomes}
+    assert outcome["grad.fully_masked.bool_row.float32"].status == (
+        "pass" if name == "torch_fused" else "xfail"
+    )
+    assert outcome["grad.garbage.padding.float32"].status == "xfail"
+    assert outcome["grad.basic.mha.float64"].status == (
+        "pass" if name == "torch_fused" else "xfail"
+    )
 
 
 def _outcome(name: str, run_id: str):
@@ -75,9 +120,6 @@ def test_torch_fully_masked_rows_are_zero() -> None:
 # ---------------------------------------------------------------------------------------------
 # More frameworks' kernels (the `frameworks` extra): MLX's fast SDPA, keras.ops on JAX and torch
 # ---------------------------------------------------------------------------------------------
-
-#: The required aliases: what a kernel port is run on (none of them has flash_attention).
-_KERNEL_FUNCTIONS = [alias for alias, spec in FUNCTIONS.items() if spec.required]
 
 
 def _subset(pinned: Iterable[str] = ()) -> list[str]:
