@@ -114,6 +114,10 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         DimensionMismatchError,
         "a KV cache whose heads K, head dims D/E or length do not fit the module",
     ),
+    "rolling_cache": (
+        ConfigError,
+        "a rolling KV cache for a module without a window's left side, or given mask/bias/ids",
+    ),
     # -- rotary position embedding (apply_rotary; modules with rope_theta) -------------------
     "rotary_dim": (ConfigError, "rotary_dim not an even integer in [2, D]"),
     "rope_theta": (
@@ -145,7 +149,7 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
 #: other code belongs to the functional API.
 MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
-     "cache_mismatch"}
+     "cache_mismatch", "rolling_cache"}
 )  # fmt: skip
 
 #: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,

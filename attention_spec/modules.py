@@ -14,6 +14,8 @@ The canonical weights, the one format every module loads and exports, are a flat
 A kernel is ``(in, out)``: ``y = x @ kernel + bias``. Head h owns features ``[h*D:(h+1)*D]`` of
 the query projection (``[h*E:(h+1)*E]`` of the output projection's input); key/value head k
 owns ``[k*D:(k+1)*D]`` and ``[k*E:(k+1)*E]``. The biases are all present or all absent.
+A module built with ``sinks=True`` has one more weight, ``sinks (H,)``: the learned sink logit of
+each query head (SEMANTICS.md v2, step 5).
 
 Shape letters: B batch, H query heads, K key/value heads (G = H // K), L query length,
 S key/value length, D query/key head dim, E value head dim, M model width (d_model).
@@ -34,13 +36,16 @@ from attention_spec.validate import (
     SUPPORTED_DTYPES,
     ArraySpec,
     AttentionDims,
+    _check_ranges,
     broadcast_shapes,
     check_alignment,
     check_attention,
+    check_config,
     check_dtype,
     check_flag,
     check_given,
     check_size,
+    check_window,
     describe,
     divisors,
     dtype_name,
@@ -51,7 +56,9 @@ __all__ = [
     "CANONICAL_FORMAT",
     "METADATA_KEY",
     "PROJECTIONS",
+    "AttentionOptions",
     "ModuleDims",
+    "check_attention_options",
     "check_cache_size",
     "check_canonical",
     "check_decode_inputs",
@@ -87,6 +94,7 @@ class ModuleDims:
     D: int
     E: int
     bias: bool = True
+    sinks: bool = False
 
     @property
     def G(self) -> int:
@@ -103,6 +111,8 @@ class ModuleDims:
             shapes[f"{name}.kernel"] = (n_in, n_out)
             if self.bias:
                 shapes[f"{name}.bias"] = (n_out,)
+        if self.sinks:
+            shapes["sinks"] = (H,)  # one learned sink logit per query head
         return shapes
 
     def __str__(self) -> str:
@@ -146,6 +156,7 @@ def check_module_config(
     *,
     bias: bool = True,
     dtype: str = "float32",
+    sinks: bool = False,
 ) -> ModuleDims:
     """Validate the constructor arguments of a module and return its sizes.
 
@@ -165,6 +176,7 @@ def check_module_config(
     if value_head_dim is not None:
         check_size("value_head_dim (E)", value_head_dim)
     bias = check_flag("bias", bias)
+    sinks = check_flag("sinks", sinks)
     check_dtype("module", dtype)
     if head_dim is None and d_model % n_heads:
         choices = divisors(d_model)
@@ -188,9 +200,55 @@ def check_module_config(
     D = d_model // n_heads if head_dim is None else head_dim
     E = D if value_head_dim is None else value_head_dim
     dims = ModuleDims(M=int(d_model), H=int(n_heads), K=int(n_kv_heads), D=int(D), E=int(E),
-                      bias=bias)  # fmt: skip
+                      bias=bias, sinks=sinks)  # fmt: skip
     check_allocatable(dims, dtype)
     return dims
+
+
+@dataclass(frozen=True)
+class AttentionOptions:
+    """A module's contract-v2 settings (SEMANTICS.md v2), validated, passed to every attention
+    call it makes: ``window`` (a pair of ints or None), ``softcap`` and ``scale`` (Python floats
+    or None), ``alibi`` (the slopes ``alibi_slopes(H)``, or none) and ``sinks`` (a learned
+    ``sinks (H,)`` weight, or none)."""
+
+    window: tuple[int | None, int | None] | None = None
+    sinks: bool = False
+    alibi: bool = False
+    softcap: float | None = None
+    scale: float | None = None
+
+    @property
+    def left(self) -> int | None:
+        """The window's left side (None: no window, or unbounded to the left)."""
+        return None if self.window is None else self.window[0]
+
+    def module_keywords(self) -> dict[str, Any]:
+        """The constructor's keywords that rebuild these settings, only those not at their
+        default (a weight file of a v1 module keeps its v1 metadata). ``sinks`` is left out: it
+        travels as a weight, and ``from_canonical`` reads it from there."""
+        config = {"window": None if self.window is None else list(self.window),
+                  "alibi": self.alibi, "softcap": self.softcap, "scale": self.scale}  # fmt: skip
+        return {k: v for k, v in config.items() if v not in (None, False)}
+
+
+def check_attention_options(
+    dtype: str,
+    *,
+    window: object = None,
+    sinks: object = False,
+    alibi: object = False,
+    softcap: object = None,
+    scale: object = None,
+) -> AttentionOptions:
+    """Validate a module's v2 keywords, with the errors of the functional API for the same
+    values (``window_value``, ``softcap_not_positive``, ``scale_range``, ...; ``not_a_bool``
+    for the flags), before any weight is made."""
+    sinks, alibi = check_flag("sinks", sinks), check_flag("alibi", alibi)
+    given = {"scale": scale, "softcap": softcap}
+    scale, softcap = check_config(scale=scale, softcap=softcap)
+    _check_ranges(dtype, scale, softcap, given)
+    return AttentionOptions(check_window(window), sinks, alibi, softcap, scale)
 
 
 #: Bytes per element of each supported dtype.
@@ -262,6 +320,8 @@ def check_module_inputs(
     is_causal: object = False,
     causal_alignment: str = "top_left",
     return_weights: object = False,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
 ) -> AttentionDims:
     """Validate a whole module call before any arithmetic and return its attention sizes.
 
@@ -269,7 +329,8 @@ def check_module_inputs(
     optional ``context (B, S, M)`` (arrays, read by :func:`~attention_spec.validate.describe`)
     must have the module's dtype ``param_dtype`` and width M, and batch dims that broadcast;
     then the attention call the module will make, ``q (B, H, L, D)``, ``k (B, K, S, D)``,
-    ``v (B, K, S, E)`` with ``mask``, ``bias`` and ``causal_alignment``, is checked by
+    ``v (B, K, S, E)`` with ``mask``, ``bias``, ``causal_alignment`` and the segment ids
+    (``q_segment_ids (B, L)``, ``kv_segment_ids (B, S)``, broadcastable), is checked by
     :func:`check_attention` (S = L for self-attention).
 
     Raises:
@@ -300,6 +361,7 @@ def check_module_inputs(
         ArraySpec((Bc, dims.K, S, dims.D), param_dtype),  # k
         ArraySpec((Bc, dims.K, S, dims.E), param_dtype),  # v
         mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
     )  # fmt: skip
 
 
@@ -329,8 +391,9 @@ def _dims_from_shapes(
                 actual=str(shape),
             )
     return check_module_config(
-        q_shape[0], H, K, q_shape[1] // H, v_shape[1] // K, bias="q_proj.bias" in shapes
-    )
+        q_shape[0], H, K, q_shape[1] // H, v_shape[1] // K, bias="q_proj.bias" in shapes,
+        sinks="sinks" in shapes,
+    )  # fmt: skip
 
 
 def check_canonical(
@@ -339,12 +402,15 @@ def check_canonical(
     n_heads: int,
     n_kv_heads: int,
     expected: ModuleDims | None = None,
+    sinks: object = None,
 ) -> ModuleDims:
     """Validate canonical weights (a mapping of names to arrays) and return the sizes.
 
     M, D and E are read from the shapes: ``q_proj.kernel (M, H*D)``, ``v_proj.kernel (M, K*E)``;
-    every other weight must then have its canonical shape. All weights share one supported dtype.
-    With ``expected`` (loading into an existing module), every shape must be that module's.
+    whether the module has sinks from the presence of ``sinks (H,)``; every other weight must then
+    have its canonical shape. All weights share one supported dtype. With ``expected`` (loading
+    into an existing module), every shape must be that module's. ``sinks`` (``from_canonical``'s
+    keyword; None: whatever the weights say) True or False must agree with the weights.
 
     Raises:
         the errors of :func:`check_module_config` for ``n_heads``/``n_kv_heads``;
@@ -355,6 +421,16 @@ def check_canonical(
     shapes = {name: spec.shape for name, spec in specs.items()}
     dtypes = {name: spec.dtype for name, spec in specs.items()}
     dims = expected if expected is not None else _dims_from_shapes(shapes, n_heads, n_kv_heads)
+    if sinks is not None and check_flag("sinks", sinks) != dims.sinks:
+        raise _error(
+            "weight_shape",
+            f"sinks={sinks} was asked, but the canonical weights "
+            f"{'hold' if dims.sinks else 'have no'} a sinks (H,) weight; a module's sinks are "
+            "learned weights: give them (a module made with sinks=True exports them) or leave "
+            "sinks=None to follow the weights",
+            expected=f"sinks ({dims.H},)" if sinks else "no sinks weight",
+            actual=f"sinks {shapes['sinks']}" if dims.sinks else "no sinks weight",
+        )
     canonical = dims.canonical_shapes()
     for name in [*canonical, *(n for n in shapes if n not in canonical)]:
         if shapes.get(name) != canonical.get(name):
@@ -380,10 +456,14 @@ def check_canonical(
     return dims
 
 
-def weights_metadata(dims: ModuleDims, rope: RopeConfig | None = None) -> dict[str, str]:
+def weights_metadata(
+    dims: ModuleDims, rope: RopeConfig | None = None, options: AttentionOptions | None = None
+) -> dict[str, str]:
     """The safetensors metadata of a weight file: the format, the head counts H and K, and the
     module's RoPE settings when it has them (``rope_theta``, ``rope_interleaved``,
-    ``rotary_dim``: :func:`options_from_metadata` gives them back to ``load``).
+    ``rotary_dim``) and its v2 settings that are not at their default (``window``, ``alibi``,
+    ``softcap``, ``scale``): :func:`options_from_metadata` gives them back to ``load``. The
+    sinks are a weight of the file.
 
     The head counts are not recoverable from the shapes (``H*D`` does not say H); M, D, E and the
     biases are. One key holding sorted JSON, because safetensors writes several metadata keys in
@@ -392,12 +472,14 @@ def weights_metadata(dims: ModuleDims, rope: RopeConfig | None = None) -> dict[s
     config = {"format": CANONICAL_FORMAT, "n_heads": dims.H, "n_kv_heads": dims.K}
     if rope is not None:
         config |= rope.module_keywords()
+    if options is not None:
+        config |= options.module_keywords()
     return {METADATA_KEY: json.dumps(config, sort_keys=True)}
 
 
 def options_from_metadata(metadata: Mapping[str, str] | None) -> dict[str, Any]:
     """The module settings a weight file written by :func:`weights_metadata` carries besides
-    the head counts, as keywords of ``from_canonical`` (``{}`` for a module without RoPE)."""
+    the head counts, as keywords of ``from_canonical`` (``{}`` for a v1 module without RoPE)."""
     config = json.loads(dict(metadata or {}).get(METADATA_KEY, "{}"))
     return {k: v for k, v in config.items() if k not in ("format", "n_heads", "n_kv_heads")}
 
@@ -426,8 +508,12 @@ _INTEROP_RULES = {
         ("K == H (no grouped-query attention)", lambda d: d.K == d.H),
         ("E == D (one head dim)", lambda d: d.E == d.D),
         ("H*D == M (embed_dim = num_heads * head_dim)", lambda d: d.H * d.D == d.M),
+        ("no sinks (it has no sink logits)", lambda d: not d.sinks),
     ),
-    "flax.nnx.MultiHeadAttention": (("E == D (one head dim)", lambda d: d.E == d.D),),
+    "flax.nnx.MultiHeadAttention": (
+        ("E == D (one head dim)", lambda d: d.E == d.D),
+        ("no sinks (it has no sink logits)", lambda d: not d.sinks),
+    ),
 }
 
 
@@ -465,10 +551,31 @@ def check_padding_mask_args(lengths: Any, kv_len: int) -> None:
     check_size("kv_len (S)", kv_len, minimum=0)
 
 
-def check_cache_size(batch_size: int, max_len: int) -> None:
-    """Validate ``init_cache(batch_size, max_len)`` (ConfigError ``non_positive_size``)."""
+def check_cache_size(
+    batch_size: int, max_len: int, *, rolling: object = False, left: int | None = None
+) -> int:
+    """Validate ``init_cache(batch_size, max_len, rolling=)`` and return the buffers' length T:
+    ``max_len`` for a plain cache, ``min(left + 1, max_len)`` slots for a rolling one (the
+    window of one decoded token: itself and the ``left`` before it).
+
+    Raises:
+        ConfigError ``non_positive_size``; ``not_a_bool`` (rolling);
+        ConfigError ``rolling_cache``: ``rolling=True`` for a module without a window's left side.
+    """
     check_size("batch_size (B)", batch_size)
     check_size("max_len", max_len)
+    if not check_flag("rolling", rolling):
+        return int(max_len)
+    if left is None:
+        raise make_error(
+            "rolling_cache",
+            "a rolling KV cache keeps the last left + 1 tokens of a sliding window; this module "
+            "has no window with a bounded left side. Build it with window=(left, 0) (left an "
+            "int >= 0), or use rolling=False",
+            expected="a module with window=(left, ...), left an int >= 0",
+            actual="window left side unbounded (None)",
+        )
+    return min(left + 1, int(max_len))
 
 
 def _check_cache(dims: ModuleDims, param_dtype: str, key: ArraySpec, value: ArraySpec) -> None:
@@ -513,6 +620,10 @@ def check_decode_inputs(
     mask: Any = None,
     bias: Any = None,
     return_weights: object = False,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    rolling: bool = False,
+    left: int | None = None,
 ) -> AttentionDims:
     """Validate a cached forward before any projection or write: new tokens ``x (B, L, M)``
     into a KV cache whose buffers ``cache_key (B, K, T, D)`` and ``cache_value (B, K, T, E)``
@@ -520,7 +631,14 @@ def check_decode_inputs(
     preallocated cache, ``position`` for one that grows).
 
     The new queries attend to S = position + L keys with the bottom-right causal rule; mask and
-    bias broadcast to ``(B, H, L, S)``. Nothing is written before this returns, so on any error
+    bias broadcast to ``(B, H, L, S)``, ``q_segment_ids`` to ``(B, L)`` and ``kv_segment_ids``
+    to ``(B, S)`` (the segments of every token written so far, then of the new ones).
+
+    ``rolling``: the cache is a rolling one (``init_cache(..., rolling=True)``) for a module
+    whose window has left side ``left``: its buffers must have ``min(left + 1, max_len)`` slots
+    (T), and it takes
+    no mask, bias or segment ids (the keys it attends are not the whole sequence: SEMANTICS.md of
+    the project, "Rolling KV cache"). Nothing is written before this returns, so on any error
     the cache is unchanged.
 
     Raises:
@@ -528,13 +646,18 @@ def check_decode_inputs(
         DimensionMismatchError ``cache_mismatch``: a cache of another module (K, D, E);
         DTypeError ``dtype_mismatch``: a cache of another dtype;
         DimensionMismatchError ``batch_not_broadcastable``: x's batch is not the cache's;
-        ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or truncation).
+        ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or truncation);
+        ConfigError ``rolling_cache``: a rolling cache with mask, bias or segment ids.
     """
     check_flag("return_weights", return_weights)
     check_given(x=x, cache_key=cache_key, cache_value=cache_value)
     x = describe(x)
     _check_sequence("x", x, dims, param_dtype)
     _check_cache(dims, param_dtype, describe(cache_key), describe(cache_value))
+    if rolling:
+        slots = check_cache_size(1, max_len, rolling=True, left=left)
+        _check_rolling(describe(cache_key).shape[2], slots, mask=mask, bias=bias,
+                       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)  # fmt: skip
     x_shape = x.shape
     n_batch, new_len, _ = x_shape
     cache_batch = describe(cache_key).shape[0]
@@ -559,4 +682,27 @@ def check_decode_inputs(
         ArraySpec((n_batch, dims.K, S, dims.D), param_dtype),  # k: cached and new
         ArraySpec((n_batch, dims.K, S, dims.E), param_dtype),  # v
         mask=mask, bias=bias, causal_alignment="bottom_right",
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
     )  # fmt: skip
+
+
+def _check_rolling(length: int, slots: int, **refused: Any) -> None:
+    """A rolling cache has ``slots`` slots and takes none of ``refused`` (mask, bias, ids)."""
+    if length != slots:
+        raise _error(
+            "cache_mismatch",
+            f"this rolling KV cache has {length} slots; this module's window needs {slots} "
+            "(min(left + 1, max_len)). A cache belongs to the module that made it (init_cache)",
+            expected=f"T={slots}",
+            actual=f"T={length}",
+        )
+    given = [name for name, value in refused.items() if value is not None]
+    if given:
+        raise make_error(
+            "rolling_cache",
+            f"a rolling KV cache takes no {', '.join(given)}: it attends only the last window of "
+            "the sequence, so a mask or ids over all its positions cannot be lined up with the "
+            "keys it keeps. Use a plain cache (rolling=False) for padded or packed decoding",
+            expected="no mask, bias or segment ids with a rolling cache",
+            actual=", ".join(given) + " given",
+        )

@@ -309,12 +309,15 @@ def _module_inputs(c: C.base.ModuleCall, dtype: str) -> tuple[dict, dict]:
         inputs["mask"] = np.asarray(c.mask, dtype=bool)
     if c.bias is not None:
         inputs["bias"] = np.asarray(c.bias, np.float64).astype(dt)
+    for name in ("q_segment_ids", "kv_segment_ids"):
+        if getattr(c, name) is not None:
+            inputs[name] = np.asarray(getattr(c, name), np.int32)
     return weights, inputs
 
 
 def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: str):
     """The float64 golden of the module call and the plain same-dtype module's result."""
-    as64 = {k: (v if v.dtype == bool else v.astype(np.float64)) for k, v in inputs.items()}
+    as64 = {k: (v if v.dtype.kind in "bi" else v.astype(np.float64)) for k, v in inputs.items()}
     w64 = {k: v.astype(np.float64) for k, v in weights.items()}
     semantics = {k: v for k, v in c.keywords.items() if k != "return_weights"}
     args = dict(
@@ -322,6 +325,8 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
         n_kv_heads=c.n_kv_heads,
         mask=as64.get("mask"),
         bias=as64.get("bias"),
+        q_segment_ids=as64.get("q_segment_ids"),
+        kv_segment_ids=as64.get("kv_segment_ids"),
         **semantics,
         **c.options,
     )
@@ -362,7 +367,10 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     weights, inputs = _module_inputs(c, dtype)
     golden, plain = _module_goldens(c, weights, inputs, dtype)
     out = []
-    for chunking, plan in C.DECODE_CHUNKINGS.items():
+    plans = dict(C.DECODE_CHUNKINGS)
+    if (c.options.get("window") or [None])[0] is not None:  # a window's left side: rolling too
+        plans |= C.ROLLING_CHUNKINGS
+    for chunking, plan in plans.items():
         tensors = {**weights, "x": inputs["x"], "output": golden.output}
         bounds = {"output": tolerance_bound(golden.output, plain.output, dtype)}
         keywords = {}
@@ -373,6 +381,8 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         case_id = f"decode.{case.name}.{chunking}.{dtype}"
         fields, data = _values_fields(case_id, case, keywords, tensors, bounds)
         decode = {"max_len": plan["max_len"], "chunks": list(plan["chunks"])}
+        if plan.get("rolling"):
+            decode["rolling"] = True
         entry = _entry(case_id, case, dtype, f"{case.name}.{chunking}", **fields,
                        module=_module_spec(c), decode=decode)  # fmt: skip
         out.append(Fixture(entry, data))

@@ -363,6 +363,12 @@ def module_forward(
     rope_theta: float | None = None,
     rope_interleaved: bool = False,
     rotary_dim: int | None = None,
+    window: tuple | list | None = None,
+    alibi: bool = False,
+    softcap: float | None = None,
+    scale: float | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
     round_to: str | None = None,
 ) -> ModuleGolden:
     """The attention module of SEMANTICS.md, from its canonical weights, in float64.
@@ -377,6 +383,10 @@ def module_forward(
             after the projections, when ``rope_theta`` is given: query i at position
             ``i + offset``, key j at position ``j``, with ``offset`` the causal alignment's
             (0 for top_left, S - L for bottom_right; 0 for self-attention either way).
+        window, softcap, scale: the module's v2 settings, passed to :func:`attention`; alibi:
+            ALiBi with :func:`alibi_slopes` of H; the weight ``sinks (H,)``, if present, is the
+            sink logit of each query head; q_segment_ids, kv_segment_ids: as in
+            :func:`attention` (packed sequences).
         round_to: None for the oracle; a dtype name for the plain same-dtype module, which rounds
             after every step (projections, bias additions, attention, output projection).
     """
@@ -401,10 +411,32 @@ def module_forward(
     golden = attention(
         q, k, v, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, round_to=round_to,
+        window=None if window is None else tuple(window), softcap=softcap, scale=scale,
+        sinks=weights.get("sinks"), alibi_slopes=alibi_slopes(n_heads) if alibi else None,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
     )  # fmt: skip
     # 3. heads merged back, output projection: (B, L, H*E) -> (B, L, M)
     y = project("o_proj", _merge_heads(golden.output))
     return ModuleGolden(output=y, weights=golden.weights)
+
+
+def alibi_slopes(n_heads: int) -> np.ndarray:
+    """ALiBi's slopes, written here from the paper (Press et al. 2022, and its reference code)
+    independently of ``attention_spec.rules``: a power of two n gives the geometric sequence
+    starting at and stepping by ``2 ** (-8 / n)``; any other H takes all the slopes of the power
+    of two just below it, then every second one (the 0th, 2nd, ...) of the
+    sequence for twice that power, as many as are missing. ``(H,)`` float64."""
+
+    def power_of_two(n: int) -> list[float]:
+        start = 2.0 ** (-8.0 / n)
+        return [start ** (h + 1) for h in range(n)]
+
+    closest = 1
+    while closest * 2 <= n_heads:
+        closest *= 2
+    slopes = power_of_two(closest)
+    slopes += power_of_two(2 * closest)[0::2][: n_heads - closest]
+    return np.array(slopes, dtype=np.float64)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -695,8 +695,10 @@ def _load_module(
 
 
 def _canonical_weights(tensors: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The canonical weights stored in a module fixture (names ending in .kernel or .bias)."""
-    return {n: np.array(a) for n, a in tensors.items() if n.endswith((".kernel", ".bias"))}
+    """The canonical weights stored in a module fixture (names ending in .kernel or .bias, and
+    a module's ``sinks``)."""
+    names = [n for n in tensors if n.endswith((".kernel", ".bias")) or n == "sinks"]
+    return {n: np.array(tensors[n]) for n in names}
 
 
 def _split_result(result: Any, return_weights: bool, with_cache: bool) -> tuple[Any, Any, Any]:
@@ -713,7 +715,7 @@ def _module_values(port: Port, fn: Callable, case: Case, device: str, spec: Func
     cls = _module_class(port, case, spec)
     t = case.tensors()
     kwargs = dict(case.keywords)
-    for name in ("mask", "bias"):
+    for name in ("mask", "bias", "q_segment_ids", "kv_segment_ids"):
         if name in t:
             kwargs[name] = port.array_in(t[name], device)
     context = port.array_in(t["context"], device) if "context" in t else None
@@ -740,7 +742,7 @@ def _decode_values(port: Port, fn: Callable, case: Case, device: str, spec: Func
     x, golden = t["x"], t["output"]  # (B, T, M), (B, T, M)
     try:
         module = _load_module(cls, case.entry["module"], _canonical_weights(t), case.dtype, device)
-        cache = module.init_cache(x.shape[0], plan["max_len"])
+        cache = module.init_cache(x.shape[0], plan["max_len"], **_rolling(plan))
     except Exception as exc:
         raise _raised(exc, "before decoding: ") from exc
     start, chunks = 0, plan["chunks"]
@@ -790,12 +792,20 @@ def _module_error(port: Port, fn: Callable, case: Case, device: str, spec: Funct
             n: np.zeros(w["shape"], NP_DTYPES[w["dtype"]]) for n, w in other["weights"].items()
         }
         maker = _load_module(cls, spec_, zeros, None, device)
-    cache = maker.init_cache(plan["batch_size"], plan["max_len"])
+    cache = maker.init_cache(plan["batch_size"], plan["max_len"], **_rolling(plan))
+    arrays = ("mask", "bias", "q_segment_ids", "kv_segment_ids")
+    kwargs = {n: inputs[n] for n in arrays if n in inputs}
     start = 0
     for n in plan["chunks"]:
-        *_, cache = fn(module, port.array_in(x[:, start : start + n], device), cache)
+        *_, cache = fn(module, port.array_in(x[:, start : start + n], device), cache, **kwargs)
         start += n
     return cache
+
+
+def _rolling(plan: dict[str, Any]) -> dict[str, Any]:
+    """``init_cache``'s keywords of a decode plan: ``rolling=True`` for a rolling cache (only
+    then, so a port without rolling caches still runs every plain decode case)."""
+    return {"rolling": True} if plan.get("rolling") else {}
 
 
 #: The gradients of a ``*_vjp`` call, in the order of ``AttentionGrads``: (golden name, the

@@ -11,11 +11,13 @@ splits heads, calls it, merges heads and projects back:
     x (B, L, M)        --q_proj, split heads-->  q (B, H, L, D)
     context (B, S, M)  --k_proj, v_proj------->  k (B, K, S, D), v (B, K, S, E)
     (rope_theta given: apply_rotary(q), apply_rotary(k) at their positions)
-    scaled_dot_product_attention(q, k, v)    ->  (B, H, L, E)
+    scaled_dot_product_attention(q, k, v, window=, softcap=, scale=, sinks=, alibi_slopes=)
+                                             ->  (B, H, L, E)
     --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
 
 Weights: the canonical flat dict of ``attention_spec.modules`` (``q_proj.kernel (M, H*D)``, ...,
-``o_proj.bias (M,)``); :meth:`GroupedQueryAttention.from_canonical` loads it,
+``o_proj.bias (M,)``, and ``sinks (H,)`` for ``sinks=True``);
+:meth:`GroupedQueryAttention.from_canonical` loads it,
 :meth:`~GroupedQueryAttention.to_canonical` exports it, ``save``/``load`` write and read it as one
 safetensors file. Initialization: every kernel and bias is drawn from ``U(-1/sqrt(in), 1/sqrt(in))``
 with ``in`` the projection's input width (M for q/k/v, H*E for o), as torch's ``nn.Linear`` does.
@@ -36,10 +38,11 @@ import numpy as np
 from safetensors import safe_open
 from safetensors.numpy import save_file
 
-from attention_spec import causal_offset, check_rope_config
+from attention_spec import alibi_slope_values, causal_offset, check_rope_config, compute_dtype
 from attention_spec.modules import (
     PROJECTIONS,
     ModuleDims,
+    check_attention_options,
     check_cache_size,
     check_canonical,
     check_decode_inputs,
@@ -95,10 +98,15 @@ class Linear:
 class KVCache:
     """The keys and values of the tokens seen so far, for autoregressive decoding.
 
-    ``key (B, K, max_len, D)`` and ``value (B, K, max_len, E)`` hold the K key/value heads, not
-    the H query heads: a GQA cache is K/H the size of an MHA cache. The first ``position`` tokens
-    are written; ``position`` is a Python int, so an overflow is a Python error before any
-    arithmetic and the attention reads exactly ``position`` keys.
+    ``key (B, K, T, D)`` and ``value (B, K, T, E)`` hold the K key/value heads, not the H query
+    heads: a GQA cache is K/H the size of an MHA cache. ``position`` (a Python int, so an overflow
+    is a Python error before any arithmetic) counts the tokens written.
+
+    A plain cache has T = ``max_len`` slots and token p in slot p. A rolling cache
+    (``rolling_max_len`` set: ``init_cache(..., rolling=True)`` of a module with
+    ``window=(left, ...)``) has T = ``min(left + 1, max_len)`` slots used as a ring, token p in
+    slot ``p % T`` (Mistral's rolling buffer): its memory does not grow with the sequence, and
+    after each step it holds the window of the last token written.
 
     ``write`` stores new tokens into the buffers in place and returns a cache with the position
     advanced, sharing the buffers (the same API shape as JAX's pure version).
@@ -107,27 +115,67 @@ class KVCache:
     key: np.ndarray
     value: np.ndarray
     position: int = 0
+    rolling_max_len: int | None = None
+
+    @property
+    def rolling(self) -> bool:
+        """Whether the cache is a ring of the window's size (``init_cache(..., rolling=True)``)."""
+        return self.rolling_max_len is not None
 
     @property
     def max_len(self) -> int:
-        """The most tokens the cache can hold."""
+        """The most tokens the cache accepts (a rolling cache: ``init_cache``'s max_len)."""
+        return self.key.shape[-2] if self.rolling_max_len is None else self.rolling_max_len
+
+    @property
+    def slots(self) -> int:
+        """T, the buffers' length: ``max_len``, or a rolling cache's ``min(left + 1, max_len)``."""
         return self.key.shape[-2]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the key and value buffers: ``B * K * max_len * (D + E) * itemsize``."""
+        """Bytes of the key and value buffers: ``B * K * T * (D + E) * itemsize``."""
         return self.key.nbytes + self.value.nbytes
 
+    def _ring(self, start: int, stop: int) -> np.ndarray:
+        """The slots of tokens ``start .. stop - 1`` (``p % T``), ``(stop - start,)``."""
+        return np.arange(start, stop) % self.slots
+
     def write(self, k: np.ndarray, v: np.ndarray) -> KVCache:
-        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens."""
+        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens (a rolling
+        cache: the last ``min(L, T)`` of them, into their ring slots)."""
         end = self.position + k.shape[-2]
-        self.key[:, :, self.position : end] = k  # (B, K, max_len, D)
-        self.value[:, :, self.position : end] = v  # (B, K, max_len, E)
-        return KVCache(self.key, self.value, end)
+        if not self.rolling:
+            self.key[:, :, self.position : end] = k  # (B, K, max_len, D)
+            self.value[:, :, self.position : end] = v  # (B, K, max_len, E)
+            return KVCache(self.key, self.value, end)
+        n = min(k.shape[-2], self.slots)  # older tokens of a long chunk would be overwritten
+        slots = self._ring(end - n, end)  # (n,), distinct
+        self.key[:, :, slots] = k[:, :, k.shape[-2] - n :]  # (B, K, T, D)
+        self.value[:, :, slots] = v[:, :, v.shape[-2] - n :]  # (B, K, T, E)
+        return KVCache(self.key, self.value, end, self.rolling_max_len)
 
     def read(self) -> tuple[np.ndarray, np.ndarray]:
-        """The written keys ``(B, K, S, D)`` and values ``(B, K, S, E)``, S = ``position``."""
-        return self.key[:, :, : self.position], self.value[:, :, : self.position]
+        """The keys ``(B, K, S, D)`` and values ``(B, K, S, E)`` new tokens attend besides
+        themselves, oldest first: a plain cache's S = ``position`` written tokens; a rolling
+        cache's last S = ``min(position, T - 1)`` (the ``left`` tokens a window reaches back)."""
+        if not self.rolling:
+            return self.key[:, :, : self.position], self.value[:, :, : self.position]
+        slots = self._ring(self.position - min(self.position, self.slots - 1), self.position)
+        return self.key[:, :, slots], self.value[:, :, slots]  # gathered copies, (B, K, S, D|E)
+
+    def append(self, k: np.ndarray, v: np.ndarray) -> tuple[KVCache, np.ndarray, np.ndarray]:
+        """Write the next L tokens ``k (B, K, L, D)``, ``v (B, K, L, E)``; return the new cache
+        and the keys ``(B, K, S, D)`` and values ``(B, K, S, E)`` the new tokens attend: a plain
+        cache's every token (S = position + L, views of the buffers, no copy), a rolling cache's
+        last ``min(position, T - 1)`` then the L new ones (read before the ring is overwritten).
+        """
+        if not self.rolling:
+            cache = self.write(k, v)
+            return (cache, *cache.read())
+        k_old, v_old = self.read()  # (B, K, S_old, D|E), copies
+        cache = self.write(k, v)
+        return cache, np.concatenate([k_old, k], axis=2), np.concatenate([v_old, v], axis=2)
 
 
 class GroupedQueryAttention:
@@ -147,6 +195,14 @@ class GroupedQueryAttention:
             keys are rotated after the projections (``apply_rotary``); see ``_rotate``.
         rope_interleaved: RoPE pairs ``(x[2p], x[2p+1])`` instead of ``(x[p], x[p + R/2])``.
         rotary_dim: R, the leading features of each query/key head rotated (default D).
+        window: ``(left, right)``, the sliding window of every attention call (SEMANTICS.md v2,
+            inclusive, on the causal alignment's diagonal); None: no window. ``(W - 1, 0)`` is
+            Mistral's and Hugging Face's ``sliding_window=W``.
+        sinks: a learned sink logit per query head, the weight ``sinks (H,)`` (gpt-oss),
+            initialized to zeros.
+        alibi: add ALiBi with ``alibi_slopes(H)`` (BLOOM, MPT).
+        softcap: ``softcap * tanh(s / softcap)`` of the scores (Gemma 2); None: no cap.
+        scale: the scores' scale (default ``1/sqrt(D)``; Gemma 2's ``query_pre_attn_scalar``).
         dtype: the weights' dtype (float64, float32, float16 or bfloat16); inputs must match it.
         rng: a NumPy ``Generator`` or a seed for ``np.random.default_rng`` (default 0).
 
@@ -166,21 +222,31 @@ class GroupedQueryAttention:
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool = False,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
         dtype: np.typing.DTypeLike = np.float32,
         rng: np.random.Generator | int = 0,
     ) -> None:
         dtype = np.dtype(module_dtype(dtype))
         dims = check_module_config(
-            d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
-        )
+            d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name,
+            sinks=sinks,
+        )  # fmt: skip
         self.dims = dims
         self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None
+        self.options = check_attention_options(
+            dtype.name, window=window, sinks=sinks, alibi=alibi, softcap=softcap, scale=scale
+        )
         M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
         rng = np.random.default_rng(rng)
         self.q_proj = Linear(M, H * D, bias=bias, dtype=dtype, rng=rng)  # (M, H*D)
         self.k_proj = Linear(M, K * D, bias=bias, dtype=dtype, rng=rng)  # (M, K*D)
         self.v_proj = Linear(M, K * E, bias=bias, dtype=dtype, rng=rng)  # (M, K*E)
         self.o_proj = Linear(H * E, M, bias=bias, dtype=dtype, rng=rng)  # (H*E, M)
+        self.sinks = np.zeros((H,), dtype) if dims.sinks else None  # (H,), learned
 
     @property
     def dtype(self) -> np.dtype:
@@ -214,6 +280,16 @@ class GroupedQueryAttention:
         k = apply_rotary(k, k_start + np.arange(S), **rope)  # (B, K, S, D)
         return q, k
 
+    def _v2_keywords(self) -> dict:
+        """The module's v2 settings as the functional API's keywords: ``window``, ``softcap``,
+        ``scale``, the ``sinks (H,)`` weight, ALiBi's ``alibi_slopes(H)`` in the compute dtype."""
+        o = self.options
+        slopes = None
+        if o.alibi:
+            slopes = np.asarray(alibi_slope_values(self.dims.H), compute_dtype(self.dtype.name))
+        return dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks,
+                    alibi_slopes=slopes)  # fmt: skip
+
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
 
@@ -221,6 +297,7 @@ class GroupedQueryAttention:
         from ``attention_weights`` with the same arguments. Both run the functional API's one
         implementation of steps 1-6, so the module holds no attention arithmetic of its own.
         """
+        keywords |= self._v2_keywords()
         out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
         weights = attention_weights(q, k, **keywords) if return_weights else None  # (B, H, L, S)
         return out, weights
@@ -241,6 +318,8 @@ class GroupedQueryAttention:
         is_causal: bool = False,
         causal_alignment: str = "top_left",
         return_weights: bool = False,
+        q_segment_ids: np.ndarray | None = None,
+        kv_segment_ids: np.ndarray | None = None,
     ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
         """Attend from ``x (B, L, M)`` to ``context (B, S, M)`` (default: x itself).
 
@@ -251,13 +330,18 @@ class GroupedQueryAttention:
             mask, bias, is_causal, causal_alignment: as in the functional API, broadcastable to
                 ``(B, H, L, S)``; e.g. ``mask=padding_mask(lengths, S)``.
             return_weights: also return the attention weights ``(B, H, L, S)`` of every head.
+            q_segment_ids, kv_segment_ids: integers broadcastable to ``(B, L)`` and ``(B, S)``,
+                both or neither (packed sequences: a query attends only keys of its segment).
 
+        The module's window, sinks, ALiBi, softcap and scale apply to every call.
         Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
         """
         x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
+        q_segment_ids, kv_segment_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
         check_module_inputs(
             self.dims, self.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         )  # fmt: skip
         # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
@@ -269,6 +353,7 @@ class GroupedQueryAttention:
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         )  # fmt: skip
         # 3. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
@@ -276,15 +361,20 @@ class GroupedQueryAttention:
 
     # -- KV-cache decoding ---------------------------------------------------------------------
 
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads)."""
-        check_cache_size(batch_size, max_len)
+    def init_cache(self, batch_size: int, max_len: int, *, rolling: bool = False) -> KVCache:
+        """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads).
+
+        ``rolling=True`` (a module with ``window=(left, ...)``): a ring of
+        T = ``min(left + 1, max_len)`` slots instead of ``max_len``, T/max_len of the bytes,
+        whatever the sequence's length (see :class:`KVCache`).
+        """
+        T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
         B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
-        shape = (B, K, max_len, D)
-        key = np.zeros(shape, self.dtype)  # (B, K, max_len, D)
-        shape = (B, K, max_len, E)
-        value = np.zeros(shape, self.dtype)  # (B, K, max_len, E)
-        return KVCache(key, value, 0)
+        shape = (B, K, T, D)
+        key = np.zeros(shape, self.dtype)  # (B, K, T, D)
+        shape = (B, K, T, E)
+        value = np.zeros(shape, self.dtype)  # (B, K, T, E)
+        return KVCache(key, value, 0, max_len if rolling else None)
 
     def decode(
         self,
@@ -294,19 +384,26 @@ class GroupedQueryAttention:
         mask: np.ndarray | None = None,
         bias: np.ndarray | None = None,
         return_weights: bool = False,
+        q_segment_ids: np.ndarray | None = None,
+        kv_segment_ids: np.ndarray | None = None,
     ) -> tuple:
         """Self-attention of new tokens ``x (B, L, M)`` over the cache and themselves.
 
         One token (decoding) or several (chunked prefill): their keys and values are appended to
         the cache, then the L new queries attend to all S = position + L keys with the
-        bottom-right causal rule (new token i sees every cached token and new tokens 0..i).
-        Decoding a sequence in any chunking gives the outputs of one causal forward over it.
+        bottom-right causal rule (new token i sees every cached token and new tokens 0..i) and
+        the module's window (only the last ``left + 1`` positions). A rolling cache gives the
+        new queries its last ``min(position, left)`` tokens, then the L new ones, with the same
+        rules (S = that count + L). Decoding a sequence in any chunking gives the outputs of one
+        causal forward over it.
 
         Args:
             x: the new tokens ``(B, L, M)``, in the module's dtype; B is the cache's batch.
             cache: from :meth:`init_cache` or a previous call.
             mask, bias: broadcastable to ``(B, H, L, S)``, e.g. a padding mask over the S keys.
             return_weights: also return the attention weights ``(B, H, L, S)``.
+            q_segment_ids, kv_segment_ids: ``(B, L)`` of the new tokens, ``(B, S)`` of every
+                token so far (packed prefill). A rolling cache takes no mask, bias or ids.
 
         Returns ``(y, cache)``: the output ``(B, L, M)`` and the cache holding ``position + L``
         tokens; ``(y, weights, cache)`` when ``return_weights``.
@@ -316,23 +413,28 @@ class GroupedQueryAttention:
                 truncation).
         """
         x, mask, bias = _asarray(x), _asarray(mask), _asarray(bias)
+        q_segment_ids, kv_segment_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
         check_decode_inputs(
             self.dims, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
-            return_weights=return_weights,
+            return_weights=return_weights, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids, rolling=cache.rolling, left=self.options.left,
         )  # fmt: skip
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
         k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
         #    RoPE: new token i at cache.position + i; the cache keeps the rotated keys.
         q, k_new = self._rotate(q, k_new, cache.position, cache.position)
-        # 2. the cache: the new keys and values written at position .. position + L - 1.
-        cache = cache.write(k_new, v_new)  # holds S = position + L tokens
-        k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
-        # 3. attention over all S keys, bottom-right causal: new token i sees the cache and 0..i.
+        # 2. the cache: the new keys and values written at position .. position + L - 1; the keys
+        #    attended: all S = position + L (a rolling cache: its last min(position, left), then
+        #    the L new ones).
+        cache, k, v = cache.append(k_new, v_new)  # (B, K, S, D), (B, K, S, E)
+        # 3. attention over the S keys, bottom-right causal (new token i sees the cache and
+        #    0..i) within the module's window.
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
-            return_weights=return_weights,
+            return_weights=return_weights, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
         )  # fmt: skip
         # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
@@ -341,13 +443,16 @@ class GroupedQueryAttention:
     # -- canonical weights ---------------------------------------------------------------------
 
     def to_canonical(self) -> dict[str, np.ndarray]:
-        """The canonical weights: ``{"q_proj.kernel": (M, H*D), ..., "o_proj.bias": (M,)}``."""
+        """The canonical weights: ``{"q_proj.kernel": (M, H*D), ..., "o_proj.bias": (M,)}``,
+        and ``"sinks": (H,)`` for a module with sinks."""
         weights = {}
         for name in PROJECTIONS:
             proj = getattr(self, name)
             weights[f"{name}.kernel"] = proj.kernel.copy()  # (in, out)
             if proj.bias is not None:
                 weights[f"{name}.bias"] = proj.bias.copy()  # (out,)
+        if self.sinks is not None:
+            weights["sinks"] = self.sinks.copy()  # (H,)
         return weights
 
     def load_canonical(self, weights: Mapping[str, np.ndarray]) -> None:
@@ -364,6 +469,8 @@ class GroupedQueryAttention:
             proj.kernel = weights[f"{name}.kernel"].astype(self.dtype)  # (in, out)
             if proj.bias is not None:
                 proj.bias = weights[f"{name}.bias"].astype(self.dtype)  # (out,)
+        if self.sinks is not None:
+            self.sinks = weights["sinks"].astype(self.dtype)  # (H,)
 
     @classmethod
     def from_canonical(
@@ -376,33 +483,38 @@ class GroupedQueryAttention:
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool | None = None,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
     ) -> GroupedQueryAttention:
-        """A module holding ``weights`` (canonical dict); M, D, E and bias come from the shapes.
+        """A module holding ``weights`` (canonical dict); M, D, E, bias and sinks come from the
+        shapes (``sinks=True``/``False``, if given, must agree with them).
 
         ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too);
-        ``rope_theta``, ``rope_interleaved``, ``rotary_dim`` are the constructor's.
+        ``rope_theta``, ``rope_interleaved``, ``rotary_dim``, ``window``, ``alibi``,
+        ``softcap``, ``scale`` are the constructor's.
         """
         weights = {name: np.asarray(w) for name, w in weights.items()}
-        dims = check_canonical(
-            weights,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-        )
+        dims = check_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, sinks=sinks)
         dtype = np.dtype(module_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype))
-        rope = dict(rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim)
-        module = cls._with_dims(dims, dtype, rope)
+        options = dict(rope_theta=rope_theta, rope_interleaved=rope_interleaved,
+                       rotary_dim=rotary_dim, window=window, alibi=alibi, softcap=softcap,
+                       scale=scale)  # fmt: skip
+        module = cls._with_dims(dims, dtype, options)
         module.load_canonical(weights)
         return module
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, rope: dict) -> GroupedQueryAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, options: dict) -> GroupedQueryAttention:
         return cls(dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E,
-                   bias=dims.bias, dtype=dtype, **rope)  # fmt: skip
+                   bias=dims.bias, sinks=dims.sinks, dtype=dtype, **options)  # fmt: skip
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the canonical weights, with H, K and the RoPE settings in the metadata, to one
-        safetensors file."""
-        metadata = weights_metadata(self.dims, self.rope)
+        """Write the canonical weights (sinks included), with H, K, the RoPE and the v2 settings
+        in the metadata, to one safetensors file."""
+        metadata = weights_metadata(self.dims, self.rope, self.options)
         save_file(self.to_canonical(), os.fspath(path), metadata=metadata)
 
     @classmethod
@@ -410,10 +522,10 @@ class GroupedQueryAttention:
         cls, path: str | os.PathLike, *, dtype: np.typing.DTypeLike | None = None
     ) -> GroupedQueryAttention:
         """A module from a file written by ``save`` (by any of the three implementations), with
-        the RoPE settings the file carries."""
+        the RoPE and v2 settings the file carries."""
         with safe_open(os.fspath(path), framework="numpy") as f:
             n_heads, n_kv_heads = heads_from_metadata(f.metadata())
-            options = options_from_metadata(f.metadata())  # RoPE settings, if any
+            options = options_from_metadata(f.metadata())  # RoPE and v2 settings, if any
             weights = {name: f.get_tensor(name) for name in f.keys()}
         return cls.from_canonical(
             weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, **options
@@ -434,13 +546,19 @@ class MultiHeadAttention(GroupedQueryAttention):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool = False,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
         dtype: np.typing.DTypeLike = np.float32,
         rng: np.random.Generator | int = 0,
     ) -> None:
         super().__init__(
             d_model, n_heads, n_heads, head_dim=head_dim, value_head_dim=value_head_dim,
             bias=bias, rope_theta=rope_theta, rope_interleaved=rope_interleaved,
-            rotary_dim=rotary_dim, dtype=dtype, rng=rng,
+            rotary_dim=rotary_dim, window=window, sinks=sinks, alibi=alibi, softcap=softcap,
+            scale=scale, dtype=dtype, rng=rng,
         )  # fmt: skip
 
     @classmethod
@@ -454,16 +572,22 @@ class MultiHeadAttention(GroupedQueryAttention):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool | None = None,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
     ) -> MultiHeadAttention:
         """As :meth:`GroupedQueryAttention.from_canonical`; n_kv_heads is (and defaults to) H."""
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
         return super().from_canonical(
             weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype,
             rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim,
+            window=window, sinks=sinks, alibi=alibi, softcap=softcap, scale=scale,
         )  # fmt: skip
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, rope: dict) -> MultiHeadAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, options: dict) -> MultiHeadAttention:
         # K = H always: weights with K != H then fail load_canonical's size check.
         return cls(dims.M, dims.H, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                   dtype=dtype, **rope)  # fmt: skip
+                   sinks=dims.sinks, dtype=dtype, **options)  # fmt: skip

@@ -38,9 +38,10 @@ pre-scale or attention sinks. This module is the one place that says how such a 
   Only ``rope_type="default"`` maps onto SEMANTICS.md's RoPE; Llama 3's ``"llama3"``, gpt-oss's
   ``"yarn"``, ``"linear"`` and ``"dynamic"`` rescale the frequencies and are refused.
 
-The window, softcap, scale and sinks module options belong to contract v2 and are not in the
-modules yet: :func:`attention_module` passes every option the module's ``from_canonical`` takes
-and refuses, naming them, the ones it does not take. A family is one row of :data:`FAMILIES`.
+The window, softcap, scale and sinks module options are contract v2's, taken by the modules'
+``from_canonical`` (sinks as the weight ``sinks (H,)``): :func:`attention_module` passes every
+option the module's ``from_canonical`` takes and refuses, naming them, any it does not take. A
+family is one row of :data:`FAMILIES`.
 
 Works on a ``transformers`` config object or on the plain dict of a ``config.json``, so a
 checkpoint can be read with safetensors alone; ``transformers`` is needed only for its layers.
@@ -298,7 +299,7 @@ def attention_module(
     ``from_canonical`` (``dtype=``, torch's ``device=``).
 
     Raises:
-        NotImplementedError: an option the module does not take yet (the v2 ones), named.
+        NotImplementedError: an option the module does not take, named.
     """
     load = impl.GroupedQueryAttention.from_canonical
     settings = {k: v for k, v in options.items() if k not in SIZE_KEYS}

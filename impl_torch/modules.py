@@ -12,11 +12,13 @@ splits heads, calls it, merges heads and projects back:
     x (B, L, M)        --q_proj, split heads-->  q (B, H, L, D)
     context (B, S, M)  --k_proj, v_proj------->  k (B, K, S, D), v (B, K, S, E)
     (rope_theta given: apply_rotary(q), apply_rotary(k) at their positions)
-    scaled_dot_product_attention(q, k, v)    ->  (B, H, L, E)
+    scaled_dot_product_attention(q, k, v, window=, softcap=, scale=, sinks=, alibi_slopes=)
+                                             ->  (B, H, L, E)
     --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
 
 Weights: the canonical flat dict of ``attention_spec.modules`` (``q_proj.kernel (M, H*D)``, ...,
-``o_proj.bias (M,)``); :meth:`GroupedQueryAttention.from_canonical` loads it,
+``o_proj.bias (M,)``, and ``sinks (H,)`` for ``sinks=True``);
+:meth:`GroupedQueryAttention.from_canonical` loads it,
 :meth:`~GroupedQueryAttention.to_canonical` exports it, ``save``/``load`` write and read it as one
 safetensors file. ``nn.Linear.weight`` is the kernel's transpose ``(out, in)``;
 :func:`linear_weight` is the one place that converts. Initialization: every kernel and bias is
@@ -41,10 +43,17 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 from torch import nn
 
-from attention_spec import causal_offset, check_rope_config, dtype_name
+from attention_spec import (
+    alibi_slope_values,
+    causal_offset,
+    check_rope_config,
+    compute_dtype,
+    dtype_name,
+)
 from attention_spec.modules import (
     PROJECTIONS,
     ModuleDims,
+    check_attention_options,
     check_cache_size,
     check_canonical,
     check_decode_inputs,
@@ -126,10 +135,15 @@ def _uniform_(t: torch.Tensor, fan_in: int, generator: torch.Generator | None) -
 class KVCache:
     """The keys and values of the tokens seen so far, for autoregressive decoding.
 
-    ``key (B, K, max_len, D)`` and ``value (B, K, max_len, E)`` hold the K key/value heads, not
-    the H query heads: a GQA cache is K/H the size of an MHA cache. The first ``position`` tokens
-    are written; ``position`` is a Python int, so an overflow is a Python error before any
-    arithmetic and the attention reads exactly ``position`` keys.
+    ``key (B, K, T, D)`` and ``value (B, K, T, E)`` hold the K key/value heads, not the H query
+    heads: a GQA cache is K/H the size of an MHA cache. ``position`` (a Python int, so an overflow
+    is a Python error before any arithmetic) counts the tokens written.
+
+    A plain cache has T = ``max_len`` slots and token p in slot p. A rolling cache
+    (``rolling_max_len`` set: ``init_cache(..., rolling=True)`` of a module with
+    ``window=(left, ...)``) has T = ``min(left + 1, max_len)`` slots used as a ring, token p in
+    slot ``p % T`` (Mistral's rolling buffer): its memory does not grow with the sequence, and
+    after each step it holds the window of the last token written.
 
     ``write`` stores new tokens into the buffers in place and returns a cache with the position
     advanced, sharing the buffers (the same API shape as JAX's pure version).
@@ -138,27 +152,69 @@ class KVCache:
     key: torch.Tensor
     value: torch.Tensor
     position: int = 0
+    rolling_max_len: int | None = None
+
+    @property
+    def rolling(self) -> bool:
+        """Whether the cache is a ring of the window's size (``init_cache(..., rolling=True)``)."""
+        return self.rolling_max_len is not None
 
     @property
     def max_len(self) -> int:
-        """The most tokens the cache can hold."""
+        """The most tokens the cache accepts (a rolling cache: ``init_cache``'s max_len)."""
+        return self.key.shape[-2] if self.rolling_max_len is None else self.rolling_max_len
+
+    @property
+    def slots(self) -> int:
+        """T, the buffers' length: ``max_len``, or a rolling cache's ``min(left + 1, max_len)``."""
         return self.key.shape[-2]
 
     @property
     def nbytes(self) -> int:
-        """Bytes of the key and value buffers: ``B * K * max_len * (D + E) * itemsize``."""
+        """Bytes of the key and value buffers: ``B * K * T * (D + E) * itemsize``."""
         return sum(t.numel() * t.element_size() for t in (self.key, self.value))
 
+    def _ring(self, start: int, stop: int) -> torch.Tensor:
+        """The slots of tokens ``start .. stop - 1`` (``p % T``), ``(stop - start,)``."""
+        return torch.arange(start, stop, device=self.key.device) % self.slots
+
     def write(self, k: torch.Tensor, v: torch.Tensor) -> KVCache:
-        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens."""
+        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens (a rolling
+        cache: the last ``min(L, T)`` of them, into their ring slots)."""
         end = self.position + k.shape[-2]
-        self.key[:, :, self.position : end] = k  # (B, K, max_len, D)
-        self.value[:, :, self.position : end] = v  # (B, K, max_len, E)
-        return KVCache(self.key, self.value, end)
+        if not self.rolling:
+            self.key[:, :, self.position : end] = k  # (B, K, max_len, D)
+            self.value[:, :, self.position : end] = v  # (B, K, max_len, E)
+            return KVCache(self.key, self.value, end)
+        n = min(k.shape[-2], self.slots)  # older tokens of a long chunk would be overwritten
+        slots = self._ring(end - n, end)  # (n,), distinct
+        self.key[:, :, slots] = k[:, :, k.shape[-2] - n :]  # (B, K, T, D)
+        self.value[:, :, slots] = v[:, :, v.shape[-2] - n :]  # (B, K, T, E)
+        return KVCache(self.key, self.value, end, self.rolling_max_len)
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """The written keys ``(B, K, S, D)`` and values ``(B, K, S, E)``, S = ``position``."""
-        return self.key[:, :, : self.position], self.value[:, :, : self.position]
+        """The keys ``(B, K, S, D)`` and values ``(B, K, S, E)`` new tokens attend besides
+        themselves, oldest first: a plain cache's S = ``position`` written tokens; a rolling
+        cache's last S = ``min(position, T - 1)`` (the ``left`` tokens a window reaches back)."""
+        if not self.rolling:
+            return self.key[:, :, : self.position], self.value[:, :, : self.position]
+        slots = self._ring(self.position - min(self.position, self.slots - 1), self.position)
+        return self.key[:, :, slots], self.value[:, :, slots]  # gathered copies, (B, K, S, D|E)
+
+    def append(
+        self, k: torch.Tensor, v: torch.Tensor
+    ) -> tuple[KVCache, torch.Tensor, torch.Tensor]:
+        """Write the next L tokens ``k (B, K, L, D)``, ``v (B, K, L, E)``; return the new cache
+        and the keys ``(B, K, S, D)`` and values ``(B, K, S, E)`` the new tokens attend: a plain
+        cache's every token (S = position + L, views of the buffers, no copy), a rolling cache's
+        last ``min(position, T - 1)`` then the L new ones (read before the ring is overwritten).
+        """
+        if not self.rolling:
+            cache = self.write(k, v)
+            return (cache, *cache.read())
+        k_old, v_old = self.read()  # (B, K, S_old, D|E), copies
+        cache = self.write(k, v)
+        return cache, torch.cat([k_old, k], dim=2), torch.cat([v_old, v], dim=2)
 
 
 class GroupedQueryAttention(nn.Module):
@@ -178,6 +234,14 @@ class GroupedQueryAttention(nn.Module):
             keys are rotated after the projections (``apply_rotary``); see ``_rotate``.
         rope_interleaved: RoPE pairs ``(x[2p], x[2p+1])`` instead of ``(x[p], x[p + R/2])``.
         rotary_dim: R, the leading features of each query/key head rotated (default D).
+        window: ``(left, right)``, the sliding window of every attention call (SEMANTICS.md v2,
+            inclusive, on the causal alignment's diagonal); None: no window. ``(W - 1, 0)`` is
+            Mistral's and Hugging Face's ``sliding_window=W``.
+        sinks: a learned sink logit per query head, the weight ``sinks (H,)`` (gpt-oss),
+            initialized to zeros.
+        alibi: add ALiBi with ``alibi_slopes(H)`` (BLOOM, MPT).
+        softcap: ``softcap * tanh(s / softcap)`` of the scores (Gemma 2); None: no cap.
+        scale: the scores' scale (default ``1/sqrt(D)``; Gemma 2's ``query_pre_attn_scalar``).
         dtype: the weights' dtype (float64, float32, float16 or bfloat16; default torch's
             default dtype); inputs must match it.
         device: where the weights live.
@@ -200,6 +264,11 @@ class GroupedQueryAttention(nn.Module):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool = False,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
@@ -208,22 +277,28 @@ class GroupedQueryAttention(nn.Module):
         dtype = _torch_dtype(dtype)
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
-            dtype=dtype_name(dtype),
+            dtype=dtype_name(dtype), sinks=sinks,
         )  # fmt: skip
         self.dims = dims
         self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None
+        self.options = check_attention_options(
+            dtype_name(dtype), window=window, sinks=sinks, alibi=alibi, softcap=softcap,
+            scale=scale,
+        )  # fmt: skip
         M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
         factory = {"bias": bias, "dtype": dtype, "device": device}
         self.q_proj = nn.Linear(M, H * D, **factory)  # weight (H*D, M)
         self.k_proj = nn.Linear(M, K * D, **factory)  # weight (K*D, M)
         self.v_proj = nn.Linear(M, K * E, **factory)  # weight (K*E, M)
         self.o_proj = nn.Linear(H * E, M, **factory)  # weight (M, H*E)
+        sinks = torch.zeros(H, dtype=dtype, device=device) if dims.sinks else None
+        self.sinks = None if sinks is None else nn.Parameter(sinks)  # (H,), learned
         self.reset_parameters(generator)
 
     @torch.no_grad()
     def reset_parameters(self, generator: torch.Generator | None = None) -> None:
         """Draw every kernel and bias from ``U(-1/sqrt(in), 1/sqrt(in))``, in forward order
-        (from a generator seeded with 0 when none is given)."""
+        (from a generator seeded with 0 when none is given); sinks, if any, are zeros."""
         device = self.q_proj.weight.device
         if generator is None and device.type != "meta":  # meta tensors hold no values to draw
             generator = torch.Generator(device=device).manual_seed(0)
@@ -232,6 +307,8 @@ class GroupedQueryAttention(nn.Module):
             _uniform_(proj.weight, proj.in_features, generator)  # (out, in)
             if proj.bias is not None:
                 _uniform_(proj.bias, proj.in_features, generator)  # (out,)
+        if self.sinks is not None:
+            self.sinks.zero_()  # (H,): a sink logit of 0 until trained or loaded
 
     @property
     def dtype(self) -> torch.dtype:
@@ -265,6 +342,18 @@ class GroupedQueryAttention(nn.Module):
         k = apply_rotary(k, k_start + torch.arange(S, device=k.device), **rope)  # (B, K, S, D)
         return q, k
 
+    def _v2_keywords(self) -> dict:
+        """The module's v2 settings as the functional API's keywords: ``window``, ``softcap``,
+        ``scale``, the ``sinks (H,)`` weight, ALiBi's ``alibi_slopes(H)`` in the compute dtype."""
+        o = self.options
+        slopes = None
+        if o.alibi:
+            ct = getattr(torch, compute_dtype(dtype_name(self.dtype)))
+            device = self.q_proj.weight.device
+            slopes = torch.tensor(alibi_slope_values(self.dims.H), dtype=ct, device=device)
+        return dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks,
+                    alibi_slopes=slopes)  # fmt: skip
+
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
 
@@ -272,6 +361,7 @@ class GroupedQueryAttention(nn.Module):
         from ``attention_weights`` with the same arguments. Both run the functional API's one
         implementation of steps 1-6, so the module holds no attention arithmetic of its own.
         """
+        keywords |= self._v2_keywords()
         out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
         weights = attention_weights(q, k, **keywords) if return_weights else None  # (B, H, L, S)
         return out, weights
@@ -292,6 +382,8 @@ class GroupedQueryAttention(nn.Module):
         is_causal: bool = False,
         causal_alignment: str = "top_left",
         return_weights: bool = False,
+        q_segment_ids: torch.Tensor | None = None,
+        kv_segment_ids: torch.Tensor | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Attend from ``x (B, L, M)`` to ``context (B, S, M)`` (default: x itself).
 
@@ -302,13 +394,18 @@ class GroupedQueryAttention(nn.Module):
             mask, bias, is_causal, causal_alignment: as in the functional API, broadcastable to
                 ``(B, H, L, S)``; e.g. ``mask=padding_mask(lengths, S)``.
             return_weights: also return the attention weights ``(B, H, L, S)`` of every head.
+            q_segment_ids, kv_segment_ids: integers broadcastable to ``(B, L)`` and ``(B, S)``,
+                both or neither (packed sequences: a query attends only keys of its segment).
 
+        The module's window, sinks, ALiBi, softcap and scale apply to every call.
         Returns the output ``(B, L, M)``, or ``(output, weights)`` when ``return_weights``.
         """
         x, context, mask, bias = _as_tensors(x, context, mask, bias)
+        q_segment_ids, kv_segment_ids = _as_tensors(q_segment_ids, kv_segment_ids)
         check_module_inputs(
             self.dims, dtype_name(self.dtype), x, context, mask=mask, bias=bias,
             is_causal=is_causal, causal_alignment=causal_alignment, return_weights=return_weights,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         )  # fmt: skip
         # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
@@ -320,6 +417,7 @@ class GroupedQueryAttention(nn.Module):
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
         )  # fmt: skip
         # 3. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
@@ -327,19 +425,24 @@ class GroupedQueryAttention(nn.Module):
 
     # -- KV-cache decoding ---------------------------------------------------------------------
 
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
-        """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads)."""
-        check_cache_size(batch_size, max_len)
+    def init_cache(self, batch_size: int, max_len: int, *, rolling: bool = False) -> KVCache:
+        """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads).
+
+        ``rolling=True`` (a module with ``window=(left, ...)``): a ring of
+        T = ``min(left + 1, max_len)`` slots instead of ``max_len``, T/max_len of the bytes,
+        whatever the sequence's length (see :class:`KVCache`).
+        """
+        T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
         B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
-        shape = (B, K, max_len, D)
+        shape = (B, K, T, D)
         key = torch.zeros(
             shape, dtype=self.dtype, device=self.q_proj.weight.device
         )  # (B, K, max_len, D)
-        shape = (B, K, max_len, E)
+        shape = (B, K, T, E)
         value = torch.zeros(
             shape, dtype=self.dtype, device=self.q_proj.weight.device
         )  # (B, K, max_len, E)
-        return KVCache(key, value, 0)
+        return KVCache(key, value, 0, max_len if rolling else None)
 
     def decode(
         self,
@@ -349,19 +452,26 @@ class GroupedQueryAttention(nn.Module):
         mask: torch.Tensor | None = None,
         bias: torch.Tensor | None = None,
         return_weights: bool = False,
+        q_segment_ids: torch.Tensor | None = None,
+        kv_segment_ids: torch.Tensor | None = None,
     ) -> tuple:
         """Self-attention of new tokens ``x (B, L, M)`` over the cache and themselves.
 
         One token (decoding) or several (chunked prefill): their keys and values are appended to
         the cache, then the L new queries attend to all S = position + L keys with the
-        bottom-right causal rule (new token i sees every cached token and new tokens 0..i).
-        Decoding a sequence in any chunking gives the outputs of one causal forward over it.
+        bottom-right causal rule (new token i sees every cached token and new tokens 0..i) and
+        the module's window (only the last ``left + 1`` positions). A rolling cache gives the
+        new queries its last ``min(position, left)`` tokens, then the L new ones, with the same
+        rules (S = that count + L). Decoding a sequence in any chunking gives the outputs of one
+        causal forward over it.
 
         Args:
             x: the new tokens ``(B, L, M)``, in the module's dtype; B is the cache's batch.
             cache: from :meth:`init_cache` or a previous call.
             mask, bias: broadcastable to ``(B, H, L, S)``, e.g. a padding mask over the S keys.
             return_weights: also return the attention weights ``(B, H, L, S)``.
+            q_segment_ids, kv_segment_ids: ``(B, L)`` of the new tokens, ``(B, S)`` of every
+                token so far (packed prefill). A rolling cache takes no mask, bias or ids.
 
         Returns ``(y, cache)``: the output ``(B, L, M)`` and the cache holding ``position + L``
         tokens; ``(y, weights, cache)`` when ``return_weights``.
@@ -371,23 +481,28 @@ class GroupedQueryAttention(nn.Module):
                 truncation).
         """
         x, mask, bias = _as_tensors(x, mask, bias)
+        q_segment_ids, kv_segment_ids = _as_tensors(q_segment_ids, kv_segment_ids)
         check_decode_inputs(
             self.dims, dtype_name(self.dtype), x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
-            return_weights=return_weights,
+            return_weights=return_weights, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids, rolling=cache.rolling, left=self.options.left,
         )  # fmt: skip
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
         k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
         #    RoPE: new token i at cache.position + i; the cache keeps the rotated keys.
         q, k_new = self._rotate(q, k_new, cache.position, cache.position)
-        # 2. the cache: the new keys and values written at position .. position + L - 1.
-        cache = cache.write(k_new, v_new)  # holds S = position + L tokens
-        k, v = cache.read()  # (B, K, S, D), (B, K, S, E)
-        # 3. attention over all S keys, bottom-right causal: new token i sees the cache and 0..i.
+        # 2. the cache: the new keys and values written at position .. position + L - 1; the keys
+        #    attended: all S = position + L (a rolling cache: its last min(position, left), then
+        #    the L new ones).
+        cache, k, v = cache.append(k_new, v_new)  # (B, K, S, D), (B, K, S, E)
+        # 3. attention over the S keys, bottom-right causal (new token i sees the cache and
+        #    0..i) within the module's window.
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
-            return_weights=return_weights,
+            return_weights=return_weights, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
         )  # fmt: skip
         # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
@@ -396,13 +511,16 @@ class GroupedQueryAttention(nn.Module):
     # -- canonical weights ---------------------------------------------------------------------
 
     def to_canonical(self) -> dict[str, np.ndarray]:
-        """The canonical weights: ``{"q_proj.kernel": (M, H*D), ..., "o_proj.bias": (M,)}``."""
+        """The canonical weights: ``{"q_proj.kernel": (M, H*D), ..., "o_proj.bias": (M,)}``,
+        and ``"sinks": (H,)`` for a module with sinks."""
         weights = {}
         for name in PROJECTIONS:
             proj = getattr(self, name)
             weights[f"{name}.kernel"] = tensor_to_numpy(linear_weight(proj.weight))  # (in, out)
             if proj.bias is not None:
                 weights[f"{name}.bias"] = tensor_to_numpy(proj.bias)  # (out,)
+        if self.sinks is not None:
+            weights["sinks"] = tensor_to_numpy(self.sinks)  # (H,)
         return weights
 
     @torch.no_grad()
@@ -421,6 +539,8 @@ class GroupedQueryAttention(nn.Module):
             proj.weight.copy_(linear_weight(kernel))  # (out, in); copy_ casts to the module dtype
             if proj.bias is not None:
                 proj.bias.copy_(tensor_from_numpy(weights[f"{name}.bias"]))  # (out,)
+        if self.sinks is not None:
+            self.sinks.copy_(tensor_from_numpy(weights["sinks"]))  # (H,)
 
     @classmethod
     def from_canonical(
@@ -433,34 +553,40 @@ class GroupedQueryAttention(nn.Module):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool | None = None,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
         device: torch.device | str | None = None,
     ) -> GroupedQueryAttention:
-        """A module holding ``weights`` (canonical dict); M, D, E and bias come from the shapes.
+        """A module holding ``weights`` (canonical dict); M, D, E, bias and sinks come from the
+        shapes (``sinks=True``/``False``, if given, must agree with them).
 
         ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too);
-        ``rope_theta``, ``rope_interleaved``, ``rotary_dim`` are the constructor's.
+        ``rope_theta``, ``rope_interleaved``, ``rotary_dim``, ``window``, ``alibi``,
+        ``softcap``, ``scale`` are the constructor's.
         """
         weights = {name: np.asarray(w) for name, w in weights.items()}
-        dims = check_canonical(
-            weights,
-            n_heads=n_heads,
-            n_kv_heads=n_kv_heads,
-        )
+        dims = check_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, sinks=sinks)
         dtype = _torch_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype)
-        rope = dict(rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim)
-        module = cls._with_dims(dims, dtype, device, rope)
+        options = dict(rope_theta=rope_theta, rope_interleaved=rope_interleaved,
+                       rotary_dim=rotary_dim, window=window, alibi=alibi, softcap=softcap,
+                       scale=scale)  # fmt: skip
+        module = cls._with_dims(dims, dtype, device, options)
         module.load_canonical(weights)
         return module
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, device, rope: dict) -> GroupedQueryAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, device, options: dict) -> GroupedQueryAttention:
         return cls(dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E,
-                   bias=dims.bias, dtype=dtype, device=device, **rope)  # fmt: skip
+                   bias=dims.bias, sinks=dims.sinks, dtype=dtype, device=device,
+                   **options)  # fmt: skip
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the canonical weights, with H, K and the RoPE settings in the metadata, to one
-        safetensors file."""
-        metadata = weights_metadata(self.dims, self.rope)
+        """Write the canonical weights (sinks included), with H, K, the RoPE and the v2 settings
+        in the metadata, to one safetensors file."""
+        metadata = weights_metadata(self.dims, self.rope, self.options)
         save_file(self.to_canonical(), os.fspath(path), metadata=metadata)
 
     @classmethod
@@ -472,10 +598,10 @@ class GroupedQueryAttention(nn.Module):
         device: torch.device | str | None = None,
     ) -> GroupedQueryAttention:
         """A module from a file written by ``save`` (by any of the three implementations), with
-        the RoPE settings the file carries."""
+        the RoPE and v2 settings the file carries."""
         with safe_open(os.fspath(path), framework="numpy") as f:
             n_heads, n_kv_heads = heads_from_metadata(f.metadata())
-            options = options_from_metadata(f.metadata())  # RoPE settings, if any
+            options = options_from_metadata(f.metadata())  # RoPE and v2 settings, if any
             weights = {name: f.get_tensor(name) for name in f.keys()}
         return cls.from_canonical(
             weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device, **options
@@ -496,6 +622,11 @@ class MultiHeadAttention(GroupedQueryAttention):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool = False,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
         dtype: torch.dtype | str | None = None,
         device: torch.device | str | None = None,
         generator: torch.Generator | None = None,
@@ -503,7 +634,8 @@ class MultiHeadAttention(GroupedQueryAttention):
         super().__init__(
             d_model, n_heads, n_heads, head_dim=head_dim, value_head_dim=value_head_dim,
             bias=bias, rope_theta=rope_theta, rope_interleaved=rope_interleaved,
-            rotary_dim=rotary_dim, dtype=dtype, device=device, generator=generator,
+            rotary_dim=rotary_dim, window=window, sinks=sinks, alibi=alibi, softcap=softcap,
+            scale=scale, dtype=dtype, device=device, generator=generator,
         )  # fmt: skip
 
     @classmethod
@@ -517,6 +649,11 @@ class MultiHeadAttention(GroupedQueryAttention):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool | None = None,
+        alibi: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
         device: torch.device | str | None = None,
     ) -> MultiHeadAttention:
         """As :meth:`GroupedQueryAttention.from_canonical`; n_kv_heads is (and defaults to) H."""
@@ -524,10 +661,11 @@ class MultiHeadAttention(GroupedQueryAttention):
         return super().from_canonical(
             weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, device=device,
             rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim,
+            window=window, sinks=sinks, alibi=alibi, softcap=softcap, scale=scale,
         )  # fmt: skip
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, device, rope: dict) -> MultiHeadAttention:
+    def _with_dims(cls, dims: ModuleDims, dtype, device, options: dict) -> MultiHeadAttention:
         # K = H always: weights with K != H then fail load_canonical's size check.
         return cls(dims.M, dims.H, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                   dtype=dtype, device=device, **rope)  # fmt: skip
+                   sinks=dims.sinks, dtype=dtype, device=device, **options)  # fmt: skip

@@ -381,11 +381,11 @@ WRONG = {"window": lambda o: o | {"window": (o["window"][0] + 1, 0)},
 
 
 @pytest.mark.parametrize("model_type", list(FEATURES))
-def test_family_features_are_converted_right_and_refused_by_the_modules_until_v2(model_type):
-    """The converted settings reproduce the layer through the functional API, each of them
-    matters, and the modules refuse them by name until they take them. Hugging Face's float64
-    eager layer computes its softmax in float32 (softcap and sinks exist on that path only),
-    hence 1e-6; a wrong conversion is off by more than 1e-3."""
+def test_family_features_are_converted_right_and_reproduced_by_the_modules(model_type):
+    """The converted settings reproduce the layer through the functional API and through the
+    three modules (window, scale, softcap, sinks per layer), and each of them matters. Hugging
+    Face's float64 eager layer computes its softmax in float32 (softcap and sinks exist on that
+    path only), hence 1e-6; a wrong conversion is off by more than 1e-3."""
     config, attention, rotary = _layer(model_type, features=True)
     attention64 = copy.deepcopy(attention).double()
     weights, options = from_hf_attention(attention64), module_options(config, 0)
@@ -397,10 +397,6 @@ def test_family_features_are_converted_right_and_refused_by_the_modules_until_v2
     for k in v2:
         wrong = _functional_reference(weights, WRONG[k](options), x)
         assert np.abs(wrong - hf).max() > 1e-3, k
-    for name, impl in IMPLS.items():
-        try:
-            module = attention_module(impl, weights, options)
-        except NotImplementedError as refused:  # the v2 module options are not there yet
-            assert all(f"{k}=" in str(refused) for k in v2), (name, str(refused))
-            continue
-        np.testing.assert_allclose(_ours(name, module, x), hf, atol=1e-6)  # once they are
+    for name, impl in IMPLS.items():  # the modules take every v2 option of the family
+        module = attention_module(impl, weights, options)
+        np.testing.assert_allclose(_ours(name, module, x), hf, atol=1e-6)

@@ -11,6 +11,9 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.modules`: ``GroupedQueryAttention``/``MultiHeadAttention`` calls;
 - :mod:`~conformance.cases.decode`: KV-cache decoding in several chunkings;
 - :mod:`~conformance.cases.errors`: every error of the taxonomy, functional and module;
+- :mod:`~conformance.cases.module_masks`: the modules and KV-cache decoding with contract v2's
+  window, sinks, ALiBi, softcap and segment ids (``module.v2.*``, ``decode.v2.*``), a rolling
+  cache included;
 - :mod:`~conformance.cases.grads`: the backward pass (``grad.*``, also run against
   ``flash_attention_vjp``) and its tiling (``flash_grad.*``).
 - :mod:`~conformance.cases.ring`: sharded attention, ring and head-parallel (``ring.*``), and
@@ -29,12 +32,13 @@ from conformance.cases import (  # noqa: F401
     flash,
     grads,
     masks,
+    module_masks,
     modules,
     ring,
     rope,
     sdpa,
 )
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
-from conformance.cases.decode import DECODE_CHUNKINGS
+from conformance.cases.decode import DECODE_CHUNKINGS, ROLLING_CHUNKINGS
 
-__all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "CaseDef", "cases"]
+__all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases"]

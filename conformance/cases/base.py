@@ -224,8 +224,9 @@ class ModuleCall:
 
     The module is ``<cls>.from_canonical(weights, n_heads=..., n_kv_heads=..., **options)``
     (``n_kv_heads`` left out for ``MultiHeadAttention``, which defaults it to H; ``options``
-    are the module's settings, e.g. ``rope_theta``), called as
-    ``module(x, context, mask=, bias=, **keywords)``.
+    are the module's settings, e.g. ``rope_theta``, ``window``, ``alibi``), called as
+    ``module(x, context, mask=, bias=, q_segment_ids=, kv_segment_ids=, **keywords)``. A
+    module with sinks has the weight ``sinks (H,)`` among its ``weights``.
     """
 
     weights: dict[str, Any]
@@ -238,6 +239,8 @@ class ModuleCall:
     bias: Any = None
     keywords: dict[str, Any] = field(default_factory=dict)
     options: dict[str, Any] = field(default_factory=dict)
+    q_segment_ids: Any = None
+    kv_segment_ids: Any = None
 
 
 def kernel_shapes(m: int, h: int, k: int, d: int, e: int) -> dict[str, tuple[int, int]]:

@@ -31,6 +31,14 @@ DECODE_CHUNKINGS: dict[str, dict[str, Any]] = {
 }
 DECODE_T = 5
 
+#: The chunkings a decode case of a module with a window (a bounded left side) also gets, into
+#: a rolling cache (``init_cache(..., rolling=True)``: ``min(left + 1, max_len)`` slots). No
+#: weights: a rolling cache's step attends only the keys it kept, not the S of the full forward.
+ROLLING_CHUNKINGS: dict[str, dict[str, Any]] = {
+    "rolling.tokens": {"chunks": [1, 1, 1, 1, 1], "max_len": 5, "rolling": True},
+    "rolling.chunks_2_1_2": {"chunks": [2, 1, 2], "max_len": 8, "rolling": True},
+}
+
 
 @decode_case("mha.h6", ALL_DTYPES)
 def decode_mha(rng, dtype):

@@ -25,6 +25,7 @@ import numpy as np
 from attention_spec import (
     NO_VALUE,
     AttentionError,
+    alibi_slope_values,
     causal_offset,
     check_attention,
     check_causal_mask_args,
@@ -32,6 +33,7 @@ from attention_spec import (
     check_rotary,
 )
 from attention_spec.modules import (
+    check_attention_options,
     check_cache_size,
     check_canonical,
     check_decode_inputs,
@@ -39,6 +41,7 @@ from attention_spec.modules import (
     check_module_inputs,
     module_dtype,
 )
+from attention_spec.validate import ArraySpec
 
 #: bug -> (what it does, a run id that must fail because of it)
 BUGS: dict[str, tuple[str, str]] = {
@@ -187,6 +190,15 @@ BUGS: dict[str, tuple[str, str]] = {
         "rope: angles, cos and sin computed in the input dtype (bfloat16), not float32",
         "rope.positions.large_1e5.bfloat16",
     ),
+    "rolling_cache_drops_key": (
+        "rolling KV cache: a chunk attends the last left - 1 kept tokens, not left (the ring's "
+        "oldest key of the window is dropped)",
+        "decode.v2.window.gqa.rolling.tokens.float32",
+    ),
+    "module_sinks_ignored": (
+        "module: the learned sinks weight is loaded but never passed to the attention",
+        "module.v2.sinks.gqa.padding.float32",
+    ),
     "rope_decode_not_offset": (
         "decode: new tokens rotated at 0 .. L-1, not cache.position + 0 .. L-1",
         "decode.rope.gqa.h6_k2.tokens.float32",
@@ -246,11 +258,14 @@ BUGS: dict[str, tuple[str, str]] = {
 
 
 class _Cache(NamedTuple):
-    """The broken ports' KV cache: the keys (B, K, position, D) and values written so far."""
+    """The broken ports' KV cache: the keys (B, K, position, D) and values written so far (a
+    rolling one: the last ``slots`` of them), and how many tokens were written."""
 
     key: np.ndarray
     value: np.ndarray
     max_len: int
+    position: int = 0
+    slots: int | None = None  # a rolling cache's min(left + 1, max_len)
 
 
 def make_port(
@@ -504,17 +519,22 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
     class GroupedQueryAttention:
         def __init__(self, d_model, n_heads, n_kv_heads, *, head_dim=None, value_head_dim=None,
                      bias=True, rope_theta=None, rope_interleaved=False, rotary_dim=None,
+                     window=None, sinks=False, alibi=False, softcap=None, scale=None,
                      dtype="float32"):  # fmt: skip
             dtype = np.dtype(module_dtype(dtype))
             self.dims = check_module_config(
-                d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name
-            )
+                d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
+                dtype=dtype.name, sinks=sinks,
+            )  # fmt: skip
             self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, self.dims.D)
+            self.options = check_attention_options(
+                dtype.name, window=window, sinks=sinks, alibi=alibi, softcap=softcap, scale=scale
+            )
             self.dtype = dtype
             self.w = {n: np.zeros(s, dtype) for n, s in self.dims.canonical_shapes().items()}
 
         @classmethod
-        def from_canonical(cls, weights, *, n_heads, n_kv_heads, dtype=None, **rope):
+        def from_canonical(cls, weights, *, n_heads, n_kv_heads, dtype=None, sinks=None, **rope):
             weights = {n: np.asarray(w) for n, w in weights.items()}
             shapes = {n: w.shape for n, w in weights.items()}
             if bug == "weights_not_checked":  # sizes read off two kernels, nothing else checked
@@ -522,11 +542,11 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
                 D, E, bias = HD // n_heads, KE // n_kv_heads, "q_proj.bias" in shapes
                 dims = check_module_config(M, n_heads, n_kv_heads, D, E, bias=bias)
             else:
-                dims = check_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads)
+                dims = check_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, sinks=sinks)
             dtype = np.dtype(dtype or weights["q_proj.kernel"].dtype)
             module = GroupedQueryAttention(
                 dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                dtype=dtype, **rope,
+                sinks=dims.sinks, dtype=dtype, **rope,
             )  # fmt: skip
             module.w = {n: w.astype(dtype) for n, w in weights.items()}
             return module
@@ -564,6 +584,12 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
             return ("k_proj", "q_proj") if bug == "qk_swapped" else ("q_proj", "k_proj")
 
         def _attend(self, q, k, v, return_weights, **keywords):
+            o = self.options  # the module's v2 settings, passed to every call
+            ct = np.float64 if self.dtype == np.float64 else np.float32
+            sinks = self.w.get("sinks") if bug != "module_sinks_ignored" else None
+            slopes = np.array(alibi_slope_values(self.dims.H), ct) if o.alibi else None
+            keywords |= dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=sinks,
+                             alibi_slopes=slopes)  # fmt: skip
             out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
             y = self._linear("o_proj", self._merge(out))  # (B, L, M)
             if not return_weights:
@@ -583,10 +609,13 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
             is_causal=False,
             causal_alignment="top_left",
             return_weights=False,
+            q_segment_ids=None,
+            kv_segment_ids=None,
         ):
+            ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
             check_module_inputs(
                 self.dims, self.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
-                causal_alignment=causal_alignment, return_weights=return_weights,
+                causal_alignment=causal_alignment, return_weights=return_weights, **ids,
             )  # fmt: skip
             context = x if context is None else context
             q_name, k_name = self._names()
@@ -597,27 +626,32 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
             q, k = self._rotate(q, k, offset, 0)
             result = self._attend(
                 q, k, v, return_weights, mask=mask, bias=bias, is_causal=is_causal,
-                causal_alignment=causal_alignment,
+                causal_alignment=causal_alignment, **ids,
             )  # fmt: skip
             return result if return_weights else result[0]
 
-        def init_cache(self, batch_size, max_len):
-            check_cache_size(batch_size, max_len)
+        def init_cache(self, batch_size, max_len, *, rolling=False):
+            T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
             B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
             empty_k, empty_v = (
                 np.zeros((B, K, 0, D), self.dtype),
                 np.zeros((B, K, 0, E), self.dtype),
             )
-            return _Cache(empty_k, empty_v, max_len)
+            return _Cache(empty_k, empty_v, max_len, 0, T if rolling else None)
 
-        def decode(self, x, cache, *, mask=None, bias=None, return_weights=False):
-            position, max_len = cache.key.shape[2], cache.max_len
+        def decode(self, x, cache, *, mask=None, bias=None, return_weights=False, **ids):
+            position, max_len = cache.position, cache.max_len
             if bug == "cache_no_overflow_check":
                 max_len = max(max_len, position + x.shape[1])
+            B, K, _, D = cache.key.shape
+            T = cache.key.shape[2] if cache.slots is None else cache.slots  # the slots it checks
             check_decode_inputs(
-                self.dims, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
+                self.dims, self.dtype.name, x,
+                cache_key=ArraySpec((B, K, T, D), cache.key.dtype.name),
+                cache_value=ArraySpec((B, K, T, cache.value.shape[3]), cache.value.dtype.name),
                 position=position, max_len=max_len, mask=mask, bias=bias,
-                return_weights=return_weights,
+                return_weights=return_weights, rolling=cache.slots is not None,
+                left=self.options.left, **ids,
             )  # fmt: skip
             q_name, k_name = self._names()
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
@@ -625,14 +659,26 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
             new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
             start = 0 if bug == "rope_decode_not_offset" else position
             q, new_k = self._rotate(q, new_k, start, start)
-            k = np.concatenate([cache.key, new_k], axis=2)  # (B, K, S, D), S = position + L
-            v = np.concatenate([cache.value, new_v], axis=2)  # (B, K, S, E)
+            keep = cache.key.shape[2]  # a plain cache: every token so far
+            if cache.slots is not None:  # a rolling cache: the window's last left tokens
+                keep = min(position, cache.slots - 1)
+                if bug == "rolling_cache_drops_key":
+                    keep = max(keep - 1, 0)
+            old_k = cache.key[:, :, cache.key.shape[2] - keep :]
+            old_v = cache.value[:, :, cache.value.shape[2] - keep :]
+            k = np.concatenate([old_k, new_k], axis=2)  # (B, K, S, D), S = keep + L
+            v = np.concatenate([old_v, new_v], axis=2)  # (B, K, S, E)
             alignment = "top_left" if bug == "decode_top_left" else "bottom_right"
             result = self._attend(
                 q, k, v, return_weights, mask=mask, bias=bias, is_causal=True,
-                causal_alignment=alignment,
+                causal_alignment=alignment, **ids,
             )  # fmt: skip
-            return (*result, _Cache(k, v, cache.max_len))
+            all_k = np.concatenate([cache.key, new_k], axis=2)
+            all_v = np.concatenate([cache.value, new_v], axis=2)
+            if cache.slots is not None:  # the ring keeps the last slots tokens only
+                all_k, all_v = all_k[:, :, -cache.slots :], all_v[:, :, -cache.slots :]
+            end = position + x.shape[1]
+            return (*result, _Cache(all_k, all_v, cache.max_len, end, cache.slots))
 
     class MultiHeadAttention(GroupedQueryAttention):
         def __init__(self, d_model, n_heads, **keywords):
@@ -640,7 +686,7 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
 
         @classmethod
         def from_canonical(cls, weights, *, n_heads, n_kv_heads=None, dtype=None, **rope):
-            n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
+            n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads  # rope: every setting
             return GroupedQueryAttention.from_canonical(
                 weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, **rope
             )
