@@ -442,8 +442,8 @@ class GroupedQueryAttention(nnx.Module):
         #    attended: all S = position + L (a rolling cache: its last min(position, left), then
         #    the L new ones).
         cache, k, v = cache.append(k_new, v_new)  # (B, K, S, D), (B, K, S, E)
-        # 3. attention over the S keys, bottom-right causal (new token i sees the cache and
-        #    0..i) within the module's window.
+        # 3. attention over the S keys, bottom-right causal: new token i sees the cache and
+        #    0..i, within the module's window.
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights, q_segment_ids=q_segment_ids,

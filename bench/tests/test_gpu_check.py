@@ -151,10 +151,17 @@ def test_gpu_check_runs_end_to_end_on_this_cpu(tmp_path):
 # ----------------------------------------------------------------------------------- Makefile
 
 
+#: What an outer ``make test PY=...`` hands its recipe's environment: the inner make must see
+#: the Makefile's own defaults, not the knobs the suite itself was started with.
+_OUTER_MAKE = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "PY", "PYTHON", "VENV", "ACCEL",
+               "DEVICE", "BENCH", "WORKERS", "GPU_PY", "TORCH_SPEC", "JAX_SPEC"}  # fmt: skip
+
+
 def _make(*args: str, path_prefix: str | None = None, **env: str) -> subprocess.CompletedProcess:
     if shutil.which("make") is None:
         pytest.skip("no make here")
-    full = dict(os.environ, **env)
+    full = {name: value for name, value in os.environ.items() if name not in _OUTER_MAKE}
+    full.update(env)
     if path_prefix:
         full["PATH"] = f"{path_prefix}{os.pathsep}{full['PATH']}"
     return subprocess.run(["make", "-C", str(REPO), "--no-print-directory", *args], env=full,

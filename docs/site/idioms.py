@@ -170,15 +170,38 @@ IDIOMS: dict[str, dict[str, str]] = {
             "error leaves it as it was)."
         ),
         "2. the cache": (
-            "`cache.write` fills NumPy's and torch's buffers in place and returns a cache with "
-            "the position advanced; JAX's returns new buffers."
+            "`cache.append` writes the new tokens (NumPy and torch into the buffers in place, "
+            "JAX into new buffers) and returns the cache with its position advanced and the keys "
+            "and values to attend; a rolling cache returns its kept window, then the new tokens."
         ),
-        "3. attention over all S keys, bottom-right causal": (
+        "3. attention over the S keys, bottom-right causal": (
             'The functional API with `causal_alignment="bottom_right"`: new token i sees every '
-            "cached token and new tokens 0..i."
+            "cached token and new tokens 0..i, within the module's window."
         ),
         "4. heads merged back, output projection": (
             "Identical in the three: `self._project_output(out)`."
+        ),
+    },
+    "flash_backward": {
+        "5. (end) the sink": (
+            "One gradient per head and row: NumPy and torch write each block's rows into "
+            "`dsinks[..., i0:i1]` and sum them afterwards; JAX carries the running sum through "
+            "the scan (`reshape(-1, H, bq).sum((0, 2))`)."
+        ),
+        "5. the block's weights, rebuilt from the row log-sum-exp": (
+            "The forward's clamped exponent again, so P never exceeds 1: NumPy in place "
+            "(`np.minimum(s, 0.0, out=s)`), torch chained in place (`clamp_(max=0.0)`), JAX "
+            "with `jnp.where(s > 0.0, 0.0, s)`."
+        ),
+        "6. output": (
+            "dV summed over each group of G query heads: NumPy on grouped arrays "
+            "(`.sum(axis=-3)`), torch on its repeated heads reshaped back (`.sum(dim=-3)`), JAX "
+            "in one `jnp.einsum` with no group axis in its output, added at a traced row "
+            "(`_add_rows`)."
+        ),
+        "5. softmax": (
+            "The same `dS = P * (dP - D)` in the three; torch reuses dP's memory "
+            "(`dp.sub_(delta).mul_(p)`)."
         ),
     },
     "sharded": {
