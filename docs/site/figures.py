@@ -222,23 +222,14 @@ def temperature_plot(data: dict[str, Any]):
 
 
 def query_gradient(q: np.ndarray, k: np.ndarray, v: np.ndarray, do: np.ndarray, scale: float):
-    """``d<sdpa(q, k, v), do> / dq``, shape of q (float64).
+    """``d<sdpa(q, k, v), do> / dq``, shape of q (float64), from NumPy's hand-written backward
+    (``scaled_dot_product_attention_vjp``; the test checks it against finite differences)."""
+    from impl_numpy import scaled_dot_product_attention_vjp
 
-    HOOK: torch autograd on impl_torch, because impl_numpy has no backward pass yet. When the
-    gradients issue lands ``impl_numpy.scaled_dot_product_attention_vjp``, return its query
-    gradient here instead; the figure and its test need no other change.
-    """
-    import torch
-
-    from impl_torch import scaled_dot_product_attention
-
-    tq = torch.tensor(q, requires_grad=True)
-    out = scaled_dot_product_attention(tq, torch.tensor(k), torch.tensor(v), scale=scale)
-    out.backward(torch.tensor(do))
-    return tq.grad.numpy()
+    return scaled_dot_product_attention_vjp(q, k, v, do, scale=scale).query
 
 
-GRADIENT_SOURCE = "torch autograd on impl_torch"  # what query_gradient uses, for the caption
+GRADIENT_SOURCE = "impl_numpy.scaled_dot_product_attention_vjp, the hand-written backward"
 
 
 def missing_scale_data(
