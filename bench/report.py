@@ -21,7 +21,6 @@ column's ratio of two rows timed minutes apart is kept next to it as ``separate_
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
 from pathlib import Path
@@ -150,8 +149,8 @@ def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROW
             if device != "cpu":
                 out.append({**entry, "status": "not evaluated", "detail": "goals are for CPU"})
                 continue
-            if goal.kind == "causal":
-                pair = (row.name, w.id), (row.name, dataclasses.replace(w, is_causal=False).id)
+            if goal.kind in ("causal", "rolling"):
+                pair = (row.name, w.id), (row.name, goal.baseline().id)
             else:
                 pair = (row.name, w.id), (goal.ref, w.id)
             if all(p in median for p in pair):

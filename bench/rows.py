@@ -32,7 +32,13 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from bench.workloads import GOAL_WORKLOAD, WINDOW_GOAL_WORKLOAD, Workload
+from bench.workloads import (
+    DECODE_GOAL_WORKLOADS,
+    GOAL_WORKLOAD,
+    ROLLING_GOAL_WORKLOAD,
+    WINDOW_GOAL_WORKLOAD,
+    Workload,
+)
 
 __all__ = ["ROWS", "Goal", "Row", "row_by_name"]
 
@@ -47,11 +53,18 @@ class Goal:
     ``kind="window"``: this row with a sliding window (:data:`WINDOW_GOAL_WORKLOAD`, causal,
     ``window=(256, 0)`` at L = S = 8192) / the same row causal without it <= ``limit``: the
     tiled path's time follows the window, not L x S.
+    ``kind="rolling"``: this row's decode step through a rolling cache
+    (:data:`ROLLING_GOAL_WORKLOAD`, a (256, 0) window at P = 4096) / the same step at P = 1024
+    <= ``limit``: the step costs O(W), not O(P).
+
+    ``on``: the workload of a ``ratio`` goal stated elsewhere than :data:`GOAL_WORKLOAD` (the
+    decode goals: :data:`DECODE_GOAL_WORKLOADS`).
     """
 
     kind: str
     limit: float
     ref: str | None = None
+    on: Workload | None = None
 
     def text(self) -> str:
         """How the goal reads in the table, e.g. ``<= 2.5x torch F.sdpa``."""
@@ -60,8 +73,12 @@ class Goal:
         if self.kind == "window":
             w = WINDOW_GOAL_WORKLOAD
             return f"window ({w.window}, 0) <= {self.limit:g}x own causal at L=S={w.L}"
+        if self.kind == "rolling":
+            w = ROLLING_GOAL_WORKLOAD
+            return f"rolling ({w.window}, 0) step at P={w.P} <= {self.limit:g}x own at P=1024"
         op = "<" if self.kind == "faster" else "<="
-        return f"{op} {self.limit:g}x {self.ref}"
+        where = "" if self.on is None else f" ({self.on.variant} P={self.on.P})"
+        return f"{op} {self.limit:g}x {self.ref}{where}"
 
     def met(self, ratio: float) -> bool:
         """Whether a measured ratio meets the goal."""
@@ -73,7 +90,22 @@ class Goal:
             return dataclasses.replace(GOAL_WORKLOAD, is_causal=True)
         if self.kind == "window":
             return WINDOW_GOAL_WORKLOAD
-        return GOAL_WORKLOAD
+        if self.kind == "rolling":
+            return ROLLING_GOAL_WORKLOAD
+        return GOAL_WORKLOAD if self.on is None else self.on
+
+    def baseline(self) -> Workload:
+        """The workload of the goal's second call: the non-causal twin (``causal``), the causal
+        run without the window (``window``), the rolling step at P = 1024 (``rolling``), else
+        the goal's own workload (run by ``ref``)."""
+        w = self.workload()
+        if self.kind == "causal":
+            return dataclasses.replace(w, is_causal=False)
+        if self.kind == "window":
+            return dataclasses.replace(w, window=None)
+        if self.kind == "rolling":
+            return dataclasses.replace(w, S=w.L + 1024)
+        return w
 
 
 @dataclass(frozen=True)
@@ -185,7 +217,9 @@ class Row:
     def applies_to(self, w: Workload) -> bool:
         """Whether the row is meant for workload ``w`` at all (op and head variant; a window
         only for the project's functions, the frameworks' kernels have no such keyword)."""
-        if w.window is not None and (self.call != "functional" or self.kind != "impl"):
+        if w.window is not None and (
+            self.call not in ("functional", "decode") or self.kind != "impl"
+        ):  # a decode workload's window is the project module's rolling cache
             return False
         return w.op == self.workloads and w.variant.split()[0] in self.variants
 
@@ -209,6 +243,17 @@ def _ratio(limit: float, ref: str = _TF) -> Goal:
 _HALF = Goal("causal", 0.6)  # causal at most 0.6x its own non-causal time
 _BAND = Goal("window", 0.15)  # a (256, 0) window at most 0.15x its own causal time at 8192
 _NF, _TFL = (_ratio(2.5), _HALF, _BAND), (_ratio(1.5), _HALF, _BAND)  # numpy, torch flash goals
+_ROLL = Goal("rolling", 1.2)  # a rolling cache's step: the same time at P = 4096 as at 1024
+
+
+def _decode_goals(ref: str) -> tuple[Goal, ...]:
+    """A decode step within 2x the framework's fused step (MHA and GQA 8:2 at P = 4096), and the
+    rolling cache's O(W) step."""
+    return (*(Goal("ratio", 2.0, ref, on=w) for w in DECODE_GOAL_WORKLOADS), _ROLL)
+
+
+_TDG, _JDG = _decode_goals(_TD), _decode_goals(_JD)  # the decode rows' goals
+
 
 #: The registry, one line per row; order is the order of the table.
 ROWS: tuple[Row, ...] = (
@@ -228,9 +273,9 @@ ROWS: tuple[Row, ...] = (
     Row("torch GQA module", f"impl_torch.{_GQA}", "module", **_GQA_MOD),
     Row("jax GQA module", f"impl_jax.{_GQA}", "module", ref="flax nnx.MHA", **_GQA_MOD),
     # one KV-cache decode step of the project's GroupedQueryAttention (MHA, GQA, MQA)
-    Row("numpy decode", f"impl_numpy.{_GQA}", "decode", ref=_TD, **_DECODE),
-    Row("torch decode", f"impl_torch.{_GQA}", "decode", ref=_TD, **_DECODE),
-    Row("jax decode", f"impl_jax.{_GQA}", "decode", ref=_JD, **_DECODE),
+    Row("numpy decode", f"impl_numpy.{_GQA}", "decode", ref=_TD, goals=_TDG, **_DECODE),
+    Row("torch decode", f"impl_torch.{_GQA}", "decode", ref=_TD, goals=_TDG, **_DECODE),
+    Row("jax decode", f"impl_jax.{_GQA}", "decode", ref=_JD, goals=_JDG, **_DECODE),
     # baselines: the frameworks' own kernels, each SDPA backend a row of its own
     Row(_TF, _T, "torch_sdpa", **_TILED),
     Row("torch F.sdpa[math]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="math"),

@@ -32,6 +32,9 @@ Decode rows time one KV-cache step at a fixed position P, every round the same w
   in place and returns a *new* cache object at P + 1; the cache object the call is given is a
   frozen dataclass whose position never changes, so the timed call drops the returned cache and
   every round rewrites slot P with the same values and reads the same S keys;
+- a workload with a window W steps a module with ``window=(W, 0)`` through its rolling cache
+  (``init_cache(..., rolling=True)``), made at position P the same way: a ring of ``W + 1``
+  slots whose step writes slot ``P % (W + 1)`` and reads the W tokens before it, at any P;
 - JAX: the step is jitted with the cache donated, as a decode loop does (its write is then in
   place, not a copy of the whole cache); each round passes the returned buffers back as the
   cache at position P (a new static-position pytree around the same arrays, a few
@@ -149,8 +152,8 @@ def _shapes(w: Workload, layout: str) -> list[tuple[int, ...]]:
     cache buffers (B,K,S,D),(B,K,S,E); ``decode_heads_second`` (B,L,M),(B,S,K,D),(B,S,K,E)."""
     if layout == "module":
         return [(w.B, w.L, w.M)]
-    if layout == "decode":
-        return [(w.B, w.L, w.M), (w.B, w.K, w.S, w.D), (w.B, w.K, w.S, w.E)]
+    if layout == "decode":  # the cache's T slots: S = P + 1, or a rolling cache's ring
+        return [(w.B, w.L, w.M), (w.B, w.K, w.slots, w.D), (w.B, w.K, w.slots, w.E)]
     if layout == "decode_heads_second":
         return [(w.B, w.L, w.M), (w.B, w.S, w.K, w.D), (w.B, w.S, w.K, w.E)]
     if layout == "heads_second":
@@ -299,9 +302,11 @@ def _jax_prepared(jitted: Any, args: list) -> Prepared:
     return Prepared(call=call, memory=lambda: _xla_memory(compiled), compile_s=compile_s)
 
 
-def _construct(cls: type, framework: str, w: Workload, fdevice: str, gqa: bool) -> Any:
+def _construct(cls: type, framework: str, w: Workload, fdevice: str, gqa: bool,
+               **options: Any) -> Any:  # fmt: skip
     """Build a project module with the contract's constructor, in the workload's dtype, on the
-    framework device, with whatever seeded generator its framework asks for."""
+    framework device, with whatever seeded generator its framework asks for (``options``: more
+    keywords, e.g. ``window``)."""
     # __init__'s own signature: an nnx.Module class reports only (*args, **kwargs)
     params = inspect.signature(cls.__init__).parameters
     args: list[Any] = [w.M, w.H, w.K] if gqa else [w.M, w.H]
@@ -320,7 +325,7 @@ def _construct(cls: type, framework: str, w: Workload, fdevice: str, gqa: bool) 
         import torch
 
         kw["generator"] = torch.Generator(device=fdevice).manual_seed(0)
-    module = cls(*args, **kw)
+    module = cls(*args, **kw, **options)
     if framework == "torch":
         import torch
 
@@ -462,12 +467,17 @@ def _prepare_nnx_mha(row: Row, target: Any, w: Workload, fdevice: str) -> Prepar
 
 def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
     """One KV-cache step of the project's ``GroupedQueryAttention.decode``: a token
-    ``x (B, 1, M)`` after P cached tokens, in a cache of the module's own type."""
+    ``x (B, 1, M)`` after P cached tokens, in a cache of the module's own type (a workload with
+    a window W: a module with ``window=(W, 0)`` and its rolling cache, ``W + 1`` ring slots)."""
     fw, P = row.framework, w.P
-    module = _construct(target, fw, w, fdevice, gqa=True)
+    rolling = w.window is not None
+    options = {"window": (w.window, 0)} if rolling else {}
+    module = _construct(target, fw, w, fdevice, gqa=True, **options)
     x, key, value = make_inputs(fw, w, fdevice, layout="decode")
-    # a cache at position P: the module's own KVCache type, buffers of S = P + 1 tokens
-    cache = dataclasses.replace(module.init_cache(w.B, 1), key=key, value=value, position=P)
+    # a cache at position P: the module's own KVCache type, buffers of S = P + 1 tokens (a
+    # rolling cache: its T = W + 1 slots, for sequences of up to S tokens)
+    empty = module.init_cache(w.B, w.S if rolling else 1, rolling=rolling)
+    cache = dataclasses.replace(empty, key=key, value=value, position=P)
     if fw == "jax":
         from flax import nnx
 

@@ -21,7 +21,6 @@ Each case ends as one :class:`Record`. Statuses:
 
 from __future__ import annotations
 
-import dataclasses
 import gc
 import time
 from collections.abc import Callable
@@ -208,10 +207,10 @@ def build_goal_cases(
     for row in rows:
         for goal in row.goals:
             w = goal.workload()
-            if goal.kind == "causal":
-                pair = ((row, w), (row, dataclasses.replace(w, is_causal=False)))
+            if goal.kind in ("causal", "rolling"):  # the row against itself
+                pair = ((row, w), (row, goal.baseline()))
             elif goal.kind == "window":  # its two calls are its own, in a CPU goal-bearing grid
-                pair = ((row, w), (row, dataclasses.replace(w, window=None)))
+                pair = ((row, w), (row, goal.baseline()))
                 if GOAL_WORKLOAD not in workloads:
                     continue
             else:

@@ -13,7 +13,10 @@ S key/value length, D query/key head dim, E value head dim, M model width (= H *
 A *decode* workload is one step of KV-cache decoding: one new token (L = 1) attends over the P
 cached tokens and itself (S = P + 1, bottom-right causal, which with L = 1 masks nothing). Its
 FLOPs are the four projections of that one token plus the attention over S keys
-(:func:`decode_flops`); its KV cache holds K heads, so a GQA cache is K/H of MHA's.
+(:func:`decode_flops`); its KV cache holds K heads, so a GQA cache is K/H of MHA's. A decode
+workload with a ``window`` W steps a module with ``window=(W, 0)`` through a *rolling* cache
+(``init_cache(..., rolling=True)``): a ring of ``W + 1`` slots at position P, whose step
+attends the last W cached tokens and itself whatever P is (:attr:`Workload.slots`).
 """
 
 from __future__ import annotations
@@ -21,9 +24,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 __all__ = [
+    "DECODE_GOAL_WORKLOADS",
     "DTYPE_BYTES",
     "GOAL_WORKLOAD",
     "GRIDS",
+    "ROLLING_GOAL_WORKLOAD",
     "WINDOW_GOAL_WORKLOAD",
     "Workload",
     "allowed_pairs",
@@ -100,15 +105,19 @@ def module_flops(
     return proj + dense, proj + useful
 
 
-def decode_flops(B: int, H: int, K: int, P: int, D: int, E: int, M: int) -> int:
+def decode_flops(
+    B: int, H: int, K: int, P: int, D: int, E: int, M: int, *, window: int | None = None
+) -> int:
     """FLOPs of one KV-cache decode step: one new token after ``P`` cached ones.
 
     The projections of the one token, q: ``2*B*M*(H*D)``, k: ``2*B*M*(K*D)``, v: ``2*B*M*(K*E)``,
     out: ``2*B*(H*E)*M``, plus its attention over ``S = P + 1`` keys (the cache and itself),
-    ``2*B*H*S*(D + E)``. Nothing is masked (bottom-right causal with L = 1), so dense = useful.
+    ``2*B*H*S*(D + E)``; with ``window=W`` (a rolling cache) over ``min(P, W) + 1`` keys.
+    Nothing is masked (bottom-right causal with L = 1), so dense = useful.
     """
     proj = 2 * B * (M * H * D + M * K * D + M * K * E + H * E * M)
-    return proj + 2 * B * H * (P + 1) * (D + E)
+    keys = P + 1 if window is None else min(P, window) + 1
+    return proj + 2 * B * H * keys * (D + E)
 
 
 @dataclass(frozen=True)
@@ -131,7 +140,7 @@ class Workload:
     E: int
     is_causal: bool = False
     dtype: str = "float32"
-    window: int | None = None  # attention only: window=(window, 0), the W keys before and itself
+    window: int | None = None  # window=(window, 0), the W keys before and itself (decode: rolling)
 
     @property
     def M(self) -> int:
@@ -142,6 +151,12 @@ class Workload:
     def P(self) -> int:
         """Decode workloads: the tokens already in the KV cache (``S - L``)."""
         return self.S - self.L
+
+    @property
+    def slots(self) -> int:
+        """Decode workloads: T, the cache buffers' length: ``S = P + 1`` tokens, or a rolling
+        cache's ``min(window + 1, S)`` ring slots."""
+        return self.S if self.window is None else min(self.window + 1, self.S)
 
     @property
     def seq(self) -> int:
@@ -167,7 +182,8 @@ class Workload:
         )
         heads = f"{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
         if self.op == "decode":
-            return f"decode.{heads}.p{self.P}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}"
+            ring = "" if self.window is None else f".rolling{self.window}"
+            return f"decode.{heads}.p{self.P}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}{ring}"
         return (
             f"{self.op}.{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
             f".l{self.L}.s{self.S}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}.{mode}"
@@ -179,7 +195,8 @@ class Workload:
         ``decode GQA 8:2 B1 H8 P=4096 D64 f32``."""
         if self.op == "decode":
             dims = f"B{self.B} H{self.H} P={self.P} D{self.D}"
-            return f"decode {self.variant} {dims} {_SHORT[self.dtype]}"
+            ring = "" if self.window is None else f" rolling ({self.window}, 0)"
+            return f"decode {self.variant} {dims} {_SHORT[self.dtype]}{ring}"
         lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
         kind = "module " if self.op == "module" else ""
         mode = (" causal" if self.is_causal else "") + (
@@ -194,7 +211,9 @@ class Workload:
     def series(self) -> str:
         """The plot panel a workload belongs to: everything but the sequence length."""
         mode = (" causal" if self.is_causal else "") + (
-            "" if self.window is None else f" window {self.window}"
+            ""
+            if self.window is None
+            else f" {'rolling' if self.op == 'decode' else 'window'} {self.window}"
         )
         kind = {"module": "module ", "decode": "decode "}.get(self.op, "")
         return f"{kind}{self.variant} B{self.B} H{self.H} D{self.D} {_SHORT[self.dtype]}{mode}"
@@ -203,7 +222,9 @@ class Workload:
         """``(dense, useful)`` FLOPs (see :func:`attention_flops`, :func:`module_flops`,
         :func:`decode_flops`)."""
         if self.op == "decode":
-            n = decode_flops(self.B, self.H, self.K, self.P, self.D, self.E, self.M)
+            n = decode_flops(
+                self.B, self.H, self.K, self.P, self.D, self.E, self.M, window=self.window
+            )
             return n, n
         if self.op == "module":
             return module_flops(
@@ -220,11 +241,12 @@ class Workload:
         return self.B * self.H * self.L * self.S * 4
 
     def cache_bytes(self) -> int:
-        """Decode workloads: bytes of the KV cache, ``B * K * S * (D + E) * itemsize`` (it holds
-        exactly the S = P + 1 tokens of the step); 0 for the other ops."""
+        """Decode workloads: bytes of the KV cache, ``B * K * T * (D + E) * itemsize`` (it holds
+        exactly the S = P + 1 tokens of the step; a rolling cache its T = W + 1 ring slots,
+        :attr:`slots`); 0 for the other ops."""
         if self.op != "decode":
             return 0
-        return self.B * self.K * self.S * (self.D + self.E) * DTYPE_BYTES[self.dtype]
+        return self.B * self.K * self.slots * (self.D + self.E) * DTYPE_BYTES[self.dtype]
 
     def input_bytes(self) -> int:
         """Bytes of query, key, value and output (input and output for modules; input, output
@@ -268,9 +290,10 @@ def _module(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
     return Workload("module", B, H, K, L, L, D, D, causal, dtype)
 
 
-def _decode(B, H, K, P, D, *, dtype="float32") -> Workload:
-    """One decode step after ``P`` cached tokens: L = 1, S = P + 1."""
-    return Workload("decode", B, H, K, 1, P + 1, D, D, False, dtype)
+def _decode(B, H, K, P, D, *, dtype="float32", rolling: int | None = None) -> Workload:
+    """One decode step after ``P`` cached tokens: L = 1, S = P + 1 (``rolling=W``: through a
+    rolling cache of a module with ``window=(W, 0)``)."""
+    return Workload("decode", B, H, K, 1, P + 1, D, D, False, dtype, window=rolling)
 
 
 #: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
@@ -279,6 +302,12 @@ GOAL_WORKLOAD = _attn(1, 8, 8, 2048, 64)
 #: The sliding-window goal's workload (issue 11): L = S = 8192, causal with window=(256, 0); it
 #: is compared with the same row's causal run without the window.
 WINDOW_GOAL_WORKLOAD = Workload("attention", 1, 8, 8, 8192, 8192, 64, 64, True, window=256)
+#: The decode goals' workloads (issue 11): one step at P = 4096, MHA and GQA 8:2, against the
+#: framework's fused decode step on the same workload.
+DECODE_GOAL_WORKLOADS = (_decode(1, 8, 8, 4096, 64), _decode(1, 8, 2, 4096, 64))
+#: The rolling-cache goal's workload (issue 11): a step through a rolling cache of a (256, 0)
+#: window at P = 4096, compared with the same row's step at P = 1024 (O(W): the same time).
+ROLLING_GOAL_WORKLOAD = _decode(1, 8, 8, 4096, 64, rolling=256)
 
 
 def _cpu_quick() -> list[Workload]:
@@ -288,6 +317,7 @@ def _cpu_quick() -> list[Workload]:
     w += [_module(1, 8, 8, n, 64) for n in (256, 1024, 2048)]  # module rows (M = 512)
     w += [_module(1, 8, 2, 1024, 64)]  # GQA module
     w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
+    w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 4096)]  # rolling cache: O(W)
     return w
 
 
@@ -301,6 +331,7 @@ def _cpu_full() -> list[Workload]:
         w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
     w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 8192, 32768)]
+    w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (2048, 32768)]  # rolling cache: O(W)
     return w
 
 

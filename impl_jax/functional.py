@@ -32,7 +32,7 @@ from attention_spec import (
     check_size,
     dtype_name,
 )
-from attention_spec.rules import alibi, causal, segments, window
+from attention_spec.rules import alibi, block_rules, causal, segments, window
 
 __all__ = [
     "STATIC_ARGNAMES",
@@ -100,15 +100,17 @@ _X64_HOW = "JAX's 64-bit mode: jax.config.update('jax_enable_x64', True)"
 _V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
 
 
-def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids):
+def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids,
+             bands: bool = True):  # fmt: skip
     """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
     one block of the tiled path, with that block's slices of mask and segment ids):
     ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
-    ``(..., H, L, S)``; None when no rule is given."""
+    ``(..., H, L, S)``; None when no rule is given. ``bands=False``: the causal and window
+    rules allow every ``(i, j)`` here (:func:`_prepared`), so only mask and segments remain."""
     rules = [] if mask is None else [mask]
-    if dims.is_causal:
+    if dims.is_causal and bands:
         rules.append(causal(i, j, offset))  # (L, S)
-    if dims.window is not None:
+    if dims.window is not None and bands:
         rules.append(window(i, j, offset, dims.window))  # (L, S)
     if q_segment_ids is not None:
         rules.append(segments(q_segment_ids, kv_segment_ids))  # (..., 1, L, S)
@@ -205,7 +207,12 @@ def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias
     ct = _compute_dtype(query.dtype)
     offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
     i, j = jnp.arange(dims.L)[:, None], jnp.arange(dims.S)[None, :]  # (L, 1), (1, S)
-    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"])
+    #    The causal and window bands need no elementwise rule when they allow every (i, j) of
+    #    the call (a decode step: one query, bottom-right, sees every key): then nothing is
+    #    masked and no key or value row is zeroed (no copy of a KV cache per step).
+    _, every = block_rules(dims.is_causal, dims.window, offset, 0, dims.L, 0, dims.S, None, None)
+    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"],
+                       bands=not every)  # fmt: skip
     bias = _cast(bias, ct)
     attended = _attended(allowed, bias, dims.scores_shape, dims.K)
     return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended

@@ -24,7 +24,7 @@ from attention_spec import (
     check_grad_output,
     check_size,
 )
-from attention_spec.rules import alibi, causal, segments, window
+from attention_spec.rules import alibi, block_rules, causal, segments, window
 
 __all__ = [
     "alibi_slopes",
@@ -73,15 +73,17 @@ def _cast(x: np.ndarray | None, dtype: np.dtype) -> np.ndarray | None:
         return x.astype(dtype, copy=False)
 
 
-def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids):
+def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids,
+             bands: bool = True):  # fmt: skip
     """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
     one block of the tiled path, with that block's slices of mask and segment ids):
     ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
-    ``(..., H, L, S)``; None when no rule is given."""
+    ``(..., H, L, S)``; None when no rule is given. ``bands=False``: the causal and window
+    rules allow every ``(i, j)`` here (:func:`_prepared`), so only mask and segments remain."""
     rules = [] if mask is None else [mask]
-    if dims.is_causal:
+    if dims.is_causal and bands:
         rules.append(causal(i, j, offset))  # (L, S)
-    if dims.window is not None:
+    if dims.window is not None and bands:
         rules.append(window(i, j, offset, dims.window))  # (L, S)
     if q_segment_ids is not None:
         rules.append(segments(q_segment_ids, kv_segment_ids))  # (..., 1, L, S)
@@ -121,11 +123,13 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     ct = _compute_dtype(query.dtype)
     K, G, L, S, D = dims.K, dims.G, dims.L, dims.S, dims.D
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-    q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
-    s = q @ np.swapaxes(k, -1, -2)  # (..., K, G, L, S): a group of G query heads per kv head
-    s = s.reshape(*s.shape[:-4], K * G, L, S)  # (..., H, L, S)
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G: the G
+    #    query heads of a group are G * L rows against their one key head (a view of the
+    #    keys, never a copy per query head).
+    q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G * L, D)  # (..., K, G*L, D)
+    k = key.astype(ct, copy=False)  # (..., K, S, D)
+    s = q @ np.swapaxes(k, -1, -2)  # (..., K, G*L, S)
+    s = s.reshape(*s.shape[:-3], K * G, L, S)  # (..., H, L, S)
     s *= dims.scale
     if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
         s = np.broadcast_to(s, dims.scores_shape).copy()  # (..., H, L, S)
@@ -173,7 +177,12 @@ def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias
     ct = _compute_dtype(query.dtype)
     offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
     i, j = np.arange(dims.L)[:, None], np.arange(dims.S)[None, :]  # (L, 1), (1, S)
-    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"])
+    #    The causal and window bands need no elementwise rule when they allow every (i, j) of
+    #    the call (a decode step: one query, bottom-right, sees every key): then nothing is
+    #    masked and no key or value row is zeroed (no copy of a KV cache per step).
+    _, every = block_rules(dims.is_causal, dims.window, offset, 0, dims.L, 0, dims.S, None, None)
+    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"],
+                       bands=not every)  # fmt: skip
     bias = _cast(bias, ct)
     attended = _attended(allowed, bias, dims.scores_shape, dims.K)
     return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
@@ -292,9 +301,10 @@ def scaled_dot_product_attention(
     weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
     K, G, L, E = dims.K, dims.G, dims.L, dims.E
 
-    # 6. output = weights @ value, per group, then back to the input dtype.
-    w = weights.reshape(*weights.shape[:-3], K, G, L, dims.S)  # (..., K, G, L, S)
-    v = value.astype(weights.dtype, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
+    # 6. output = weights @ value, per group (G * L rows per value head), then back to the
+    #    input dtype.
+    w = weights.reshape(*weights.shape[:-3], K, G * L, dims.S)  # (..., K, G*L, S)
+    v = value.astype(weights.dtype, copy=False)  # (..., K, S, E)
     out = (w @ v).reshape(*dims.batch, K * G, L, E)  # (..., H, L, E)
     return out.astype(query.dtype, copy=False)
 

@@ -113,16 +113,17 @@ class _Blocks:
             if some:
                 yield j0, j1, bool(every)
 
-    def scores(self, i0: int, i1: int, j0: int, j1: int, every: bool):
+    def scores(self, i0: int, i1: int, j0: int, j1: int, every: bool, per_head: bool = True):
         """Steps 1-4 on the block of rows ``[i0, i1)`` and keys ``[j0, j1)``.
 
         Returns ``s (..., H, bq, bk)`` (-inf where not allowed), the block's key and value rows
-        ``(..., H, bk, D|E)`` (repeated for the G heads of each group) with the rows no row of
-        the block attends zeroed, the bias block (or None) and, with softcap,
+        with the rows no row of the block attends zeroed, ``(..., H, bk, D|E)`` (repeated for
+        the G heads of each group) or, ``per_head=False``, ``(..., K, bk, D|E)`` (one per
+        group, as the forward reads them), the bias block (or None) and, with softcap,
         ``tanh(s1 / softcap)`` of the step-1 scores ``s1`` (None without softcap).
         """
         dims, offset = self.dims, self.offset
-        H, K, G, bq, bk = dims.H, dims.K, dims.G, i1 - i0, j1 - j0
+        H, K, G, D, bq, bk = dims.H, dims.K, dims.G, dims.D, i1 - i0, j1 - j0
         device = self.q.device
         i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
         j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
@@ -140,11 +141,16 @@ class _Blocks:
         attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
         k_blk = _unattended_zeroed(self.k[..., j0:j1, :], attended)  # (..., K, bk, D)
         v_blk = _unattended_zeroed(self.v[..., j0:j1, :], attended)  # (..., K, bk, E)
-        k_blk = k_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, D); h reads kv h // G
-        v_blk = v_blk.repeat_interleave(G, dim=-3)  # (..., H, bk, E)
 
-        # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-        s = (self.q[..., i0:i1, :] @ k_blk.transpose(-2, -1)).mul_(dims.scale)  # (.., H, bq, bk)
+        # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G: the G
+        #    query heads of a group are G * bq rows against their one key head (no copy of the
+        #    keys per query head).
+        q_blk = self.q[..., i0:i1, :]  # (..., H, bq, D)
+        q_blk = q_blk.reshape(*q_blk.shape[:-3], K, G * bq, D)  # (..., K, G*bq, D)
+        s = q_blk @ k_blk.transpose(-2, -1)  # (..., K, G*bq, bk)
+        s = s.view(*s.shape[:-3], H, bq, bk).mul_(dims.scale)  # (..., H, bq, bk)
+        if per_head:  # the backward's blocks, (..., H, bk, D|E): head h reads kv h // G
+            k_blk, v_blk = k_blk.repeat_interleave(G, dim=-3), v_blk.repeat_interleave(G, dim=-3)
         if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
             s = s.expand(*dims.batch, H, bq, bk).clone()
 
@@ -170,7 +176,7 @@ class _Blocks:
 def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
     """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
     dims, q = blocks.dims, blocks.q
-    H, L, E = dims.H, dims.L, dims.E
+    H, K, G, L, E = dims.H, dims.K, dims.G, dims.L, dims.E
     out = q.new_empty((*dims.batch, H, L, E))  # (..., H, L, E), one query block at a time
     lse = q.new_empty((*dims.batch, H, L))  # (..., H, L)
     for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
@@ -180,7 +186,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
         acc = q.new_zeros((*dims.batch, H, bq, E))  # running sum of exp(s - m) @ value
         for j0, j1, every in blocks.key_blocks(i0, i1):  # one block of keys at a time
             # 1.-4. this block's scores (blocks.scores: the steps written out, as in sdpa)
-            s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every)  # (..., H, bq, bk)
+            s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every, per_head=False)
 
             # 5. online softmax: raise the running max, rescale what was summed under the old
             #    one by exp(m_old - m_new), add this block's exp(s - m_new).
@@ -190,8 +196,9 @@ def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
             p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); exp(s - max) <= 1
             l = alpha * l + p.sum(dim=-1, keepdim=True)
 
-            # 6. output, accumulated: acc = alpha * acc + p @ value.
-            acc = alpha * acc + p @ v_blk  # (..., H, bq, E)
+            # 6. output, accumulated: acc = alpha * acc + p @ value, per group (G * bq rows).
+            pv = p.reshape(*p.shape[:-3], K, G * bq, j1 - j0) @ v_blk  # (..., K, G*bq, E)
+            acc = acc.mul_(alpha).add_(pv.view(*pv.shape[:-3], H, bq, E))  # (..., H, bq, E)
             m = m_new
             del s, p  # this block's scores go before the next block's are made
 

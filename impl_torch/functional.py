@@ -5,8 +5,11 @@ The same steps, names and comments as ``impl_numpy/functional.py`` and
 ``add_``, ``masked_fill_``, ``sub_``, ``exp_``) wherever autograd keeps nothing that the write
 would spoil (softcap's ``tanh`` keeps its output, so it stays out of place): the
 ``(..., H, L, S)`` scores are the one large tensor, and each new copy of it costs a full pass and
-an allocation. GQA shows torch's ``repeat_interleave``, and nothing leaves the device the
-tensors are on.
+an allocation. GQA is a grouped view: the G query heads of a key/value head are G * L rows of
+one matmul against that head's keys (``(..., K, G*L, D)``; NumPy does the same, JAX's einsum
+names the group axis), so no key or value is copied per query head (``repeat_interleave``
+would copy the whole KV cache at every decode step), and nothing leaves the device the tensors
+are on.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
@@ -27,7 +30,7 @@ from attention_spec import (
     check_grad_output,
     check_size,
 )
-from attention_spec.rules import alibi, causal, segments, window
+from attention_spec.rules import alibi, block_rules, causal, segments, window
 
 __all__ = [
     "alibi_slopes",
@@ -91,15 +94,17 @@ def _cast(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return None if x is None else x.to(dtype)
 
 
-def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids):
+def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids,
+             bands: bool = True):  # fmt: skip
     """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
     one block of the tiled path, with that block's slices of mask and segment ids):
     ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
-    ``(..., H, L, S)``; None when no rule is given."""
+    ``(..., H, L, S)``; None when no rule is given. ``bands=False``: the causal and window
+    rules allow every ``(i, j)`` here (:func:`_prepared`), so only mask and segments remain."""
     rules = [] if mask is None else [mask]
-    if dims.is_causal:
+    if dims.is_causal and bands:
         rules.append(causal(i, j, offset))  # (L, S)
-    if dims.window is not None:
+    if dims.window is not None and bands:
         rules.append(window(i, j, offset, dims.window))  # (L, S)
     if q_segment_ids is not None:
         rules.append(segments(q_segment_ids, kv_segment_ids))  # (..., 1, L, S)
@@ -135,12 +140,15 @@ def _unattended_zeroed(x: torch.Tensor, attended) -> torch.Tensor:
 def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
-    G, L, S = dims.G, dims.L, dims.S
+    H, K, G, L, S, D = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-    q = query.to(ct)  # (..., H, L, D)
-    k = key.to(ct).repeat_interleave(G, dim=-3)  # (..., H, S, D): kv head k serves k*G .. k*G+G-1
-    s = q @ k.transpose(-2, -1)  # (..., H, L, S)
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G: the G
+    #    query heads of a group are G * L rows against their one key head (a view of the
+    #    keys, never a copy per query head).
+    q = query.to(ct).reshape(*query.shape[:-3], K, G * L, D)  # (..., K, G*L, D)
+    k = key.to(ct)  # (..., K, S, D)
+    s = q @ k.transpose(-2, -1)  # (..., K, G*L, S)
+    s = s.view(*s.shape[:-3], H, L, S)  # (..., H, L, S)
     s.mul_(dims.scale)
     if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
         s = s.expand(dims.scores_shape).clone()  # (..., H, L, S)
@@ -186,7 +194,12 @@ def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias
     offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
     i = torch.arange(dims.L, device=query.device)[:, None]  # (L, 1)
     j = torch.arange(dims.S, device=query.device)[None, :]  # (1, S)
-    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"])
+    #    The causal and window bands need no elementwise rule when they allow every (i, j) of
+    #    the call (a decode step: one query, bottom-right, sees every key): then nothing is
+    #    masked and no key or value row is zeroed (no copy of a KV cache per step).
+    _, every = block_rules(dims.is_causal, dims.window, offset, 0, dims.L, 0, dims.S, None, None)
+    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"],
+                       bands=not every)  # fmt: skip
     bias = _cast(bias, ct)
     attended = _attended(allowed, bias, dims.scores_shape, dims.K)
     return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
@@ -304,9 +317,13 @@ def scaled_dot_product_attention(
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
     weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
 
-    # 6. output = weights @ value, then back to the input dtype.
-    v = value.to(weights.dtype).repeat_interleave(dims.G, dim=-3)  # (..., H, S, E)
-    return (weights @ v).to(query.dtype)  # (..., H, L, E)
+    # 6. output = weights @ value, per group (G * L rows per value head), then back to the
+    #    input dtype.
+    K, G, L, E = dims.K, dims.G, dims.L, dims.E
+    w = weights.reshape(*weights.shape[:-3], K, G * L, dims.S)  # (..., K, G*L, S)
+    v = value.to(weights.dtype)  # (..., K, S, E)
+    out = (w @ v).reshape(*dims.batch, K * G, L, E)  # (..., H, L, E)
+    return out.to(query.dtype)
 
 
 def scaled_dot_product_attention_vjp(

@@ -239,7 +239,15 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     has the goal workload (and its causal twin) and whose rows include both."""
     quick = grid("cpu", "quick")
     cases = build_goal_cases("cpu", quick, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None)
-    assert len(cases) == sum(len(r.goals) for r in ROWS) == 11
+    assert len(cases) == sum(len(r.goals) for r in ROWS) == 20
+    decode = [c for c in cases if c.row.name == "torch decode"]  # 2 steps vs fused, 1 rolling
+    assert [c.goal.kind for c in decode] == ["ratio", "ratio", "rolling"]
+    (a, wa, _), (b, wb, _) = decode[1].pair
+    assert (a.name, b.name, wa.variant, wa.P) == ("torch decode", "torch F.sdpa decode", "GQA 8:2",
+                                                  4096) and wa == wb  # fmt: skip
+    (a, wa, _), (b, wb, _) = decode[2].pair  # the rolling step against itself at a shorter P
+    assert a is b and (wa.window, wb.window, wa.P, wb.P) == (256, 256, 4096, 1024)
+    assert wa.slots == wb.slots == 257 and wa in quick and wb in quick
     by = {(c.row.name, c.goal.kind): c for c in cases}
     (a, wa, _), (b, wb, _) = by[("torch flash", "window")].pair
     assert a is b and (wa.window, wb.window) == (256, None) and wa.is_causal and wb.is_causal

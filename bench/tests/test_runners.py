@@ -3,6 +3,8 @@ synchronized CUDA call and memory (device calls stood in for), and how errors ar
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -175,6 +177,39 @@ def test_decode_row_is_the_last_row_of_the_causal_forward(name, x64):
     after = p.inputs[-1]
     assert after.position == _DP  # never advanced by the timed calls
     np.testing.assert_array_equal(_numpy_of(after.key)[:, :, :_DP], cached)
+
+
+@pytest.mark.parametrize("name", _DECODE_IMPL)
+def test_rolling_decode_row_steps_a_ring_of_the_window(name, x64):
+    """A decode workload with a window W: the module has ``window=(W, 0)``, its cache is a
+    rolling ring of W + 1 slots at position P (whatever P), and the timed step, from a ring
+    prefilled with P tokens, gives the last row of the module's own windowed causal forward
+    over the P + 1 tokens; repeated rounds are the same step at the same position."""
+    row, plain = _decode_row(name, "float64")
+    w = dataclasses.replace(plain, window=2)
+    assert w.slots == 3 and w.cache_bytes() == 3 / (_DP + 1) * plain.cache_bytes()
+    p = runners.prepare(row, w, "cpu")
+    m, x_new, ring = p.module, p.inputs[-2], p.inputs[-1]
+    assert ring.rolling and ring.slots == 3 and ring.position == _DP
+    prefix = np.random.default_rng(4).standard_normal((_DB, _DP, w.M))  # (B, P, M) float64
+    full = np.concatenate([prefix, to_np(x_new)], axis=1)  # (B, P + 1, M)
+    if row.framework == "torch":
+        import torch
+
+        with torch.no_grad():
+            _, cache = m.decode(torch.from_numpy(prefix), m.init_cache(_DB, _DP + 1, rolling=True))
+            expected = m(torch.from_numpy(full), is_causal=True)[:, -1:]
+    else:
+        to = np.asarray if row.framework == "numpy" else __import__("jax.numpy").numpy.asarray
+        _, cache = m.decode(to(prefix), m.init_cache(_DB, _DP + 1, rolling=True))
+        expected = m(to(full), is_causal=True)[:, -1:]
+    assert cache.position == _DP and cache.slots == 3
+    p.inputs[-1] = cache  # the call reads its cache from its inputs
+    outs = [_numpy_of(p.call()) for _ in range(3)]
+    np.testing.assert_allclose(outs[0], to_np(expected), rtol=1e-10, atol=1e-12)
+    for y in outs[1:]:
+        np.testing.assert_array_equal(y, outs[0])  # the same step, bit for bit
+    assert p.inputs[-1].position == _DP
 
 
 @pytest.mark.parametrize("name", [n for n in _DECODE_ROWS if n not in _DECODE_IMPL])
