@@ -103,10 +103,12 @@ class _Blocks:
         # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows
         #    are masked for every row, so their blocks are never visited (a window of W keys
         #    costs W, not S); a block whose segments cannot meet is skipped. The key blocks
-        #    start at the band's first key, so a band of block_k keys is one block, not two.
+        #    start at the band's first key, so a band of block_k keys is one block, not two,
+        #    and the last one ends at the band's last key (past the diagonal, nothing is
+        #    computed): every key of a block is allowed to some row by causal and window.
         lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, dims.S)
         for j0 in range(lo, hi, self.block_k):
-            j1 = min(j0 + self.block_k, dims.S)
+            j1 = min(j0 + self.block_k, hi)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
             some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
                                       q_ids_rows, kv_ids_blk)  # fmt: skip
@@ -138,7 +140,10 @@ class _Blocks:
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)
             allowed = _allowed(dims, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
         bias_blk = _block(_block(self.bias, -2, i0, i1), -1, j0, j1)
-        attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
+        #    Which key rows some row of the block attends: inside the band every key is
+        #    attended as far as causal and window go, so only mask, segments and bias decide.
+        banded = mask_blk is None and self.q_ids is None  # allowed is causal and window only
+        attended = _attended(None if banded else allowed, bias_blk, (*dims.batch, H, bq, bk), K)
         k_blk = _unattended_zeroed(self.k[..., j0:j1, :], attended)  # (..., K, bk, D)
         v_blk = _unattended_zeroed(self.v[..., j0:j1, :], attended)  # (..., K, bk, E)
 
