@@ -256,6 +256,19 @@ class _Tiling:
         return -(-self.dims.S // self.bk)
 
     @property
+    def n_band(self) -> int:
+        """Key blocks a block of rows can visit: a window bounded on the left, with causal or a
+        bounded right side, reaches at most ``bq + left + right`` keys (right: 0 with causal)
+        from the band's first key, where the blocks start; otherwise every block, ``n_k``."""
+        window = self.dims.window
+        if window is None or window[0] is None:
+            return self.n_k
+        right = 0 if self.dims.is_causal else window[1]
+        if right is None:
+            return self.n_k
+        return min(self.n_k, -(-(self.bq + window[0] + right) // self.bk))
+
+    @property
     def skips(self) -> bool:
         """Whether some key block can be skipped (causal, window or segments)."""
         return self.dims.is_causal or self.dims.window is not None
@@ -328,7 +341,8 @@ def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling)
         m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
         l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
         acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
-        (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(tiling.n_k))
+        #    a window's band is a few blocks: the scan takes those steps, not one per key block
+        (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(tiling.n_band))
 
         # 5. (end) the sink joins the denominator once, as one more logit with no value; then
         #    divide by the row sum once, after the last key block. A row with no allowed key
