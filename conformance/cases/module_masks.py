@@ -87,6 +87,15 @@ def module_softcap(rng, dtype):
                       context=normal(rng, MB, MS, MM), options={"softcap": 0.5})  # fmt: skip
 
 
+@case("module", "v2.scale.gqa", functions=("module",))
+def module_scale(rng, dtype):
+    """scale=1.5 (three times the default 1/sqrt(D) = 1/2), causal self-attention with the
+    weights returned: a module that keeps the default scale gives flatter weights."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      keywords={"is_causal": True, "return_weights": True},
+                      options={"scale": 1.5})  # fmt: skip
+
+
 @case("module", "v2.segments.packed.causal", LOW, functions=("module",))
 def module_segments(rng, dtype):
     """Packed prefill: self-attention over two documents per row (example 0: 2 + 3 tokens,
