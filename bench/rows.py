@@ -19,6 +19,10 @@ the report as "not available" instead of disappearing.
   path would build the full scores for a causal mask) / ``flax.nnx.MultiHeadAttention``;
 - ``decode``: one KV-cache step of the project's ``GroupedQueryAttention``,
   ``module.decode(x (B, 1, M), cache at position P)``;
+- ``torch_kernel`` / ``jax_kernel``: a kernel port of ``conformance/ports/`` (the Triton and
+  Pallas flash kernels), called like ``functional`` (``flash_attention(q, k, v, is_causal=...)``
+  heads-first) on torch tensors / on JAX arrays (jitted with the keywords bound); the call's
+  prefix is the framework, since the target's package is ``conformance``;
 - ``torch_decode`` / ``jax_decode``: the same step written with framework ops around the fused
   kernel: the four projections of the token, the cache write at P, and
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
@@ -136,6 +140,8 @@ class Row:
     def framework(self) -> str:
         """``numpy``, ``torch`` or ``jax``."""
         p = self.package
+        if self.call in ("torch_kernel", "jax_kernel"):  # a kernel port in conformance/ports
+            return self.call.removesuffix("_kernel")
         return p.removeprefix("impl_") if self.kind == "impl" else {"flax": "jax"}.get(p, p)
 
     @property
@@ -200,6 +206,8 @@ _MHA_MOD = {"workloads": "module", "variants": ("MHA",)}
 _GQA_MOD = {"workloads": "module", "variants": ("GQA", "MQA")}
 _DECODE = {"workloads": "decode", "materializes": False}  # scores (B, H, 1, S): one row
 _CUDA = ("cuda",)
+_TRITON_PORT, _PALLAS_PORT = "conformance.ports.triton_flash", "conformance.ports.pallas_flash"
+_TRITON, _PALLAS = f"{_TRITON_PORT}:flash_attention", f"{_PALLAS_PORT}:flash_attention"
 
 
 def _ratio(limit: float, ref: str = _TF) -> Goal:
@@ -239,6 +247,9 @@ ROWS: tuple[Row, ...] = (
     Row("torch F.sdpa[cudnn]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="cudnn", **_TILED),
     Row(_JF, _J, "jax_dpa", backend="xla"),
     Row("jax.nn.dpa[cudnn]", _J, "jax_dpa", ref=_JF, devices=_CUDA, backend="cudnn", **_TILED),
+    # the kernel ports (conformance/ports): compiled on CUDA only (on a CPU they interpret)
+    Row("triton flash", _TRITON, "torch_kernel", ref=_TF, devices=_CUDA, gate=_TRITON_PORT, **_TILED),  # noqa: E501
+    Row("pallas flash", _PALLAS, "jax_kernel", ref=_JF, devices=_CUDA, gate=_PALLAS_PORT, **_TILED),
     Row("torch nn.MHA", "torch.nn:MultiheadAttention", "torch_mha", **_MHA_MOD, **_TILED),
     Row("flax nnx.MHA", "flax.nnx:MultiHeadAttention", "nnx_mha", workloads="module"),
     Row(_TD, _T, "torch_decode", **_DECODE),

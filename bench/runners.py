@@ -359,6 +359,14 @@ def _prepare_functional(row: Row, target: Any, w: Workload, fdevice: str) -> Pre
     return _with_inputs(_torch_prepared(fn, fdevice), args)
 
 
+def _prepare_kernel(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """A kernel port's heads-first ``flash_attention(q, k, v, is_causal=...)`` with its own
+    default blocks: torch tensors on ``fdevice`` for the Triton kernel (``torch_kernel``), JAX
+    arrays and ``jax.jit`` with the keywords bound for the Pallas one (``jax_kernel``); the
+    framework is the row's, read off its call style, and the wiring ``functional``'s."""
+    return _prepare_functional(row, target, w, fdevice)
+
+
 def _prepare_torch_sdpa(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
     """``F.scaled_dot_product_attention``, torch's dispatch or one backend forced."""
     from conformance.ports.torch_fused import backend
@@ -550,6 +558,8 @@ PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "decode": _prepare_decode,
     "torch_decode": _prepare_torch_decode,
     "jax_decode": _prepare_jax_decode,
+    "torch_kernel": _prepare_kernel,
+    "jax_kernel": _prepare_kernel,
 }
 
 

@@ -253,3 +253,26 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     some = build_goal_cases("cpu", quick, select_rows("numpy sdpa"), fdevice_of=fake_gpu,
                             resolve_error=lambda r: None)  # fmt: skip
     assert [c.id for c in some] == ["goal|numpy_sdpa|<=_2.5x_torch_F.sdpa"]
+
+
+def test_kernel_port_rows_are_planned_for_cuda_only_next_to_the_fused_backends():
+    """issue 15: ``triton flash`` (torch tensors) and ``pallas flash`` (JAX arrays) are rows of a
+    GPU box's plan, beside torch's flash/efficient/cudnn backends and ``jax.nn.dpa[cudnn]``,
+    each gated on its own port's ``flash`` fixtures; a CPU plan has neither (there they would
+    only run in an interpreter)."""
+    kernels = {
+        "triton flash": ("torch", "conformance.ports.triton_flash", "torch F.sdpa"),
+        "pallas flash": ("jax", "conformance.ports.pallas_flash", "jax.nn.dpa[xla]"),
+    }
+    for name, (fw, port, ref) in kernels.items():
+        row = row_by_name(name)
+        assert (row.framework, row.gate_port, row.gate_alias) == (fw, port, "flash")
+        assert (row.devices, row.kind, row.gate_pin, row.ref) == (("cuda",), "baseline", None, ref)
+    cases = [c for c in plan("cuda", grid("cuda", "full"), memory=80 * 2**30) if c.row]
+    mine = {(c.row.name, c.fdevice) for c in cases if c.row.name in kernels}
+    assert mine == {("triton flash", "cuda"), ("pallas flash", "gpu")}
+    fused = {c.row.name for c in cases}
+    assert {"torch F.sdpa[flash]", "torch F.sdpa[cudnn]", "jax.nn.dpa[cudnn]"} <= fused
+    assert not [c for c in cases if c.row.name in kernels and c.workload.window is not None]
+    cpu = {c.row.name for c in plan("cpu", grid("cpu", "quick")) if c.row}
+    assert not cpu & set(kernels)

@@ -49,6 +49,25 @@ def test_runner_wiring_matches_a_float64_reference(name):
     np.testing.assert_allclose(out, reference_sdpa(q, k, v, causal=True), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("name", ["triton flash", "pallas flash"])
+def test_kernel_port_rows_are_wired_under_the_cpu_interpreter(name):
+    """The CUDA-only kernel rows, prepared here on a CPU with a tiny workload (Triton's
+    interpreter on torch tensors, Pallas's on JAX arrays under jit): the runner builds their
+    inputs in the kernel's framework and its callable computes causal GQA attention."""
+    row = row_by_name(name)
+    pytest.importorskip("triton" if row.framework == "torch" else "jax")
+    w = Workload("attention", B, H, K, L, S, D, E, True, "float32")
+    p = runners.prepare(row, w, "cpu")
+    q, k, v = p.inputs
+    framework = pytest.importorskip(row.framework)
+    array = framework.Tensor if row.framework == "torch" else framework.Array
+    assert all(isinstance(x, array) for x in (q, k, v))
+    assert p.layout == "heads_first" and (p.compile_s is None) == (row.framework == "torch")
+    out = to_np(p.call())
+    assert out.shape == (B, H, L, E)
+    np.testing.assert_allclose(out, reference_sdpa(q, k, v, causal=True), rtol=2e-5, atol=2e-5)
+
+
 _MODULES = [r.name for r in ROWS if r.workloads == "module" and "cpu" in r.devices]
 
 
