@@ -52,7 +52,7 @@ help:
 	@echo "make gpu-check    on a GPU box, with python3, installing nothing: every check, one summary"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax (DEVICE=$(CONFORMANCE_DEVICE))"
 	@echo "make conformance-frameworks  the same suite against the frameworks' own kernels"
-	@echo "                  (torch, jax; mlx and keras too with the frameworks extra)"
+	@echo "                  (torch, jax, flax; onnx with the onnx extra; mlx and keras with the frameworks extra)"
 	@echo "make conformance-kernels  every fixture against the Triton and Pallas kernel ports"
 	@echo "                 (interpreted on CPU: slow, several minutes; DEVICE=cuda on a GPU)"
 	@echo "make lint         ruff"
