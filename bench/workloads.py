@@ -139,8 +139,8 @@ class Workload:
 
     ``op`` is ``"attention"`` (functional rows: query ``(B, H, L, D)``, key ``(B, K, S, D)``,
     value ``(B, K, S, E)``), ``"train"`` (the same inputs and a ``grad_output (B, H, L, E)``;
-    a forward and a backward, the gradients of query, key and value), ``"module"`` (module rows: input ``(B, L, M)``, self-attention,
-    so S = L and M = H * D) or ``"decode"`` (one KV-cache decode step: input ``(B, 1, M)``, a
+    a forward and a backward, the gradients of query, key and value), ``"module"`` (module
+    rows: input ``(B, L, M)``, self-attention, so S = L and M = H * D) or ``"decode"`` (one KV-cache decode step: input ``(B, 1, M)``, a
     cache holding ``P = S - 1`` tokens, L = 1).
     """
 
@@ -334,9 +334,9 @@ def _cpu_quick() -> list[Workload]:
     w += [_attn(1, 32, 8, 1024, 64), _attn(1, 8, 1, 1024, 64)]  # GQA 32:8, MQA
     w += [_module(1, 8, 8, n, 64) for n in (256, 1024, 2048)]  # module rows (M = 512)
     w += [_module(1, 8, 2, 1024, 64)]  # GQA module
-    w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     w += [_train(1, 8, 8, n, 64) for n in (512, 2048)]  # training steps, incl. the goal
     w += [_train(1, 8, 8, 1024, 64, causal=True)]  # a causal step: the skipped blocks
+    w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     return w
 
 
@@ -412,7 +412,7 @@ def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
 def _smoke() -> list[Workload]:
     """Seconds, not minutes: proves the harness end to end (tests use it)."""
     w = [_attn(1, 2, 2, n, 16) for n in (32, 64)] + [_attn(1, 2, 1, 64, 16, causal=True)]
-    return w + [_train(1, 2, 2, 64, 16)]
+    return [*w, _train(1, 2, 2, 64, 16)]
 
 
 #: Grid builders by (device class, grid name). GPU grids run bfloat16 and float16 (TPU: bfloat16)
