@@ -140,8 +140,8 @@ class Workload:
     ``op`` is ``"attention"`` (functional rows: query ``(B, H, L, D)``, key ``(B, K, S, D)``,
     value ``(B, K, S, E)``), ``"train"`` (the same inputs and a ``grad_output (B, H, L, E)``;
     a forward and a backward, the gradients of query, key and value), ``"module"`` (module
-    rows: input ``(B, L, M)``, self-attention, so S = L and M = H * D) or ``"decode"`` (one KV-cache decode step: input ``(B, 1, M)``, a
-    cache holding ``P = S - 1`` tokens, L = 1).
+    rows: input ``(B, L, M)``, self-attention, so S = L and M = H * D) or ``"decode"`` (one
+    KV-cache decode step: input ``(B, 1, M)``, a cache holding ``P = S - 1`` tokens, L = 1).
     """
 
     op: str
