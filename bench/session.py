@@ -118,11 +118,12 @@ class Record:
 def estimate_bytes(row: Row, w: Workload) -> int:
     """Rough peak bytes of ``row`` on ``w``: inputs and output (and a decode step's KV cache,
     a training step's gradients), plus three float32 score-sized temporaries for rows that
-    materialize ``(B, H, L, S)`` scores (four for a training step: W, dW, dS and a product),
-    plus projections for modules and decode steps."""
+    materialize ``(B, H, L, S)`` scores (seven for a training step: what autograd saves and
+    the backward's dW, dS and products; torch's plain step measured 7.2 at L = S = 1024, JAX's
+    plan 6), plus projections for modules and decode steps."""
     n = w.input_bytes()
     if row.materializes:
-        n += (4 if w.op == "train" else 3) * w.score_bytes()
+        n += (7 if w.op == "train" else 3) * w.score_bytes()
     if w.op in ("module", "decode"):
         n += 4 * w.B * w.L * w.M * 4
     return n
@@ -541,7 +542,9 @@ class BenchSession:
             for side, row, dev in (("a", row_a, dev_a), ("b", row_b, dev_b)):
                 budget = budgets.get(row.framework)
                 need = estimate_bytes(row, w)
-                if row.framework != "jax" and budget is not None and need > 0.9 * budget:
+                # a side measurement: it may not take more than half of what is free (JAX's
+                # plan is read without running)
+                if row.framework != "jax" and budget is not None and need > 0.5 * budget:
                     info[f"{side}_peak_bytes"] = None
                     info[f"{side}_memory_method"] = (
                         f"not run: needs ~{need / 2**30:.1f} GiB, {budget / 2**30:.1f} GiB free"
