@@ -395,8 +395,9 @@ def render(results: dict, console: Any) -> None:
         )
     if goals:
         g = Table(
-            title="performance goals (issue 5; reported, not asserted): each goal's two calls "
-            "timed interleaved in one process, median of the per-round ratios",
+            title="performance goals (issues 5, 10, 11; reported, not asserted): each time "
+            "goal's two calls timed interleaved in one process, median of the per-round ratios; "
+            "a memory goal: one call's peak extra bytes",
             title_justify="left",
         )
         for name in ("row", "goal", "measured", "min-max", "x fused (table)", "status"):
