@@ -193,7 +193,10 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
         again = jnp.maximum(again, sink)
         sink = sink - jax.lax.stop_gradient(again)
     s = s - jax.lax.stop_gradient(again)
-    s = jnp.where(s > 0.0, 0.0, s)  # exp(s - max) <= 1 even if s was rounded differently
+    # exp(s - max) <= 1 even if s was rounded differently: the value clamped at 0, the
+    # gradient passed through (a jnp.where would cut it wherever a jitted s rounds above 0,
+    # the row max's own position: jax.jit(jax.vjp) then lost that key's dK)
+    s = s - jax.lax.stop_gradient(jnp.maximum(s, 0.0))
     e = jnp.exp(s)  # (..., H, L, S)
     row_sum = jnp.sum(e, axis=-1, keepdims=True)  # (..., H, L, 1)
     if sinks is not None:
