@@ -14,8 +14,9 @@ GPU); a step that crashes or runs out of time is recorded and the next one runs.
   actually run at by default, with TF32 allowed, and inside the gate (must be IEEE);
 - ``gates/gates.json``: every correctness gate of every row on the device, pass/fail
   (``python -m bench --gates-only``), pinned backends on their own kernels;
-- ``conformance-impl.json`` / ``conformance-fused.json``: ``python -m conformance --device cuda``
-  for impl_numpy, impl_torch, impl_jax and for torch_fused, jax_fused (with their xfails);
+- ``conformance-impl.json`` / ``conformance-fused.json`` / ``conformance-kernels.json``:
+  ``python -m conformance --device cuda`` for impl_numpy, impl_torch, impl_jax, for torch_fused,
+  jax_fused, and for the Triton and Pallas kernel ports (those with their xfails);
 - ``bench-smoke/`` and ``bench-small/``: ``make bench``'s smoke grid and the small CUDA grid;
 - one ``<step>.log`` per step, and ``summary.md``: one page of what failed, with candidate
   ``cuda:`` xfail lines for the fused ports (docs/BENCH.md says how to read it).
@@ -127,6 +128,17 @@ STEPS: tuple[Step, ...] = (
         _py(
             "-m conformance --impl torch_fused --impl jax_fused --device {device} "
             "--show-xfails --report {out}/conformance-fused.json"
+        ),
+        150,
+        group="conformance",
+    ),
+    Step(
+        "conformance-kernels",
+        "conformance: the Triton and Pallas kernel ports, compiled (with their xfails)",
+        _py(
+            "-m conformance --impl conformance.ports.triton_flash "
+            "--impl conformance.ports.pallas_flash --device {device} "
+            "--show-xfails --report {out}/conformance-kernels.json"
         ),
         150,
         group="conformance",
@@ -368,7 +380,7 @@ def _conformance_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, l
             more.append(f"- {rep['port']} {o['status']} `{o['run_id']}`: {o['message'][:200]}")
         if len(bad) > max_lines:
             more.append(f"- ... {len(bad) - max_lines} more in {s.name}.json")
-        if bad and s.name == "conformance-fused":  # a framework kernel's deviation on CUDA
+        if bad and s.name in ("conformance-fused", "conformance-kernels"):  # on CUDA: a kernel's
             fails = [_xfail_line(o) for o in bad if o["status"] == "fail"]
             xpasses = [f"# XPASS on cuda, narrow its entry: {o['run_id']}" for o in bad
                        if o["status"] == "xpass"]  # fmt: skip

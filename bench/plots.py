@@ -44,6 +44,7 @@ _BASELINE = {
     "torch F.sdpa[efficient]": 11, "torch F.sdpa[cudnn]": 12, "torch nn.MHA": 8,
     "jax.nn.dpa[xla]": 2, "jax.nn.dpa[cudnn]": 3, "flax nnx.MHA": 2,
     "torch F.sdpa decode": 8, "jax.nn.dpa decode": 2,
+    "torch F.sdpa train": 8, "jax.nn.dpa[xla] train": 2,
 }  # fmt: skip
 
 

@@ -42,6 +42,7 @@ __all__ = [
     "fmt_seconds",
     "goal_measured",
     "load_results",
+    "memory_text",
     "render",
 ]
 
@@ -71,6 +72,14 @@ def fmt_bytes(n: int | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} B"
+
+
+def memory_text(g: dict) -> str:
+    """A memory goal's measurement (``Goal(kind="memory")``): ``24.1 MiB (numpy sdpa train:
+    6.2 GiB)``; the plain path's cell says why it was not run when it was not."""
+    plain = g.get("b_peak_bytes")
+    beside = fmt_bytes(plain) if plain is not None else g.get("b_memory_method", "n/a")
+    return f"{fmt_bytes(g.get('a_peak_bytes'))} ({g['b']['row']}: {beside})"
 
 
 def device_peaks(records: list[dict]) -> dict[str, dict[str, Any]]:
@@ -151,9 +160,11 @@ def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROW
                 continue
             if goal.kind in ("causal", "rolling"):
                 pair = (row.name, w.id), (row.name, goal.baseline().id)
+            elif goal.kind == "memory":
+                pair = ()  # bytes, not a ratio of two rows' times
             else:
                 pair = (row.name, w.id), (goal.ref, w.id)
-            if all(p in median for p in pair):
+            if pair and all(p in median for p in pair):
                 entry["separate_ratio"] = median[pair[0]] / median[pair[1]]
             rec = goal_records.get((row.name, goal.text()))
             if rec is None:
@@ -166,6 +177,12 @@ def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROW
             elif rec["status"] != "ok":
                 out.append({**entry, "status": "not measured",
                             "detail": f"{rec['status']}: {rec['reason']}"})  # fmt: skip
+            elif goal.kind == "memory":
+                g = rec["goal"]
+                keep = ("a_peak_bytes", "a_memory_method", "b_peak_bytes", "b_memory_method")
+                out.append({**entry, "status": g["status"], "method": "one call each",
+                            "detail": memory_text(g), "ref": goal.ref,
+                            **{k: g.get(k) for k in keep}})  # fmt: skip
             else:
                 g = rec["goal"]
                 spread = {k: g["ratio"][k] for k in ("min", "q1", "q3", "max")}
@@ -377,8 +394,9 @@ def render(results: dict, console: Any) -> None:
         )
     if goals:
         g = Table(
-            title="performance goals (issue 5; reported, not asserted): each goal's two calls "
-            "timed interleaved in one process, median of the per-round ratios",
+            title="performance goals (issues 5, 10, 11; reported, not asserted): each time "
+            "goal's two calls timed interleaved in one process, median of the per-round ratios; "
+            "a memory goal: one call's peak extra bytes",
             title_justify="left",
         )
         for name in ("row", "goal", "measured", "min-max", "x fused (table)", "status"):

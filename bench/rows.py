@@ -19,6 +19,17 @@ the report as "not available" instead of disappearing.
   path would build the full scores for a causal mask) / ``flax.nnx.MultiHeadAttention``;
 - ``decode``: one KV-cache step of the project's ``GroupedQueryAttention``,
   ``module.decode(x (B, 1, M), cache at position P)``;
+- ``torch_kernel`` / ``jax_kernel``: a kernel port of ``conformance/ports/`` (the Triton and
+  Pallas flash kernels), called like ``functional`` (``flash_attention(q, k, v, is_causal=...)``
+  heads-first) on torch tensors / on JAX arrays (jitted with the keywords bound); the call's
+  prefix is the framework, since the target's package is ``conformance``;
+- ``train``: one training step of the project's ``scaled_dot_product_attention_vjp`` /
+  ``flash_attention_vjp``, ``fn(query, key, value, grad_output (B,H,L,E), is_causal=...)`` ->
+  the gradients of query, key and value (the forward runs inside: a vjp is forward + backward);
+- ``torch_sdpa_train``: ``F.scaled_dot_product_attention`` forward and its autograd backward,
+  ``torch.autograd.grad(output, (query, key, value), grad_output)``;
+- ``jax_dpa_train``: ``jax.vjp`` of ``jax.nn.dot_product_attention`` and its pullback of
+  ``grad_output``, jitted together (heads-second inputs);
 - ``torch_decode`` / ``jax_decode``: the same step written with framework ops around the fused
   kernel: the four projections of the token, the cache write at P, and
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
@@ -36,6 +47,8 @@ from bench.workloads import (
     DECODE_GOAL_WORKLOADS,
     GOAL_WORKLOAD,
     ROLLING_GOAL_WORKLOAD,
+    TRAIN_GOAL_WORKLOAD,
+    TRAIN_MEMORY_WORKLOAD,
     WINDOW_GOAL_WORKLOAD,
     Workload,
 )
@@ -59,15 +72,25 @@ class Goal:
 
     ``on``: the workload of a ``ratio`` goal stated elsewhere than :data:`GOAL_WORKLOAD` (the
     decode goals: :data:`DECODE_GOAL_WORKLOADS`).
+    ``kind="memory"``: this row's peak extra memory on :data:`TRAIN_MEMORY_WORKLOAD` (a
+    training step at L = S = 8192, beyond inputs, output and gradients) must be < ``limit``
+    bytes; ``ref`` is the plain path, whose peak is measured and shown next to it.
+
+    ``op``: the workloads the goal is stated on, ``attention`` (:data:`GOAL_WORKLOAD`) or
+    ``train`` (:data:`TRAIN_GOAL_WORKLOAD`, the same shapes as one training step).
     """
 
     kind: str
     limit: float
     ref: str | None = None
     on: Workload | None = None
+    op: str = "attention"
 
     def text(self) -> str:
         """How the goal reads in the table, e.g. ``<= 2.5x torch F.sdpa``."""
+        if self.kind == "memory":
+            w = TRAIN_MEMORY_WORKLOAD
+            return f"peak extra < {self.limit / 2**20:g} MiB at L=S={w.L} (vs {self.ref})"
         if self.kind == "causal":
             return f"causal <= {self.limit:g}x own non-causal"
         if self.kind == "window":
@@ -81,11 +104,15 @@ class Goal:
         return f"{op} {self.limit:g}x {self.ref}{where}"
 
     def met(self, ratio: float) -> bool:
-        """Whether a measured ratio meets the goal."""
-        return ratio < self.limit if self.kind == "faster" else ratio <= self.limit
+        """Whether a measured ratio (bytes for ``kind="memory"``) meets the goal."""
+        return ratio < self.limit if self.kind in ("faster", "memory") else ratio <= self.limit
 
     def workload(self) -> Workload:
         """The workload the goal is measured on (the causal twin for ``kind="causal"``)."""
+        if self.kind == "memory":
+            return TRAIN_MEMORY_WORKLOAD
+        if self.op == "train":
+            return TRAIN_GOAL_WORKLOAD
         if self.kind == "causal":
             return dataclasses.replace(GOAL_WORKLOAD, is_causal=True)
         if self.kind == "window":
@@ -133,7 +160,9 @@ class Row:
         gate_op: the fixture op of the gate; default ``module`` for the project's modules
             (conformance runs the package's ``GroupedQueryAttention`` on the module fixtures),
             ``decode`` for their decode step (``init_cache``/``decode`` on the decode
-            fixtures), ``flash`` for a ``flash_attention`` target, else ``sdpa``.
+            fixtures), ``flash`` for a ``flash_attention`` target, ``flash_grad`` for a
+            ``flash_attention_vjp`` target, ``grad`` for the other training steps (their
+            ``*_vjp`` on the gradient fixtures), else ``sdpa``.
 
     A row pinned to one kernel (a torch SDPA backend, JAX's cuDNN attention) is gated on that
     kernel (:attr:`gate_pin`), and only that kernel's own "not supported" errors make its
@@ -168,6 +197,8 @@ class Row:
     def framework(self) -> str:
         """``numpy``, ``torch`` or ``jax``."""
         p = self.package
+        if self.call in ("torch_kernel", "jax_kernel"):  # a kernel port in conformance/ports
+            return self.call.removesuffix("_kernel")
         return p.removeprefix("impl_") if self.kind == "impl" else {"flax": "jax"}.get(p, p)
 
     @property
@@ -187,6 +218,10 @@ class Row:
             return self.gate_op
         if self.call in ("module", "decode"):  # the port's GroupedQueryAttention on the
             return self.call  # module fixtures, or stepped through its KV cache (decode)
+        if self.target.endswith(":flash_attention_vjp"):
+            return "flash_grad"
+        if self.call in _TRAIN_CALLS:  # the port's scaled_dot_product_attention_vjp
+            return "grad"
         return "flash" if self.target.endswith(":flash_attention") else "sdpa"
 
     @property
@@ -194,9 +229,9 @@ class Row:
         """The kernel whose "not supported" messages this row may report as unsupported
         (``runners.UNSUPPORTED``): ``torch_sdpa`` for a pinned SDPA backend, ``jax_cudnn``
         for JAX's cuDNN attention, else None (every error is an error)."""
-        if self.call == "torch_sdpa" and self.backend is not None:
+        if self.call in ("torch_sdpa", "torch_sdpa_train") and self.backend is not None:
             return "torch_sdpa"
-        if self.call in ("jax_dpa", "jax_decode") and self.backend == "cudnn":
+        if self.call in ("jax_dpa", "jax_decode", "jax_dpa_train") and self.backend == "cudnn":
             return "jax_cudnn"
         return None
 
@@ -224,6 +259,9 @@ class Row:
         return w.op == self.workloads and w.variant.split()[0] in self.variants
 
 
+#: The call styles of a training step (forward + backward).
+_TRAIN_CALLS = ("train", "torch_sdpa_train", "jax_dpa_train")
+
 _T, _J = "torch.nn.functional:scaled_dot_product_attention", "jax.nn:dot_product_attention"
 _SDPA, _FLASH = "functional:scaled_dot_product_attention", "flash:flash_attention"
 _MHA, _GQA = "modules:MultiHeadAttention", "modules:GroupedQueryAttention"
@@ -234,6 +272,11 @@ _MHA_MOD = {"workloads": "module", "variants": ("MHA",)}
 _GQA_MOD = {"workloads": "module", "variants": ("GQA", "MQA")}
 _DECODE = {"workloads": "decode", "materializes": False}  # scores (B, H, 1, S): one row
 _CUDA = ("cuda",)
+_TRITON_PORT, _PALLAS_PORT = "conformance.ports.triton_flash", "conformance.ports.pallas_flash"
+_TRITON, _PALLAS = f"{_TRITON_PORT}:flash_attention", f"{_PALLAS_PORT}:flash_attention"
+_VJP, _FLASH_VJP = "functional:scaled_dot_product_attention_vjp", "flash:flash_attention_vjp"
+_TFT, _JFT = "torch F.sdpa train", "jax.nn.dpa[xla] train"  # the frameworks' fwd+bwd
+_TRAIN = {"workloads": "train", "variants": ("MHA", "GQA", "MQA")}
 
 
 def _ratio(limit: float, ref: str = _TF) -> Goal:
@@ -253,6 +296,13 @@ def _decode_goals(ref: str) -> tuple[Goal, ...]:
 
 
 _TDG, _JDG = _decode_goals(_TD), _decode_goals(_JD)  # the decode rows' goals
+
+
+def _train_goals(limit: float | None, ref: str, plain: str, kind: str = "ratio") -> tuple:
+    """A tiled training step's goals (issue 10): its time against the framework's fwd+bwd, and
+    its peak extra memory at L = S = 8192 under 64 MiB, the plain path's shown next to it."""
+    time_goal = (Goal(kind, limit, ref, op="train"),) if limit is not None else ()
+    return (*time_goal, Goal("memory", 64 * 2**20, plain, op="train"))
 
 
 #: The registry, one line per row; order is the order of the table.
@@ -284,10 +334,26 @@ ROWS: tuple[Row, ...] = (
     Row("torch F.sdpa[cudnn]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="cudnn", **_TILED),
     Row(_JF, _J, "jax_dpa", backend="xla"),
     Row("jax.nn.dpa[cudnn]", _J, "jax_dpa", ref=_JF, devices=_CUDA, backend="cudnn", **_TILED),
+    # the kernel ports (conformance/ports): compiled on CUDA only (on a CPU they interpret)
+    Row("triton flash", _TRITON, "torch_kernel", ref=_TF, devices=_CUDA, gate=_TRITON_PORT, **_TILED),  # noqa: E501
+    Row("pallas flash", _PALLAS, "jax_kernel", ref=_JF, devices=_CUDA, gate=_PALLAS_PORT, **_TILED),
     Row("torch nn.MHA", "torch.nn:MultiheadAttention", "torch_mha", **_MHA_MOD, **_TILED),
     Row("flax nnx.MHA", "flax.nnx:MultiHeadAttention", "nnx_mha", workloads="module"),
     Row(_TD, _T, "torch_decode", **_DECODE),
     Row(_JD, _J, "jax_decode", backend="xla", **_DECODE),
+    # one training step (forward + backward: dQ, dK, dV): the plain and tiled *_vjp, and the
+    # frameworks' kernels differentiated by their own autograd
+    Row("numpy sdpa train", f"impl_numpy.{_VJP}", "train", ref=_TFT, **_TRAIN),
+    Row("torch sdpa train", f"impl_torch.{_VJP}", "train", ref=_TFT, **_TRAIN),
+    Row("jax sdpa train", f"impl_jax.{_VJP}", "train", ref=_JFT, **_TRAIN),
+    Row("numpy flash train", f"impl_numpy.{_FLASH_VJP}", "train", ref=_TFT, **_TRAIN, **_TILED,
+        goals=_train_goals(3.0, _TFT, "numpy sdpa train")),
+    Row("torch flash train", f"impl_torch.{_FLASH_VJP}", "train", ref=_TFT, **_TRAIN, **_TILED,
+        goals=_train_goals(2.0, _TFT, "torch sdpa train")),
+    Row("jax flash train", f"impl_jax.{_FLASH_VJP}", "train", ref=_JFT, **_TRAIN, **_TILED,
+        goals=_train_goals(1.0, _JFT, "jax sdpa train", kind="faster")),
+    Row(_TFT, _T, "torch_sdpa_train", **_TRAIN, **_TILED),
+    Row(_JFT, _J, "jax_dpa_train", backend="xla", **_TRAIN),
 )  # fmt: skip
 
 

@@ -40,13 +40,28 @@ Decode rows time one KV-cache step at a fixed position P, every round the same w
   cache at position P (a new static-position pytree around the same arrays, a few
   microseconds of Python), so the executable compiled for position P runs every round.
 
+Training-step rows (``train``, ``torch_sdpa_train``, ``jax_dpa_train``) time one forward and
+one backward, the gradients of query, key and value for a standard-normal ``grad_output``:
+
+- torch runs them with autograd on (not in inference mode): the project's ``*_vjp`` make their
+  own leaves, and ``F.scaled_dot_product_attention`` is differentiated with
+  ``torch.autograd.grad`` on fresh leaves (views of the inputs that require grad) every call;
+- JAX jits the whole step, ``jax.vjp`` and its pullback, so XLA plans the forward's residuals
+  and the backward together (what ``jax.grad`` inside a jitted train step does);
+- their peak memory is counted beyond the inputs, the output *and* the gradients (the issue's
+  "peak extra memory"): the probe's peak less :meth:`Workload.result_bytes`, the bytes of
+  ``O``, ``dQ``, ``dK``, ``dV``, all of which a training step holds at its peak; the method
+  reads ``... - O, grads``.
+
 Peak memory is the extra memory one call needs beyond its inputs (the output included):
 
 - NumPy: ``tracemalloc`` (NumPy reports its buffers to it);
 - torch on CUDA: ``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``;
 - torch on CPU: the allocation events of ``torch.profiler`` (``profile_memory=True``), summed
   in time order; allocations freed inside one aten op are invisible to it, so it is a lower
-  bound for ops with internal scratch space;
+  bound for ops with internal scratch space; a training step follows the allocator's own
+  events instead (:func:`peak_memory_torch_cpu_trace`: autograd's outer records would hide
+  its peak);
 - JAX: XLA's own buffer assignment for the compiled call, ``temp + output - alias`` bytes
   (``compiled.memory_analysis()``), exact for what XLA allocates and the same on every device.
   JAX's device counter ``peak_bytes_in_use`` cannot be reset, so a per-call delta cannot be
@@ -83,6 +98,7 @@ __all__ = [
     "make_inputs",
     "peak_memory_numpy",
     "peak_memory_torch_cpu",
+    "peak_memory_torch_cpu_trace",
     "prepare",
     "prepare_matmul",
 ]
@@ -149,7 +165,13 @@ def _np_dtype(name: str) -> np.dtype:
 def _shapes(w: Workload, layout: str) -> list[tuple[int, ...]]:
     """Input shapes: ``heads_first`` (B,H,L,D),(B,K,S,D),(B,K,S,E); ``heads_second``
     (B,L,H,D),(B,S,K,D),(B,S,K,E); ``module`` (B,L,M); ``decode`` the new token (B,L,M) and the
-    cache buffers (B,K,S,D),(B,K,S,E); ``decode_heads_second`` (B,L,M),(B,S,K,D),(B,S,K,E)."""
+    cache buffers (B,K,S,D),(B,K,S,E); ``decode_heads_second`` (B,L,M),(B,S,K,D),(B,S,K,E);
+    ``train`` / ``train_heads_second``: heads_first / heads_second and the ``grad_output``
+    (B,H,L,E) / (B,L,H,E)."""
+    if layout == "train":
+        return [*_shapes(w, "heads_first"), (w.B, w.H, w.L, w.E)]
+    if layout == "train_heads_second":
+        return [*_shapes(w, "heads_second"), (w.B, w.L, w.H, w.E)]
     if layout == "module":
         return [(w.B, w.L, w.M)]
     if layout == "decode":  # the cache's T slots: S = P + 1, or a rolling cache's ring
@@ -221,6 +243,33 @@ def peak_memory_torch_cpu(fn: Callable[[], Any]) -> tuple[int, str]:
         running += int(e.self_cpu_memory_usage)
         peak = max(peak, running)
     return peak, "torch.profiler"
+
+
+def peak_memory_torch_cpu_trace(fn: Callable[[], Any]) -> tuple[int, str]:
+    """Peak of the running sum of every CPU allocation and free torch's profiler records during
+    ``fn()`` (its ``[memory]`` events, each with its own time), above what was live before.
+
+    Unlike :func:`peak_memory_torch_cpu`, which places each op's *net* self memory at the op's
+    start, this follows the allocator itself: a training step runs inside outer records (a
+    ``torch.autograd.Function``'s forward, autograd's engine) whose net self memory is a large
+    negative number (the frees of the temporaries their children allocated), and placed at
+    their start that negative hides the peak (a tiled step read 0 bytes extra). Falls back to
+    :func:`peak_memory_torch_cpu` when the profiler does not expose its raw events."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        out = fn()
+        del out
+    try:
+        raw = prof.profiler.kineto_results.events()
+    except AttributeError:  # a torch without the raw results: the per-op probe
+        return peak_memory_torch_cpu(fn)
+    memory = sorted((e for e in raw if e.name() == "[memory]"), key=lambda e: e.start_ns())
+    running = peak = 0
+    for e in memory:
+        running += int(e.nbytes())
+        peak = max(peak, running)
+    return peak, "torch.profiler allocations"
 
 
 @contextlib.contextmanager
@@ -362,6 +411,14 @@ def _prepare_functional(row: Row, target: Any, w: Workload, fdevice: str) -> Pre
     if fw == "numpy":
         return Prepared(call=fn, memory=lambda: peak_memory_numpy(fn), inputs=args)
     return _with_inputs(_torch_prepared(fn, fdevice), args)
+
+
+def _prepare_kernel(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """A kernel port's heads-first ``flash_attention(q, k, v, is_causal=...)`` with its own
+    default blocks: torch tensors on ``fdevice`` for the Triton kernel (``torch_kernel``), JAX
+    arrays and ``jax.jit`` with the keywords bound for the Pallas one (``jax_kernel``); the
+    framework is the row's, read off its call style, and the wiring ``functional``'s."""
+    return _prepare_functional(row, target, w, fdevice)
 
 
 def _prepare_torch_sdpa(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
@@ -549,6 +606,99 @@ def _prepare_jax_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Pre
     return _with_inputs(prepared, args, "decode_heads_second")
 
 
+# ---------------------------------------------------------------------------------------------
+# training steps (module docstring: forward + backward, memory beyond output and gradients)
+
+
+def _beyond_results(
+    memory: Callable[[], tuple[int | None, str]], w: Workload
+) -> Callable[[], tuple[int | None, str]]:
+    """``memory`` less the bytes of the output and the gradients (``w.result_bytes()``)."""
+
+    def measure() -> tuple[int | None, str]:
+        n, method = memory()
+        return (None if n is None else n - w.result_bytes()), f"{method} - O, grads"
+
+    return measure
+
+
+def _torch_train_prepared(fn: Callable[[], Any], fdevice: str) -> Prepared:
+    """A torch training step: autograd on (``_torch_call`` would run in inference mode)."""
+    import torch
+
+    def call():
+        with torch.enable_grad():
+            out = fn()
+        if fdevice == "cuda":
+            torch.cuda.synchronize()  # inside the timed call: the kernels, not the launch
+        return out
+
+    measure = _peak_memory_torch_cuda if fdevice == "cuda" else peak_memory_torch_cpu_trace
+    return Prepared(call=call, memory=lambda: measure(call))
+
+
+def _prepare_train(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The project's ``*_vjp``: ``fn(q, k, v, grad_output, is_causal=...)`` -> the gradients
+    (JAX: jitted whole)."""
+    fw = row.framework
+    args = make_inputs(fw, w, fdevice, layout="train")
+    fn = functools.partial(target, is_causal=w.is_causal)
+    if fw == "jax":
+        import jax
+
+        prepared = _jax_prepared(jax.jit(fn), args)
+    elif fw == "numpy":
+        call = functools.partial(fn, *args)
+        prepared = Prepared(call=call, memory=lambda: peak_memory_numpy(call))
+    else:
+        prepared = _torch_train_prepared(functools.partial(fn, *args), fdevice)
+    prepared.memory = _beyond_results(prepared.memory, w)
+    return _with_inputs(prepared, args, "train")
+
+
+def _prepare_torch_sdpa_train(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``F.scaled_dot_product_attention`` and its autograd backward: ``torch.autograd.grad``
+    of the output against fresh leaves, with ``grad_output``."""
+    import torch
+
+    from conformance.ports.torch_fused import backend
+
+    q, k, v, do = args = make_inputs("torch", w, fdevice, layout="train")
+    kw = {"is_causal": w.is_causal, "enable_gqa": w.K != w.H}
+
+    def fn():  # -> (dQ, dK, dV)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        with backend(row.backend):
+            out = target(*leaves, **kw)
+        return torch.autograd.grad(out, leaves, do)
+
+    prepared = _torch_train_prepared(fn, fdevice)
+    prepared.memory = _beyond_results(prepared.memory, w)
+    return _unsupported_on_probe(_with_inputs(prepared, args, "train"), row.kernel)
+
+
+def _prepare_jax_dpa_train(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``jax.vjp`` of ``jax.nn.dot_product_attention(implementation=row.backend)`` and its
+    pullback of ``grad_output``, jitted together, on heads-second inputs."""
+    import jax
+
+    args = make_inputs("jax", w, fdevice, layout="train_heads_second")
+    attend = functools.partial(target, is_causal=w.is_causal, implementation=row.backend)
+
+    def step(q, k, v, do):  # -> (dQ, dK, dV), heads second
+        _, pullback = jax.vjp(attend, q, k, v)
+        return pullback(do)
+
+    try:
+        prepared = _jax_prepared(jax.jit(step), args)
+    except Exception as e:  # only the kernel's own "not supported" is unsupported
+        if kernel_says_unsupported(row.kernel, type(e).__name__, str(e)):
+            raise UnsupportedError(f"{type(e).__name__}: {e}".splitlines()[0]) from e
+        raise
+    prepared.memory = _beyond_results(prepared.memory, w)
+    return _with_inputs(prepared, args, "train_heads_second")
+
+
 #: Row.call -> the function that builds its inputs and timed callable (rows.py's docstring).
 PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "functional": _prepare_functional,
@@ -560,6 +710,11 @@ PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "decode": _prepare_decode,
     "torch_decode": _prepare_torch_decode,
     "jax_decode": _prepare_jax_decode,
+    "torch_kernel": _prepare_kernel,
+    "jax_kernel": _prepare_kernel,
+    "train": _prepare_train,
+    "torch_sdpa_train": _prepare_torch_sdpa_train,
+    "jax_dpa_train": _prepare_jax_dpa_train,
 }
 
 

@@ -39,8 +39,9 @@ from bench.devices import (
     peak_key,
 )
 from bench.gate import GateCache, GateResult
+from bench.report import memory_text
 from bench.rows import ROWS, Goal, Row
-from bench.workloads import GOAL_WORKLOAD, Workload
+from bench.workloads import GOAL_WORKLOAD, TRAIN_GOAL_WORKLOAD, Workload
 
 __all__ = [
     "HOST_LIMIT",
@@ -114,12 +115,14 @@ class Record:
 
 
 def estimate_bytes(row: Row, w: Workload) -> int:
-    """Rough peak bytes of ``row`` on ``w``: inputs and output (and a decode step's KV cache),
-    plus three float32 score-sized temporaries for rows that materialize ``(B, H, L, S)``
-    scores, plus projections for modules and decode steps."""
+    """Rough peak bytes of ``row`` on ``w``: inputs and output (and a decode step's KV cache,
+    a training step's gradients), plus three float32 score-sized temporaries for rows that
+    materialize ``(B, H, L, S)`` scores (seven for a training step: what autograd saves and
+    the backward's dW, dS and products; torch's plain step measured 7.2 at L = S = 1024, JAX's
+    plan 6), plus projections for modules and decode steps."""
     n = w.input_bytes()
     if row.materializes:
-        n += 3 * w.score_bytes()
+        n += (7 if w.op == "train" else 3) * w.score_bytes()
     if w.op in ("module", "decode"):
         n += 4 * w.B * w.L * w.M * 4
     return n
@@ -213,9 +216,14 @@ def build_goal_cases(
                 pair = ((row, w), (row, goal.baseline()))
                 if GOAL_WORKLOAD not in workloads:
                     continue
+            elif goal.kind == "memory":  # its own workload (8192), in a grid with training steps
+                pair = ((row, w), (by_name.get(goal.ref), w))
+                if TRAIN_GOAL_WORKLOAD not in workloads or pair[1][0] is None:
+                    continue
             else:
                 pair = ((row, w), (by_name.get(goal.ref), w))
-            if goal.kind != "window" and any(r is None or wl not in workloads for r, wl in pair):
+            own = goal.kind in ("window", "memory")  # goals that bring their own workload
+            if not own and any(r is None or wl not in workloads for r, wl in pair):
                 continue
             full = tuple((r, wl, fdevice_of(r.framework, device)) for r, wl in pair)
             missing = [e for e in (resolve_error(r) for r, _ in pair) if e]
@@ -229,6 +237,9 @@ def build_goal_cases(
 def _summary(rec: Record) -> str:
     """One line for a finished case: ``numpy sdpa | attention.mha... | ok 12.3 ms``."""
     what = f"{rec.row} | {rec.workload['label'] if rec.workload else rec.case_id}"
+    if rec.kind == "goal" and rec.status == "ok" and rec.goal and rec.goal["kind"] == "memory":
+        g = rec.goal
+        return f"goal {rec.row} {g['text']} | {memory_text(g)} {g['status']}"
     if rec.kind == "goal" and rec.status == "ok" and rec.goal:
         q = rec.goal["ratio"]
         return (
@@ -461,6 +472,8 @@ class BenchSession:
             self._record(case, *case.skip)
             pytest.skip(case.skip[1])
         self._over_budget(case)
+        if case.goal.kind == "memory":
+            return self._run_memory_goal(case)
         (row_a, w_a, dev_a), (row_b, w_b, dev_b) = case.pair
         info: dict[str, Any] = {
             "kind": case.goal.kind,
@@ -502,6 +515,54 @@ class BenchSession:
         q = summary["ratio"]
         info.update(summary, status=goals.decide(case.goal.kind, case.goal.limit, q["q1"], q["q3"]))
         self._record(case, "ok", contention=contention, goal=info)
+
+    def _run_memory_goal(self, case: Case) -> None:
+        """A memory goal (``Goal(kind="memory")``): the peak extra memory of one training step
+        of the row on the goal's workload (L = S = 8192), against the limit, and the plain
+        path's (``goal.ref``) beside it when it fits this machine's memory (its scores alone
+        are gigabytes; JAX's is read from XLA's plan without running). One call each, untimed:
+        a peak is not a distribution."""
+        (row_a, w, dev_a), (row_b, _, dev_b) = case.pair
+        info: dict[str, Any] = {
+            "kind": "memory", "limit": case.goal.limit, "ref": case.goal.ref,
+            "text": case.goal.text(), "a": {"row": row_a.name, "workload": w.id},
+            "b": {"row": row_b.name, "workload": w.id},
+        }  # fmt: skip
+        self._phase(case, "gate")
+        for row, dev in ((row_a, dev_a), (row_b, dev_b)):
+            gate = self._gate(row, dev)
+            if not gate.ok:
+                self._record(case, "failed", f"{row.name}: gate {gate.status}: {gate.detail}",
+                             gate=gate.to_dict(), goal=info)  # fmt: skip
+                pytest.skip(f"correctness gate of {row.name} did not pass")
+        self._phase(case, "memory")
+        budgets = memory_budgets(self.device)
+        try:
+            for side, row, dev in (("a", row_a, dev_a), ("b", row_b, dev_b)):
+                budget = budgets.get(row.framework)
+                need = estimate_bytes(row, w)
+                # a side measurement: it may not take more than half of what is free (JAX's
+                # plan is read without running)
+                if row.framework != "jax" and budget is not None and need > 0.5 * budget:
+                    info[f"{side}_peak_bytes"] = None
+                    info[f"{side}_memory_method"] = (
+                        f"not run: needs ~{need / 2**30:.1f} GiB, {budget / 2**30:.1f} GiB free"
+                    )
+                    continue
+                prepared = runners.prepare(row, w, dev)
+                info[f"{side}_peak_bytes"], info[f"{side}_memory_method"] = prepared.memory()
+                del prepared
+                gc.collect()
+        except Exception as e:
+            status = runners.classify_error(e)
+            self._record(case, status, f"{type(e).__name__}: {e}".splitlines()[0][:300], goal=info)
+            if status == "error":
+                raise
+            pytest.skip(f"{status}: {e}")
+        peak = info["a_peak_bytes"]
+        met = peak is not None and case.goal.met(peak)
+        info["status"] = "not measured" if peak is None else ("met" if met else "missed")
+        self._record(case, "ok", goal=info)
 
     @staticmethod
     def _time(benchmark: Any, call: Callable[[], Any], first_s: float) -> None:

@@ -10,6 +10,12 @@ FlashAttention papers); with ``is_causal`` the *useful* count keeps only the all
 Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads, L query length,
 S key/value length, D query/key head dim, E value head dim, M model width (= H * D here).
 
+A *train* workload is one training step of attention on the shapes of an attention workload:
+the forward and the backward, ``(dQ, dK, dV)`` from query, key, value and a random
+``grad_output`` (the project's ``*_vjp`` functions, the frameworks' autograd of their kernels).
+Its useful FLOPs are three times the forward's (:func:`train_flops`), and its peak memory is
+counted beyond the inputs, the output and the gradients (:meth:`Workload.result_bytes`).
+
 A *decode* workload is one step of KV-cache decoding: one new token (L = 1) attends over the P
 cached tokens and itself (S = P + 1, bottom-right causal, which with L = 1 masks nothing). Its
 FLOPs are the four projections of that one token plus the attention over S keys
@@ -29,6 +35,8 @@ __all__ = [
     "GOAL_WORKLOAD",
     "GRIDS",
     "ROLLING_GOAL_WORKLOAD",
+    "TRAIN_GOAL_WORKLOAD",
+    "TRAIN_MEMORY_WORKLOAD",
     "WINDOW_GOAL_WORKLOAD",
     "Workload",
     "allowed_pairs",
@@ -36,6 +44,7 @@ __all__ = [
     "decode_flops",
     "grid",
     "module_flops",
+    "train_flops",
 ]
 
 #: Bytes per element of the benchmarked dtypes.
@@ -92,6 +101,19 @@ def attention_flops(
     return 2 * B * H * L * S * (D + E), 2 * B * H * pairs * (D + E)
 
 
+def train_flops(
+    B: int, H: int, L: int, S: int, D: int, E: int, *, is_causal: bool = False
+) -> tuple[int, int]:
+    """``(dense, useful)`` matmul FLOPs of one training step: the forward's two matmuls and the
+    backward's four, ``dV = P^T dO`` and ``dP = dO V^T`` (``2*L*S*E`` each), ``dQ = dS K`` and
+    ``dK = dS^T Q`` (``2*L*S*D`` each): three times :func:`attention_flops`. A tiled backward
+    that rebuilds ``P`` from the scores does one more ``query @ key^T`` per block; that
+    recomputation is work the algorithm chooses, not work the step needs, so it is not counted.
+    """
+    dense, useful = attention_flops(B, H, L, S, D, E, is_causal=is_causal)
+    return 3 * dense, 3 * useful
+
+
 def module_flops(
     B: int, H: int, K: int, L: int, S: int, D: int, E: int, M: int, *, is_causal: bool = False
 ) -> tuple[int, int]:
@@ -125,9 +147,10 @@ class Workload:
     """One benchmarked problem.
 
     ``op`` is ``"attention"`` (functional rows: query ``(B, H, L, D)``, key ``(B, K, S, D)``,
-    value ``(B, K, S, E)``), ``"module"`` (module rows: input ``(B, L, M)``, self-attention,
-    so S = L and M = H * D) or ``"decode"`` (one KV-cache decode step: input ``(B, 1, M)``, a
-    cache holding ``P = S - 1`` tokens, L = 1).
+    value ``(B, K, S, E)``), ``"train"`` (the same inputs and a ``grad_output (B, H, L, E)``;
+    a forward and a backward, the gradients of query, key and value), ``"module"`` (module
+    rows: input ``(B, L, M)``, self-attention, so S = L and M = H * D) or ``"decode"`` (one
+    KV-cache decode step: input ``(B, 1, M)``, a cache holding ``P = S - 1`` tokens, L = 1).
     """
 
     op: str
@@ -198,7 +221,7 @@ class Workload:
             ring = "" if self.window is None else f" rolling ({self.window}, 0)"
             return f"decode {self.variant} {dims} {_SHORT[self.dtype]}{ring}"
         lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
-        kind = "module " if self.op == "module" else ""
+        kind = {"module": "module ", "train": "train "}.get(self.op, "")
         mode = (" causal" if self.is_causal else "") + (
             "" if self.window is None else f" window ({self.window}, 0)"
         )
@@ -215,7 +238,7 @@ class Workload:
             if self.window is None
             else f" {'rolling' if self.op == 'decode' else 'window'} {self.window}"
         )
-        kind = {"module": "module ", "decode": "decode "}.get(self.op, "")
+        kind = {"module": "module ", "decode": "decode ", "train": "train "}.get(self.op, "")
         return f"{kind}{self.variant} B{self.B} H{self.H} D{self.D} {_SHORT[self.dtype]}{mode}"
 
     def flops(self) -> tuple[int, int]:
@@ -226,6 +249,10 @@ class Workload:
                 self.B, self.H, self.K, self.P, self.D, self.E, self.M, window=self.window
             )
             return n, n
+        if self.op == "train":
+            return train_flops(
+                self.B, self.H, self.L, self.S, self.D, self.E, is_causal=self.is_causal
+            )
         if self.op == "module":
             return module_flops(
                 self.B, self.H, self.K, self.L, self.S, self.D, self.E, self.M,
@@ -248,9 +275,20 @@ class Workload:
             return 0
         return self.B * self.K * self.slots * (self.D + self.E) * DTYPE_BYTES[self.dtype]
 
+    def result_bytes(self) -> int:
+        """Train workloads: bytes of the output ``(B, H, L, E)`` and the gradients dQ
+        ``(B, H, L, D)``, dK ``(B, K, S, D)``, dV ``(B, K, S, E)``, which a training step's
+        peak-memory probe subtracts (its memory is counted beyond inputs, output and
+        gradients); 0 for the other ops."""
+        if self.op != "train":
+            return 0
+        B, H, K, L, S, D, E = self.B, self.H, self.K, self.L, self.S, self.D, self.E
+        return (B * H * L * (E + D) + B * K * S * (D + E)) * DTYPE_BYTES[self.dtype]
+
     def input_bytes(self) -> int:
         """Bytes of query, key, value and output (input and output for modules; input, output
-        and the KV cache for decode steps)."""
+        and the KV cache for decode steps; for a training step also ``grad_output`` and the
+        gradients)."""
         n = DTYPE_BYTES[self.dtype]
         if self.op == "decode":
             return 2 * self.B * self.M * n + self.cache_bytes()
@@ -258,7 +296,8 @@ class Workload:
             return 2 * self.B * self.L * self.M * n
         q = self.B * self.H * self.L * self.D
         kv = self.B * self.K * self.S * (self.D + self.E)
-        return (q + kv + self.B * self.H * self.L * self.E) * n
+        grad_output = self.B * self.H * self.L * self.E if self.op == "train" else 0
+        return (q + kv + self.B * self.H * self.L * self.E + grad_output) * n + self.result_bytes()
 
     def to_dict(self) -> dict:
         """Fields plus id, label, variant, FLOPs and (decode) the cache, for the JSON report."""
@@ -286,6 +325,10 @@ def _attn(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
     return Workload("attention", B, H, K, L, L, D, D, causal, dtype)
 
 
+def _train(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
+    return Workload("train", B, H, K, L, L, D, D, causal, dtype)
+
+
 def _module(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
     return Workload("module", B, H, K, L, L, D, D, causal, dtype)
 
@@ -308,6 +351,10 @@ DECODE_GOAL_WORKLOADS = (_decode(1, 8, 8, 4096, 64), _decode(1, 8, 2, 4096, 64))
 #: The rolling-cache goal's workload (issue 11): a step through a rolling cache of a (256, 0)
 #: window at P = 4096, compared with the same row's step at P = 1024 (O(W): the same time).
 ROLLING_GOAL_WORKLOAD = _decode(1, 8, 8, 4096, 64, rolling=256)
+#: The training-step goals of issue 10: the time goals on the goal workload's shapes as one
+#: forward + backward; the memory goal (peak extra memory of the tiled step) at L = S = 8192.
+TRAIN_GOAL_WORKLOAD = _train(1, 8, 8, 2048, 64)
+TRAIN_MEMORY_WORKLOAD = _train(1, 8, 8, 8192, 64)
 
 
 def _cpu_quick() -> list[Workload]:
@@ -316,6 +363,8 @@ def _cpu_quick() -> list[Workload]:
     w += [_attn(1, 32, 8, 1024, 64), _attn(1, 8, 1, 1024, 64)]  # GQA 32:8, MQA
     w += [_module(1, 8, 8, n, 64) for n in (256, 1024, 2048)]  # module rows (M = 512)
     w += [_module(1, 8, 2, 1024, 64)]  # GQA module
+    w += [_train(1, 8, 8, n, 64) for n in (512, 2048)]  # training steps, incl. the goal
+    w += [_train(1, 8, 8, 1024, 64, causal=True)]  # a causal step: the skipped blocks
     w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 4096)]  # rolling cache: O(W)
     return w
@@ -330,6 +379,7 @@ def _cpu_full() -> list[Workload]:
         w += [_attn(1, 8, 1, n, 64, causal=causal) for n in lengths]
         w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
+        w += [_train(1, 8, 8, n, 64, causal=causal) for n in lengths]  # 8192: the memory point
     w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 8192, 32768)]
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (2048, 32768)]  # rolling cache: O(W)
     return w
@@ -347,6 +397,7 @@ def _accel_quick(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_module(2, 16, 4, 4096, 128, dtype=lo)]
     w += [_decode(2, 16, 16, p, 128, dtype=dt) for dt in dtypes for p in (4096, 32768)]
     w += [_decode(2, 16, 4, 32768, 128, dtype=lo), _decode(2, 16, 16, 4096, 128)]  # GQA, f32
+    w += [_train(2, 16, 16, n, 128, dtype=lo) for n in (1024, 4096)]  # training steps
     return w
 
 
@@ -367,13 +418,15 @@ def _accel_full(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_decode(2, 16, 16, p, 128, dtype=dt) for dt in dtypes for p in contexts]
     w += [_decode(2, 16, k, p, 128, dtype=lo) for k in (4, 1) for p in contexts]
     w += [_decode(2, 16, 16, p, 128) for p in contexts[:3]]  # float32
+    for causal in (False, True):
+        w += [_train(2, 16, 16, n, 128, causal=causal, dtype=lo) for n in lengths[1:6]]
     return w
 
 
 def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
     """A few minutes on one GPU with every row (``make gpu-check``): each dtype at 1k and 4k,
     causal and not; float32 at 1k; GQA and MQA at 2k; MHA and GQA modules at 1k; MHA and GQA
-    decode at P = 4096."""
+    decode at P = 4096; one training step at 1k."""
     w = []
     for dt in dtypes:
         for causal in (False, True):
@@ -383,12 +436,14 @@ def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_attn(2, 32, 8, 2048, 128, dtype=lo), _attn(2, 16, 1, 2048, 128, dtype=lo)]
     w += [_module(2, 16, 16, 1024, 128, dtype=lo), _module(2, 16, 4, 1024, 128, dtype=lo)]
     w += [_decode(2, 16, k, 4096, 128, dtype=lo) for k in (16, 4)]
+    w += [_train(2, 16, 16, 1024, 128, dtype=lo)]
     return w
 
 
 def _smoke() -> list[Workload]:
     """Seconds, not minutes: proves the harness end to end (tests use it)."""
-    return [_attn(1, 2, 2, n, 16) for n in (32, 64)] + [_attn(1, 2, 1, 64, 16, causal=True)]
+    w = [_attn(1, 2, 2, n, 16) for n in (32, 64)] + [_attn(1, 2, 1, 64, 16, causal=True)]
+    return [*w, _train(1, 2, 2, 64, 16)]
 
 
 #: Grid builders by (device class, grid name). GPU grids run bfloat16 and float16 (TPU: bfloat16)

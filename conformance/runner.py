@@ -861,7 +861,7 @@ def _module_sharded_values(port: Port, fn: Callable, case: Case, device: str, sp
     cls = _module_class(port, case, spec)
     t = case.tensors()
     kwargs = dict(spec.defaults) | {k: v for k, v in case.keywords.items() if k != "return_weights"}
-    for name in ("mask", "bias"):
+    for name in ("mask", "bias", "q_segment_ids", "kv_segment_ids"):
         if name in t:
             kwargs[name] = port.array_in(t[name], device)
     context = port.array_in(t["context"], device) if "context" in t else None

@@ -61,7 +61,6 @@ from attention_spec import (
     check_attention,
     check_block_sizes,
     check_flag,
-    check_grad_output,
 )
 from attention_spec.rules import alibi, block_rules
 from impl_jax.functional import (
@@ -75,6 +74,7 @@ from impl_jax.functional import (
     _check_x64,
     _compute_dtype,
     _unattended_zeroed,
+    _vjp_by_jax,
 )
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
 
@@ -584,25 +584,12 @@ def flash_attention_vjp(
     :func:`impl_jax.functional.scaled_dot_product_attention_vjp` does. Jit it with
     :data:`STATIC_ARGNAMES` (``return_lse`` aside).
     """
-    query, key, value = _as_given(query), _as_given(key), _as_given(value)
-    grad_output, mask, bias = _as_given(grad_output), _as_given(mask), _as_given(bias)
-    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
-    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
+    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+              alibi_slopes=alibi_slopes)  # fmt: skip
     keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
                     softcap=softcap, window=window)  # fmt: skip
-    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
-    check_block_sizes(block_q, block_k)
-    check_grad_output(dims, grad_output)
-    _check_x64(query)
-    kw = {name: _asarray(x) for name, x in kw.items()}
-
-    def forward(query, key, value, bias, sinks):  # the differentiated inputs; None: not given
-        return flash_attention(
-            query, key, value, mask=mask, bias=bias, q_segment_ids=kw["q_segment_ids"],
-            kv_segment_ids=kw["kv_segment_ids"], sinks=sinks, alibi_slopes=kw["alibi_slopes"],
-            block_q=block_q, block_k=block_k, **keywords,
-        )  # fmt: skip
-
-    primals = (query, key, value, bias, kw["sinks"])
-    out, pullback = jax.vjp(forward, *(_asarray(x) for x in primals))
-    return AttentionGrads(*pullback(jnp.asarray(grad_output).astype(out.dtype)))
+    tiled = functools.partial(flash_attention, block_q=block_q, block_k=block_k)
+    return _vjp_by_jax(
+        tiled, query, key, value, grad_output, mask, bias, v2, keywords,
+        checks=(lambda: check_block_sizes(block_q, block_k),),
+    )  # fmt: skip

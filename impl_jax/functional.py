@@ -17,6 +17,8 @@ D query/key head dim, E value head dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import jax
 import jax.numpy as jnp
 
@@ -193,7 +195,10 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
         again = jnp.maximum(again, sink)
         sink = sink - jax.lax.stop_gradient(again)
     s = s - jax.lax.stop_gradient(again)
-    s = jnp.where(s > 0.0, 0.0, s)  # exp(s - max) <= 1 even if s was rounded differently
+    # exp(s - max) <= 1 even if s was rounded differently: the value clamped at 0, the
+    # gradient passed through (a jnp.where would cut it wherever a jitted s rounds above 0,
+    # the row max's own position: jax.jit(jax.vjp) then lost that key's dK)
+    s = s - jax.lax.stop_gradient(jnp.maximum(s, 0.0))
     e = jnp.exp(s)  # (..., H, L, S)
     row_sum = jnp.sum(e, axis=-1, keepdims=True)  # (..., H, L, 1)
     if sinks is not None:
@@ -378,24 +383,54 @@ def scaled_dot_product_attention_vjp(
     (the row max is a ``stop_gradient``; masks select with ``jnp.where``). impl_numpy writes
     the same backward out by hand. Jit it like the forward, with :data:`STATIC_ARGNAMES`.
     """
-    query, key, value = _as_given(query), _as_given(key), _as_given(value)
-    grad_output, mask, bias = _as_given(grad_output), _as_given(mask), _as_given(bias)
-    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
-    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
+    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+              alibi_slopes=alibi_slopes)  # fmt: skip
     keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
                     softcap=softcap, window=window)  # fmt: skip
+    return _vjp_by_jax(
+        scaled_dot_product_attention, query, key, value, grad_output, mask, bias, v2, keywords
+    )
+
+
+def _vjp_by_jax(
+    forward: Callable[..., jax.Array],
+    query: object,
+    key: object,
+    value: object,
+    grad_output: object,
+    mask: object,
+    bias: object,
+    v2: dict[str, object],
+    keywords: dict[str, object],
+    checks: tuple[Callable[[], None], ...] = (),
+) -> AttentionGrads:
+    """The one body of the ``*_vjp`` functions (here and in ``impl_jax.flash``): the call
+    validated (``check_attention``, then ``checks``, the function's own, then the cotangent's
+    shape and x64) before any arithmetic, and the gradients of ``<forward(...), grad_output>``
+    by ``jax.vjp``.
+
+    ``forward(query, key, value, mask=, bias=, q_segment_ids=, kv_segment_ids=, sinks=,
+    alibi_slopes=, **keywords)`` is differentiated with respect to query, key, value, bias and
+    sinks (None where not given); ``v2`` holds the four v2 arrays by name, ``keywords`` the
+    scalar arguments (``is_causal``, ``causal_alignment``, ``scale``, ``softcap``, ``window``).
+    """
+    query, key, value = _as_given(query), _as_given(key), _as_given(value)
+    grad_output, mask, bias = _as_given(grad_output), _as_given(mask), _as_given(bias)
+    kw = {name: _as_given(v2[name]) for name in _V2_ARRAYS}
     dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    for check in checks:
+        check()
     check_grad_output(dims, grad_output)
     _check_x64(query)
     kw = {name: _asarray(x) for name, x in kw.items()}
 
-    def forward(query, key, value, bias, sinks):  # the differentiated inputs; None: not given
-        return scaled_dot_product_attention(
+    def differentiated(query, key, value, bias, sinks):  # None: not given
+        return forward(
             query, key, value, mask=mask, bias=bias, q_segment_ids=kw["q_segment_ids"],
             kv_segment_ids=kw["kv_segment_ids"], sinks=sinks, alibi_slopes=kw["alibi_slopes"],
             **keywords,
         )  # fmt: skip
 
     primals = (query, key, value, bias, kw["sinks"])
-    out, pullback = jax.vjp(forward, *(_asarray(x) for x in primals))
+    out, pullback = jax.vjp(differentiated, *(_asarray(x) for x in primals))
     return AttentionGrads(*pullback(jnp.asarray(grad_output).astype(out.dtype)))

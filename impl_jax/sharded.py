@@ -481,6 +481,8 @@ def head_parallel_gqa(
     bias: jax.Array | None = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
 ) -> jax.Array:
     """The forward pass of a ``GroupedQueryAttention`` (or ``MultiHeadAttention``) ``module``
     with its heads split over ``n_shards`` devices, output ``(B, L, M)``.
@@ -489,32 +491,43 @@ def head_parallel_gqa(
     v_proj columns of its key/value heads (column-parallel), attends on its heads, and applies
     the o_proj rows of its heads' features (row-parallel), which gives a partial ``(B, L, M)``;
     ``lax.psum`` sums the partials in the compute dtype, then o_proj's bias is added once and
-    the result cast to the module's dtype.
+    the result cast to the module's dtype. The module's v2 settings (window, softcap, scale,
+    its ``sinks (H,)`` weight and ALiBi's slopes) apply on every device, the sinks and slopes
+    split with the query heads.
 
     Args:
         module: an ``impl_jax`` ``GroupedQueryAttention``; n_shards must divide its K.
-        x, context, mask, bias, is_causal, causal_alignment: as in the module's ``__call__``.
+        x, context, mask, bias, is_causal, causal_alignment, q_segment_ids, kv_segment_ids: as
+            in the module's ``__call__`` (segment ids, with no head axis, go whole to every
+            device).
     """
     x, context, mask, bias = _as_given(x), _as_given(context), _as_given(mask), _as_given(bias)
+    q_ids, kv_ids = _as_given(q_segment_ids), _as_given(kv_segment_ids)
     check_shard_config(n_shards)
     dims = module.dims
     check_module_inputs(
         dims, module.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment,
+        causal_alignment=causal_alignment, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
     mesh = _mesh(n_shards, HEADS)
     x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
+    q_ids, kv_ids = _asarray(q_ids), _asarray(kv_ids)
     ct = _compute_dtype(module.dtype)
+    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     o_bias = module.o_proj.bias
 
     # P1. split the projections (by shard_map): device r's columns of q_proj (query heads
     #     r*Hn ..), k_proj and v_proj (key/value heads r*Kn ..), and its rows of o_proj; head h
-    #     owns features [h*D:(h+1)*D], so an even cut of the columns is a cut by heads.
+    #     owns features [h*D:(h+1)*D], so an even cut of the columns is a cut by heads; the
+    #     sinks and ALiBi slopes (H,): its heads; segment ids (no head axis): whole.
     a = {"x": x, "context": x if context is None else context, "mask": mask, "bias": bias}
-    specs = {"x": P(), "context": P()}
+    a |= {"sinks": v2.pop("sinks"), "alibi_slopes": v2.pop("alibi_slopes")}
+    a |= {"q_segment_ids": q_ids, "kv_segment_ids": kv_ids}
+    specs = {"x": P(), "context": P(), "sinks": P(HEADS), "alibi_slopes": P(HEADS)}
+    specs |= {"q_segment_ids": P(), "kv_segment_ids": P()}
     for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
         proj = getattr(module, name)
         a[f"{name}.kernel"] = proj.kernel[...]  # (in, out)
@@ -523,6 +536,7 @@ def head_parallel_gqa(
             a[f"{name}.bias"] = proj.bias[...]  # (out,)
             specs[f"{name}.bias"] = P(HEADS)
     a = {name: arr for name, arr in a.items() if arr is not None}
+    specs = {name: spec for name, spec in specs.items() if name in a}
     for name in ("mask", "bias"):
         if name in a:
             specs[name] = _spec(a[name], -3, HEADS)
@@ -542,7 +556,8 @@ def head_parallel_gqa(
         #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
         q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-        # P2. attend on the device's heads: the unsharded contract (mask and bias: its heads).
+        # P2. attend on the device's heads: the unsharded contract with the module's settings
+        #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
         out = scaled_dot_product_attention(
             q,
             k,
@@ -551,6 +566,11 @@ def head_parallel_gqa(
             bias=a.get("bias"),
             is_causal=is_causal,
             causal_alignment=causal_alignment,
+            q_segment_ids=a.get("q_segment_ids"),
+            kv_segment_ids=a.get("kv_segment_ids"),
+            sinks=a.get("sinks"),
+            alibi_slopes=a.get("alibi_slopes"),
+            **v2,
         )  # (B, Hn, L, E)
 
         # P3. row-parallel output projection: the device's heads' features meet the same rows

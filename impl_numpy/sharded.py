@@ -393,6 +393,8 @@ def head_parallel_gqa(
     bias: np.ndarray | None = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
 ) -> np.ndarray:
     """The forward pass of a ``GroupedQueryAttention`` (or ``MultiHeadAttention``) ``module``
     with its heads split over ``n_shards`` simulated devices, output ``(B, L, M)``.
@@ -401,23 +403,30 @@ def head_parallel_gqa(
     v_proj columns of its key/value heads (column-parallel), attends on its heads, and applies
     the o_proj rows of its heads' features (row-parallel), which gives a partial ``(B, L, M)``;
     the partials are summed (an all-reduce) in the compute dtype, then o_proj's bias is added
-    once and the result cast to the module's dtype.
+    once and the result cast to the module's dtype. The module's v2 settings (window, softcap,
+    scale, its ``sinks (H,)`` weight and ALiBi's slopes) apply on every device, the sinks and
+    slopes split with the query heads.
 
     Args:
         module: an ``impl_numpy`` ``GroupedQueryAttention``; n_shards must divide its K.
-        x, context, mask, bias, is_causal, causal_alignment: as in the module's ``__call__``.
+        x, context, mask, bias, is_causal, causal_alignment, q_segment_ids, kv_segment_ids: as
+            in the module's ``__call__`` (segment ids, with no head axis, go whole to every
+            device).
     """
     x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
+    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
     check_shard_config(n_shards)
     dims = module.dims
     check_module_inputs(
         dims, module.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment,
+        causal_alignment=causal_alignment, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
     context = x if context is None else context
     w = module.to_canonical()
     ct = _compute_dtype(module.dtype)
+    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    sinks, slopes = v2.pop("sinks"), v2.pop("alibi_slopes")
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     B, L, _ = x.shape
@@ -443,7 +452,8 @@ def head_parallel_gqa(
         #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
         q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-        # P2. attend on the device's heads: the unsharded contract (mask and bias: its heads).
+        # P2. attend on the device's heads: the unsharded contract with the module's settings
+        #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
         heads = slice(r * Hn, (r + 1) * Hn)
         out = scaled_dot_product_attention(
             q,
@@ -453,6 +463,11 @@ def head_parallel_gqa(
             bias=_block(bias, -3, heads.start, heads.stop),
             is_causal=is_causal,
             causal_alignment=causal_alignment,
+            q_segment_ids=q_ids,
+            kv_segment_ids=kv_ids,
+            sinks=None if sinks is None else sinks[heads],
+            alibi_slopes=None if slopes is None else slopes[heads],
+            **v2,
         )  # (B, Hn, L, E)
 
         # P3. row-parallel output projection: the device's heads' features [r*Hn*E ..) meet

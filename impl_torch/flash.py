@@ -32,6 +32,8 @@ D query/key head dim, E value head dim; ``bq`` and ``bk`` are the rows and keys 
 
 from __future__ import annotations
 
+import functools
+
 import torch
 
 from attention_spec import (
@@ -43,7 +45,6 @@ from attention_spec import (
     check_attention,
     check_block_sizes,
     check_flag,
-    check_grad_output,
 )
 from attention_spec.rules import alibi, block_rules, key_band
 from impl_torch.functional import (
@@ -53,6 +54,7 @@ from impl_torch.functional import (
     _cast,
     _compute_dtype,
     _unattended_zeroed,
+    _vjp_by_autograd,
 )
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "FlashAttention", "flash_attention", "flash_attention_vjp"]
@@ -438,29 +440,12 @@ def flash_attention_vjp(
     Returns ``AttentionGrads(query, key, value, bias, sinks)`` as
     :func:`impl_torch.functional.scaled_dot_product_attention_vjp` does.
     """
-    query, key, value, grad_output, mask, bias, *v2 = _as_tensors(
-        query, key, value, grad_output, mask, bias, q_segment_ids, kv_segment_ids, sinks,
-        alibi_slopes,
-    )  # fmt: skip
-    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
+    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+              alibi_slopes=alibi_slopes)  # fmt: skip
     keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
                     softcap=softcap, window=window)  # fmt: skip
-    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
-    check_block_sizes(block_q, block_k)
-    check_grad_output(dims, grad_output)
-
-    # The differentiated inputs as leaves of a new graph (what was not given stays None).
-    given = {"query": query, "key": key, "value": value, "bias": bias, "sinks": kw["sinks"]}
-    leaves = {n: None if x is None else x.detach().requires_grad_() for n, x in given.items()}
-    with torch.enable_grad():
-        out = flash_attention(
-            leaves["query"], leaves["key"], leaves["value"], mask=mask, bias=leaves["bias"],
-            q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"],
-            sinks=leaves["sinks"], alibi_slopes=kw["alibi_slopes"], block_q=block_q,
-            block_k=block_k, **keywords,
-        )  # fmt: skip
-    wrt = [x for x in leaves.values() if x is not None]
-    grads = torch.autograd.grad(out, wrt, grad_output.to(out.dtype), allow_unused=True,
-                                materialize_grads=True)  # fmt: skip
-    grads = iter(grads)
-    return AttentionGrads(**{n: None if x is None else next(grads) for n, x in leaves.items()})
+    tiled = functools.partial(flash_attention, block_q=block_q, block_k=block_k)
+    return _vjp_by_autograd(
+        tiled, query, key, value, grad_output, mask, bias, v2, keywords,
+        checks=(lambda: check_block_sizes(block_q, block_k),),
+    )  # fmt: skip

@@ -18,6 +18,8 @@ D query/key head dim, E value head dim.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from attention_spec import (
@@ -360,21 +362,55 @@ def scaled_dot_product_attention_vjp(
     exactly zero gradient (the row max is detached; unattended rows are selected away, not
     multiplied by zero). impl_numpy writes the same backward out by hand.
     """
-    query, key, value, grad_output, mask, bias, *v2 = _as_tensors(
-        query, key, value, grad_output, mask, bias, q_segment_ids, kv_segment_ids, sinks,
-        alibi_slopes,
-    )  # fmt: skip
-    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
+    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+              alibi_slopes=alibi_slopes)  # fmt: skip
     keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
                     softcap=softcap, window=window)  # fmt: skip
+    return _vjp_by_autograd(
+        scaled_dot_product_attention, query, key, value, grad_output, mask, bias, v2, keywords
+    )
+
+
+#: The v2 arrays of a call, by keyword (segment ids, sinks, ALiBi slopes).
+_V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
+
+
+def _vjp_by_autograd(
+    forward: Callable[..., torch.Tensor],
+    query: object,
+    key: object,
+    value: object,
+    grad_output: object,
+    mask: object,
+    bias: object,
+    v2: dict[str, object],
+    keywords: dict[str, object],
+    checks: tuple[Callable[[], None], ...] = (),
+) -> AttentionGrads:
+    """The one body of the ``*_vjp`` functions (here and in ``impl_torch.flash``): the inputs as
+    tensors on one device, the call validated (``check_attention``, then ``checks``, the
+    function's own, then the cotangent's shape) before any arithmetic, and the gradients of
+    ``<forward(...), grad_output>`` by ``torch.autograd.grad``.
+
+    ``forward(query, key, value, mask=, bias=, q_segment_ids=, kv_segment_ids=, sinks=,
+    alibi_slopes=, **keywords)`` is differentiated with respect to query, key, value, bias and
+    sinks (those given); ``v2`` holds the four v2 arrays by name, ``keywords`` the scalar
+    arguments (``is_causal``, ``causal_alignment``, ``scale``, ``softcap``, ``window``).
+    """
+    query, key, value, grad_output, mask, bias, *arrays = _as_tensors(
+        query, key, value, grad_output, mask, bias, *(v2[name] for name in _V2_ARRAYS)
+    )
+    kw = dict(zip(_V2_ARRAYS, arrays))
     dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    for check in checks:
+        check()
     check_grad_output(dims, grad_output)
 
     # The differentiated inputs as leaves of a new graph (what was not given stays None).
     given = {"query": query, "key": key, "value": value, "bias": bias, "sinks": kw["sinks"]}
     leaves = {n: None if x is None else x.detach().requires_grad_() for n, x in given.items()}
     with torch.enable_grad():
-        out = scaled_dot_product_attention(
+        out = forward(
             leaves["query"], leaves["key"], leaves["value"], mask=mask, bias=leaves["bias"],
             q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"],
             sinks=leaves["sinks"], alibi_slopes=kw["alibi_slopes"], **keywords,

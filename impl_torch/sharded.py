@@ -400,6 +400,8 @@ def head_parallel_gqa(
     bias: torch.Tensor | None = None,
     is_causal: bool = False,
     causal_alignment: str = "top_left",
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
     group: dist.ProcessGroup | None = None,
 ) -> torch.Tensor:
     """The forward pass of a ``GroupedQueryAttention`` (or ``MultiHeadAttention``) ``module``
@@ -409,24 +411,31 @@ def head_parallel_gqa(
     query heads and the k_proj and v_proj rows of its key/value heads (column-parallel), attends
     on its heads, and applies the o_proj columns of its heads' features (row-parallel), which
     gives a partial ``(B, L, M)``; ``dist.all_reduce`` sums the partials in the compute dtype,
-    then o_proj's bias is added once and the result cast to the module's dtype.
+    then o_proj's bias is added once and the result cast to the module's dtype. The module's v2
+    settings (window, softcap, scale, its ``sinks (H,)`` weight and ALiBi's slopes) apply on
+    every rank, the sinks and slopes split with the query heads.
 
     Args:
         module: an ``impl_torch`` ``GroupedQueryAttention``; n_shards must divide its K.
-        x, context, mask, bias, is_causal, causal_alignment: as in the module's ``forward``.
+        x, context, mask, bias, is_causal, causal_alignment, q_segment_ids, kv_segment_ids: as
+            in the module's ``forward`` (segment ids, with no head axis, go whole to every rank).
         group: the process group (default: the world).
     """
-    x, context, mask, bias = _as_tensors(x, context, mask, bias)
+    x, context, mask, bias, q_ids, kv_ids = _as_tensors(
+        x, context, mask, bias, q_segment_ids, kv_segment_ids
+    )
     check_shard_config(n_shards)
     dims = module.dims
     check_module_inputs(
         dims, dtype_name(module.dtype), x, context, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment,
+        causal_alignment=causal_alignment, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
     r = _rank(n_shards, group)  # this process
     context = x if context is None else context
     ct = _compute_dtype(module.dtype)
+    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    sinks, slopes = v2.pop("sinks"), v2.pop("alibi_slopes")
     D, E = dims.D, dims.E
     Hn, Kn = dims.H // n_shards, dims.K // n_shards  # query and key/value heads per rank
     B, L, _ = x.shape
@@ -448,7 +457,8 @@ def head_parallel_gqa(
     #     RoPE (the module's rope_theta), as in its forward: per head, so per rank too.
     q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-    # P2. attend on this rank's heads: the unsharded contract (mask and bias: its heads).
+    # P2. attend on this rank's heads: the unsharded contract with the module's settings
+    #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
     heads = (r * Hn, (r + 1) * Hn)
     out = scaled_dot_product_attention(
         q,
@@ -458,6 +468,11 @@ def head_parallel_gqa(
         bias=_block(bias, -3, *heads),
         is_causal=is_causal,
         causal_alignment=causal_alignment,
+        q_segment_ids=q_ids,
+        kv_segment_ids=kv_ids,
+        sinks=None if sinks is None else sinks[heads[0] : heads[1]],
+        alibi_slopes=None if slopes is None else slopes[heads[0] : heads[1]],
+        **v2,
     )  # (B, Hn, L, E)
 
     # P3. row-parallel output projection: this rank's heads' features [r*Hn*E ..) meet the same

@@ -70,6 +70,22 @@ def test_jax_grad_matches_finite_differences_and_is_zero_on_masked_rows(numeric_
     np.testing.assert_allclose(np.asarray(gq), numeric_grad, rtol=1e-6, atol=1e-8)
 
 
+def test_jax_grad_under_jit_matches_the_oracle_in_float32():
+    """A jitted training step gets the eager gradients: XLA may round ``s - max`` to just above
+    0 at a row's max, and the clamp that keeps ``exp`` <= 1 must not cut the gradient there
+    (a ``jnp.where`` clamp lost dK of the key every causal row sees first)."""
+    from conformance.oracle import attention_vjp
+
+    rng = np.random.default_rng(0)
+    q, k, v = (x.astype(np.float32) for x in random_qkv(rng, (1,), H, K, L, S, D, E))
+    do = rng.standard_normal((1, H, L, E)).astype(np.float32)
+    golden = attention_vjp(*(x.astype(np.float64) for x in (q, k, v, do)), is_causal=True)
+    step = jax.jit(lambda *a: impl_jax.scaled_dot_product_attention_vjp(*a, is_causal=True))
+    got = step(q, k, v, do)
+    for g, want in zip(got[:3], (golden.query, golden.key, golden.value)):
+        np.testing.assert_allclose(np.asarray(g), want, rtol=1e-4, atol=1e-4)
+
+
 def test_gradient_through_an_all_minus_inf_bias_row_is_zero_not_nan():
     q, k, v, _, bias = _case()
     bias = np.broadcast_to(bias, (H, L, S)).copy()

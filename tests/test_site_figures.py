@@ -135,6 +135,34 @@ def test_missing_scale_figure_shows_variance_growing_as_D():
     assert max(data["grad_scaled"]) < 2 * min(data["grad_scaled"])
 
 
+def test_missing_scale_table_shows_saturation_and_vanishing_score_gradients():
+    """The table of docs/SEMANTICS.md (issue 10, item 6), D = 16 .. 256, 1024 rows each: with
+    1/sqrt(D) the scores keep unit variance, no row saturates and the gradient at the scores
+    stays flat; without it the variance is D, saturated rows and rows whose query gradient has
+    vanished grow with D, the score gradient shrinks and the key gradient concentrates on each
+    row's argmax. The raw size of the unscaled dQ is larger (its keys are not scaled down):
+    asserted too, since the docs say so."""
+    t = figures.missing_scale_table()
+    D = t["D"]
+    assert list(D) == [16, 32, 64, 128, 256]
+    np.testing.assert_allclose(t["var_plain"] / D, 1.0, atol=0.1)  # Var(q . k) = D
+    np.testing.assert_allclose(t["var_scaled"], 1.0, atol=0.1)
+    assert (t["saturated_scaled"] < 0.01).all() and (t["vanished_scaled"] == 0).all()
+    assert (np.diff(t["saturated_plain"]) > 0).all() and t["saturated_plain"][-1] > 0.3
+    assert (np.diff(t["vanished_plain"]) >= 0).all() and t["vanished_plain"][-1] > 0.05
+    np.testing.assert_allclose(t["ds_median_scaled"], 1.0, atol=0.2)  # flat across D
+    assert (np.diff(t["ds_median_plain"]) < 0).all()
+    assert t["ds_median_plain"][-1] < 0.25 * t["ds_median_scaled"][-1]
+    assert (t["dk_nonmax_plain"] < 0.5 * t["dk_nonmax_scaled"]).all()
+    assert (t["dk_nonmax_scaled"] > 0.6).all() and t["dk_nonmax_plain"][-1] < 0.25
+    assert (t["dq_median_plain"] > t["dq_median_scaled"]).all()  # the honest caveat
+    assert (t["dq_rms_plain"] > t["dq_rms_scaled"]).all()
+    table = figures.missing_scale_markdown(t)
+    lines = table.splitlines()
+    assert len(lines) == 2 + len(D) and lines[-1].startswith("| 256 | ")
+    assert all(line.count(" / ") == 7 for line in lines[2:])  # scaled / plain, each column
+
+
 @pytest.mark.slow  # about 5 s: torch's profiler starts, JAX compiles four programs
 def test_memory_wall_measures_the_scores_the_plain_path_holds():
     lengths, H, D = (128, 256), 2, 16

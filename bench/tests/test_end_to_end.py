@@ -37,6 +37,30 @@ def test_gates_only_runs_each_distinct_gate_once():
     assert {g["status"] for g in late} == {"not run"}
 
 
+def test_gates_on_a_gpu_box_check_the_kernel_rows_on_their_own_ports(monkeypatch):
+    """``--gates-only`` on CUDA (faked: the framework devices of a GPU box) gates ``triton
+    flash`` and ``pallas flash`` on their ports' flash fixtures, next to a pinned torch
+    backend's gate; on the CPU there is no such gate (the rows are CUDA-only)."""
+    import bench.__main__ as cli
+
+    from .helpers import fake_gpu
+
+    monkeypatch.setattr(cli, "framework_device", fake_gpu)
+    rows = tuple(row_by_name(n) for n in ("torch F.sdpa[flash]", "triton flash", "pallas flash"))
+    qc, calls = stub(True, 8)
+    got = run_gates("cuda", rows, GateCache(quick_check=qc))
+    assert [(g["port"], g["op"], g["pin"], g["rows"]) for g in got] == [
+        ("conformance.ports.torch_fused", "sdpa", "flash", ["torch F.sdpa[flash]"]),
+        ("conformance.ports.triton_flash", "flash", None, ["triton flash"]),
+        ("conformance.ports.pallas_flash", "flash", None, ["pallas flash"]),
+    ]
+    assert [c[:3] for c in calls if "_flash" in c[0]] == [
+        ("conformance.ports.triton_flash", "cuda", "flash"),
+        ("conformance.ports.pallas_flash", "cuda", "flash"),
+    ]
+    assert run_gates("cpu", rows, GateCache(quick_check=qc)) == []
+
+
 def test_no_case_starts_once_the_budget_is_spent():
     w = Workload("attention", B, H, K, L, S, D, E)
     session = session_of(stub(True, 8)[0], w)
@@ -61,8 +85,11 @@ def test_python_m_bench_smoke_run_end_to_end(tmp_path):
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     res = load_results(out)
     rows = [r for r in res["records"] if r["kind"] == "row"]
-    assert {r["row"] for r in rows} == {"numpy sdpa", "torch F.sdpa"}
-    assert len(rows) == 2 * len(grid("cpu", "smoke"))
+    # "numpy sdpa" names its training step too: each pair on its own op's smoke workloads
+    names = {"numpy sdpa", "torch F.sdpa", "numpy sdpa train", "torch F.sdpa train"}
+    assert {r["row"] for r in rows} == names
+    smoke = grid("cpu", "smoke")
+    assert len(rows) == 2 * len(smoke) and {w.op for w in smoke} == {"attention", "train"}
     for r in rows:
         assert r["gate"] is not None
         assert (r["status"] == "ok") == (r["gate"]["status"] == "passed")

@@ -120,3 +120,33 @@ def test_a_goal_whose_row_fails_its_gate_is_not_timed():
         session.run_goal(case)
     rec = session.records["goal|y"]
     assert rec.status == "failed" and "numpy sdpa" in rec.reason and "ratios" not in rec.goal
+
+
+def test_a_memory_goal_measures_both_paths_once_and_decides_on_bytes(monkeypatch):
+    """The memory goal of a tiled training step: the row's peak extra bytes (one call) against
+    the limit, the plain path's beside it; a plain path that cannot fit is named, not run."""
+    from bench import session as session_mod
+
+    a, b = row_by_name("numpy flash train"), row_by_name("numpy sdpa train")
+    w = Workload("train", 1, H, K, 768, 768, D, E)  # longer than a block of either path
+    qc, calls = stub(True, 8)
+
+    def run(limit, budget=None):
+        goal = Goal("memory", limit, b.name, op="train")
+        case = Case("goal|m", "goal", "numpy", "cpu", a, w, goal=goal,
+                    pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+        monkeypatch.setattr(session_mod, "memory_budgets", lambda d: {"numpy": budget})
+        s = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc), cases=[],
+                         goal_cases=[case])  # fmt: skip
+        s.run_goal(case)
+        return s.records["goal|m"].goal
+
+    g = run(2**30)
+    assert g["status"] == "met" and 0 < g["a_peak_bytes"] < g["b_peak_bytes"]
+    assert g["b_peak_bytes"] > w.B * w.H * w.L * w.S * 4  # the plain path holds the scores
+    assert g["a_memory_method"] == "tracemalloc - O, grads"
+    assert run(1024)["status"] == "missed"  # a tiled step needs more than 1 KiB
+    small = run(2**30, budget=2 * w.input_bytes())  # the plain path's scores would not fit
+    assert small["b_peak_bytes"] is None and "not run: needs" in small["b_memory_method"]
+    assert small["status"] == "met"
+    assert sorted({c[2] for c in calls}) == ["flash_grad", "grad"]

@@ -15,7 +15,13 @@ from bench.__main__ import pytest_args, select_rows
 from bench.devices import resolve_device, set_tf32, tf32_state
 from bench.rows import ROWS, Row, row_by_name
 from bench.session import HOST_LIMIT, build_cases, build_goal_cases, estimate_bytes
-from bench.workloads import GOAL_WORKLOAD, Workload, grid
+from bench.workloads import (
+    GOAL_WORKLOAD,
+    TRAIN_GOAL_WORKLOAD,
+    TRAIN_MEMORY_WORKLOAD,
+    Workload,
+    grid,
+)
 
 from .helpers import fake_gpu, plan
 
@@ -192,6 +198,11 @@ def test_rows_are_derived_from_their_targets():
     assert row_by_name("jax sdpa").gate_alias == "sdpa"
     assert row_by_name("torch GQA module").gate_alias == "module"
     assert row_by_name("torch nn.MHA").gate_alias == "sdpa"  # gated through torch_fused
+    for fw in ("numpy", "torch", "jax"):  # training steps: on the gradient fixtures
+        assert row_by_name(f"{fw} sdpa train").gate_alias == "grad"
+        assert row_by_name(f"{fw} flash train").gate_alias == "flash_grad"
+    assert (row_by_name("torch F.sdpa train").gate_port, row_by_name("torch F.sdpa train")
+            .gate_alias) == ("conformance.ports.torch_fused", "grad")  # fmt: skip
     for fw in ("numpy", "torch", "jax"):  # stepped through init_cache/decode on the fixtures
         row = row_by_name(f"{fw} decode")
         assert (row.gate_port, row.gate_alias) == (f"impl_{fw}", "decode")
@@ -221,8 +232,10 @@ def test_pinned_rows_are_gated_on_their_own_kernel():
 
 
 def test_select_rows_keeps_the_reference_kernels():
-    chosen = [r.name for r in select_rows("numpy sdpa")]
-    assert chosen == ["numpy sdpa", "torch F.sdpa"]
+    chosen = [r.name for r in select_rows("numpy sdpa")]  # a substring: its training step too
+    assert chosen == ["numpy sdpa", "torch F.sdpa", "numpy sdpa train", "torch F.sdpa train"]
+    chosen = [r.name for r in select_rows("jax flash train")]  # the memory goal's plain path too
+    assert chosen == ["jax sdpa train", "jax flash train", "jax.nn.dpa[xla] train"]
     with pytest.raises(SystemExit):
         select_rows("no such row")
 
@@ -239,7 +252,7 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     has the goal workload (and its causal twin) and whose rows include both."""
     quick = grid("cpu", "quick")
     cases = build_goal_cases("cpu", quick, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None)
-    assert len(cases) == sum(len(r.goals) for r in ROWS) == 20
+    assert len(cases) == sum(len(r.goals) for r in ROWS) == 26
     decode = [c for c in cases if c.row.name == "torch decode"]  # 2 steps vs fused, 1 rolling
     assert [c.goal.kind for c in decode] == ["ratio", "ratio", "rolling"]
     (a, wa, _), (b, wb, _) = decode[1].pair
@@ -256,8 +269,45 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     assert (a.name, b.name, wa, wb) == ("numpy sdpa", "torch F.sdpa", GOAL_WORKLOAD, GOAL_WORKLOAD)
     (a, wa, _), (b, wb, _) = by[("jax flash", "causal")].pair
     assert a is b and wa.is_causal and not wb.is_causal and wa.L == wb.L == 2048
+    (a, wa, _), (b, wb, _) = by[("torch flash train", "ratio")].pair
+    assert (a.name, b.name, wa, wb) == ("torch flash train", "torch F.sdpa train",
+                                        TRAIN_GOAL_WORKLOAD, TRAIN_GOAL_WORKLOAD)  # fmt: skip
+    (a, wa, _), (b, wb, _) = by[("jax flash train", "memory")].pair
+    assert (a.name, b.name) == ("jax flash train", "jax sdpa train")  # the plain path beside it
+    assert wa == wb == TRAIN_MEMORY_WORKLOAD and wa not in quick and wa.L == 8192
+    no_train = [w for w in quick if w.op != "train"]  # no training steps: no training goals
+    assert not [
+        c
+        for c in build_goal_cases(
+            "cpu", no_train, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None
+        )
+        if c.goal.op == "train"
+    ]
     assert build_goal_cases("cpu", grid("cpu", "smoke"), ROWS, fdevice_of=fake_gpu) == []
     assert build_goal_cases("cuda", grid("cuda", "quick"), ROWS, fdevice_of=fake_gpu) == []
     some = build_goal_cases("cpu", quick, select_rows("numpy sdpa"), fdevice_of=fake_gpu,
                             resolve_error=lambda r: None)  # fmt: skip
     assert [c.id for c in some] == ["goal|numpy_sdpa|<=_2.5x_torch_F.sdpa"]
+
+
+def test_kernel_port_rows_are_planned_for_cuda_only_next_to_the_fused_backends():
+    """issue 15: ``triton flash`` (torch tensors) and ``pallas flash`` (JAX arrays) are rows of a
+    GPU box's plan, beside torch's flash/efficient/cudnn backends and ``jax.nn.dpa[cudnn]``,
+    each gated on its own port's ``flash`` fixtures; a CPU plan has neither (there they would
+    only run in an interpreter)."""
+    kernels = {
+        "triton flash": ("torch", "conformance.ports.triton_flash", "torch F.sdpa"),
+        "pallas flash": ("jax", "conformance.ports.pallas_flash", "jax.nn.dpa[xla]"),
+    }
+    for name, (fw, port, ref) in kernels.items():
+        row = row_by_name(name)
+        assert (row.framework, row.gate_port, row.gate_alias) == (fw, port, "flash")
+        assert (row.devices, row.kind, row.gate_pin, row.ref) == (("cuda",), "baseline", None, ref)
+    cases = [c for c in plan("cuda", grid("cuda", "full"), memory=80 * 2**30) if c.row]
+    mine = {(c.row.name, c.fdevice) for c in cases if c.row.name in kernels}
+    assert mine == {("triton flash", "cuda"), ("pallas flash", "gpu")}
+    fused = {c.row.name for c in cases}
+    assert {"torch F.sdpa[flash]", "torch F.sdpa[cudnn]", "jax.nn.dpa[cudnn]"} <= fused
+    assert not [c for c in cases if c.row.name in kernels and c.workload.window is not None]
+    cpu = {c.row.name for c in plan("cpu", grid("cpu", "quick")) if c.row}
+    assert not cpu & set(kernels)

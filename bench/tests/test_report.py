@@ -207,3 +207,28 @@ def test_decode_rows_are_reported_with_their_cache_and_plotted_against_p(tmp_pat
     assert "KV cache 16 MiB" in out  # MHA at P=4096: 8 heads x 4097 tokens x 128 x 4 bytes
     assert "KV cache 4 MiB (K/H = 2/8 of MHA's)" in out
     assert [p.name for p in plot_results(res, tmp_path)] == ["time_vs_seq.png", "memory_vs_seq.png"]
+
+
+def test_a_memory_goal_is_reported_in_bytes_with_the_plain_path_beside_it():
+    from bench.rows import row_by_name
+    from bench.session import Record
+    from bench.workloads import TRAIN_MEMORY_WORKLOAD
+
+    goal = next(g for g in row_by_name("numpy flash train").goals if g.kind == "memory")
+    info = {"kind": "memory", "limit": goal.limit, "ref": goal.ref, "text": goal.text(),
+            "a": {"row": "numpy flash train"}, "b": {"row": "numpy sdpa train"},
+            "a_peak_bytes": 14 * 2**20, "a_memory_method": "tracemalloc - O, grads",
+            "b_peak_bytes": 6 * 2**30, "b_memory_method": "tracemalloc - O, grads",
+            "status": "met"}  # fmt: skip
+    r = Record(case_id="goal|m", kind="goal", row="numpy flash train", row_kind="impl",
+               framework="numpy", device="cpu", status="ok",
+               workload=TRAIN_MEMORY_WORKLOAD.to_dict(), goal=info).to_dict()  # fmt: skip
+    res = results_of(goals=[r])
+    g = next(x for x in res["goals"] if x["row"] == "numpy flash train" and x["kind"] == "memory")
+    assert (g["status"], g["a_peak_bytes"], g["b_peak_bytes"]) == ("met", 14 * 2**20, 6 * 2**30)
+    assert "ratio" not in g and g["detail"] == "14 MiB (numpy sdpa train: 6 GiB)"
+    text = _text(res)
+    assert "peak extra < 64 MiB at L=S=8192" in text and "14 MiB (numpy sdpa train: 6 GiB)" in text
+    time_goal = next(x for x in res["goals"] if x["row"] == "torch flash train")
+    assert time_goal["status"] == "not measured"  # no record: stated on train L=S=2048
+    assert time_goal["workload"] == "train MHA B1 H8 L=S=2048 D64 f32"

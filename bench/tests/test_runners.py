@@ -51,6 +51,25 @@ def test_runner_wiring_matches_a_float64_reference(name):
     np.testing.assert_allclose(out, reference_sdpa(q, k, v, causal=True), rtol=2e-5, atol=2e-5)
 
 
+@pytest.mark.parametrize("name", ["triton flash", "pallas flash"])
+def test_kernel_port_rows_are_wired_under_the_cpu_interpreter(name):
+    """The CUDA-only kernel rows, prepared here on a CPU with a tiny workload (Triton's
+    interpreter on torch tensors, Pallas's on JAX arrays under jit): the runner builds their
+    inputs in the kernel's framework and its callable computes causal GQA attention."""
+    row = row_by_name(name)
+    pytest.importorskip("triton" if row.framework == "torch" else "jax")
+    w = Workload("attention", B, H, K, L, S, D, E, True, "float32")
+    p = runners.prepare(row, w, "cpu")
+    q, k, v = p.inputs
+    framework = pytest.importorskip(row.framework)
+    array = framework.Tensor if row.framework == "torch" else framework.Array
+    assert all(isinstance(x, array) for x in (q, k, v))
+    assert p.layout == "heads_first" and (p.compile_s is None) == (row.framework == "torch")
+    out = to_np(p.call())
+    assert out.shape == (B, H, L, E)
+    np.testing.assert_allclose(out, reference_sdpa(q, k, v, causal=True), rtol=2e-5, atol=2e-5)
+
+
 _MODULES = [r.name for r in ROWS if r.workloads == "module" and "cpu" in r.devices]
 
 
@@ -424,3 +443,68 @@ def test_a_peak_case_records_its_precision():
     session.tf32 = "on"
     session.run_case(case, FakeBenchmark())
     assert session.records[case.id].matmul["precision"] == "tf32"
+
+
+# ------------------------------------------------------------------------------ training steps
+
+_TRAIN = [r.name for r in ROWS if r.workloads == "train" and "cpu" in r.devices]
+
+
+@pytest.mark.parametrize("name", _TRAIN)
+def test_training_step_rows_return_the_oracle_s_gradients(name):
+    """Each training-step row returns (dQ, dK, dV) of its own inputs and grad_output, as the
+    float64 oracle's backward derives them (GQA 6:2, causal, D != E where the kernel allows)."""
+    from conformance.oracle import attention_vjp
+
+    row = row_by_name(name)
+    if row.framework in ("torch", "jax"):
+        pytest.importorskip(row.framework)
+    e = D if row.call in ("jax_dpa_train", "torch_sdpa_train") else E
+    w = Workload("train", 1, H, K, L, S, D, e, True, "float32")
+    p = runners.prepare(row, w, "cpu")
+    grads = [to_np(g) for g in p.call()[:3]]
+    q, k, v, do = (to_np(x) for x in p.inputs)
+    if p.layout == "train_heads_second":  # (B, L, H, D) -> (B, H, L, D)
+        q, k, v, do, *grads = (np.swapaxes(x, 1, 2) for x in (q, k, v, do, *grads))
+    golden = attention_vjp(*(x.astype(np.float64) for x in (q, k, v, do)), is_causal=True)
+    for got, want in zip(grads, (golden.query, golden.key, golden.value)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_torch_trace_probe_sees_the_peak_inside_an_autograd_function():
+    """A training step runs inside outer records whose net self memory is negative (they free
+    what their children allocated); the per-op probe places that at their start and misses the
+    peak, the allocator trace does not."""
+    torch = pytest.importorskip("torch")
+
+    class Scratch(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            tmp = torch.ones(1024, 1024)  # 4 MiB alive inside the node, freed before it ends
+            y = x * tmp.sum()
+            del tmp
+            return y
+
+        @staticmethod
+        def backward(ctx, g):
+            return g
+
+    x = torch.ones(4)
+
+    def fn():
+        return Scratch.apply(x)
+
+    got, method = runners.peak_memory_torch_cpu_trace(fn)
+    assert method == "torch.profiler allocations"
+    assert 4 * 2**20 <= got < 4 * 2**20 + 64 * 1024
+
+
+def test_training_step_memory_is_counted_beyond_output_and_gradients(monkeypatch):
+    """The probe's peak less the bytes of O, dQ, dK, dV (Workload.result_bytes)."""
+    w = Workload("train", 1, H, K, L, S, D, E)
+    n = B * H * L * (D + E) + B * K * S * (D + E)
+    assert w.result_bytes() == (H * L * (D + E) + K * S * (D + E)) * 4 != n * 4
+    monkeypatch.setattr(runners, "peak_memory_numpy", lambda fn: (w.result_bytes() + 123, "t"))
+    p = runners.prepare(row_by_name("numpy flash train"), w, "cpu")
+    assert p.memory() == (123, "t - O, grads")

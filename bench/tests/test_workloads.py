@@ -6,12 +6,14 @@ import pytest
 
 from bench.workloads import (
     GOAL_WORKLOAD,
+    TRAIN_GOAL_WORKLOAD,
     Workload,
     allowed_pairs,
     attention_flops,
     decode_flops,
     grid,
     module_flops,
+    train_flops,
 )
 
 from .helpers import B, D, E, H, K, L, M, S
@@ -52,6 +54,23 @@ def test_module_flops_add_the_four_projections():
     proj = 2 * B * (L * M * H * D + S * M * K * D + S * M * K * E + L * H * E * M)
     a_dense, a_useful = attention_flops(B, H, L, S, D, E, is_causal=True)
     assert (dense, useful) == (proj + a_dense, proj + a_useful)
+
+
+def test_a_training_step_counts_six_matmuls_and_its_gradients():
+    """Forward: q k^T and w v; backward: dV = P^T dO, dP = dO V^T (L*S*E each), dQ = dS K and
+    dK = dS^T Q (L*S*D each); the tiled backward's recomputed q k^T is not counted."""
+    dense, useful = train_flops(B, H, L, S, D, E, is_causal=True)
+    assert dense == 2 * B * H * L * S * (D + E) + 2 * B * H * L * S * (2 * D + 2 * E)
+    assert useful == 3 * 2 * B * H * 15 * (D + E)  # 15 allowed pairs, as in the forward
+    w = Workload("train", B, H, K, L, S, D, E, True)
+    assert w.flops() == (dense, useful)
+    assert w.id == "train.gqa.b2.h6.k2.l5.s7.d11.e13.f32.causal"
+    assert w.label.startswith("train GQA 6:2") and w.series.startswith("train ")
+    grads = B * H * L * D + B * K * S * (D + E)  # dQ, dK, dV
+    assert w.result_bytes() == (grads + B * H * L * E) * 4  # and the output
+    fwd = Workload("attention", B, H, K, L, S, D, E, True)
+    assert w.input_bytes() == fwd.input_bytes() + (B * H * L * E + grads + B * H * L * E) * 4
+    assert fwd.result_bytes() == 0
 
 
 def test_workload_fields_and_ids():
@@ -104,6 +123,9 @@ def test_quick_cpu_grid_holds_the_goal_workloads():
     ws = grid("cpu", "quick")
     assert GOAL_WORKLOAD in ws
     assert Workload(**{**GOAL_WORKLOAD.__dict__, "is_causal": True}) in ws
+    assert TRAIN_GOAL_WORKLOAD in ws and {w.L for w in grid("cpu", "full") if w.op == "train"} >= {
+        2048, 8192,
+    }  # fmt: skip
     lengths = {w.L for w in ws if w.op == "attention"}
     assert min(lengths) == 256 and max(lengths) == 4096
     assert {w.variant.split()[0] for w in ws} == {"MHA", "GQA", "MQA"}
@@ -149,7 +171,7 @@ def test_the_small_cuda_grid_gives_every_row_a_workload():
 
     small = grid("cuda", "small")
     assert len(small) <= 16 and len({w.id for w in small}) == len(small)
-    assert {w.op for w in small} == {"attention", "module", "decode"}
+    assert {w.op for w in small} == {"attention", "module", "decode", "train"}
     assert {"bfloat16", "float16", "float32"} <= {w.dtype for w in small}
     assert max(w.L * w.S for w in small if w.op == "attention") <= 4096 * 4096
     for row in ROWS:

@@ -7,8 +7,8 @@ the manifest's module spec (the keywords of ``from_canonical``), the sinks among
 The golden is the oracle's module forward (``conformance.oracle.module_forward``, float64, its own
 ALiBi slopes). Decode cases of a module with a window are also fed through a rolling cache
 (:data:`~conformance.cases.decode.ROLLING_CHUNKINGS`): ``min(left + 1, max_len)`` slots.
-The module cases run against ``module`` only, not ``head_parallel_gqa``, whose sharded forward
-does not carry a module's v2 settings yet.
+The module cases run against ``module`` and ``head_parallel_gqa``, whose sharded forward carries
+the module's v2 settings (the sinks and slopes split with the query heads, segment ids whole).
 """
 
 from __future__ import annotations
@@ -41,7 +41,7 @@ def _with_sinks(rng, weights: dict, h: int = H) -> dict:
     return weights | {"sinks": normal(rng, h) * 0.5 + np.arange(h) / 2.0 - 1.0}
 
 
-@case("module", "v2.window.causal.gqa", LOW, functions=("module",))
+@case("module", "v2.window.causal.gqa", LOW)
 def module_window_causal(rng, dtype):
     """Self-attention, causal, window=(2, 0): query i sees keys i-2..i (three keys, flash-attn's
     inclusive rule). A window of W keys instead of W + 1 drops key i - 2."""
@@ -50,7 +50,7 @@ def module_window_causal(rng, dtype):
                       options={"window": [2, 0]})  # fmt: skip
 
 
-@case("module", "v2.window.cross.bottom_right.l5_s7", functions=("module",))
+@case("module", "v2.window.cross.bottom_right.l5_s7")
 def module_window_cross(rng, dtype):
     """Cross-attention L = 5, S = 7, not causal, window=(1, 1) with causal_alignment bottom_right:
     the band sits on the diagonal j = i + 2 (query i sees keys i+1..i+3). A port that places the
@@ -61,7 +61,7 @@ def module_window_cross(rng, dtype):
                       options={"window": [1, 1]})  # fmt: skip
 
 
-@case("module", "v2.sinks.gqa.padding", LOW, functions=("module",))
+@case("module", "v2.sinks.gqa.padding", LOW)
 def module_sinks(rng, dtype):
     """sinks=True (the weights hold ``sinks (H,)``), cross-attention with a padding mask: every
     row's weights sum to less than one; example 1 sees 4 of 7 keys. A module that ignores its
@@ -71,7 +71,7 @@ def module_sinks(rng, dtype):
                       keywords={"return_weights": True})  # fmt: skip
 
 
-@case("module", "v2.alibi.mha.causal", LOW, functions=("module",))
+@case("module", "v2.alibi.mha.causal", LOW)
 def module_alibi(rng, dtype):
     """MultiHeadAttention (H = 6, not a power of two) with alibi=True: the slopes of 4 heads, then
     every other slope of 8 (``alibi_slopes(6)``), causal self-attention."""
@@ -80,14 +80,23 @@ def module_alibi(rng, dtype):
                       options={"alibi": True})  # fmt: skip
 
 
-@case("module", "v2.softcap.gqa", functions=("module",))
+@case("module", "v2.softcap.gqa")
 def module_softcap(rng, dtype):
     """softcap=0.5 (Gemma 2's logit cap, small enough to bend these scores), cross-attention."""
     return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
                       context=normal(rng, MB, MS, MM), options={"softcap": 0.5})  # fmt: skip
 
 
-@case("module", "v2.segments.packed.causal", LOW, functions=("module",))
+@case("module", "v2.scale.gqa")
+def module_scale(rng, dtype):
+    """scale=1.5 (three times the default 1/sqrt(D) = 1/2), causal self-attention with the
+    weights returned: a module that keeps the default scale gives flatter weights."""
+    return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
+                      keywords={"is_causal": True, "return_weights": True},
+                      options={"scale": 1.5})  # fmt: skip
+
+
+@case("module", "v2.segments.packed.causal", LOW)
 def module_segments(rng, dtype):
     """Packed prefill: self-attention over two documents per row (example 0: 2 + 3 tokens,
     example 1: 4 + 1), causal, with q_segment_ids = kv_segment_ids. A query of the second document
@@ -98,7 +107,7 @@ def module_segments(rng, dtype):
                       q_segment_ids=ids, kv_segment_ids=ids)  # fmt: skip
 
 
-@case("module", "v2.gpt_oss_like.rope_window_sinks", functions=("module",))
+@case("module", "v2.gpt_oss_like.rope_window_sinks")
 def module_gpt_oss_like(rng, dtype):
     """Every setting of a gpt-oss sliding layer at once: RoPE (theta 100), window=(1, 0), sinks,
     GQA 6:2, causal, with the weights returned."""

@@ -13,7 +13,10 @@ functions live here, in :mod:`conformance.ports.torch_adapter` and
 The frameworks' own fused kernels are ports too (:mod:`conformance.ports.torch_fused`,
 :mod:`conformance.ports.jax_fused`, and, with the ``frameworks`` extra,
 :mod:`conformance.ports.mlx_fast`, :mod:`conformance.ports.keras_ops` and
-:mod:`conformance.ports.keras_ops_torch`), with their known deviations from the contract in
+:mod:`conformance.ports.keras_ops_torch`), flax's attention function
+(:mod:`conformance.ports.flax_nnx`) and, with the ``onnx`` extra, the ONNX ``Attention``
+operator on its reference evaluator (:mod:`conformance.ports.onnx_ref`), with their known
+deviations from the contract in
 ``<name>.xfails`` next to them: any port's ``<module>.xfails`` file, beside its source, is its
 list of known failures.
 """
@@ -36,4 +39,6 @@ SHORT_NAMES: dict[str, str] = {
     "mlx_fast": "conformance.ports.mlx_fast",
     "keras_ops": "conformance.ports.keras_ops",
     "keras_ops_torch": "conformance.ports.keras_ops_torch",
+    "flax_nnx": "conformance.ports.flax_nnx",
+    "onnx_ref": "conformance.ports.onnx_ref",
 }

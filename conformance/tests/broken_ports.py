@@ -199,6 +199,22 @@ BUGS: dict[str, tuple[str, str]] = {
         "module: the learned sinks weight is loaded but never passed to the attention",
         "module.v2.sinks.gqa.padding.float32",
     ),
+    "module_window_ignored": (
+        "module: window= is validated and stored but never passed to the attention",
+        "module.v2.window.causal.gqa.float32",
+    ),
+    "module_alibi_ignored": (
+        "module: alibi=True is accepted but no slopes are passed to the attention",
+        "module.v2.alibi.mha.causal.float32",
+    ),
+    "module_softcap_ignored": (
+        "module: softcap= is accepted but the scores are never capped",
+        "module.v2.softcap.gqa.float32",
+    ),
+    "module_scale_ignored": (
+        "module: scale= is accepted but the attention uses the default 1/sqrt(D)",
+        "module.v2.scale.gqa.float32",
+    ),
     "rope_decode_not_offset": (
         "decode: new tokens rotated at 0 .. L-1, not cache.position + 0 .. L-1",
         "decode.rope.gqa.h6_k2.tokens.float32",
@@ -588,8 +604,13 @@ def _modules(bug: str | None, scaled_dot_product_attention, attention_weights, a
             ct = np.float64 if self.dtype == np.float64 else np.float32
             sinks = self.w.get("sinks") if bug != "module_sinks_ignored" else None
             slopes = np.array(alibi_slope_values(self.dims.H), ct) if o.alibi else None
-            keywords |= dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=sinks,
-                             alibi_slopes=slopes)  # fmt: skip
+            keywords |= dict(
+                window=None if bug == "module_window_ignored" else o.window,
+                softcap=None if bug == "module_softcap_ignored" else o.softcap,
+                scale=None if bug == "module_scale_ignored" else o.scale,
+                alibi_slopes=None if bug == "module_alibi_ignored" else slopes,
+                sinks=sinks,
+            )
             out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
             y = self._linear("o_proj", self._merge(out))  # (B, L, M)
             if not return_weights:

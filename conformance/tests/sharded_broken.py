@@ -95,6 +95,15 @@ BUGS: dict[str, tuple[str, str]] = {
         "every device takes the first H/n sinks (and slopes), not those of its query heads",
         "head_parallel.n2.sinks.basic.float32",
     ),
+    "head_parallel_gqa_settings_dropped": (
+        "the head-parallel module attends with the functional defaults: its window, sinks, "
+        "ALiBi, softcap and scale never reach the devices",
+        "head_parallel_gqa.n2.v2.window.causal.gqa.float32",
+    ),
+    "head_parallel_gqa_sinks_whole": (
+        "every device takes the module's first H/n sinks (and slopes), not its query heads'",
+        "head_parallel_gqa.n2.v2.sinks.gqa.padding.float32",
+    ),
 }
 
 
@@ -247,6 +256,24 @@ def _head_parallel(
     return np.concatenate(outs, axis=-3)
 
 
+def _head_parallel_gqa(module, x, context=None, *, n_shards, bug=None, **kw):
+    """``impl_numpy.sharded.head_parallel_gqa``, or with the module's v2 settings dropped, or
+    with every device given the module's first H/n sinks and slopes (tiled n times, which the
+    real code then splits by heads)."""
+    if bug not in ("head_parallel_gqa_settings_dropped", "head_parallel_gqa_sinks_whole"):
+        return sharded.head_parallel_gqa(module, x, context, n_shards=n_shards, **kw)
+    v2 = module._v2_keywords()
+    if bug == "head_parallel_gqa_settings_dropped":
+        v2 = dict.fromkeys(v2)  # every setting None: the functional defaults
+    else:
+        Hn = module.dims.H // n_shards
+        for name in ("sinks", "alibi_slopes"):
+            if v2[name] is not None:
+                v2[name] = np.tile(v2[name][:Hn], n_shards)  # (H,): device r reads [:Hn]
+    with mock.patch.object(module, "_v2_keywords", lambda: dict(v2)):
+        return sharded.head_parallel_gqa(module, x, context, n_shards=n_shards, **kw)
+
+
 def make_port(bug: str | None) -> SimpleNamespace:
     """The sharded functions with ``bug`` (a key of :data:`BUGS`, or None for none), as a port
     the conformance runner takes (``functions=SHARDED_ALIASES``)."""
@@ -257,11 +284,14 @@ def make_port(bug: str | None) -> SimpleNamespace:
     def head_parallel_attention(query, key, value, *, n_shards, **kw):
         return _head_parallel(query, key, value, n_shards=n_shards, bug=bug, **kw)
 
+    def head_parallel_gqa(module, x, context=None, *, n_shards, **kw):
+        return _head_parallel_gqa(module, x, context, n_shards=n_shards, bug=bug, **kw)
+
     return SimpleNamespace(
         __name__=f"sharded_broken.{bug}",
         GroupedQueryAttention=impl_numpy.GroupedQueryAttention,  # for head_parallel_gqa
         MultiHeadAttention=impl_numpy.MultiHeadAttention,
         ring_attention=ring_attention,
         head_parallel_attention=head_parallel_attention,
-        head_parallel_gqa=sharded.head_parallel_gqa,
+        head_parallel_gqa=head_parallel_gqa,
     )

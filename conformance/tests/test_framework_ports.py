@@ -143,6 +143,67 @@ def _check_strict(report: Report) -> None:
     assert counts["pass"] > 0 and counts["xfail"] > 0
 
 
+# flax: nnx.dot_product_attention (nnx.MultiHeadAttention's attention_fn), which without dropout
+# calls jax.nn.dot_product_attention with bias, mask and is_causal only.
+
+_FLAX_PINNED = (
+    "sdpa.window.both.bottom_right.float32",  # a window is a mask built here: either diagonal
+    "sdpa.window.fully_masked_rows.l9_s5.float32",
+    "sdpa.scale.custom.float32",  # no scale argument: the query carries it
+    "sdpa.gqa.h6_k2.float32",  # E != D: zero columns, and the scale of the unpadded D
+    "sdpa.alibi.pow2.h8.float32",
+    "sdpa.segments.two_docs.float32",
+    "sdpa.sinks.basic.float32",
+)
+
+
+@functools.cache
+def _flax_report() -> Report:
+    pytest.importorskip("flax")
+    return run_suite("conformance.ports.flax_nnx", select=lambda run: run.id in _FLAX_RUNS)
+
+
+_FLAX_RUNS = set(_subset(_FLAX_PINNED))
+
+
+def test_flax_deviations_are_exactly_the_xfails() -> None:
+    report = _flax_report()
+    _check_strict(report)
+    status = {o.run_id: o.status for o in report.outcomes}
+    assert status["sdpa.window.both.bottom_right.float32"] == "pass"  # jax_fused: xfail
+    assert status["sdpa.window.fully_masked_rows.l9_s5.float32"] == "xfail"  # uniform rows
+    for run_id in ("sdpa.scale.custom.float32", "sdpa.gqa.h6_k2.float32"):
+        assert status[run_id] == "pass"
+    assert status["sdpa.sinks.basic.float32"] == "xfail"
+
+
+# ONNX: the Attention operator (opset 25) on onnx's reference evaluator, every sdpa and weights
+# run (NumPy underneath, seconds).
+
+
+@functools.cache
+def _onnx_report() -> Report:
+    pytest.importorskip("onnx")
+    return run_suite("conformance.ports.onnx_ref", functions=["sdpa", "weights"])
+
+
+def test_onnx_deviations_are_exactly_the_xfails() -> None:
+    report = _onnx_report()
+    _check_strict(report)
+    status = {o.run_id: o.status for o in report.outcomes}
+    assert status["sdpa.fully_masked.bool_row.float32"] == "pass"  # zeros, as the contract
+    assert status["sdpa.window.left_only.float32"] == "pass"  # its own window attributes
+    assert status["sdpa.window.both.bottom_right.float32"] == "xfail"  # top-left only
+    assert status["sdpa.softcap.cap2_neg_inf_bias.float32"] == "pass"  # softcap before the mask
+
+
+def test_onnx_applies_the_scale_as_its_square_root_on_query_and_key() -> None:
+    """A negative scale is NaN in ONNX's reference (sqrt(scale) times Q and times K), where the
+    contract negates the scores."""
+    (outcome,) = [o for o in _onnx_report().outcomes if o.run_id == "sdpa.scale.negative.float32"]
+    assert outcome.status == "xfail" and "got nan" in outcome.message
+
+
 # MLX: mx.fast.scaled_dot_product_attention, in this process (MLX imports in a second).
 
 
@@ -373,6 +434,8 @@ def test_keras_on_torch_masks_by_a_large_negative_bias_and_refuses_mask_with_bia
 _V2_PORTS: dict[str, tuple[str, ...]] = {
     "torch_fused": ("sdpa", "weights"),
     "jax_fused": ("sdpa", "weights"),
+    "flax_nnx": ("sdpa", "weights"),
+    "onnx_ref": ("sdpa", "weights"),
     "mlx_fast": ("sdpa", "weights"),
     "keras_ops": ("sdpa", "weights"),
     "keras_ops_torch": ("sdpa", "weights"),

@@ -263,6 +263,99 @@ def missing_scale_data(
     return out
 
 
+#: The head dims of the missing-scale table (docs/SEMANTICS.md, "The default scale, measured").
+SCALE_TABLE_DIMS = (16, 32, 64, 128, 256)
+#: A row is saturated when its largest weight exceeds this.
+SATURATED = 0.99
+#: A row's query gradient has vanished when its norm is below this share of the scaled run's
+#: median row norm at the same D.
+VANISHED = 1e-3
+
+
+def missing_scale_table(
+    dims: tuple[int, ...] = SCALE_TABLE_DIMS, H: int = 8, L: int = 128, S: int = 128, E: int = 64
+) -> dict[str, Any]:
+    """The missing scale, measured (issue 10, item 6): for each D, seeded standard-normal
+    ``q (1, H, L, D)``, ``k (1, H, S, D)``, ``v (1, H, S, E)`` and ``grad_output (1, H, L, E)``,
+    with scale 1 (``plain``) and ``1/sqrt(D)`` (``scaled``):
+
+    - ``var``: the variance of the scores ``s = q . k * scale``;
+    - ``saturated``: the share of rows whose largest weight is above :data:`SATURATED`;
+    - ``ds_median``: the median row norm ``|dS_i|`` of the gradient at the scores (what the
+      softmax passes back, ``dS = W * (dW - rowsum(dO * O))``, before the factor ``scale * K``);
+    - ``dq_median``: the median row norm ``|dQ_i|``; ``dq_rms``: the RMS of all of dQ;
+    - ``vanished``: the share of rows with ``|dQ_i| < VANISHED x`` the scaled run's
+      ``dq_median`` at this D;
+    - ``dk_nonmax``: the median ``|dK_j|`` of the keys that are no row's argmax, over the median
+      ``|dK_j|`` of those that are (per head): how much of the key gradient reaches the keys
+      the softmax did not pick.
+
+    The gradients are ``impl_numpy.scaled_dot_product_attention_vjp``'s (checked against the
+    float64 oracle by the conformance fixtures); the weights ``impl_numpy.attention_weights``.
+    """
+    from impl_numpy import attention_weights, scaled_dot_product_attention_vjp
+
+    out: dict[str, Any] = {"D": np.array(dims), "H": H, "L": L, "S": S, "E": E}
+    cols: dict[str, list[float]] = {}
+    for D in dims:
+        rng = np.random.default_rng([SEED, D])
+        q = rng.standard_normal((1, H, L, D))  # (B, H, L, D)
+        k = rng.standard_normal((1, H, S, D))  # (B, K, S, D)
+        v = rng.standard_normal((1, H, S, E))  # (B, K, S, E)
+        do = rng.standard_normal((1, H, L, E))  # (B, H, L, E)
+        dq_rows = {}
+        for run, scale in (("plain", 1.0), ("scaled", 1.0 / math.sqrt(D))):
+            w = attention_weights(q, k, scale=scale)  # (1, H, L, S)
+            grads = scaled_dot_product_attention_vjp(q, k, v, do, scale=scale)
+            o = w @ v  # (1, H, L, E)
+            ds = w * (do @ np.swapaxes(v, -1, -2) - (do * o).sum(axis=-1, keepdims=True))
+            dq_rows[run] = np.linalg.norm(grads.query, axis=-1)  # (1, H, L)
+            picked = np.zeros((1, H, S), bool)  # key j of head h is some row's argmax
+            np.put_along_axis(picked, w.argmax(axis=-1), True, axis=-1)
+            dk = np.linalg.norm(grads.key, axis=-1)  # (1, H, S)
+            scores = (q @ np.swapaxes(k, -1, -2)) * scale
+            for name, value in (
+                ("var", scores.var()),
+                ("saturated", (w.max(axis=-1) > SATURATED).mean()),
+                ("ds_median", np.median(np.linalg.norm(ds, axis=-1))),
+                ("dq_median", np.median(dq_rows[run])),
+                ("dq_rms", np.sqrt((grads.query**2).mean())),
+                ("dk_nonmax", np.median(dk[~picked]) / np.median(dk[picked])),
+            ):
+                cols.setdefault(f"{name}_{run}", []).append(float(value))
+        for run in ("plain", "scaled"):
+            vanished = (dq_rows[run] < VANISHED * np.median(dq_rows["scaled"])).mean()
+            cols.setdefault(f"vanished_{run}", []).append(float(vanished))
+    out.update({name: np.array(col) for name, col in cols.items()})
+    return out
+
+
+def missing_scale_markdown(data: dict[str, Any] | None = None) -> str:
+    """:func:`missing_scale_table` as the Markdown table of docs/SEMANTICS.md (``python -m
+    docs.site.figures --scale-table`` prints it): each cell ``with 1/sqrt(D) / without``."""
+    data = missing_scale_table() if data is None else data
+
+    def pct(x: float) -> str:
+        return f"{100 * x:.1f}%"
+
+    columns = (
+        ("Var(s)", "var", "{:.3g}".format),
+        (f"rows max w > {SATURATED}", "saturated", pct),
+        ("median row abs(dS_i)", "ds_median", "{:.3g}".format),
+        (f"rows abs(dQ_i) < {VANISHED:g} x scaled median", "vanished", pct),
+        ("median row abs(dQ_i)", "dq_median", "{:.3g}".format),
+        ("RMS of dQ", "dq_rms", "{:.3g}".format),
+        ("non-argmax / argmax keys' abs(dK_j)", "dk_nonmax", "{:.2f}".format),
+    )
+    head = "| D | " + " | ".join(title for title, _, _ in columns) + " |"
+    lines = [head, "|" + "---|" * (len(columns) + 1)]
+    for n, D in enumerate(data["D"]):
+        cells = [f"{fmt(data[f'{key}_scaled'][n])} / {fmt(data[f'{key}_plain'][n])}"
+                 for _, key, fmt in columns]  # fmt: skip
+        lines.append(f"| {D} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def missing_scale_plot(data: dict[str, Any]):
     import matplotlib.pyplot as plt
 
@@ -475,7 +568,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m docs.site.figures", description=__doc__)
     parser.add_argument("--out", type=Path, default=FIGURES_DIR)
     parser.add_argument("names", nargs="*", help="only these figures (default: all)")
+    parser.add_argument(
+        "--scale-table",
+        action="store_true",
+        help="print the missing-scale table of docs/SEMANTICS.md and exit",
+    )
     args = parser.parse_args(argv)
+    if args.scale_table:
+        print(missing_scale_markdown())
+        return 0
     unknown = set(args.names) - {f.name for f in FIGURES}
     if unknown:
         parser.error(f"no figure {sorted(unknown)}; the figures are {[f.name for f in FIGURES]}")

@@ -1,0 +1,187 @@
+"""The ONNX ``Attention`` operator as a port, run by ONNX's reference evaluator.
+
+``onnx.reference.ReferenceEvaluator`` executes a one-node model, ``Attention`` at opset 25 (the
+opset-23 op plus ``left_window_size``/``right_window_size``), so this port measures the
+operator's specification as ONNX's own NumPy code reads it; a runtime (onnxruntime, TensorRT)
+is checked by swapping the evaluator. Its failures are a measured list of where the operator
+differs from the contract (``onnx_ref.xfails``, and the v2 table in docs/CONFORMANCE.md).
+Install with the ``onnx`` extra (``pip install -e '.[onnx]'``: onnx alone, no runtime).
+
+The wrapper translates the contract's keywords into the operator's attributes and inputs,
+never fixing semantics:
+
+- 4-D ``(B, N, T, X)`` heads-first inputs, the leading batch dims flattened into one (a call
+  with no batch dim gets one of size 1); query, key and value keep their own batch (ONNX does
+  not broadcast them); the operator does GQA itself and allows E != D;
+- ``mask`` (True: attend) is the boolean ``attn_mask``; with a ``bias`` the two become one
+  float ``attn_mask`` (the bias, -inf where the mask is False); both broadcast to
+  ``(B, H, L, S)``;
+- ``is_causal``, ``scale`` and ``softcap`` are the operator's attributes; ``window`` is
+  ``left_window_size``/``right_window_size`` (-1: unbounded). Without a KV cache the operator
+  puts both on the top-left diagonal, whatever ``causal_alignment`` says (it is not passed:
+  there is no such attribute);
+- packed ``q_segment_ids``/``kv_segment_ids`` and ``alibi_slopes`` are what an ONNX user
+  hands it: a boolean mask and an additive bias ``-slope[h] * |i + offset - j|`` on the
+  alignment's diagonal, built here from the contract's formulas and folded into ``attn_mask``;
+- ``sinks``: NotImplementedError (no such input).
+
+:func:`attention_weights` reads the operator's own ``qk_matmul_output`` with
+``qk_matmul_output_mode=3`` (the weights after the softmax). There is no causal-mask function
+and no module, so this port has neither.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import TensorProto, helper
+from onnx.reference import ReferenceEvaluator
+
+__all__ = ["OPSET", "attention_weights", "scaled_dot_product_attention"]
+
+#: The opset of the one-node models: Attention with left_window_size / right_window_size.
+OPSET = 25
+
+_ELEM = {
+    np.dtype(np.float64): TensorProto.DOUBLE,
+    np.dtype(np.float32): TensorProto.FLOAT,
+    np.dtype(np.float16): TensorProto.FLOAT16,
+    np.dtype(ml_dtypes.bfloat16): TensorProto.BFLOAT16,
+    np.dtype(bool): TensorProto.BOOL,
+}
+
+
+def _elem(x: np.ndarray) -> int:
+    """The ONNX element type of ``x`` (KeyError names a dtype ONNX's Attention has no T for)."""
+    return _ELEM[x.dtype] if x.dtype in _ELEM else helper.np_dtype_to_tensor_dtype(x.dtype)
+
+
+def _four_d(x: np.ndarray) -> np.ndarray:
+    """``(..., N, T, X)`` -> ``(B, N, T, X)``, the leading dims flattened (none: B = 1)."""
+    return x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:])
+
+
+def _run(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    mask: np.ndarray | None,
+    bias: np.ndarray | None,
+    is_causal: bool,
+    causal_alignment: str,
+    scale: float | None,
+    softcap: float | None,
+    window: tuple[int | None, int | None] | None,
+    q_segment_ids: np.ndarray | None,
+    kv_segment_ids: np.ndarray | None,
+    sinks: np.ndarray | None,
+    alibi_slopes: np.ndarray | None,
+    weights: bool,
+) -> np.ndarray:
+    """One ``Attention`` node on the evaluator: the output (..., H, L, E), or with ``weights``
+    its ``qk_matmul_output`` after the softmax (..., H, L, S)."""
+    if sinks is not None:
+        raise NotImplementedError("ONNX Attention has no sinks input")
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    H, L, _ = query.shape[-3:]
+    S = key.shape[-2]
+    batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    offset = S - L if causal_alignment == "bottom_right" else 0
+    i, j = np.arange(L)[:, None], np.arange(S)[None, :]  # (L, 1), (1, S)
+    if q_segment_ids is not None:
+        same = (
+            np.asarray(q_segment_ids)[..., None, :, None]
+            == np.asarray(kv_segment_ids)[..., None, None, :]
+        )  # (..., 1, L, S)
+        mask = same if mask is None else np.asarray(mask) & same
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes)
+        alibi = -slopes[:, None, None] * np.abs(i + offset - j).astype(slopes.dtype)  # (H, L, S)
+        bias = alibi if bias is None else np.asarray(bias) + alibi
+
+    def scores(x: np.ndarray) -> np.ndarray:  # (..., H, L, S)-broadcastable -> (B, H, L, S)
+        return _four_d(np.broadcast_to(x, (*batch, H, L, S)))
+
+    attn_mask = None
+    if bias is not None:
+        bias = np.asarray(bias)
+        attn_mask = bias if mask is None else np.where(mask, bias, bias.dtype.type(-np.inf))
+        attn_mask = scores(attn_mask)
+    elif mask is not None:
+        attn_mask = scores(np.asarray(mask))
+
+    feeds = {"Q": _four_d(query), "K": _four_d(key), "V": _four_d(value)}
+    if attn_mask is not None:
+        feeds["attn_mask"] = attn_mask
+    attributes: dict[str, Any] = {"is_causal": int(bool(is_causal))}
+    if scale is not None:
+        attributes["scale"] = float(scale)
+    if softcap is not None:
+        attributes["softcap"] = float(softcap)
+    if window is not None:
+        left, right = window
+        attributes["left_window_size"] = -1 if left is None else int(left)
+        attributes["right_window_size"] = -1 if right is None else int(right)
+    outputs = ["Y", "", "", "W"] if weights else ["Y"]
+    if weights:
+        attributes["qk_matmul_output_mode"] = 3  # the weights after the softmax
+    node = helper.make_node("Attention", list(feeds), outputs, **attributes)
+    graph = helper.make_graph(
+        [node],
+        "attention",
+        [helper.make_tensor_value_info(n, _elem(x), x.shape) for n, x in feeds.items()],
+        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs if o],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model.ir_version = onnx.IR_VERSION
+    with np.errstate(all="ignore"):  # NaN and inf are results here, measured, not warnings
+        result = ReferenceEvaluator(model).run(None, feeds)
+    out = result[-1] if weights else result[0]  # (B, H, L, E) or (B, H, L, S)
+    return np.asarray(out).reshape(*batch, *out.shape[1:])
+
+
+def scaled_dot_product_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+) -> np.ndarray:
+    """ONNX ``Attention`` on the contract's layout: query (..., H, L, D), key (..., K, S, D),
+    value (..., K, S, E) -> (..., H, L, E)."""
+    return _run(
+        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+        alibi_slopes=alibi_slopes, weights=False,
+    )  # fmt: skip
+
+
+def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np.ndarray:
+    """The operator's own weights (..., H, L, S): ``qk_matmul_output`` in mode 3, of a call
+    whose value is zeros (K, S, 1)."""
+    key = np.asarray(key)
+    value = np.zeros((*key.shape[:-1], 1), key.dtype)  # (..., K, S, 1)
+    return _run(query, key, value, weights=True, **_defaults(keywords))
+
+
+def _defaults(keywords: dict[str, Any]) -> dict[str, Any]:
+    names = ("mask", "bias", "scale", "softcap", "window", "q_segment_ids", "kv_segment_ids",
+             "sinks", "alibi_slopes")  # fmt: skip
+    out = dict.fromkeys(names) | {"is_causal": False, "causal_alignment": "top_left"}
+    return out | keywords
