@@ -475,21 +475,7 @@ class BenchSession:
         if case.goal.kind == "memory":
             return self._run_memory_goal(case)
         (row_a, w_a, dev_a), (row_b, w_b, dev_b) = case.pair
-        info: dict[str, Any] = {
-            "kind": case.goal.kind,
-            "limit": case.goal.limit,
-            "ref": case.goal.ref,
-            "text": case.goal.text(),
-            "a": {"row": row_a.name, "workload": w_a.id},
-            "b": {"row": row_b.name, "workload": w_b.id},
-        }
-        self._phase(case, "gate")
-        for row, dev in ((row_a, dev_a), (row_b, dev_b)):
-            gate = self._gate(row, dev)
-            if not gate.ok:
-                self._record(case, "failed", f"{row.name}: gate {gate.status}: {gate.detail}",
-                             gate=gate.to_dict(), goal=info)  # fmt: skip
-                pytest.skip(f"correctness gate of {row.name} did not pass")
+        info = self._gate_goal(case)
         self._phase(case, "interleaved timing")
         prepared = []
         try:
@@ -516,18 +502,18 @@ class BenchSession:
         info.update(summary, status=goals.decide(case.goal.kind, case.goal.limit, q["q1"], q["q3"]))
         self._record(case, "ok", contention=contention, goal=info)
 
-    def _run_memory_goal(self, case: Case) -> None:
-        """A memory goal (``Goal(kind="memory")``): the peak extra memory of one training step
-        of the row on the goal's workload (L = S = 8192), against the limit, and the plain
-        path's (``goal.ref``) beside it when it fits this machine's memory (its scores alone
-        are gigabytes; JAX's is read from XLA's plan without running). One call each, untimed:
-        a peak is not a distribution."""
-        (row_a, w, dev_a), (row_b, _, dev_b) = case.pair
+    def _gate_goal(self, case: Case) -> dict[str, Any]:
+        """Gate both rows of a goal on their fixtures; return the goal's record (``info``).
+        A row whose gate does not pass records the goal as failed and skips the test."""
+        (row_a, w_a, dev_a), (row_b, w_b, dev_b) = case.pair
         info: dict[str, Any] = {
-            "kind": "memory", "limit": case.goal.limit, "ref": case.goal.ref,
-            "text": case.goal.text(), "a": {"row": row_a.name, "workload": w.id},
-            "b": {"row": row_b.name, "workload": w.id},
-        }  # fmt: skip
+            "kind": case.goal.kind,
+            "limit": case.goal.limit,
+            "ref": case.goal.ref,
+            "text": case.goal.text(),
+            "a": {"row": row_a.name, "workload": w_a.id},
+            "b": {"row": row_b.name, "workload": w_b.id},
+        }
         self._phase(case, "gate")
         for row, dev in ((row_a, dev_a), (row_b, dev_b)):
             gate = self._gate(row, dev)
@@ -535,6 +521,16 @@ class BenchSession:
                 self._record(case, "failed", f"{row.name}: gate {gate.status}: {gate.detail}",
                              gate=gate.to_dict(), goal=info)  # fmt: skip
                 pytest.skip(f"correctness gate of {row.name} did not pass")
+        return info
+
+    def _run_memory_goal(self, case: Case) -> None:
+        """A memory goal (``Goal(kind="memory")``): the peak extra memory of one training step
+        of the row on the goal's workload (L = S = 8192), against the limit, and the plain
+        path's (``goal.ref``) beside it when it fits this machine's memory (its scores alone
+        are gigabytes; JAX's is read from XLA's plan without running). One call each, untimed:
+        a peak is not a distribution."""
+        (row_a, w, dev_a), (row_b, _, dev_b) = case.pair
+        info = self._gate_goal(case)
         self._phase(case, "memory")
         budgets = memory_budgets(self.device)
         try:

@@ -152,7 +152,8 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))  # (..., H, Lc, 1)
     s = s - jnp.where(jnp.isfinite(m), m, 0.0)  # no allowed key here: exp(-inf - 0) = 0
-    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., H, Lc, Sc); exp(s - max) <= 1
+    # exp(s - max) <= 1: the value clamped at 0, the gradient passed through (as in _weights)
+    p = jnp.exp(s - jax.lax.stop_gradient(jnp.maximum(s, 0.0)))  # (..., H, Lc, Sc)
     l = jnp.sum(p, axis=-1, keepdims=True)  # (..., H, Lc, 1)
     l = jnp.where(l == 0.0, 1.0, l)
     p = p / l

@@ -40,14 +40,10 @@ import jax.numpy as jnp
 from flax import nnx
 
 from conformance.ports.jax_adapter import from_numpy, to_numpy
-from conformance.ports.jax_fused import prepare
+from conformance.ports.jax_fused import _pad_last, prepare
 from conformance.ports.precision import jax_highest
 
 __all__ = ["attention_weights", "from_numpy", "prepare", "scaled_dot_product_attention", "to_numpy"]
-
-
-def _pad_last(x: jax.Array, size: int) -> jax.Array:
-    return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])])
 
 
 def scaled_dot_product_attention(
