@@ -11,10 +11,10 @@ from __future__ import annotations
 IDIOMS: dict[str, dict[str, str]] = {
     "functional": {
         "1. scores": (
-            "NumPy views the query heads as `(..., K, G, L, D)` groups against a broadcast key "
-            "`[..., :, None, :, :]` and scales in place (`s *= dims.scale`); torch copies each "
-            "key head G times with `repeat_interleave` and scales with `mul_`; JAX contracts the "
-            "same groups against the unexpanded key in one `jnp.einsum`."
+            "NumPy and torch reshape the query heads of a group into `G * L` rows against "
+            "their one key head (`reshape(*query.shape[:-3], K, G * L, D)`: no copy of the "
+            "keys) and scale in place (`s *= dims.scale`, `mul_`); JAX contracts the same "
+            "groups against the unexpanded key in one `jnp.einsum`."
         ),
         "2. softcap": (
             "NumPy divides, takes `np.tanh(s, out=s)` and multiplies, all in place; torch stays "
@@ -38,9 +38,9 @@ IDIOMS: dict[str, dict[str, str]] = {
             "the first one as a fused multiply-add of the unrounded scores."
         ),
         "6. output": (
-            "NumPy and JAX multiply the weights grouped as `(..., K, G, L, S)` against the "
-            "unexpanded value (`w @ v`, `jnp.einsum`), torch repeats the value heads with "
-            "`repeat_interleave`; all three cast back to the input dtype only here."
+            "NumPy and torch multiply the weights grouped as `G * L` rows per value head "
+            "against the unexpanded value (`w @ v`), JAX contracts `(..., K, G, L, S)` in "
+            "`jnp.einsum`; all three cast back to the input dtype only here."
         ),
     },
     "flash": {
@@ -54,13 +54,13 @@ IDIOMS: dict[str, dict[str, str]] = {
             "NumPy and torch build the block's `allowed` only where a boundary crosses it "
             "(`every` is decided in Python); JAX builds it for every block, with the keys below "
             "`j0` of a last block shifted back to keep its size static (`j >= j0`). Key and "
-            "value rows no row of the block attends are zeroed (`_unattended_zeroed`); torch "
-            "then repeats its key heads (`repeat_interleave`)."
+            "value rows no row of the block attends are zeroed (`_unattended_zeroed`), and only "
+            "when a mask, segment ids or a bias can leave one unattended (`banded`)."
         ),
         "1. scores": (
-            "The functional step on one block: NumPy multiplies grouped queries against "
-            "the block `k_blk` sliced in the Python loop, torch against its repeated heads "
-            "(`mul_` in place), and JAX contracts the groups in one `jnp.einsum` on blocks a "
+            "The functional step on one block: NumPy and torch multiply the `G * bq` rows of a "
+            "group against the block `k_blk` sliced in the Python loop (torch scales with "
+            "`mul_` in place), and JAX contracts the groups in one `jnp.einsum` on blocks a "
             "scan hands it."
         ),
         "2. softcap": (
@@ -191,7 +191,8 @@ IDIOMS: dict[str, dict[str, str]] = {
         "5. the block's weights, rebuilt from the row log-sum-exp": (
             "The forward's clamped exponent again, so P never exceeds 1: NumPy in place "
             "(`np.minimum(s, 0.0, out=s)`), torch chained in place (`clamp_(max=0.0)`), JAX "
-            "with `jnp.where(s > 0.0, 0.0, s)`."
+            "with `jnp.where(s > 0.0, 0.0, s)` (its backward is written by hand, so the clamp "
+            "needs no gradient)."
         ),
         "6. output": (
             "dV summed over each group of G query heads: NumPy on grouped arrays "
@@ -264,7 +265,8 @@ IDIOMS: dict[str, dict[str, str]] = {
         "5. softmax over this block's keys, stable, and its row log-sum-exp": (
             "The functional softmax on one block, plus the row log-sum-exp `lse` the merge "
             "needs: subtract the row max (0 for a row with no allowed key here), clamp the "
-            "exponent at 0 (`np.minimum`, `clamp_`, `jnp.where(s > 0.0, 0.0, s)`), divide by the "
+            "exponent at 0 (`np.minimum`, `clamp_`, and in JAX `jnp.maximum(s, 0.0)` held "
+            "constant, a clamp that passes the gradient through), divide by the "
             "row sum (1 where it is 0); JAX holds the max constant for autodiff "
             "(`jax.lax.stop_gradient`), torch works in place (`sub_`, `exp_`, `div_`)."
         ),
