@@ -95,19 +95,23 @@ def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.A
 
 
 def _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j, j0, *,
-                  dims: AttentionDims, offset: int):  # fmt: skip
+                  dims: AttentionDims, offset: int, bands: bool):  # fmt: skip
     """Steps 1-4 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
     ``(1, bk)``, of which those below ``j0`` are not this block's. Returns ``s (..., H, bq, bk)``
     (-inf where not allowed), the attended mask of the block's key/value rows
-    ``(..., K, bk)`` (or None), and ``tanh(s1 / softcap)`` of the step-1 scores (or None)."""
+    ``(..., K, bk)`` (or None), and ``tanh(s1 / softcap)`` of the step-1 scores (or None).
+    ``bands=False`` (static): the causal and window rules allow every position of the block and
+    it starts at ``j0``, so only mask and segments are applied elementwise (:func:`_key_blocks`)."""
     H, K = dims.H, dims.K
     bq, bk = q_blk.shape[-2], k_blk.shape[-2]
 
-    # 4. allowed, this block: mask AND causal AND window AND segment (all True inside every
-    #    band), and only the keys from j0 on (tiling: a last block shifted back to end at S
+    # 4. allowed, this block: the rules a boundary crosses, elementwise (mask AND causal AND
+    #    window AND segment; a block inside every band needs none of the bands), and only the
+    #    keys from j0 on (tiling: a block shifted back to end at the band's or the keys' end
     #    shares its keys below j0 with the block before it, which counted them already).
-    allowed = _allowed(dims, offset, i, j, mask_blk, q_ids, kv_ids)
-    allowed = j >= j0 if allowed is None else allowed & (j >= j0)  # (..., bq, bk)
+    allowed = _allowed(dims, offset, i, j, mask_blk, q_ids, kv_ids, bands=bands)
+    if bands:
+        allowed = j >= j0 if allowed is None else allowed & (j >= j0)  # (..., bq, bk)
     attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
     k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
 
@@ -129,13 +133,14 @@ def _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
         s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, bq, bk)
 
     # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
-    s = jnp.where(allowed, s, -jnp.inf)
+    if allowed is not None:
+        s = jnp.where(allowed, s, -jnp.inf)
     s = jnp.broadcast_to(s, (*dims.batch, H, bq, bk))  # a value with more batch than query, key
     return s, attended, tanh
 
 
 def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
-                  j0, *, dims: AttentionDims, offset: int):  # fmt: skip
+                  j0, *, dims: AttentionDims, offset: int, bands: bool = True):  # fmt: skip
     """Steps 1-6 for one block of query rows against one block of keys: ``(m, l, acc)`` in and
     out."""
     m, l, acc = carry  # (..., H, bq, 1), (..., H, bq, 1), (..., H, bq, E)
@@ -144,7 +149,7 @@ def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids,
 
     # 1.-4. this block's scores (_block_scores: the steps written out, as in sdpa)
     s, attended, _ = _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i,
-                                   j, j0, dims=dims, offset=offset)  # fmt: skip
+                                   j, j0, dims=dims, offset=offset, bands=bands)  # fmt: skip
     v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
 
     # 5. online softmax: raise the running max, rescale what was summed under the old one by
@@ -164,7 +169,8 @@ def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids,
 
 
 def _grad_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
-                j0, do_blk, delta, shift, *, dims: AttentionDims, offset: int):  # fmt: skip
+                j0, do_blk, delta, shift, *, dims: AttentionDims, offset: int,
+                bands: bool = True):  # fmt: skip
     """The backward of one block (FlashAttention-2): ``(dq_blk, dk, dv, dbias)`` in and out;
     ``do_blk (..., K, G, bq, E)``, ``delta = rowsum(dO * O)`` and the rows' log-sum-exp
     ``shift`` ``(..., K, G, bq, 1)``; the block's keys start at ``j[0, 0]``."""
@@ -175,7 +181,8 @@ def _grad_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, s
 
     # 1.-4. this block's scores, as the forward made them
     s, attended, tanh = _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes,
-                                      i, j, j0, dims=dims, offset=offset)  # fmt: skip
+                                      i, j, j0, dims=dims, offset=offset,
+                                      bands=bands)  # fmt: skip
     k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
     v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
 
@@ -269,33 +276,80 @@ class _Tiling:
         return min(self.n_k, -(-(self.bq + window[0] + right) // self.bk))
 
     @property
-    def skips(self) -> bool:
-        """Whether some key block can be skipped (causal, window or segments)."""
-        return self.dims.is_causal or self.dims.window is not None
+    def diagonal(self) -> bool:
+        """Causal without a window: every key block left of a row block's diagonal is allowed
+        to all its rows, and only the blocks the diagonal crosses need the causal rule."""
+        return self.dims.is_causal and self.dims.window is None
+
+    @property
+    def bn(self) -> int:
+        """Keys per block across the causal diagonal, which crosses ``bq - 1`` keys of a block
+        of rows: ``bq`` (so the masked blocks cover the triangle, not ``bk`` keys past it), at
+        most ``bk``, and at least ``bk / 4`` (a few rows do not take ``bk`` one-key steps)."""
+        return min(self.bk, max(self.bq, -(-self.bk // 4)))
 
 
-def _key_block(tiling: _Tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of):
-    """One step of the inner scan: keys ``lo + u * bk ..`` (the last block shifted back to end
-    at S), run
-    through ``step`` unless every one of its positions is outside the bands of rows
-    ``i0 ..`` (4. allowed, whole blocks: skipped with ``jax.lax.cond``)."""
-    dims, bk = tiling.dims, tiling.bk
+def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
+    """The inner loop over key blocks for the rows ``i0 .. i0 + bq``: ``carry`` in and out.
+
+    ``step(carry, *blk_of(j_start, size, j, j0, kv_ids_blk), bands=...)`` is one block of
+    ``size`` keys from ``j_start`` (``j (1, size)``), counting those from ``j0`` on."""
+    dims, bk, S = tiling.dims, tiling.bk, tiling.dims.S
+
+    def visit(carry, j0, j_start, size: int, bands: bool, skips: bool):
+        """One block, run through ``step`` unless every one of its positions is outside the
+        bands or segments of the rows (4. allowed, whole blocks: skipped with ``lax.cond``;
+        its keys are sliced only in the branch that runs)."""
+        j = (j_start + jnp.arange(size))[None, :]  # (1, size)
+        kv_ids_blk = _block(kv_ids, -1, j_start, size)  # (..., size)
+
+        def run(c):
+            return step(c, *blk_of(j_start, size, j, j0, kv_ids_blk), bands=bands)
+
+        if not (skips or q_ids_rows is not None):
+            return run(carry)
+        some, _ = block_rules(dims.is_causal, dims.window, tiling.offset, i0, i0 + tiling.bq,
+                              j0, j_start + size, q_ids_rows, kv_ids_blk)  # fmt: skip
+        some = some & (j0 < S)  # past the last key: the band started late, nothing left
+        return jax.lax.cond(some, run, lambda c: c, carry)
+
+    if tiling.diagonal:
+        # 4. allowed, whole blocks (causal): rows i0 .. i0 + bq see every key before `every`
+        #    and none from `hi` on. The blocks of bk keys before `every` are visited unmasked;
+        #    from the last of them to `hi`, blocks of bn keys are masked elementwise, the last
+        #    one shifted back to end at `hi`. Nothing past the diagonal is visited: the trip
+        #    counts depend on i0 (`fori_loop` with traced bounds, a `while_loop`; the backward
+        #    is this file's own, so reverse mode never goes through it).
+        every = jnp.clip(i0 + tiling.offset + 1, 0, S)  # keys [0, every): allowed to all rows
+        hi = jnp.clip(i0 + tiling.bq + tiling.offset, 0, S)  # keys [0, hi): to some row
+        n_every = every // bk
+
+        def inside(u, c):
+            return visit(c, u * bk, u * bk, bk, bands=False, skips=False)
+
+        carry = jax.lax.fori_loop(0, n_every, inside, carry)
+        lo, bn = n_every * bk, tiling.bn
+
+        def across(u, c):
+            j0 = lo + u * bn  # first key this block counts
+            j_start = jnp.maximum(jnp.minimum(j0, hi - bn), 0)  # first key it holds
+            return visit(c, j0, j_start, bn, bands=True, skips=False)
+
+        return jax.lax.fori_loop(0, (hi - lo + bn - 1) // bn, across, carry)
+
     # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
-    #    (the keys before it are masked for every row), so a band of bk keys is one block.
+    #    (the keys before it are masked for every row), so a band of bk keys is one block; a
+    #    window's band is a few blocks: the scan takes those steps, not one per key block.
     lo = 0
     if dims.window is not None and dims.window[0] is not None:
-        lo = jnp.clip(i0 + tiling.offset - dims.window[0], 0, dims.S)
-    j0 = lo + u * bk  # first key this block counts
-    j_start = jnp.minimum(j0, dims.S - bk)  # first key it holds
-    j = (j_start + jnp.arange(bk))[None, :]  # (1, bk)
-    kv_ids_blk = _block(kv_ids, -1, j_start, bk)  # (..., bk)
-    blk = blk_of(j_start, j, j0, kv_ids_blk)
-    if not (tiling.skips or q_ids_rows is not None):
-        return step(carry, *blk)
-    some, _ = block_rules(dims.is_causal, dims.window, tiling.offset, i0, i0 + tiling.bq, j0,
-                          j_start + bk, q_ids_rows, kv_ids_blk)  # fmt: skip
-    some = some & (j0 < dims.S)  # past the last key: the band started late, nothing left
-    return jax.lax.cond(some, lambda c: step(c, *blk), lambda c: c, carry)
+        lo = jnp.clip(i0 + tiling.offset - dims.window[0], 0, S)
+
+    def band(c, u):
+        j0 = lo + u * bk  # first key this block counts
+        j_start = jnp.minimum(j0, S - bk)  # first key it holds (the last: shifted to end at S)
+        return visit(c, j0, j_start, bk, bands=True, skips=dims.window is not None), None
+
+    return jax.lax.scan(band, carry, jnp.arange(tiling.n_band))[0]
 
 
 def _in_row_order(blocks: jax.Array, tiling: _Tiling) -> jax.Array:
@@ -311,7 +365,7 @@ def _in_row_order(blocks: jax.Array, tiling: _Tiling) -> jax.Array:
 def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling):
     """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype.
     ``q (..., K, G, L, D)``, ``k (..., K, S, D)``, ``v (..., K, S, E)`` in the compute dtype."""
-    dims, bq, bk = tiling.dims, tiling.bq, tiling.bk
+    dims, bq = tiling.dims, tiling.bq
     H, L, E = dims.H, dims.L, dims.E
     ct = q.dtype
     step = functools.partial(_attend_block, dims=dims, offset=tiling.offset)
@@ -325,24 +379,20 @@ def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling)
         mask_rows = _block(mask, -2, i0, bq)
         q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
 
-        def blk_of(j_start, j, j0, kv_ids_blk):
+        def blk_of(j_start, size, j, j0, kv_ids_blk):  # size: bk or bn keys
             return (
                 q_blk,
-                jax.lax.dynamic_slice_in_dim(k, j_start, bk, axis=k.ndim - 2),  # (..., K, bk, D)
-                jax.lax.dynamic_slice_in_dim(v, j_start, bk, axis=v.ndim - 2),  # (..., K, bk, E)
-                _block(bias_rows, -1, j_start, bk),
-                _block(mask_rows, -1, j_start, bk),
+                jax.lax.dynamic_slice_in_dim(k, j_start, size, axis=k.ndim - 2),  # (..., K, bk, D)
+                jax.lax.dynamic_slice_in_dim(v, j_start, size, axis=v.ndim - 2),  # (..., K, bk, E)
+                _block(bias_rows, -1, j_start, size),
+                _block(mask_rows, -1, j_start, size),
                 q_ids_rows, kv_ids_blk, slopes, i, j, j0,
             )  # fmt: skip
-
-        def key_block(carry, u):
-            return _key_block(tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of), None
 
         m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
         l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
         acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
-        #    a window's band is a few blocks: the scan takes those steps, not one per key block
-        (m, l, acc), _ = jax.lax.scan(key_block, (m, l, acc), jnp.arange(tiling.n_band))
+        m, l, acc = _key_blocks(tiling, (m, l, acc), step, blk_of, i0, q_ids_rows, kv_ids)
 
         # 5. (end) the sink joins the denominator once, as one more logit with no value; then
         #    divide by the row sum once, after the last key block. A row with no allowed key
@@ -371,7 +421,7 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
     For each block of query rows, ``D_i = rowsum(dO_i * O_i)``; for each key block the forward
     visited, ``P = exp(S - lse)``, ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
     ``dQ += dS K``, ``dK += dS^T Q`` (:func:`_grad_block`)."""
-    dims, bq, bk = tiling.dims, tiling.bq, tiling.bk
+    dims, bq = tiling.dims, tiling.bq
     H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
     ct = q.dtype
 
@@ -400,26 +450,21 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
             w_sink = jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
             dsinks = dsinks - (w_sink * delta.reshape(w_sink.shape)).reshape(-1, H, bq).sum((0, 2))
 
-        def blk_of(j_start, j, j0, kv_ids_blk):
+        def blk_of(j_start, size, j, j0, kv_ids_blk):  # size: bk or bn keys
             return (
                 q_blk,
-                jax.lax.dynamic_slice_in_dim(k, j_start, bk, axis=k.ndim - 2),  # (..., K, bk, D)
-                jax.lax.dynamic_slice_in_dim(v, j_start, bk, axis=v.ndim - 2),  # (..., K, bk, E)
-                _block(bias_rows, -1, j_start, bk),
-                _block(mask_rows, -1, j_start, bk),
+                jax.lax.dynamic_slice_in_dim(k, j_start, size, axis=k.ndim - 2),  # (..., K, bk, D)
+                jax.lax.dynamic_slice_in_dim(v, j_start, size, axis=v.ndim - 2),  # (..., K, bk, E)
+                _block(bias_rows, -1, j_start, size),
+                _block(mask_rows, -1, j_start, size),
                 q_ids_rows, kv_ids_blk, slopes, i, j, j0, do_blk, delta,
                 shift.reshape(*dims.batch, K, G, bq, 1),
             )  # fmt: skip
 
         step = functools.partial(_grad_block, dims=dims, offset=tiling.offset)
-
-        def key_block(carry, u):
-            return _key_block(tiling, q_ids_rows, kv_ids, i0, u, step, carry, blk_of), None
-
         dq_blk = jnp.zeros((*dims.batch, K, G, bq, D), ct)  # (..., K, G, bq, D)
-        (dq_blk, dk, dv, dbias), _ = jax.lax.scan(
-            key_block, (dq_blk, dk, dv, dbias), jnp.arange(tiling.n_k)
-        )
+        carry = (dq_blk, dk, dv, dbias)
+        dq_blk, dk, dv, dbias = _key_blocks(tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids)
         return (dk, dv, dbias, dsinks), dq_blk.reshape(*dims.batch, H, bq, D)
 
     dk = jnp.zeros((*dims.batch, K, S, D), ct)  # (..., K, S, D), accumulated over query blocks
