@@ -115,9 +115,12 @@ def _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
     attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
     k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-    s = jnp.einsum("...kgld,...ksd->...kgls", q_blk, k_blk, precision=_PRECISION)
-    s = s.reshape(*s.shape[:-4], H, bq, bk) * dims.scale  # (..., H, bq, bk); h reads kv h // G
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G. The scale
+    #    goes on the block's queries: XLA would recompute s * scale inside each of its readers,
+    #    the row max rounded and s - max as one unrounded FMA, which at logits of 1e10 differ
+    #    by hundreds (exp of that: 0, a row of zeros); the matmul's output is read as it is.
+    s = jnp.einsum("...kgld,...ksd->...kgls", q_blk * dims.scale, k_blk, precision=_PRECISION)
+    s = s.reshape(*s.shape[:-4], H, bq, bk)  # (..., H, bq, bk); h reads kv h // G
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
     tanh = None
@@ -336,6 +339,19 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
             return visit(c, j0, j_start, bn, bands=True, skips=False)
 
         return jax.lax.fori_loop(0, (hi - lo + bn - 1) // bn, across, carry)
+
+    if not dims.is_causal and dims.window is None:
+        # no band: every block of bk keys is visited unmasked, then the last keys (S % bk of
+        # them) in a block shifted back to end at S, which masks the keys it shares.
+        n_whole = S // bk
+
+        def whole(c, u):
+            return visit(c, u * bk, u * bk, bk, bands=False, skips=False), None
+
+        carry = jax.lax.scan(whole, carry, jnp.arange(n_whole))[0]
+        if S % bk:
+            carry = visit(carry, n_whole * bk, S - bk, bk, bands=True, skips=False)
+        return carry
 
     # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
     #    (the keys before it are masked for every row), so a band of bk keys is one block; a

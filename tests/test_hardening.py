@@ -57,12 +57,18 @@ def _same_error_in_all_three(call) -> AttentionError:
 def test_1_jax_large_logits_are_finite_jitted_and_tiled() -> None:
     """scale=1e10 gives logits around 1e10: XLA recomputes s * scale inside the exp fusion with
     other rounding, so exp(s - rowmax) could be exp(+hundreds) and the row NaN. The exponent is
-    clamped at 0, so the jitted plain path and the tiled path equal NumPy's answer."""
+    clamped at 0, so the jitted plain path and the tiled path equal NumPy's answer. The tiled
+    path with blocks whose keys need no mask (one block of all 5 keys, blocks of 1) zeroed
+    whole rows until the scale moved onto the queries: nothing then sits between the matmul
+    and the row max for XLA to recompute."""
     q, k, v = _qkv()
     want = impl_numpy.scaled_dot_product_attention(q, k, v, scale=1e10)
     sdpa = jax.jit(impl_jax.scaled_dot_product_attention, static_argnames=impl_jax.STATIC_ARGNAMES)
     flash = jax.jit(impl_jax.flash_attention, static_argnames=impl_jax.FLASH_STATIC_ARGNAMES)
-    for got in (sdpa(q, k, v, scale=1e10), flash(q, k, v, scale=1e10, block_q=2, block_k=3)):
+    tiled = [
+        flash(q, k, v, scale=1e10, block_q=bq, block_k=bk) for bq, bk in ((2, 3), (3, 5), (1, 1))
+    ]
+    for got in (sdpa(q, k, v, scale=1e10), *tiled):
         got = np.asarray(got)
         assert np.isfinite(got).all()
         np.testing.assert_allclose(got, want, rtol=0, atol=1e-5)
