@@ -91,9 +91,12 @@ MEMORY_PROBE = {"B": 1, "H": 4, "K": 2, "L": 1024, "D": 64, "E": 64, "shards": (
 #: The JAX gradient check (its own subprocess, marked slow: differentiating the ring compiles
 #: forward and backward of both branches of every causal cond, about ten seconds here):
 #: gradients through zigzag, causal, mask and bias, with fully masked rows, against jax.grad of
-#: impl_jax.scaled_dot_product_attention, float64.
+#: impl_jax.scaled_dot_product_attention, float64; and a causal float32 run, jitted in float32
+#: as training runs it, against the float64 oracle's gradients (the ring block's clamp of
+#: ``s - max`` at 0 must pass the gradient wherever XLA rounds it above 0).
 JAX_GRAD_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ring_zigzag.n4.fully_masked.rows.l64_s64.float64", ("query", "key", "value", "bias")),
+    ("ring_zigzag.n4.causal.top_left.l64_s64.float32", ("query", "key", "value")),
 )
 
 

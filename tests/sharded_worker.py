@@ -122,14 +122,19 @@ def _jax_measure(run, sharded, jax) -> dict[str, Any]:
     }
 
 
+def grad_output(shape: tuple[int, ...]) -> np.ndarray:
+    """The cotangent of a gradient run's output (float64; cast to the run's dtype)."""
+    return np.random.default_rng(0).standard_normal(shape)
+
+
 def _jax_gradients(run, wrt, sharded, impl_jax, jax, jnp) -> dict[str, np.ndarray]:
     """Gradients of ``sum(output * cotangent)`` through the ring and through the unsharded
     implementation, with respect to ``wrt``."""
     arrays, keywords = run_inputs(run)
     given = {n: jnp.asarray(a) for n, a in arrays.items()
              if n in ("query", "key", "value", "mask", "bias")}  # fmt: skip
-    out_shape = impl_jax.scaled_dot_product_attention(**given, **keywords).shape
-    cotangent = jnp.asarray(np.random.default_rng(0).standard_normal(out_shape))
+    out = impl_jax.scaled_dot_product_attention(**given, **keywords)
+    cotangent = jnp.asarray(grad_output(out.shape), out.dtype)  # in the run's dtype
     layout = "zigzag" if run.function == "ring_zigzag" else "contiguous"
 
     def ring_loss(diff):

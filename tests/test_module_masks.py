@@ -237,3 +237,35 @@ def test_framework_modules_without_sinks_refuse_them():
         convert(weights, n_heads=6)
         _, code, message = _error(lambda convert=convert: convert(with_sinks, n_heads=6))
         assert code == "weight_shape" and "breaking no sinks" in message
+
+
+def test_jax_rolling_step_compiles_to_the_same_program_at_any_position():
+    """A rolling cache's decode step costs O(W), not O(P), in JAX: jitted at position 101 and
+    at position 1002 (both long past the window), the compiled programs are one program, the
+    ring slots it writes and reads aside (integer constants). Every buffer, shape and
+    operation is the same, so nothing in the step grows with P (the bench's rolling goal times
+    the same thing, with noise)."""
+    import dataclasses
+    import re
+
+    import jax
+    from flax import nnx
+
+    mf = MODULE_FRAMEWORKS["jax"]
+    module = mf.build(_weights(), H, K, window=WINDOW)
+    graphdef, state = nnx.split(module)
+    x = _x(1).astype(np.float64)
+
+    def step(state, x, cache):
+        return nnx.merge(graphdef, state).decode(x, cache)
+
+    def program(P: int) -> str:
+        empty = module.init_cache(B, 2000, rolling=True)  # a ring of WINDOW[0] + 1 slots
+        cache = dataclasses.replace(empty, position=P)
+        text = jax.jit(step).lower(state, x, cache).compile().as_text()
+        text = re.sub(r", metadata=\{[^}]*\}", "", text)  # where each op was traced from
+        text = re.sub(r"(?m)^\d+ \{file_name_id=.*$", "", text)  # likewise
+        return re.sub(r"constant\([^()]*\)", "constant(N)", text)  # the ring's slots
+
+    assert 101 % (WINDOW[0] + 1) != 1002 % (WINDOW[0] + 1)  # two different ring slots
+    assert program(101) == program(1002)
