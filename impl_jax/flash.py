@@ -13,13 +13,16 @@ The same steps, numbers, names and comments as ``impl_jax/functional.py`` (steps
 ``impl_numpy/flash.py`` and ``impl_torch/flash.py``; docs/FLASH.md puts the plain and tiled paths
 side by side and gives the measured memory and time. What JAX asks for:
 
-- Both loops are ``jax.lax.scan``: an outer scan over query blocks, an inner scan over key
-  blocks. XLA compiles one loop body holding one ``(..., H, bq, bk)`` block of scores, whatever
-  L and S are, and ``jax.grad`` differentiates it. The trip counts are static (every key block
-  is a step); the causal skip is a ``jax.lax.cond`` on the block's position, which on a jitted
-  CPU or GPU program runs only the branch it takes. (A ``fori_loop`` whose bound depends on the
-  query block would be traced, hence a ``while_loop``, which reverse mode cannot go through.
-  NumPy and torch loop in Python and simply stop at the last visible block.)
+- The outer loop is a ``jax.lax.scan`` over query blocks. XLA compiles a few loop bodies, each
+  holding one ``(..., H, bq, bk)`` block of scores, whatever L and S are. Under causal masking
+  without a window, the inner loop is two ``fori_loop`` s whose bounds depend on the query block
+  (``while_loop`` s: reverse mode cannot go through them, and never has to, since the backward
+  below is this file's own): the key blocks every row of the block sees, unmasked, then
+  ``bn``-key blocks across the diagonal, masked; nothing past it is visited (NumPy and torch
+  loop in Python and stop there too). Otherwise the inner loop is a ``jax.lax.scan`` (a step
+  per key block, or per block a window's band can need), and a block outside the band, or
+  whose segments cannot meet, is skipped by a ``jax.lax.cond``, which on a jitted CPU or GPU
+  program runs only the branch it takes.
 - ``scan`` wants every block the same size, and nothing is padded: the last block, when the
   block size does not divide the length, is shifted back to end at L (or S). Its first rows are
   then computed twice, to the same values, and written once; its first keys were counted by the
@@ -30,8 +33,8 @@ side by side and gives the measured memory and time. What JAX asks for:
 
 - Training goes through a ``jax.custom_vjp``: the forward keeps only its inputs, its output and
   the row log-sum-exp ``lse`` as residuals, and the backward is FlashAttention-2's (Algorithm 2,
-  in the forward's loop order) written with the same two scans: it visits the blocks the
-  forward visits (the same ``cond``), rebuilds each block's weights as ``P = exp(S - lse)`` and
+  in the forward's loop order) written with the same loops: it visits the blocks the forward
+  visits (the same ``_key_blocks``), rebuilds each block's weights as ``P = exp(S - lse)`` and
   accumulates ``dQ``, ``dK`` and ``dV``. Nothing of a block outlives its step, so a training
   step needs O(L + S) memory beyond inputs, output and gradients (plus one block). In the
   shifted last blocks, the rows a block repeats get a zero cotangent and the keys it repeats
