@@ -301,6 +301,10 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
     ``step(carry, *blk_of(j_start, size, j, j0, kv_ids_blk), bands=...)`` is one block of
     ``size`` keys from ``j_start`` (``j (1, size)``), counting those from ``j0`` on."""
     dims, bk, S = tiling.dims, tiling.bk, tiling.dims.S
+    # 4. allowed, whole blocks: only the key blocks some row may see are visited, and only those
+    #    a boundary crosses are masked elementwise. Causal: the blocks every row sees, then the
+    #    diagonal's; no band: every block; a window: from the band's first key, the steps a band
+    #    can need. A block outside the bands, or whose segments cannot meet, is skipped.
 
     def visit(carry, j0, j_start, size: int, bands: bool, skips: bool):
         """One block, run through ``step`` unless every one of its positions is outside the
@@ -320,12 +324,12 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
         return jax.lax.cond(some, run, lambda c: c, carry)
 
     if tiling.diagonal:
-        # 4. allowed, whole blocks (causal): rows i0 .. i0 + bq see every key before `every`
-        #    and none from `hi` on. The blocks of bk keys before `every` are visited unmasked;
-        #    from the last of them to `hi`, blocks of bn keys are masked elementwise, the last
-        #    one shifted back to end at `hi`. Nothing past the diagonal is visited: the trip
-        #    counts depend on i0 (`fori_loop` with traced bounds, a `while_loop`; the backward
-        #    is this file's own, so reverse mode never goes through it).
+        # Causal, no window: rows i0 .. i0 + bq see every key before `every` and none from
+        # `hi` on. The blocks of bk keys before `every` are visited unmasked; from the last of
+        # them to `hi`, blocks of bn keys are masked elementwise, the last one shifted back to
+        # end at `hi`. Nothing past the diagonal is visited: the trip counts depend on i0
+        # (`fori_loop` with traced bounds, a `while_loop`; the backward is this file's own, so
+        # reverse mode never goes through it).
         every = jnp.clip(i0 + tiling.offset + 1, 0, S)  # keys [0, every): allowed to all rows
         hi = jnp.clip(i0 + tiling.bq + tiling.offset, 0, S)  # keys [0, hi): to some row
         n_every = every // bk
@@ -344,7 +348,7 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
         return jax.lax.fori_loop(0, (hi - lo + bn - 1) // bn, across, carry)
 
     if not dims.is_causal and dims.window is None:
-        # no band: every block of bk keys is visited unmasked, then the last keys (S % bk of
+        # No band: every block of bk keys is visited unmasked, then the last keys (S % bk of
         # them) in a block shifted back to end at S, which masks the keys it shares.
         n_whole = S // bk
 
@@ -356,9 +360,9 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
             carry = visit(carry, n_whole * bk, S - bk, bk, bands=True, skips=False)
         return carry
 
-    # 4. allowed, whole blocks: the key blocks start at the first key of the window's band
-    #    (the keys before it are masked for every row), so a band of bk keys is one block; a
-    #    window's band is a few blocks: the scan takes those steps, not one per key block.
+    # A window: the key blocks start at the first key of the window's band (the keys before
+    # it are masked for every row), so a band of bk keys is one block; a window's band is a
+    # few blocks: the scan takes those steps, not one per key block.
     lo = 0
     if dims.window is not None and dims.window[0] is not None:
         lo = jnp.clip(i0 + tiling.offset - dims.window[0], 0, S)

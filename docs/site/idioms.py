@@ -48,22 +48,26 @@ IDIOMS: dict[str, dict[str, str]] = {
     "flash": {
         "4. allowed, whole blocks": (
             "NumPy and torch yield only the key blocks some row may see, from a Python loop "
-            "that starts at the band's first key (`range(lo, hi, self.block_k)`); a JAX scan "
-            "has a fixed length, so each block outside the bands is skipped with "
-            "`jax.lax.cond`, and a block past the last key does nothing (`j0 < dims.S`)."
+            "that starts at the band's first key (`range(lo, hi, self.block_k)`); JAX, causal, "
+            "runs two `jax.lax.fori_loop`s whose bounds depend on the query block (the blocks "
+            "every row sees, then the diagonal's), and otherwise a scan of fixed length, each "
+            "block outside the bands skipped with `jax.lax.cond` and one past the last key "
+            "doing nothing (`j0 < S`)."
         ),
         "4. allowed, this block": (
             "NumPy and torch build the block's `allowed` only where a boundary crosses it "
-            "(`every` is decided in Python); JAX builds it for every block, with the keys below "
-            "`j0` of a last block shifted back to keep its size static (`j >= j0`). Key and "
+            "(`every` is decided in Python); JAX decides it per loop (`if bands:`, False for the "
+            "blocks inside the bands), with the keys below `j0` of a block shifted back to keep "
+            "its size static (`j >= j0`). Key and "
             "value rows no row of the block attends are zeroed (`_unattended_zeroed`), and only "
             "when a mask, segment ids or a bias can leave one unattended (`banded`)."
         ),
         "1. scores": (
             "The functional step on one block: NumPy and torch multiply the `G * bq` rows of a "
             "group against the block `k_blk` sliced in the Python loop (torch scales with "
-            "`mul_` in place), and JAX contracts the groups in one `jnp.einsum` on blocks a "
-            "scan hands it."
+            "`mul_` in place), and JAX contracts the groups in one `jnp.einsum` on blocks its "
+            "loops hand it, the scale on the block's queries (`q_blk * dims.scale`: XLA would "
+            "fuse a later s * scale into s - max as an FMA)."
         ),
         "2. softcap": (
             "Kept as `tanh` for the backward's factor: in place in NumPy "
@@ -187,8 +191,8 @@ IDIOMS: dict[str, dict[str, str]] = {
     "flash_backward": {
         "4. allowed, whole blocks": (
             "The forward's tiling, visited again in the same order: NumPy and torch reuse the "
-            "forward's loop over `key_band`; JAX's scan recomputes each block's first key "
-            "(`lo`)."
+            "forward's loop over `key_band`; JAX runs the forward's loops again "
+            "(`jax.lax.fori_loop`, `jax.lax.scan`), recomputing each block's first key."
         ),
         "4. allowed, this block": (
             "The forward's block rules (`_allowed`), the same code; in JAX the keys below `j0` "

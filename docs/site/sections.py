@@ -41,7 +41,7 @@ SECTIONS: tuple[Section, ...] = (
         "Tiled (flash) attention",
         "flash.py",
         functions=("_forward",),
-        helpers=("key_blocks", "_key_block", "scores", "_block_scores", "_attend_block"),
+        helpers=("key_blocks", "_key_blocks", "scores", "_block_scores", "_attend_block"),
     ),
     Section(
         "modules",
@@ -82,7 +82,7 @@ SECTIONS: tuple[Section, ...] = (
         "Tiled backward pass (vjp)",
         "flash.py",
         functions=("_backward",),
-        helpers=("key_blocks", "_key_block", "scores", "_block_scores", "_grad_block"),
+        helpers=("key_blocks", "_key_blocks", "scores", "_block_scores", "_grad_block"),
         optional=True,
     ),
     Section(
