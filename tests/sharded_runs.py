@@ -93,7 +93,8 @@ MEMORY_PROBE = {"B": 1, "H": 4, "K": 2, "L": 1024, "D": 64, "E": 64, "shards": (
 #: gradients through zigzag, causal, mask and bias, with fully masked rows, against jax.grad of
 #: impl_jax.scaled_dot_product_attention, float64; and a causal float32 run, jitted in float32
 #: as training runs it, against the float64 oracle's gradients (the ring block's clamp of
-#: ``s - max`` at 0 must pass the gradient wherever XLA rounds it above 0).
+#: ``s - max`` at 0 must pass the gradient wherever XLA rounds it above 0; on this CPU it does
+#: not, so that clamp's regression is not caught here: test_sharded says what was tried).
 JAX_GRAD_RUNS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("ring_zigzag.n4.fully_masked.rows.l64_s64.float64", ("query", "key", "value", "bias")),
     ("ring_zigzag.n4.causal.top_left.l64_s64.float32", ("query", "key", "value")),
