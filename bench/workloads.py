@@ -380,8 +380,9 @@ def _cpu_full() -> list[Workload]:
         w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_train(1, 8, 8, n, 64, causal=causal) for n in lengths]  # 8192: the memory point
-    w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 8192, 32768)]
-    w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (2048, 32768)]  # rolling cache: O(W)
+    # decode, incl. the goals' P = 4096 (MHA, GQA 8:2) and the rolling goal's P = 1024, 4096
+    w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 4096, 8192, 32768)]
+    w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 2048, 4096, 32768)]  # O(W)
     return w
 
 

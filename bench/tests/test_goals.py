@@ -123,6 +123,7 @@ def test_run_goal_gates_both_calls_and_records_the_ratios():
     assert len(g["ratios"]) == 6 and g["status"] == "met"  # any ratio is <= 1000
     assert g["ratio"]["median"] == pytest.approx(statistics.median(g["ratios"]))
     assert sorted(c[2] for c in calls) == ["flash", "sdpa"]  # each row's own gate, once
+    assert 0 < rec.wall_s < 60  # the case's own seconds, for the report's "time:" line
 
 
 def test_a_goal_whose_row_fails_its_gate_is_not_timed():
