@@ -53,6 +53,8 @@ from impl_torch.functional import (
     _attended,
     _cast,
     _compute_dtype,
+    _exp_,
+    _mask_,
     _unattended_zeroed,
     _vjp_by_autograd,
 )
@@ -176,7 +178,7 @@ class _Blocks:
 
         # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
         if allowed is not None:
-            s.masked_fill_(~allowed, float("-inf"))
+            _mask_(s, allowed)
         return s, k_blk, v_blk, bias_blk, tanh
 
 
@@ -200,7 +202,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
             shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
             alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
-            p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); exp(s - max) <= 1
+            p = _exp_(s.sub_(shift).clamp_(max=0.0))  # (..., H, bq, bk); exp(s - max) <= 1
             l = alpha * l + p.sum(dim=-1, keepdim=True)
 
             # 6. output, accumulated: acc = alpha * acc + p @ value, per group (G * bq rows).
@@ -261,7 +263,7 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
             bk = j1 - j0
 
             # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
-            p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); P <= 1
+            p = _exp_(s.sub_(shift).clamp_(max=0.0))  # (..., H, bq, bk); P <= 1
 
             # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
             dv_h = p.transpose(-2, -1) @ do_blk  # (..., H, bk, E)

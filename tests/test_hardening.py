@@ -378,6 +378,32 @@ def test_13_garbage_gets_zero_gradient_in_torch_and_jax() -> None:
     assert (np.asarray(jgrads[2])[1, :, 4:] == 0).all()
 
 
+@pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NumPy's inf * 0 in query 1's row
+@pytest.mark.parametrize("name", list(IMPLS))
+def test_13_inf_and_nan_at_a_position_only_some_rows_mask(name) -> None:
+    """Key 4 holds inf (its scores are +/-inf or NaN) and bias (0, 3) is +inf; query 0 masks
+    both, query 1 attends both. Query 0's row is the clean answer in both paths (torch's CPU
+    masking adds -inf, which turns +inf into NaN, and must then mask as written); query 1's
+    row is not finite."""
+    q, k, v = _qkv("float64", q=(1, 2, 4, 3), k=(1, 2, 5, 3))
+    mask = np.ones((4, 5), bool)
+    mask[0, 3:] = False
+    bias = np.zeros((4, 5))
+    k_bad, bias_bad = k.copy(), bias.copy()
+    k_bad[..., 4, :] = np.inf
+    bias_bad[0, 3] = bias_bad[1, 3] = np.inf
+    fw = FRAMEWORKS[name]
+    want = fw.sdpa(q, k, v, mask=mask, bias=bias)
+    for path in ("scaled_dot_product_attention", "flash_attention"):
+        extra = {"block_q": 2, "block_k": 3} if path == "flash_attention" else {}
+        fn = getattr(fw.module, path)
+        args = (fw.asarray(a) for a in (q, k_bad, v))
+        got = fw.to_numpy(fn(*args, mask=fw.asarray(mask), bias=fw.asarray(bias_bad), **extra))
+        np.testing.assert_allclose(got[..., 0, :], want[..., 0, :], rtol=0, atol=1e-12,
+                                   err_msg=path)  # fmt: skip
+        assert not np.isfinite(got[..., 1, :]).all(), path
+
+
 @pytest.mark.parametrize("name", list(IMPLS))
 def test_13_unused_cache_slots_holding_nan_are_never_read(name) -> None:
     """Decode reads the cache's first ``position`` slots only: NaN in the others is garbage."""

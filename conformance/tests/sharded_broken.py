@@ -95,6 +95,11 @@ BUGS: dict[str, tuple[str, str]] = {
         "every device takes the first H/n sinks (and slopes), not those of its query heads",
         "head_parallel.n2.sinks.basic.float32",
     ),
+    "head_parallel_segments_split": (
+        "segment ids split across the devices along their first axis, like the per-head sinks: "
+        "device r gives every batch row the ids of batch row r",
+        "head_parallel.n2.segments.two_docs.float64",
+    ),
     "head_parallel_gqa_settings_dropped": (
         "the head-parallel module attends with the functional defaults: its window, sinks, "
         "ALiBi, softcap and scale never reach the devices",
@@ -230,9 +235,10 @@ def _head_parallel(
     **kw,
 ):  # fmt: skip
     """``impl_numpy.sharded.head_parallel_attention``, or with tiled head groups, or with every
-    device's sinks and slopes the first H/n."""
+    device's sinks and slopes the first H/n, or with the segment ids split like the heads."""
     per_head = {"sinks": sinks, "alibi_slopes": alibi_slopes}
-    if bug not in ("head_parallel_tiling", "head_parallel_sinks_whole"):
+    if bug not in ("head_parallel_tiling", "head_parallel_sinks_whole",
+                   "head_parallel_segments_split"):  # fmt: skip
         return sharded.head_parallel_attention(
             query, key, value, n_shards=n_shards, mask=mask, bias=bias, **per_head, **kw
         )
@@ -249,9 +255,12 @@ def _head_parallel(
                   and x.shape[-3] == H else x for x in (mask, bias)]  # fmt: skip
         first = heads if bug == "head_parallel_tiling" else list(range(Hn))
         vectors = {k: None if x is None else np.asarray(x)[first] for k, x in per_head.items()}
+        ids = {k: v for k, v in kw.items() if k.endswith("segment_ids") and v is not None}
+        if bug == "head_parallel_segments_split":  # (B, L) -> device r's (B/n, L) slice
+            ids = {k: np.array_split(np.asarray(v), n_shards)[r] for k, v in ids.items()}
         outs.append(scaled_dot_product_attention(
             query[..., heads, :, :], key[..., kv, :, :], value[..., kv, :, :],
-            mask=picked[0], bias=picked[1], **vectors, **kw,
+            mask=picked[0], bias=picked[1], **vectors, **{**kw, **ids},
         ))  # fmt: skip
     return np.concatenate(outs, axis=-3)
 

@@ -27,13 +27,15 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
         "4. allowed": (
             "One boolean, `allowed`, from the rules (mask AND causal): NumPy writes -inf in "
-            "place with `np.copyto(s, -np.inf, where=~allowed)`, torch with `masked_fill_`, JAX "
-            "selects into a new array with `jnp.where(allowed, s, -jnp.inf)`."
+            "place with `np.copyto(s, -np.inf, where=~allowed)`, torch with `_mask_(s, allowed)` "
+            "(on the CPU an added term of 0 and -inf, about 10x faster than its masked_fill_), "
+            "JAX selects into a new array with `jnp.where(allowed, s, -jnp.inf)`."
         ),
         "5. softmax over S, stable, with a sink per head": (
             "Subtract the row max, clamp the exponent at 0, exponentiate, divide, with a row of "
             "no allowed key sent to zeros: NumPy in place (`np.minimum(s, 0.0, out=s)`), torch "
-            "on `s.detach()` with `sub_`, `clamp_` and `exp_`, JAX with "
+            "on `s.detach()` with `sub_`, `clamp_` and `_exp_` (2 ** (x * log2(e)): torch's "
+            "CPU exp is about 4x slower at each -inf), JAX with "
             "`jax.lax.stop_gradient` and a second shift (`_finite_max`), because XLA computes "
             "the first one as a fused multiply-add of the unrounded scores."
         ),
