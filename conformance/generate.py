@@ -175,6 +175,7 @@ def _cross_check(
             sel = np.broadcast_to(rows, want.shape[:-1])
             with np.errstate(invalid="ignore"):
                 diff = np.abs(got.astype(np.float64)[sel] - want[sel])
+            diff[np.isnan(want[sel]) & np.isnan(got.astype(np.float64)[sel])] = 0.0  # NaN met
             err = float(np.max(diff, initial=0.0)) if not np.isnan(diff).any() else float("nan")
             worst[what] = err
         known = _known_deviation(name, case_id)

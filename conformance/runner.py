@@ -510,7 +510,8 @@ def _fmt_index(index: tuple[int, ...]) -> str:
 
 
 def _compare(got: Any, golden: np.ndarray, dtype: str, bound: float, what: str) -> float:
-    """Max |got - golden| (NaN counts as inf); raises _Failed on shape, dtype or bound.
+    """Max |got - golden| (NaN counts as inf, but where the golden is NaN, anything else does);
+    raises _Failed on shape, dtype or bound.
 
     The failure locates the error: the index of the worst element, expected and got to full
     precision (Python's shortest round-trip repr), the relative error there and the error as a
@@ -530,7 +531,9 @@ def _compare(got: Any, golden: np.ndarray, dtype: str, bound: float, what: str) 
         want = golden.astype(np.float64)
         diff = np.abs(values - want)
         exact = np.isinf(want) & (values == want)  # a golden -inf (an empty row's lse) is met
+        exact |= np.isnan(want) & np.isnan(values)  # so is a golden NaN (+inf bias allowed)
         diff[~np.isfinite(values) & ~exact] = math.inf
+        diff[np.isnan(want) & ~exact] = math.inf  # a number where the golden is NaN is wrong
         diff[exact] = 0.0
     flat = int(np.argmax(diff))
     err = float(diff.flat[flat])

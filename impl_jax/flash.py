@@ -150,7 +150,7 @@ def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids,
     # 5. online softmax: raise the running max, rescale what was summed under the old one by
     #    exp(m_old - m_new), add this block's exp(s - m_new).
     m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
-    shift = jnp.where(jnp.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: exp(-inf) = 0
+    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: exp(-inf) = 0
     alpha = jnp.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
     s = s - shift
     p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., H, bq, bk); exp(s - max) <= 1
@@ -350,7 +350,7 @@ def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling)
         empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
         if sinks is not None:
             m_sink = jnp.maximum(m, jax.lax.stop_gradient(sinks)[:, None, None])
-            shift = jnp.where(jnp.isfinite(m_sink), m_sink, 0.0)
+            shift = jnp.where(m_sink == -jnp.inf, 0.0, m_sink)
             alpha = jnp.exp(m - shift)
             sink = sinks[:, None, None] - shift
             l = alpha * l + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
@@ -389,7 +389,7 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
         o_blk = o_blk.reshape(*dims.batch, K, G, bq, E)
         delta = jnp.sum(do_blk * o_blk, axis=-1, keepdims=True)  # (..., K, G, bq, 1)
         row_lse = jax.lax.dynamic_slice_in_dim(lse, i0, bq, axis=lse.ndim - 1)  # (..., H, bq)
-        shift = jnp.where(jnp.isfinite(row_lse), row_lse, 0.0)[..., None]  # no key: P = 0
+        shift = jnp.where(row_lse == -jnp.inf, 0.0, row_lse)[..., None]  # no key: P = 0
         bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
         mask_rows = _block(mask, -2, i0, bq)
         q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq)

@@ -146,9 +146,10 @@ def _unattended_zeroed(x: jax.Array, attended) -> jax.Array:
 
 
 def _finite_max(s: jax.Array) -> jax.Array:
-    """The row max of ``s (..., S)`` as ``(..., 1)``, 0 for a row that has no finite entry."""
+    """The row max of ``s (..., S)`` as ``(..., 1)``, 0 for a row whose max is -inf (nothing
+    allowed); a +inf or NaN max stays, so the row comes out NaN."""
     row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
-    return jnp.where(jnp.isfinite(row_max), row_max, 0.0)
+    return jnp.where(row_max == -jnp.inf, 0.0, row_max)
 
 
 def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
@@ -185,7 +186,7 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)  # (..., H, L, 1)
     if sinks is not None:
         row_max = jnp.maximum(row_max, sinks[:, None, None])  # the sink's logit counts too
-    row_max = jax.lax.stop_gradient(jnp.where(jnp.isfinite(row_max), row_max, 0.0))
+    row_max = jax.lax.stop_gradient(jnp.where(row_max == -jnp.inf, 0.0, row_max))
     s = s - row_max  # exp(-inf - 0) = 0 in a fully masked row, not NaN
     again = _finite_max(s)  # XLA computes s - max as one FMA of the unrounded s * scale (off by
     #    up to an ulp of s: exp(-800) at logits of 1e10), so shift again by the largest of these

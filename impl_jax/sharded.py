@@ -151,7 +151,7 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
     #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
     m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))  # (..., H, Lc, 1)
-    s = s - jnp.where(jnp.isfinite(m), m, 0.0)  # no allowed key here: exp(-inf - 0) = 0
+    s = s - jnp.where(m == -jnp.inf, 0.0, m)  # no allowed key here: exp(-inf - 0) = 0
     # exp(s - max) <= 1: the value clamped at 0, the gradient passed through (as in _weights)
     p = jnp.exp(s - jax.lax.stop_gradient(jnp.maximum(s, 0.0)))  # (..., H, Lc, Sc)
     l = jnp.sum(p, axis=-1, keepdims=True)  # (..., H, Lc, 1)
@@ -174,7 +174,7 @@ def _merge(out, lse, out_blk, lse_blk):
     stays zero with ``lse = -inf``. out ``(..., H, Lc, E)``, lse ``(..., H, Lc)``.
     """
     top = jax.lax.stop_gradient(jnp.maximum(lse, lse_blk))  # (..., H, Lc)
-    top = jnp.where(jnp.isfinite(top), top, 0.0)  # both -inf: exp(-inf - 0) = 0, not NaN
+    top = jnp.where(top == -jnp.inf, 0.0, top)  # both -inf: exp(-inf - 0) = 0, not NaN
     a, b = jnp.exp(lse - top), jnp.exp(lse_blk - top)  # each side's mass, relative to the top
     total = a + b
     seen = total > 0.0

@@ -175,6 +175,7 @@ class _Blocks:
         return s, k_blk, v_blk, bias_blk, tanh
 
 
+@np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
 def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
     """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
     dims, ct = blocks.dims, blocks.q.dtype
@@ -194,7 +195,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
             # 5. online softmax: raise the running max, rescale what was summed under the old
             #    one by exp(m_old - m_new), add this block's exp(s - m_new).
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (..., H, bq, 1)
-            shift = np.where(np.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
+            shift = np.where(m_new == -np.inf, 0.0, m_new)  # nothing allowed yet: not NaN
             alpha = np.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
             s -= shift
             np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently
@@ -213,7 +214,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
         empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
         if sinks is not None:
             m_sink = np.maximum(m, sinks[:, None, None])  # (..., H, bq, 1)
-            shift = np.where(np.isfinite(m_sink), m_sink, 0.0)
+            shift = np.where(m_sink == -np.inf, 0.0, m_sink)
             alpha = np.exp(m - shift)
             l = alpha * l + np.exp(np.minimum(sinks[:, None, None] - shift, 0.0))
             acc, m = alpha * acc, m_sink
@@ -223,6 +224,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
     return out, lse
 
 
+@np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
 def _backward(blocks: _Blocks, sinks, out, lse, do):
     """The tiled backward (FlashAttention-2, Algorithm 2, in the forward's loop order):
     ``(dQ, dK, dV, dbias, dsinks)`` in the compute dtype, dQ ``(..., H, L, D)``, dK and dV
@@ -248,7 +250,7 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
         o_blk = out[..., i0:i1, :].reshape(*dims.batch, K, G, bq, E)
         delta = (do_blk * o_blk).sum(axis=-1, keepdims=True)  # (..., K, G, bq, 1): dO_i . O_i
         row_lse = lse[..., i0:i1, None]  # (..., H, bq, 1)
-        shift = np.where(np.isfinite(row_lse), row_lse, 0.0)  # a row with no key: P = 0
+        shift = np.where(row_lse == -np.inf, 0.0, row_lse)  # a row with no key: P = 0
         q_blk = q[..., i0:i1, :]  # (..., K, G, bq, D)
 
         # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).

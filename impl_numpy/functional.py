@@ -116,6 +116,7 @@ def _unattended_zeroed(x: np.ndarray, attended) -> np.ndarray:
     return x if attended is None else np.where(attended[..., None], x, 0.0)
 
 
+@np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
 def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks,
              with_sink: bool = False):  # fmt: skip
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype
@@ -157,7 +158,7 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     row_max = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., H, L, 1)
     if sinks is not None:
         row_max = np.maximum(row_max, sinks[:, None, None])  # the sink's logit counts too
-    row_max[~np.isfinite(row_max)] = 0.0  # fully masked row: exp(-inf - 0) = 0, not NaN
+    row_max[row_max == -np.inf] = 0.0  # fully masked row: exp(-inf - 0) = 0, not NaN
     s -= row_max
     np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently (XLA's FMA)
     np.exp(s, out=s)

@@ -76,6 +76,7 @@ from impl_numpy.functional import (
 __all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention"]
 
 
+@np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
 def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, offset, slopes):
     """Steps 1-6 of the contract for one block: the query rows at positions ``q_pos`` ``(Lc,)``
     against the keys at positions ``k_pos`` ``(Sc,)``, and nothing else.
@@ -128,7 +129,7 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
     #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)  # (..., H, Lc, 1)
-    s -= np.where(np.isfinite(m), m, 0.0)  # no allowed key here: exp(-inf - 0) = 0, not NaN
+    s -= np.where(m == -np.inf, 0.0, m)  # no allowed key here: exp(-inf - 0) = 0, not NaN
     np.minimum(s, 0.0, out=s)  # exp(s - max) <= 1 even if s was rounded differently
     p = np.exp(s, out=s)  # (..., H, Lc, Sc)
     l = p.sum(axis=-1, keepdims=True)  # (..., H, Lc, 1)
@@ -142,6 +143,7 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     return out, lse
 
 
+@np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
 def _merge(out, lse, out_blk, lse_blk):
     """Merge two partial results for the same rows over disjoint keys into their union's.
 
@@ -151,7 +153,7 @@ def _merge(out, lse, out_blk, lse_blk):
     stays zero with ``lse = -inf``. out ``(..., H, Lc, E)``, lse ``(..., H, Lc)``.
     """
     top = np.maximum(lse, lse_blk)  # (..., H, Lc)
-    top = np.where(np.isfinite(top), top, 0.0)  # both -inf: exp(-inf - 0) = 0, not NaN
+    top = np.where(top == -np.inf, 0.0, top)  # both -inf: exp(-inf - 0) = 0, not NaN
     a, b = np.exp(lse - top), np.exp(lse_blk - top)  # each side's mass, relative to the top
     total = a + b
     seen = total > 0.0

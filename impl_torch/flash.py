@@ -200,7 +200,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
             # 5. online softmax: raise the running max, rescale what was summed under the old
             #    one by exp(m_old - m_new), add this block's exp(s - m_new).
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
-            shift = torch.where(torch.isfinite(m_new), m_new, 0.0)  # nothing allowed yet: not NaN
+            shift = torch.where(m_new == float("-inf"), 0.0, m_new)  # nothing allowed yet: not NaN
             alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
             p = _exp_(s.sub_(shift).clamp_(max=0.0))  # (..., H, bq, bk); exp(s - max) <= 1
             l = alpha * l + p.sum(dim=-1, keepdim=True)
@@ -217,7 +217,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
         empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
         if sinks is not None:
             m_sink = torch.maximum(m, sinks[:, None, None])  # (..., H, bq, 1)
-            shift = torch.where(torch.isfinite(m_sink), m_sink, 0.0)
+            shift = torch.where(m_sink == float("-inf"), 0.0, m_sink)
             alpha = torch.exp(m - shift)
             l = alpha * l + (sinks[:, None, None] - shift).clamp(max=0.0).exp()
             acc, m = alpha * acc, m_sink
@@ -250,7 +250,7 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
         do_blk = do[..., i0:i1, :]  # (..., H, bq, E)
         delta = (do_blk * out[..., i0:i1, :]).sum(dim=-1, keepdim=True)  # (..., H, bq, 1)
         row_lse = lse[..., i0:i1, None]  # (..., H, bq, 1)
-        shift = torch.where(torch.isfinite(row_lse), row_lse, 0.0)  # a row with no key: P = 0
+        shift = torch.where(row_lse == float("-inf"), 0.0, row_lse)  # a row with no key: P = 0
         q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
 
         # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).

@@ -206,7 +206,7 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
         row_max = s.new_full((*s.shape[:-1], 1), float("-inf"))  # no keys at all
     if sinks is not None:
         row_max = torch.maximum(row_max, sinks.detach()[:, None, None])  # the sink counts too
-    row_max = torch.where(torch.isfinite(row_max), row_max, 0.0)  # exp(-inf - 0) = 0, not NaN
+    row_max = torch.where(row_max == float("-inf"), 0.0, row_max)  # exp(-inf - 0) = 0, not NaN
     s.sub_(row_max).clamp_(max=0.0)  # exp(s - max) <= 1 even if s was rounded differently
     e = _exp_(s)  # (..., H, L, S)
     row_sum = e.sum(dim=-1, keepdim=True)  # (..., H, L, 1)

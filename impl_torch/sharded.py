@@ -123,7 +123,7 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
     #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
     m = s.amax(dim=-1, keepdim=True)  # (..., H, Lc, 1)
-    p = s.sub_(torch.where(torch.isfinite(m), m, 0.0)).clamp_(max=0.0).exp_()  # exp(s - m) <= 1
+    p = s.sub_(torch.where(m == float("-inf"), 0.0, m)).clamp_(max=0.0).exp_()  # exp(s - m) <= 1
     l = p.sum(dim=-1, keepdim=True)  # (..., H, Lc, 1)
     l = torch.where(l == 0.0, 1.0, l)
     p.div_(l)
@@ -142,7 +142,7 @@ def _merge(out, lse, out_blk, lse_blk):
     stays zero with ``lse = -inf``. out ``(..., H, Lc, E)``, lse ``(..., H, Lc)``.
     """
     top = torch.maximum(lse, lse_blk)  # (..., H, Lc)
-    top = torch.where(torch.isfinite(top), top, 0.0)  # both -inf: exp(-inf - 0) = 0, not NaN
+    top = torch.where(top == float("-inf"), 0.0, top)  # both -inf: exp(-inf - 0) = 0, not NaN
     a, b = torch.exp(lse - top), torch.exp(lse_blk - top)  # each side's mass, relative to top
     total = a + b
     seen = total > 0.0

@@ -262,6 +262,19 @@ def bias_neg_inf(rng, dtype):
     return call(*qkv(rng), bias=bias)
 
 
+@sdpa_case("bias.pos_inf", ("float64", "float32"))
+def bias_pos_inf(rng, dtype):
+    """+inf in the bias: at an allowed position (query 1, key 2) the row is NaN, as IEEE
+    arithmetic says (inf - inf); at a position the mask refuses (query 3, key 4) it is out like
+    any other, and that row is a number. A port whose shift guard replaces any non-finite row
+    max by 0 (not only -inf) turns row 1 into a finite, wrong answer instead."""
+    bias = normal(rng, B, H, L, S)
+    bias[..., 1, 2] = bias[..., 3, 4] = math.inf
+    mask = np.ones((L, S), bool)
+    mask[3, 4] = False
+    return call(*qkv(rng), mask=mask, bias=bias)
+
+
 @sdpa_case("bias.with_mask", ("float32", "bfloat16"))
 def bias_with_mask(rng, dtype):
     """bias and mask together: the bias is added, then the mask's False positions are out."""

@@ -115,7 +115,7 @@ def _broken_flash(
             if bug == "unguarded_max":  # BUG: -inf - -inf = NaN in a row with nothing allowed
                 shift = m_new
             else:
-                shift = np.where(np.isfinite(m_new), m_new, 0.0)
+                shift = np.where(m_new == -np.inf, 0.0, m_new)
             alpha = np.exp(m - shift)
             if bug == "no_rescale":  # BUG: what was summed under the old max is kept as it was
                 alpha = np.where(np.isfinite(m), 1.0, 0.0)
@@ -147,7 +147,7 @@ def _quiet(fn: Callable) -> Callable:
         with np.errstate(invalid="ignore", divide="ignore"):
             return fn(*args, **kwargs)
 
-    wrapped.__name__ = wrapped.__qualname__ = fn.func.__name__ + "." + fn.keywords["bug"]
+    wrapped.__name__ = wrapped.__qualname__ = f"{fn.func.__name__}.{fn.keywords['bug']}"
     return wrapped
 
 

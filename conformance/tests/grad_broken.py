@@ -140,7 +140,7 @@ def broken_vjp(
     sink = None if v2["sinks"] is None else v2["sinks"].astype(f64)[:, None, None]  # (H, 1, 1)
     if sink is not None:
         m = np.maximum(m, sink)
-    m = np.where(np.isfinite(m), m, 0.0)
+    m = np.where(m == -np.inf, 0.0, m)
     z = np.exp(s - m).sum(axis=-1, keepdims=True)
     empty = z == 0.0  # (..., H, L, 1): rows with no allowed key
     if sink is not None:
@@ -171,7 +171,7 @@ def broken_vjp(
             r0 = min(j0, L - (i1 - i0)) if bug == "lse_offset" else i0  # BUG: the key offset
             row_lse = lse[..., r0 : r0 + i1 - i0, :]
             if bug != "nan_fully_masked":  # BUG otherwise: exp(-inf - -inf) = NaN
-                row_lse = np.where(np.isfinite(row_lse), row_lse, 0.0)
+                row_lse = np.where(row_lse == -np.inf, 0.0, row_lse)
             p = np.exp(s[..., i0:i1, j0:j1] - row_lse)  # (..., H, bq, bk)
             do_blk = do[..., i0:i1, :]
             dvh[..., j0:j1, :] += np.swapaxes(p, -1, -2) @ do_blk

@@ -75,8 +75,8 @@ IDIOMS: dict[str, dict[str, str]] = {
             "with `add_`, JAX out of place."
         ),
         "4. allowed": (
-            "NumPy writes -inf in place with `np.copyto`, torch with `masked_fill_`, JAX "
-            "selects with `jnp.where`."
+            "NumPy writes -inf in place with `np.copyto`, torch with `_mask_` (the functional "
+            "step's CPU idiom), JAX selects with `jnp.where`."
         ),
         "5. online softmax": (
             "The same recurrence (`m_new`, `alpha`, `l`) in all three, the exponent clamped at "
@@ -185,6 +185,32 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
     },
     "flash_backward": {
+        "4. allowed, whole blocks": (
+            "The forward's tiling, visited again in the same order: NumPy and torch reuse the "
+            "forward's loop over `key_band`; JAX's scan recomputes each block's first key "
+            "(`lo`)."
+        ),
+        "4. allowed, this block": (
+            "The forward's block rules (`_allowed`), the same code; in JAX the keys below `j0` "
+            "of a last block shifted back stay out (`j >= j0`)."
+        ),
+        "1. scores": (
+            "Recomputed per block rather than kept from the forward (FlashAttention-2's trade: "
+            "memory linear in L for one more matmul per block); torch's backward asks for the "
+            "key and value blocks per query head, NumPy and JAX keep the group axis."
+        ),
+        "2. softcap": (
+            "The forward's step; `tanh` is returned with the scores, for the chain rule's "
+            "1 - tanh^2."
+        ),
+        "3. additive terms": (
+            "The forward's step; the block's slice of the bias is returned too, so dS can be "
+            "summed into the bias gradient."
+        ),
+        "4. allowed": (
+            "As in the forward: NumPy `np.copyto`, torch `_mask_`, JAX `jnp.where`; the "
+            "backward's P is then zero there, so dS is too."
+        ),
         "5. (end) the sink": (
             "One gradient per head and row: NumPy and torch write each block's rows into "
             "`dsinks[..., i0:i1]` and sum them afterwards; JAX carries the running sum through "
