@@ -6,8 +6,10 @@ machine that measures the machine as much as the code: the same quick grid run t
 apart gave numpy sdpa 2.41x then 3.40x torch's fused kernel, whose own median moved from 69.6
 to 56.8 ms. So each goal is measured on its own (:func:`interleave`):
 
-1. both calls are prepared and warmed up (one untimed call each, plus the one that sizes the
-   samples);
+1. both calls are prepared and warmed up (one untimed call each, plus one that sizes the
+   samples; when both warm-up calls already took :data:`SURE` times the shortest sample, the
+   sample is one call and that second call is saved: a steady call ten times faster than its
+   first is not what these rows do, and a goal at L = S = 2048 saves seconds);
 2. a sample is ``inner`` back-to-back calls, ``inner`` chosen so that the faster call's sample
    lasts at least ``min_sample_s`` (timer resolution and call overhead out of the way);
 3. each round times one sample of A and one of B, in the order A B, then B A the next round
@@ -32,10 +34,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MIN_ROUNDS", "Interleaved", "decide", "interleave", "spread"]
+__all__ = ["MIN_ROUNDS", "SURE", "Interleaved", "decide", "interleave", "spread"]
 
 #: The fewest rounds a goal is measured with.
 MIN_ROUNDS = 5
+#: A warm-up call this many times the shortest sample sizes the samples itself (one call each).
+SURE = 10
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -88,15 +92,19 @@ def interleave(
     least :data:`MIN_ROUNDS`, fewer (never below that) when the rounds pass ``max_s`` seconds.
     Each call must synchronize (the runners' calls do)."""
     rounds = max(rounds, MIN_ROUNDS)
-    call_a(), call_b()  # warm-up: first-call effects stay out of every sample
 
     def once(call: Callable[[], Any]) -> float:
         t0 = clock()
         call()
         return clock() - t0
 
-    fastest = max(min(once(call_a), once(call_b)), 1e-9)
-    inner = max(1, math.ceil(min_sample_s / fastest))
+    # warm-up: first-call effects stay out of every sample
+    warm = min(once(call_a), once(call_b))
+    if warm >= SURE * min_sample_s and min_sample_s > 0:  # slow calls: one per sample
+        inner = 1
+    else:  # size the samples on a second, warm call of each
+        fastest = max(min(once(call_a), once(call_b)), 1e-9)
+        inner = max(1, math.ceil(min_sample_s / fastest))
 
     def sample(call: Callable[[], Any]) -> float:
         t0 = clock()

@@ -44,6 +44,7 @@ __all__ = [
     "load_results",
     "memory_text",
     "render",
+    "time_spent",
 ]
 
 SCHEMA_VERSION = 2
@@ -130,11 +131,14 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
         r["derived"] = d
 
 
-def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROWS) -> list[dict]:
+def evaluate_goals(
+    records: list[dict], device: str, rows: tuple[Row, ...] = ROWS, grid: str | None = None
+) -> list[dict]:
     """Each registered goal, from this run's goal records: ``met`` / ``missed`` / ``unclear``
     (the IQR of the interleaved per-round ratios against the limit), else ``not measured``
-    with the reason. Goals are stated for CPU float32 (issue 5); on other devices they are
-    ``not evaluated``."""
+    with the reason; a goal this run's ``grid`` does not hold but another CPU grid does (the
+    L = S = 8192 goals, quick against full) is ``not run (full grid)``, never met. Goals are
+    stated for CPU float32 (issue 5); on other devices they are ``not evaluated``."""
     goal_records = {
         (r["row"], r["goal"]["text"]): r for r in records if r["kind"] == "goal" and r.get("goal")
     }
@@ -167,7 +171,12 @@ def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROW
             if pair and all(p in median for p in pair):
                 entry["separate_ratio"] = median[pair[0]] / median[pair[1]]
             rec = goal_records.get((row.name, goal.text()))
-            if rec is None:
+            elsewhere = _grids_running(goal, device, grid)
+            if rec is None and elsewhere:
+                where = elsewhere[0]
+                detail = f"{w.label}: in the {where} grid (make bench BENCH={where})"
+                out.append({**entry, "status": f"not run ({where} grid)", "detail": detail})
+            elif rec is None:
                 detail = (
                     f"{w.label} is not in this grid"
                     if w.id not in in_grid
@@ -200,6 +209,17 @@ def evaluate_goals(records: list[dict], device: str, rows: tuple[Row, ...] = ROW
     return out
 
 
+def _grids_running(goal: Any, device: str, grid: str | None) -> list[str]:
+    """The other grids of ``device`` that run ``goal`` when ``grid`` (a known grid of it)
+    does not; empty when this grid runs it, or when ``grid`` is not a known grid."""
+    from bench.workloads import GRIDS
+
+    builders = {name: build for (dev, name), build in GRIDS.items() if dev == device}
+    if grid not in builders or goal.runs_in(builders[grid]()):
+        return []
+    return [name for name, build in builders.items() if name != grid and goal.runs_in(build())]
+
+
 def build_results(
     *,
     device: str,
@@ -225,7 +245,7 @@ def build_results(
         "pytest_benchmark_options": pytest_options or {},
         "peaks": device_peaks(records),
         "gates": gates,
-        "goals": evaluate_goals(records, device, rows),
+        "goals": evaluate_goals(records, device, rows, grid),
         "records": records,
     }
 
@@ -413,6 +433,9 @@ def render(results: dict, console: Any) -> None:
             "[dim]met / missed: the whole IQR of the per-round ratios is within / beyond the "
             "limit; unclear: the IQR straddles it (rerun on a quiet machine).[/dim]"
         )
+    spent = time_spent(results)
+    if spent:
+        console.print(esc(spent), style="dim")
     if absent:
         console.print("[dim]not available (skipped, visible):[/dim]")
         for name, reason in absent.items():
@@ -426,6 +449,30 @@ def render(results: dict, console: Any) -> None:
         "masked blocks; decode: one token after P cached ones, projections + attention over "
         "P + 1 keys, the cache an input (its size on the workload's line).[/dim]"
     )
+
+
+def time_spent(results: dict, longest: int = 5) -> str:
+    """Where a run's time went, from the records' ``wall_s`` (each case's own seconds; a gate
+    counts in the first case that uses it): ``time: 250 s of the run's 260 s in 120 cases
+    (rows 150 s, the gates' 40 s within them; goals 60 s; peaks 40 s); longest: ...``. Empty
+    for runs that did not record it."""
+    timed = [r for r in results["records"] if r.get("wall_s") is not None]
+    if not timed:
+        return ""
+    gates = sum(g.get("seconds", 0.0) for g in results.get("gates", []))
+    by_kind: dict[str, float] = {}
+    for r in timed:
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["wall_s"]
+    total = sum(by_kind.values())
+    parts = [f"{k}s {v:.0f} s" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])]
+    parts = [p + (f", the gates' {gates:.0f} s within them" if p.startswith("rows") else "")
+             for p in parts]  # fmt: skip
+    top = sorted(timed, key=lambda r: -r["wall_s"])[:longest]
+    names = ", ".join(f"{r['case_id']} {r['wall_s']:.0f} s" for r in top)
+    wall = results.get("wall_s")
+    whole = f" of the run's {wall:.0f} s" if wall else ""
+    head = f"time: {total:.0f} s{whole} in {len(timed)} cases"
+    return f"{head} ({'; '.join(parts)}); longest: {names}"
 
 
 #: How the float32 peak's matmul precision reads in the table.

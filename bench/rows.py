@@ -121,6 +121,20 @@ class Goal:
             return ROLLING_GOAL_WORKLOAD
         return GOAL_WORKLOAD if self.on is None else self.on
 
+    def grid_workloads(self) -> tuple[Workload, ...]:
+        """The workloads a grid must list for the goal to run in it: both calls' (a ``causal``
+        or ``rolling`` goal's twin too), except a ``window`` goal's windowed call, which no grid
+        lists (only the project's tiled rows take a window): its causal run at L = S = 8192
+        stands for it. The L = S = 8192 goals (``window``, ``memory``) therefore run in the
+        ``full`` grid, not in ``quick``: each is minutes of calls on a 2-core machine."""
+        if self.kind == "window":
+            return (self.baseline(),)
+        return tuple(dict.fromkeys((self.workload(), self.baseline())))
+
+    def runs_in(self, workloads: list[Workload] | tuple[Workload, ...]) -> bool:
+        """Whether a grid of these workloads runs the goal (:meth:`grid_workloads`)."""
+        return all(w in workloads for w in self.grid_workloads())
+
     def baseline(self) -> Workload:
         """The workload of the goal's second call: the non-causal twin (``causal``), the causal
         run without the window (``window``), the rolling step at P = 1024 (``rolling``), else

@@ -41,7 +41,7 @@ from bench.devices import (
 from bench.gate import GateCache, GateResult
 from bench.report import memory_text
 from bench.rows import ROWS, Goal, Row
-from bench.workloads import GOAL_WORKLOAD, TRAIN_GOAL_WORKLOAD, Workload
+from bench.workloads import Workload
 
 __all__ = [
     "HOST_LIMIT",
@@ -109,6 +109,7 @@ class Record:
     matmul: dict[str, Any] | None = None
     contention: float | None = None  # share of the CPUs other processes used while timing
     goal: dict[str, Any] | None = None  # a goal case: the pair, the per-round ratios, spread
+    wall_s: float | None = None  # the case's own seconds: gate (its first use), prepare, calls
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -201,8 +202,9 @@ def build_goal_cases(
     fdevice_of: Callable[[str, str], str | None] = framework_device,
     resolve_error: Callable[[Row], str | None] = _resolve_error,
 ) -> list[Case]:
-    """One case per performance goal whose two calls this run has: both rows selected, both
-    workloads in the grid, and a CPU run (the goals are stated for CPU float32)."""
+    """One case per performance goal whose two calls this run has: both rows selected, the
+    goal's workloads in the grid (``Goal.runs_in``: the L = S = 8192 window and memory goals
+    are the full grid's), and a CPU run (the goals are stated for CPU float32)."""
     if device != "cpu":
         return []
     by_name = {r.name: r for r in rows}
@@ -210,20 +212,13 @@ def build_goal_cases(
     for row in rows:
         for goal in row.goals:
             w = goal.workload()
-            if goal.kind in ("causal", "rolling"):  # the row against itself
+            if goal.kind in ("causal", "rolling", "window"):  # the row against itself
                 pair = ((row, w), (row, goal.baseline()))
-            elif goal.kind == "window":  # its two calls are its own, in a CPU goal-bearing grid
-                pair = ((row, w), (row, goal.baseline()))
-                if GOAL_WORKLOAD not in workloads:
-                    continue
-            elif goal.kind == "memory":  # its own workload (8192), in a grid with training steps
+            else:  # against its reference (a memory goal: the plain path, beside it)
                 pair = ((row, w), (by_name.get(goal.ref), w))
-                if TRAIN_GOAL_WORKLOAD not in workloads or pair[1][0] is None:
-                    continue
-            else:
-                pair = ((row, w), (by_name.get(goal.ref), w))
-            own = goal.kind in ("window", "memory")  # goals that bring their own workload
-            if not own and any(r is None or wl not in workloads for r, wl in pair):
+            # the grid must list its workloads (Goal.grid_workloads: the L = S = 8192 goals
+            # are the full grid's), and the run must have both rows
+            if not goal.runs_in(workloads) or any(r is None for r, _ in pair):
                 continue
             full = tuple((r, wl, fdevice_of(r.framework, device)) for r, wl in pair)
             missing = [e for e in (resolve_error(r) for r, _ in pair) if e]
@@ -313,6 +308,7 @@ class BenchSession:
         self.cases = cases
         self.goal_cases = goal_cases
         self.records: dict[str, Record] = {}
+        self._started: dict[str, float] = {}  # case id -> perf_counter() when it began
         self.started = time.time()
         #: ``time.monotonic()`` after which no case starts (``--budget-s``); None: no limit.
         self.deadline: float | None = None
@@ -370,6 +366,9 @@ class BenchSession:
 
     def _record(self, case: Case, status: str, reason: str = "", **kw: Any) -> Record:
         row = case.row
+        started = self._started.get(case.id)
+        if started is not None:
+            kw.setdefault("wall_s", time.perf_counter() - started)
         rec = Record(
             case_id=case.id,
             kind=case.kind,
@@ -392,6 +391,7 @@ class BenchSession:
         Untimed outcomes are recorded and end the test with ``pytest.skip``; an error in one
         of the project's rows is recorded and re-raised so that pytest shows the traceback.
         """
+        self._started[case.id] = time.perf_counter()
         if case.skip is not None:
             self._record(case, *case.skip)
             pytest.skip(case.skip[1])
@@ -468,6 +468,7 @@ class BenchSession:
     def run_goal(self, case: Case) -> None:
         """Gate both calls of a goal, then time them interleaved (``goals.interleave``) and
         record the per-round ratios. Untimed outcomes end the test with ``pytest.skip``."""
+        self._started[case.id] = time.perf_counter()
         if case.skip is not None:
             self._record(case, *case.skip)
             pytest.skip(case.skip[1])

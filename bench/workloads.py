@@ -358,7 +358,9 @@ TRAIN_MEMORY_WORKLOAD = _train(1, 8, 8, 8192, 64)
 
 
 def _cpu_quick() -> list[Workload]:
-    w = [_attn(1, 8, 8, n, 64) for n in (256, 512, 1024, 2048, 4096)]  # MHA sweep
+    # MHA sweep: 4096 (a seventh of the grid's time on 2 cores) and the L = S = 8192 goals
+    # (window, training memory: Goal.grid_workloads) are the full grid's
+    w = [_attn(1, 8, 8, n, 64) for n in (256, 512, 1024, 2048)]
     w += [_attn(1, 8, 8, n, 64, causal=True) for n in (1024, 2048)]  # causal, incl. the goal
     w += [_attn(1, 32, 8, 1024, 64), _attn(1, 8, 1, 1024, 64)]  # GQA 32:8, MQA
     w += [_module(1, 8, 8, n, 64) for n in (256, 1024, 2048)]  # module rows (M = 512)
@@ -380,8 +382,9 @@ def _cpu_full() -> list[Workload]:
         w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_train(1, 8, 8, n, 64, causal=causal) for n in lengths]  # 8192: the memory point
-    w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 8192, 32768)]
-    w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (2048, 32768)]  # rolling cache: O(W)
+    # decode, incl. the goals' P = 4096 (MHA, GQA 8:2) and the rolling goal's P = 1024, 4096
+    w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 4096, 8192, 32768)]
+    w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 2048, 4096, 32768)]  # O(W)
     return w
 
 

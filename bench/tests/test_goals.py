@@ -61,6 +61,23 @@ def test_samples_repeat_a_fast_call_until_it_is_long_enough():
     assert t.inner >= 40 and t.summary()["rounds"] == goals.MIN_ROUNDS  # at least 5 rounds
 
 
+def test_slow_calls_are_sized_by_their_warm_up_alone():
+    """Calls that take SURE times the shortest sample in their warm-up are one call a sample:
+    no second, sizing call each (seconds saved per goal at L = S = 2048); a fast pair still
+    gets its sizing calls after the warm-up."""
+    m = DriftingMachine()
+    m.speed = goals.SURE * 0.005  # one unit: SURE samples of 5 ms
+    t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=5, min_sample_s=0.005,
+                         clock=m.clock)  # fmt: skip
+    assert t.inner == 1 and m.order[:2] == ["A", "B"]
+    assert m.order[2:6] == ["A", "B", "B", "A"] and len(m.order) == 2 + 2 * 5  # rounds only
+    m = DriftingMachine()
+    m.speed = 0.9 * goals.SURE * 0.005  # just short of it: warm-up, sizing, rounds
+    goals.interleave(m.call("A", 1.0), m.call("B", 1.0), rounds=5, min_sample_s=0.005,
+                     clock=m.clock)  # fmt: skip
+    assert len(m.order) == 4 + 2 * 5
+
+
 def test_a_slow_pair_stops_starting_rounds_past_its_time_budget():
     """A round costs about 3 units here: no round starts past max_s, but never fewer than 5."""
 
@@ -106,6 +123,7 @@ def test_run_goal_gates_both_calls_and_records_the_ratios():
     assert len(g["ratios"]) == 6 and g["status"] == "met"  # any ratio is <= 1000
     assert g["ratio"]["median"] == pytest.approx(statistics.median(g["ratios"]))
     assert sorted(c[2] for c in calls) == ["flash", "sdpa"]  # each row's own gate, once
+    assert 0 < rec.wall_s < 60  # the case's own seconds, for the report's "time:" line
 
 
 def test_a_goal_whose_row_fails_its_gate_is_not_timed():

@@ -250,9 +250,16 @@ def test_pytest_args_carry_the_benchmark_settings(tmp_path):
 def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     """One interleaved case per goal when its two calls are in the run: a CPU run whose grid
     has the goal workload (and its causal twin) and whose rows include both."""
-    quick = grid("cpu", "quick")
+    quick, full = grid("cpu", "quick"), grid("cpu", "full")
+    everything = build_goal_cases("cpu", full, ROWS, fdevice_of=fake_gpu,
+                                  resolve_error=lambda r: None)  # fmt: skip
+    assert len(everything) == sum(len(r.goals) for r in ROWS) == 26  # the full grid: every goal
     cases = build_goal_cases("cpu", quick, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None)
-    assert len(cases) == sum(len(r.goals) for r in ROWS) == 26
+    heavy = {(c.row.name, c.goal.kind) for c in everything if c.goal.kind in ("window", "memory")}
+    assert len(heavy) == 6  # three flash rows' window goals, three training steps' memory goals
+    assert {(c.row.name, c.goal.kind) for c in cases} == {
+        (c.row.name, c.goal.kind) for c in everything
+    } - heavy  # quick: all but the L = S = 8192 goals, minutes each on 2 cores
     decode = [c for c in cases if c.row.name == "torch decode"]  # 2 steps vs fused, 1 rolling
     assert [c.goal.kind for c in decode] == ["ratio", "ratio", "rolling"]
     (a, wa, _), (b, wb, _) = decode[1].pair
@@ -261,10 +268,10 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     (a, wa, _), (b, wb, _) = decode[2].pair  # the rolling step against itself at a shorter P
     assert a is b and (wa.window, wb.window, wa.P, wb.P) == (256, 256, 4096, 1024)
     assert wa.slots == wb.slots == 257 and wa in quick and wb in quick
-    by = {(c.row.name, c.goal.kind): c for c in cases}
+    by = {(c.row.name, c.goal.kind): c for c in everything}
     (a, wa, _), (b, wb, _) = by[("torch flash", "window")].pair
     assert a is b and (wa.window, wb.window) == (256, None) and wa.is_causal and wb.is_causal
-    assert wa.L == wb.L == 8192 and wa not in quick  # the window goal brings its own workloads
+    assert wa.L == wb.L == 8192 and wa not in full and wb in full and wb not in quick
     (a, wa, _), (b, wb, _) = by[("numpy sdpa", "ratio")].pair
     assert (a.name, b.name, wa, wb) == ("numpy sdpa", "torch F.sdpa", GOAL_WORKLOAD, GOAL_WORKLOAD)
     (a, wa, _), (b, wb, _) = by[("jax flash", "causal")].pair
@@ -274,7 +281,7 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
                                         TRAIN_GOAL_WORKLOAD, TRAIN_GOAL_WORKLOAD)  # fmt: skip
     (a, wa, _), (b, wb, _) = by[("jax flash train", "memory")].pair
     assert (a.name, b.name) == ("jax flash train", "jax sdpa train")  # the plain path beside it
-    assert wa == wb == TRAIN_MEMORY_WORKLOAD and wa not in quick and wa.L == 8192
+    assert wa == wb == TRAIN_MEMORY_WORKLOAD and wa not in quick and wa in full and wa.L == 8192
     no_train = [w for w in quick if w.op != "train"]  # no training steps: no training goals
     assert not [
         c

@@ -19,6 +19,7 @@ from bench.report import (
     fmt_seconds,
     load_results,
     render,
+    time_spent,
 )
 from bench.rows import ROWS, Goal
 from bench.workloads import GOAL_WORKLOAD, Workload
@@ -66,6 +67,42 @@ def test_goals_come_from_their_interleaved_records():
     gpu = results_of(device="cuda")["goals"]
     assert {x["status"] for x in gpu} == {"not evaluated"}
     assert evaluate_goals(results_of()["records"], "cpu", ())[:1] == []
+
+
+def test_the_full_grid_s_goals_read_not_run_in_a_quick_run_never_met():
+    """The L = S = 8192 goals (the flash rows' window, the training steps' memory) belong to the
+    full grid: a quick run reports them "not run (full grid)", a full run without their
+    record "not measured", and bench-compare lines a quick run up against a full one."""
+    quick = {(g["row"], g["kind"]): g for g in results_of()["goals"]}
+    heavy = [k for k in quick if k[1] in ("window", "memory")]
+    assert len(heavy) == 6
+    for key in heavy:
+        assert quick[key]["status"] == "not run (full grid)", key
+        assert "L=S=8192" in quick[key]["detail"] and "BENCH=full" in quick[key]["detail"]
+    assert quick[("numpy sdpa", "ratio")]["status"] == "not measured"  # quick's own goal
+    assert "not run (full grid)" in _text(results_of())
+    recs = results_of()["records"]
+    full = {(g["row"], g["kind"]): g for g in evaluate_goals(recs, "cpu", ROWS, "full")}
+    assert {full[k]["status"] for k in heavy} == {"not measured"}
+    text = Goal("window", 0.15).text()
+    measured = goal_rec("numpy flash", text, [0.11, 0.12, 0.12, 0.13, 0.14], "met")
+    a, b = results_of(), results_of(goals=[measured])
+    (g,) = [g for g in compare_goals(a, b) if g["row"] == "numpy flash" and g["b"]["ratio"]]
+    assert (g["a_status"], g["b_status"], g["change"]) == ("not run (full grid)", "met", "n/a")
+
+
+def test_the_report_says_where_the_time_went():
+    res = results_of()
+    assert time_spent(res) == ""  # a run saved before the cases recorded their seconds
+    for r, s in zip(res["records"], (2.0, 30.0, 1.0, 4.0, 3.0)):
+        r["wall_s"] = s
+    res["gates"] = [{"seconds": 12.0}]
+    line = time_spent(res, longest=2)
+    assert line.startswith("time: 40 s of the run's 1 s in 5 cases (rows 38 s, the gates' 12 s")
+    causal = GOAL_WORKLOAD.id.replace(".full", ".causal")
+    assert "peaks 2 s" in line and line.endswith(
+        f"longest: numpy sdpa|{GOAL_WORKLOAD.id} 30 s, numpy sdpa|{causal} 4 s"
+    )
 
 
 def test_a_goal_whose_spread_straddles_the_limit_reads_unclear():

@@ -393,8 +393,29 @@ def test_peak_memory_torch_cpu_follows_allocations_in_order():
         return b
 
     got, method = runners.peak_memory_torch_cpu(fn)
-    assert method == "torch.profiler"
+    assert method == "torch.profiler allocations"
     assert got == 3 * 2**20
+
+
+def test_torch_forward_rows_see_the_scores_they_build():
+    """The forward rows' probe on torch CPU sees what a call holds at its peak: the plain path
+    its whole float32 (B, H, L, S) scores, the tiled path its output plus one (B, H, bq, bk)
+    block of scores. The per-op probe the forward rows used before (each op's net self memory
+    at its start) read the tiled call as its output alone (2.0 MiB against 7.6 at B=1, H=8,
+    L=S=1024; here 64 KiB against 1.1 MiB)."""
+    pytest.importorskip("torch")
+    from attention_spec.validate import BLOCK_K, BLOCK_Q
+
+    w = Workload("attention", 1, 2, 2, 512, 512, 16, 16)
+    out_bytes = w.B * w.H * w.L * w.E * 4
+    plain = runners.prepare(row_by_name("torch sdpa"), w, "cpu")
+    got, method = plain.memory()
+    assert method == "torch.profiler allocations"
+    assert got >= w.score_bytes() + out_bytes
+    tiled = runners.prepare(row_by_name("torch flash"), w, "cpu")
+    block = w.B * w.H * min(BLOCK_Q, w.L) * min(BLOCK_K, w.S) * 4
+    got, _ = tiled.memory()
+    assert block + out_bytes <= got < w.score_bytes()  # a block, never the whole scores
 
 
 def test_jax_memory_comes_from_xla_and_covers_the_scores():
@@ -472,7 +493,7 @@ def test_training_step_rows_return_the_oracle_s_gradients(name):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
 
 
-def test_torch_trace_probe_sees_the_peak_inside_an_autograd_function():
+def test_torch_probe_sees_the_peak_inside_an_autograd_function():
     """A training step runs inside outer records whose net self memory is negative (they free
     what their children allocated); the per-op probe places that at their start and misses the
     peak, the allocator trace does not."""
@@ -495,7 +516,7 @@ def test_torch_trace_probe_sees_the_peak_inside_an_autograd_function():
     def fn():
         return Scratch.apply(x)
 
-    got, method = runners.peak_memory_torch_cpu_trace(fn)
+    got, method = runners.peak_memory_torch_cpu(fn)
     assert method == "torch.profiler allocations"
     assert 4 * 2**20 <= got < 4 * 2**20 + 64 * 1024
 
