@@ -167,6 +167,10 @@ def _rank_main(function, args, kwargs, n, rank, store, write) -> None:
             "gloo", init_method=f"file://{store}", rank=rank, world_size=n,
             timeout=timedelta(seconds=RANK_TIMEOUT),
         )  # fmt: skip
+        # Every rank past its handshake before any rank may finish: a rank whose call needs no
+        # message (a wrong port, a shape error) would otherwise exit while a slower rank is
+        # still connecting to it ("Connection closed by peer" in connectFullMesh).
+        dist.barrier()
         try:
             result: Any = function(*args, n_shards=n, **kwargs)
         except Exception as exc:  # the port's error is the answer
