@@ -48,7 +48,6 @@ import numpy as np
 from conformance import cases as C
 from conformance.fixtures import (
     ARRAY_KEYWORDS,
-    NP_DTYPES,
     encode_keywords,
     read_tensors,
     sha256_of,
@@ -63,6 +62,7 @@ from conformance.oracle import (
     causal_mask,
     module_forward,
     rotary,
+    rounded,
     tolerance_bound,
 )
 
@@ -257,20 +257,8 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     output only, and the shard counts the case was written for)."""
     rng = np.random.default_rng(case.seed)
     c = case.build(rng, dtype)
-    dt = NP_DTYPES[dtype]
-    inputs = {
-        "query": np.asarray(c.query, np.float64).astype(dt),
-        "key": np.asarray(c.key, np.float64).astype(dt),
-        "value": np.asarray(c.value, np.float64).astype(dt),
-    }
-    if c.mask is not None:
-        inputs["mask"] = np.asarray(c.mask, dtype=bool)
-    if c.bias is not None:
-        inputs["bias"] = np.asarray(c.bias, np.float64).astype(NP_DTYPES[c.bias_dtype or dtype])
-    for name, array in c.arrays.items():  # segment ids as int32, sinks and slopes in the dtype
-        ids = name.endswith("segment_ids")
-        inputs[name] = np.asarray(array).astype(np.int32 if ids else dt)
-    as64 = {k: (v if v.dtype.kind in "biu" else v.astype(np.float64)) for k, v in inputs.items()}
+    inputs = _rounded_inputs(c, dtype)
+    as64 = _as64(inputs)
 
     semantics = {k: v for k, v in c.keywords.items() if k not in BLOCK_KEYWORDS}
     golden = attention(**as64, **semantics)
@@ -301,15 +289,14 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
 def _module_inputs(c: C.base.ModuleCall, dtype: str) -> tuple[dict, dict]:
     """The canonical weights and the call's inputs, rounded to ``dtype`` (bool masks as they
     are): what is stored, and what the oracle computes from."""
-    dt = NP_DTYPES[dtype]
-    weights = {name: np.asarray(w, np.float64).astype(dt) for name, w in c.weights.items()}
-    inputs = {"x": np.asarray(c.x, np.float64).astype(dt)}
+    weights = {name: rounded(w, dtype) for name, w in c.weights.items()}
+    inputs = {"x": rounded(c.x, dtype)}
     if c.context is not None:
-        inputs["context"] = np.asarray(c.context, np.float64).astype(dt)
+        inputs["context"] = rounded(c.context, dtype)
     if c.mask is not None:
         inputs["mask"] = np.asarray(c.mask, dtype=bool)
     if c.bias is not None:
-        inputs["bias"] = np.asarray(c.bias, np.float64).astype(dt)
+        inputs["bias"] = rounded(c.bias, dtype)
     for name in ("q_segment_ids", "kv_segment_ids"):
         if getattr(c, name) is not None:
             inputs[name] = np.asarray(getattr(c, name), np.int32)
@@ -394,7 +381,7 @@ def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """One ``apply_rotary`` fixture: x rounded to the dtype, positions as int64, the oracle's
     golden and the plain same-dtype computation's bound."""
     c = case.build(np.random.default_rng(case.seed), dtype)
-    x = np.asarray(c.x, np.float64).astype(NP_DTYPES[dtype])
+    x = rounded(c.x, dtype)
     positions = np.asarray(c.positions).astype(np.int64)
     golden = rotary(x.astype(np.float64), positions, **c.keywords)
     plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, round_to=dtype)
@@ -496,19 +483,14 @@ FD_SAMPLES, FD_MAX_SCORES = 4, 2000
 def _rounded_inputs(c: C.base.Call, dtype: str) -> dict[str, np.ndarray]:
     """A call's arrays as stored: rounded to ``dtype`` (bias to its own dtype, segment ids as
     int32, masks as bool)."""
-    dt = NP_DTYPES[dtype]
-    inputs = {
-        "query": np.asarray(c.query, np.float64).astype(dt),
-        "key": np.asarray(c.key, np.float64).astype(dt),
-        "value": np.asarray(c.value, np.float64).astype(dt),
-    }
+    inputs = {name: rounded(getattr(c, name), dtype) for name in ("query", "key", "value")}
     if c.mask is not None:
         inputs["mask"] = np.asarray(c.mask, dtype=bool)
     if c.bias is not None:
-        inputs["bias"] = np.asarray(c.bias, np.float64).astype(NP_DTYPES[c.bias_dtype or dtype])
-    for name, array in c.arrays.items():
+        inputs["bias"] = rounded(c.bias, c.bias_dtype or dtype)
+    for name, array in c.arrays.items():  # segment ids as int32, sinks and slopes in the dtype
         ids = name.endswith("segment_ids")
-        inputs[name] = np.asarray(array).astype(np.int32 if ids else dt)
+        inputs[name] = np.asarray(array).astype(np.int32) if ids else rounded(array, dtype)
     return inputs
 
 
@@ -526,7 +508,7 @@ def _grad_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     as64 = _as64(inputs)
     semantics = {k: v for k, v in c.keywords.items() if k not in BLOCK_KEYWORDS}
     out = attention(**as64, **semantics).output  # (..., H, L, E): the cotangent's shape
-    inputs["grad_output"] = rng.standard_normal(out.shape).astype(NP_DTYPES[dtype])
+    inputs["grad_output"] = rounded(rng.standard_normal(out.shape), dtype)
     as64["grad_output"] = inputs["grad_output"].astype(np.float64)
     golden = attention_vjp(**as64, **semantics)
     plain = golden if dtype == "float64" else attention_vjp(**as64, **semantics, round_to=dtype)

@@ -46,6 +46,7 @@ __all__ = [
     "linear",
     "module_forward",
     "rotary",
+    "rounded",
     "rounding",
     "tolerance_bound",
 ]
@@ -80,15 +81,34 @@ class Golden:
     lse: np.ndarray
 
 
+def rounded(x: np.ndarray | float, dtype: str) -> np.ndarray:
+    """``x`` (float64) rounded to the float dtype ``dtype``: the one rounding rule of the
+    fixtures' inputs and of the plain same-dtype computation.
+
+    bfloat16 goes through float32: round to nearest even into float32, then into bfloat16, as a
+    float32 program's cast does. Rounding float64 directly would differ where the float32 value
+    lands on a bfloat16 midpoint (1.17578127... becomes 1.171875 this way, 1.1796875 directly),
+    and ml_dtypes itself changed from the first to the second in 0.7, so the rule is written
+    here, not taken from the installed version (the fixtures are byte for byte reproducible).
+    """
+    x = np.asarray(x, np.float64)
+    with np.errstate(over="ignore"):  # overflow to inf is what the dtype does
+        if dtype == "bfloat16":
+            return x.astype(np.float32).astype(ml_dtypes.bfloat16)
+        return x.astype(np.dtype(dtype))  # float64, float32, float16: one rounding, IEEE
+
+
 def rounding(dtype: str | None) -> Callable[[float], float]:
-    """A function rounding a Python float to ``dtype`` (identity for None and float64)."""
+    """A function rounding a Python float to ``dtype`` (identity for None and float64), by
+    :func:`rounded`'s rule."""
     if dtype is None or dtype == "float64":
         return float
-    scalar = {"float32": np.float32, "float16": np.float16, "bfloat16": ml_dtypes.bfloat16}[dtype]
+    scalar = {"float32": np.float32, "float16": np.float16, "bfloat16": np.float32}[dtype]
+    narrow = ml_dtypes.bfloat16 if dtype == "bfloat16" else float  # (scalars: no array per call)
 
     def rnd(x: float) -> float:
         with np.errstate(over="ignore"):  # overflow to inf is what the dtype does
-            return float(scalar(x))
+            return float(narrow(scalar(x)))
 
     return rnd
 

@@ -87,3 +87,17 @@ def test_the_oracle_imports_no_implementation() -> None:
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     names |= {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert not {m for m in names if m.split(".")[0].startswith("impl_")}
+
+
+def test_bfloat16_rounds_through_float32_whatever_ml_dtypes_does() -> None:
+    """The fixtures' one rounding rule (``oracle.rounded``): bfloat16 goes through float32. The
+    value below is 2^-29 above the midpoint 1.17578125 of 1.171875 and 1.1796875: float32
+    rounds it onto the midpoint and bfloat16 then rounds to even, 1.171875; a direct rounding
+    (ml_dtypes 0.7's float64 cast) gives 1.1796875, and made two committed fixtures differ."""
+    x = 1.17578125 + 2.0**-29
+    assert float(np.float32(x)) == 1.17578125
+    assert float(oracle.rounded(np.array([x]), "bfloat16")[0]) == 1.171875
+    assert oracle.rounding("bfloat16")(x) == 1.171875
+    assert oracle.rounding("float32")(x) == 1.17578125
+    # float16 and float32 are single IEEE roundings of the float64 value
+    assert float(oracle.rounded(x, "float16")) == float(np.float16(x))
