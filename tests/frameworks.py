@@ -66,6 +66,12 @@ class Framework:
         args = [None if x is None else self.asarray(x) for x in (q, k, v)]
         return self.to_numpy(self.module.scaled_dot_product_attention(*args, **self._kw(kw)))
 
+    def flash(self, q, k, v, **kw) -> np.ndarray:
+        """The implementation's tiled flash_attention on NumPy inputs and keywords (block_q,
+        block_k among them)."""
+        args = [None if x is None else self.asarray(x) for x in (q, k, v)]
+        return self.to_numpy(self.module.flash_attention(*args, **self._kw(kw)))
+
     def weights(self, q, k, **kw) -> np.ndarray:
         args = [self.asarray(x) for x in (q, k)]
         return self.to_numpy(self.module.attention_weights(*args, **self._kw(kw)))

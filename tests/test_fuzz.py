@@ -5,8 +5,13 @@ in NumPy, PyTorch and JAX, or a finite result in all three that agrees with the 
 within the fixture rule's bound. Anything else (a raw framework error, a NaN, a silent wrong
 answer, frameworks that disagree) fails, with the call printed by hypothesis.
 
-Seeded and bounded: ``FUZZ_EXAMPLES`` calls (default 300) in ``make test``; set the variable
-higher for a longer hunt (``FUZZ_EXAMPLES=5000 pytest tests/test_fuzz.py``).
+The second fuzzer puts contract v2's keywords (window, segment ids, sinks, ALiBi slopes), valid
+or broken, on top of such a call, and runs it through the plain path or the tiled path with
+random block sizes (which may be broken too).
+
+Seeded and bounded: ``FUZZ_EXAMPLES`` calls (default 300) and ``FUZZ_V2_EXAMPLES`` (default
+150) in ``make test``; set the variables higher for a longer hunt
+(``FUZZ_EXAMPLES=5000 FUZZ_V2_EXAMPLES=3000 pytest tests/test_fuzz.py``).
 """
 
 from __future__ import annotations
@@ -19,11 +24,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from attention_spec import AttentionError
+import impl_numpy
+from attention_spec import AttentionError, check_window
 from conformance.oracle import attention, tolerance_bound
 from tests.frameworks import FRAMEWORKS, NP_DTYPES
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
+V2_EXAMPLES = int(os.environ.get("FUZZ_V2_EXAMPLES", "150"))
 FLOATS = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -85,25 +92,19 @@ def calls(draw) -> dict:
     return {"query": q, "key": k, "value": v, **kw}
 
 
-def _outcome(fw, call: dict):
+def _outcome(fw, call: dict, blocks: dict | None = None):
     args = [call[n] for n in ("query", "key", "value")]
     kw = {n: x for n, x in call.items() if n not in ("query", "key", "value")}
     try:
-        return fw.sdpa(*args, **kw)
+        return fw.sdpa(*args, **kw) if blocks is None else fw.flash(*args, **kw, **blocks)
     except AttentionError as err:
         return err
 
 
-@pytest.mark.slow
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
-@given(calls())
-def test_every_call_is_a_right_answer_or_the_same_error(call) -> None:
-    outcomes = {name: _outcome(fw, call) for name, fw in FRAMEWORKS.items()}
+def _check(call: dict, blocks: dict | None = None) -> None:
+    """The same AttentionError from the three, or three finite answers within the fixture
+    rule's bound of the float64 oracle."""
+    outcomes = {name: _outcome(fw, call, blocks) for name, fw in FRAMEWORKS.items()}
     errors = {n: o for n, o in outcomes.items() if isinstance(o, AttentionError)}
     if errors:
         assert len(errors) == 3, f"only {sorted(errors)} raised: {errors}"
@@ -116,13 +117,17 @@ def test_every_call_is_a_right_answer_or_the_same_error(call) -> None:
     for name in ("scale", "softcap"):
         if name in call:
             semantic[name] = float(np.asarray(call[name]))
+    if "window" in call:
+        semantic["window"] = check_window(call["window"])
     as64 = {n: call[n].astype(np.float64) for n in ("query", "key", "value")}
-    if "mask" in call:
-        as64["mask"] = call["mask"]
-    if "bias" in call:  # cast to the compute dtype first, as the contract says
-        ct = np.float64 if dtype == "float64" else np.float32
-        with np.errstate(over="ignore"):
-            as64["bias"] = call["bias"].astype(ct).astype(np.float64)
+    for name in ("mask", "q_segment_ids", "kv_segment_ids"):
+        if name in call:
+            as64[name] = call[name]
+    for name in ("bias", "sinks", "alibi_slopes"):  # cast to the compute dtype first
+        if name in call:
+            ct = np.float64 if dtype == "float64" else np.float32
+            with np.errstate(over="ignore"):
+                as64[name] = call[name].astype(ct).astype(np.float64)
     golden = attention(**as64, **semantic)
     plain = golden if dtype == "float64" else attention(**as64, **semantic, round_to=dtype)
     bound = tolerance_bound(golden.output, plain.output, dtype)
@@ -132,3 +137,77 @@ def test_every_call_is_a_right_answer_or_the_same_error(call) -> None:
         assert np.isfinite(got).all(), f"{name}: non-finite output"
         err = float(np.max(np.abs(got - golden.output), initial=0.0))
         assert err <= bound, f"{name}: max error {err:.3g} > bound {bound:.3g}"
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(calls())
+def test_every_call_is_a_right_answer_or_the_same_error(call) -> None:
+    _check(call)
+
+
+@st.composite
+def v2_calls(draw) -> tuple[dict, dict | None]:
+    """A call of :func:`calls` with a random subset of contract v2's keywords on top, each
+    valid or (in a call that may break rules) broken, and the path: None for the plain one, or
+    the tiled path's block sizes."""
+    call = draw(calls())
+    valid = draw(st.booleans())
+    *batch, H, L, _ = call["query"].shape
+    S = call["key"].shape[-2]
+    rng = np.random.default_rng(draw(st.integers(0, 2**16)))
+    floats = st.sampled_from(FLOATS)
+    if draw(st.booleans()):
+        side = st.sampled_from([None, 0, 1, 2, 5, np.int64(3)])
+        window = (draw(side), draw(side))
+        if not valid and draw(st.booleans()):
+            window = draw(st.sampled_from([(-1, 0), (0, 1.5), (2,), 2, "2", (0, "1"), (0, -3)]))
+        call["window"] = window
+    if draw(st.booleans()):
+        q_shape = (*batch, L) if batch and draw(st.booleans()) else (L,)
+        kv_shape = (*batch, S) if batch and draw(st.booleans()) else (S,)
+        call["q_segment_ids"] = np.sort(rng.integers(0, 3, q_shape), axis=-1)
+        call["kv_segment_ids"] = rng.integers(0, 3, kv_shape)  # unsorted: equality is the rule
+        if not valid:
+            broken = draw(st.integers(0, 4))
+            if broken == 0:
+                del call["kv_segment_ids"]
+            elif broken == 1:
+                call["q_segment_ids"] = call["q_segment_ids"].astype(np.float32)
+            elif broken == 2:
+                call["kv_segment_ids"] = rng.integers(0, 3, (S + 1,))
+    for name in ("sinks", "alibi_slopes"):
+        if draw(st.booleans()):
+            if name == "sinks":
+                values = rng.standard_normal(H) * 3
+                values[rng.random(H) < 0.2] = -np.inf  # a sink of -inf is no sink
+            else:
+                values = np.asarray(impl_numpy.alibi_slopes(H)) * rng.uniform(0.5, 2)
+            call[name] = values.astype(NP_DTYPES[draw(floats)])
+            if not valid and draw(st.booleans()):
+                integers = np.where(np.isfinite(values), values, 0).astype(np.int32)
+                call[name] = draw(st.sampled_from([values[:-1], integers, values[None]]))
+    blocks = None
+    if draw(st.booleans()):
+        blocks = {"block_q": draw(st.integers(1, 4)), "block_k": draw(st.integers(1, 5))}
+        if not valid and draw(st.integers(0, 5)) == 0:
+            blocks["block_" + draw(st.sampled_from("qk"))] = draw(st.sampled_from([0, -1, 2.0]))
+    return call, blocks
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=V2_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(v2_calls())
+def test_v2_keywords_plain_or_tiled_are_a_right_answer_or_the_same_error(problem) -> None:
+    call, blocks = problem
+    _check(call, blocks)
