@@ -471,7 +471,8 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
         if sinks is not None:
             sink = sinks[:, None, None] - shift  # (..., H, bq, 1)
             w_sink = jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
-            dsinks = dsinks - (w_sink * delta.reshape(w_sink.shape)).reshape(-1, H, bq).sum((0, 2))
+            per_row = -(w_sink * delta.reshape(w_sink.shape))[..., 0]  # (..., H, bq)
+            dsinks = dsinks + per_row.sum(axis=(*range(per_row.ndim - 2), -1))  # (H,)
 
         def blk_of(j_start, size, j, j0, kv_ids_blk):  # size: bk or bn keys
             return (

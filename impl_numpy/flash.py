@@ -289,7 +289,8 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
             del s, p, dp, ds  # this block's arrays go before the next block's are made
 
     dq = dq.reshape(*dims.batch, H, L, D)  # (..., H, L, D)
-    dsinks = None if dsinks is None else dsinks.reshape(-1, H, L).sum(axis=(0, 2))  # (H,)
+    if dsinks is not None:  # (..., H, L) -> (H,); L may be 0
+        dsinks = dsinks.sum(axis=(*range(len(dims.batch)), -1))
     return dq, dk, dv, dbias, dsinks
 
 

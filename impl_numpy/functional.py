@@ -405,7 +405,8 @@ def scaled_dot_product_attention_vjp(
     dsinks = None
     if sinks_ct is not None:
         share = w_sink.reshape(*batch, K, G, L, 1)  # (..., K, G, L, 1): w_sink,i
-        dsinks = -(share * row_dot).reshape(-1, H, L).sum(axis=(0, 2))  # (H,)
+        per_row = -(share * row_dot).reshape(*batch, H, L)  # (..., H, L); L may be 0
+        dsinks = per_row.sum(axis=(*range(len(batch)), -1))  # (H,)
 
     # 4. allowed: s = -inf where a rule says no: nothing flows back there (dS is 0 already).
 

@@ -287,7 +287,8 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
             dk[..., j0:j1, :] += dk_h.reshape(*dims.batch, K, G, bk, D).sum(dim=-3)
             del s, p, dp, ds  # this block's tensors go before the next block's are made
 
-    dsinks = None if dsinks is None else dsinks.reshape(-1, H, L).sum(dim=(0, 2))  # (H,)
+    if dsinks is not None:  # (..., H, L) -> (H,); L may be 0
+        dsinks = dsinks.sum(dim=(*range(len(dims.batch)), -1))
     return dq, dk, dv, dbias, dsinks
 
 

@@ -9,8 +9,13 @@ The second fuzzer puts contract v2's keywords (window, segment ids, sinks, ALiBi
 or broken, on top of such a call, and runs it through the plain path or the tiled path with
 random block sizes (which may be broken too).
 
+The third takes the same calls backward: ``scaled_dot_product_attention_vjp`` or
+``flash_attention_vjp`` with a random cotangent, whose gradients (query, key, value, bias,
+sinks) must be the same error in the three or finite and within the bound of the oracle's own
+backward (``oracle.attention_vjp``, derived by hand).
+
 Seeded and bounded: ``FUZZ_EXAMPLES`` calls (default 300) and ``FUZZ_V2_EXAMPLES`` (default
-150) in ``make test``; set the variables higher for a longer hunt
+150, forward and backward each) in ``make test``; set the variables higher for a longer hunt
 (``FUZZ_EXAMPLES=5000 FUZZ_V2_EXAMPLES=3000 pytest tests/test_fuzz.py``).
 """
 
@@ -26,7 +31,7 @@ from hypothesis import strategies as st
 
 import impl_numpy
 from attention_spec import AttentionError, check_window
-from conformance.oracle import attention, tolerance_bound
+from conformance.oracle import attention, attention_vjp, rounded, tolerance_bound
 from tests.frameworks import FRAMEWORKS, NP_DTYPES
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
@@ -101,33 +106,50 @@ def _outcome(fw, call: dict, blocks: dict | None = None):
         return err
 
 
-def _check(call: dict, blocks: dict | None = None) -> None:
-    """The same AttentionError from the three, or three finite answers within the fixture
-    rule's bound of the float64 oracle."""
-    outcomes = {name: _outcome(fw, call, blocks) for name, fw in FRAMEWORKS.items()}
+def _same_error(outcomes: dict) -> bool:
+    """True when the three raised the same AttentionError (class, code, message); fails when
+    only some raised or they raised differently; False when none raised."""
     errors = {n: o for n, o in outcomes.items() if isinstance(o, AttentionError)}
-    if errors:
-        assert len(errors) == 3, f"only {sorted(errors)} raised: {errors}"
-        seen = {(type(e).__name__, e.code, str(e)) for e in errors.values()}
-        assert len(seen) == 1, f"the three raised differently: {seen}"
-        return
-    q = call["query"]
-    dtype = q.dtype.name
+    if not errors:
+        return False
+    assert len(errors) == 3, f"only {sorted(errors)} raised: {errors}"
+    seen = {(type(e).__name__, e.code, str(e)) for e in errors.values()}
+    assert len(seen) == 1, f"the three raised differently: {seen}"
+    return True
+
+
+def _oracle_inputs(call: dict) -> tuple[dict, dict]:
+    """The oracle's float64 arrays and semantic keywords for a call that validated: bias,
+    sinks and slopes cast to the compute dtype first, as the contract says."""
+    dtype = call["query"].dtype.name
     semantic = {n: call[n] for n in ("is_causal", "causal_alignment") if n in call}
     for name in ("scale", "softcap"):
         if name in call:
             semantic[name] = float(np.asarray(call[name]))
     if "window" in call:
         semantic["window"] = check_window(call["window"])
-    as64 = {n: call[n].astype(np.float64) for n in ("query", "key", "value")}
+    as64 = {n: call[n].astype(np.float64) for n in ("query", "key", "value", "grad_output")
+            if n in call}  # fmt: skip
     for name in ("mask", "q_segment_ids", "kv_segment_ids"):
         if name in call:
             as64[name] = call[name]
-    for name in ("bias", "sinks", "alibi_slopes"):  # cast to the compute dtype first
+    for name in ("bias", "sinks", "alibi_slopes"):
         if name in call:
             ct = np.float64 if dtype == "float64" else np.float32
             with np.errstate(over="ignore"):
                 as64[name] = call[name].astype(ct).astype(np.float64)
+    return as64, semantic
+
+
+def _check(call: dict, blocks: dict | None = None) -> None:
+    """The same AttentionError from the three, or three finite answers within the fixture
+    rule's bound of the float64 oracle."""
+    outcomes = {name: _outcome(fw, call, blocks) for name, fw in FRAMEWORKS.items()}
+    if _same_error(outcomes):
+        return
+    q = call["query"]
+    dtype = q.dtype.name
+    as64, semantic = _oracle_inputs(call)
     golden = attention(**as64, **semantic)
     plain = golden if dtype == "float64" else attention(**as64, **semantic, round_to=dtype)
     bound = tolerance_bound(golden.output, plain.output, dtype)
@@ -211,3 +233,62 @@ def v2_calls(draw) -> tuple[dict, dict | None]:
 def test_v2_keywords_plain_or_tiled_are_a_right_answer_or_the_same_error(problem) -> None:
     call, blocks = problem
     _check(call, blocks)
+
+
+#: The gradients of AttentionGrads, by field, and the call's input each belongs to.
+GRADS = {"query": "query", "key": "key", "value": "value", "bias": "bias", "sinks": "sinks"}
+
+
+def _grads(fw, call: dict, blocks: dict | None):
+    args = [call[n] for n in ("query", "key", "value", "grad_output")]
+    kw = {n: x for n, x in call.items() if n not in ("query", "key", "value", "grad_output")}
+    module = fw.module
+    vjp = module.scaled_dot_product_attention_vjp if blocks is None else module.flash_attention_vjp
+    try:
+        grads = vjp(*(fw.asarray(x) for x in args), **fw._kw(kw), **(blocks or {}))
+    except AttentionError as err:
+        return err
+    return {f: None if getattr(grads, f) is None else fw.to_numpy(getattr(grads, f)) for f in GRADS}
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=V2_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(v2_calls(), st.integers(0, 2**16))
+def test_gradients_of_every_call_are_right_or_the_same_error(problem, seed) -> None:
+    call, blocks = problem
+    q, v = call["query"], call["value"]
+    try:  # the output's shape; a call that breaks a rule gets its query's batch
+        batch = np.broadcast_shapes(q.shape[:-3], call["key"].shape[:-3], v.shape[:-3])
+    except ValueError:
+        batch = q.shape[:-3]
+    shape = (*batch, *q.shape[-3:-1], v.shape[-1])
+    call["grad_output"] = np.random.default_rng(seed).standard_normal(shape).astype(q.dtype)
+    outcomes = {name: _grads(fw, call, blocks) for name, fw in FRAMEWORKS.items()}
+    if _same_error(outcomes):
+        return
+    dtype = q.dtype.name
+    as64, semantic = _oracle_inputs(call)
+    golden = attention_vjp(**as64, **semantic)
+    plain = golden if dtype == "float64" else attention_vjp(**as64, **semantic, round_to=dtype)
+    for field, source in GRADS.items():
+        want = getattr(golden, field)
+        for name, got in outcomes.items():
+            if want is None:
+                assert got[field] is None, f"{name}: d{field} without {source}"
+                continue
+            assert got[field].dtype == call[source].dtype, f"{name}: d{field} dtype"
+            assert got[field].shape == want.shape, f"{name}: d{field} shape"
+            got64 = got[field].astype(np.float64)
+            assert np.isfinite(got64).all(), f"{name}: non-finite d{field}"
+            bound = tolerance_bound(want, getattr(plain, field), dtype)
+            own = got[field].dtype.name  # a bias or sinks in another dtype: its gradient's
+            if own != dtype:  # rounding to that dtype is part of the answer
+                rounded_want = rounded(want, own).astype(np.float64)
+                bound = max(bound, tolerance_bound(want, rounded_want, own))
+            err = float(np.max(np.abs(got64 - want), initial=0.0))
+            assert err <= bound, f"{name}: d{field} max error {err:.3g} > bound {bound:.3g}"

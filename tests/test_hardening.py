@@ -452,6 +452,27 @@ def test_14_jax_without_x64_names_the_dtype_the_user_passed() -> None:
     assert x64_line.startswith("unsupported_dtype") and "jax_enable_x64" in x64_line
 
 
+# -- 15. what the gradient fuzzer found (tests/test_fuzz.py) -------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(FRAMEWORKS))
+@pytest.mark.parametrize("tiled", [False, True])
+def test_15_sinks_gradient_without_query_rows_is_zero(name, tiled) -> None:
+    """L = 0 with sinks: dsinks is zeros of (H,). NumPy's plain and tiled backward and torch's
+    tiled one summed the rows with ``reshape(-1, H, L)``, which an empty array cannot take (a
+    raw ValueError / RuntimeError)."""
+    fw = FRAMEWORKS[name]
+    q, k, v = _qkv("float64", q=(1, 2, 0, 3), k=(1, 2, 4, 3))
+    do = np.zeros((1, 2, 0, 3))
+    module = fw.module
+    vjp = module.flash_attention_vjp if tiled else module.scaled_dot_product_attention_vjp
+    blocks = {"block_q": 2, "block_k": 3} if tiled else {}
+    sinks = np.array([0.3, -1.0])
+    grads = vjp(*(fw.asarray(x) for x in (q, k, v, do)), sinks=fw.asarray(sinks), **blocks)
+    assert fw.to_numpy(grads.sinks).tolist() == [0.0, 0.0]
+    assert fw.to_numpy(grads.query).shape == (1, 2, 0, 3)
+
+
 # -- the tests the mutation run asked for ---------------------------------------------------------
 
 
