@@ -84,7 +84,7 @@ def tensor_bytes(tensors: dict[str, np.ndarray], case_id: str) -> bytes:
     The header lists tensors by dtype alignment then name (safetensors' own order), and the
     only metadata is the case id, so the bytes depend on nothing but the arrays.
     """
-    contiguous = {name: np.ascontiguousarray(a) for name, a in tensors.items()}
+    contiguous = {name: a if a.flags.c_contiguous else a.copy() for name, a in tensors.items()}
     return safetensors.numpy.save(contiguous, metadata={"case": case_id})
 
 

@@ -87,7 +87,7 @@ def tensor_from_numpy(
     if a.dtype == ml_dtypes.bfloat16:  # torch.from_numpy has no bfloat16
         t = torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
     else:
-        t = torch.from_numpy(np.ascontiguousarray(a))
+        t = torch.from_numpy(a if a.flags.c_contiguous else a.copy())  # 0-d stays 0-d
     return t.to(device=device, dtype=dtype)
 
 

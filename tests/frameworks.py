@@ -44,7 +44,8 @@ def _torch_from_numpy(a: Any) -> Any:
     a = np.asarray(a)
     if a.dtype == ml_dtypes.bfloat16:  # torch.from_numpy has no bfloat16; the cast is exact
         return torch.from_numpy(a.astype(np.float32)).to(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(a))
+    # a copy, not np.ascontiguousarray, which makes a 0-d array 1-d (a scalar bias)
+    return torch.from_numpy(a if a.flags.c_contiguous else a.copy())
 
 
 def _torch_to_numpy(t: Any) -> np.ndarray:

@@ -81,7 +81,7 @@ class Framework:
 def _torch_native(x: np.ndarray) -> torch.Tensor:
     if x.dtype == ml_dtypes.bfloat16:  # exact: the values are bfloat16 already
         return torch.from_numpy(x.astype(np.float32)).to(torch.bfloat16)
-    return torch.from_numpy(np.ascontiguousarray(x))
+    return torch.from_numpy(x if x.flags.c_contiguous else x.copy())  # 0-d stays 0-d
 
 
 def _torch_numpy(t: torch.Tensor) -> np.ndarray:

@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 import impl_numpy
@@ -292,3 +292,87 @@ def test_gradients_of_every_call_are_right_or_the_same_error(problem, seed) -> N
                 bound = max(bound, tolerance_bound(want, rounded_want, own))
             err = float(np.max(np.abs(got64 - want), initial=0.0))
             assert err <= bound, f"{name}: d{field} max error {err:.3g} > bound {bound:.3g}"
+
+
+DECODE_EXAMPLES = int(os.environ.get("FUZZ_DECODE_EXAMPLES", "25"))
+
+
+@st.composite
+def decode_runs(draw) -> dict:
+    """A layer with a random subset of contract v2's options, a sequence, a cache (plain, or
+    rolling when the layer has a window's left side) and a random chunking of the sequence,
+    sometimes into a cache too short for it."""
+    from tests.module_frameworks import H
+
+    K = draw(st.sampled_from([1, 2, 3, 6]))
+    options: dict = {}
+    if draw(st.booleans()):
+        options["window"] = (draw(st.integers(0, 4)), draw(st.sampled_from([0, 2, None])))
+    if draw(st.booleans()):
+        options["alibi"] = True
+    if draw(st.booleans()):
+        options["softcap"] = draw(st.sampled_from([0.5, 3.0]))
+    if draw(st.booleans()):
+        options["rope_theta"], options["rotary_dim"] = 100.0, draw(st.sampled_from([4, 10]))
+    T = draw(st.integers(1, 9))
+    chunks, left = [], T
+    while left:
+        chunks.append(draw(st.integers(1, left)))
+        left -= chunks[-1]
+    rolling = "window" in options and draw(st.booleans())
+    max_len = draw(st.integers(max(T - 2, 1), T + 3))  # below T: the cache runs out
+    seed = draw(st.integers(0, 2**16))
+    return dict(K=K, H=H, options=options, sinks=draw(st.booleans()), T=T, chunks=chunks,
+                rolling=rolling, max_len=max_len, seed=seed)  # fmt: skip
+
+
+def _decoded(mf, run: dict, weights: dict, x: np.ndarray):
+    """The run's chunks decoded by one package: the outputs, concatenated, or the error of the
+    first chunk that raised, as (chunk index, class, code, message)."""
+    module = mf.build(weights, run["H"], run["K"], **run["options"])
+    try:
+        cache = module.init_cache(x.shape[0], run["max_len"], rolling=run["rolling"])
+    except AttentionError as err:
+        return (-1, type(err).__name__, err.code, str(err))
+    outputs, start = [], 0
+    for index, n in enumerate(run["chunks"]):
+        try:
+            y, cache = mf.decode(module, x[:, start : start + n], cache)
+        except AttentionError as err:
+            return (index, type(err).__name__, err.code, str(err))
+        outputs.append(y)
+        start += n
+    return np.concatenate(outputs, axis=1)
+
+
+@pytest.mark.slow
+@settings(
+    max_examples=DECODE_EXAMPLES,
+    deadline=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+@given(decode_runs())
+def test_decoding_in_any_chunks_is_the_full_forward_or_the_same_error(run) -> None:
+    """Any chunking into a plain or rolling cache, for a layer with any v2 options: the float64
+    oracle's full causal forward of the layer, or the same error at the same chunk in the three
+    (a cache too short, a rolling cache refused)."""
+    from conformance.oracle import module_forward
+    from tests.module_frameworks import MODULE_FRAMEWORKS, B, M, random_canonical
+
+    rng = np.random.default_rng(run["seed"])
+    weights = random_canonical(rng, K=run["K"])
+    if run["sinks"]:
+        weights["sinks"] = rng.standard_normal(run["H"])
+    x = rng.standard_normal((B, run["T"], M))
+    results = {name: _decoded(mf, run, weights, x) for name, mf in MODULE_FRAMEWORKS.items()}
+    errors = {n: r for n, r in results.items() if isinstance(r, tuple)}
+    event("an error" if errors else "rolling" if run["rolling"] else "plain cache")
+    if errors:
+        assert len(errors) == 3, f"only {sorted(errors)} raised: {errors}"
+        assert len(set(errors.values())) == 1, f"the three raised differently: {errors}"
+        return
+    golden = module_forward(weights, x, n_heads=run["H"], n_kv_heads=run["K"], is_causal=True,
+                            **run["options"]).output  # fmt: skip
+    for name, got in results.items():
+        np.testing.assert_allclose(got, golden, rtol=0, atol=1e-10, err_msg=name)

@@ -473,6 +473,22 @@ def test_15_sinks_gradient_without_query_rows_is_zero(name, tiled) -> None:
     assert fw.to_numpy(grads.query).shape == (1, 2, 0, 3)
 
 
+def test_15_a_scalar_array_stays_a_scalar_on_its_way_to_torch() -> None:
+    """``impl_torch.modules.tensor_from_numpy`` (and the tests' own adapter) used
+    ``np.ascontiguousarray``, which returns at least 1-d: a 0-d bias became ``(1,)`` and its
+    gradient came back ``(1,)`` instead of the bias's shape ``()``."""
+    from impl_torch.modules import tensor_from_numpy
+
+    assert tensor_from_numpy(np.array(0.5)).shape == ()
+    assert tensor_from_numpy(np.ones((2, 3))[:, ::2]).shape == (2, 2)  # a strided view copies
+    q, k, v = _qkv("float64", q=(1, 2, 3), k=(1, 4, 3))
+    grads = impl_torch.scaled_dot_product_attention_vjp(
+        *(tensor_from_numpy(x) for x in (q, k, v, np.ones((1, 2, 3)))),
+        bias=tensor_from_numpy(np.array(0.25)),
+    )
+    assert grads.bias.shape == ()
+
+
 # -- the tests the mutation run asked for ---------------------------------------------------------
 
 
