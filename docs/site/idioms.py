@@ -218,7 +218,8 @@ IDIOMS: dict[str, dict[str, str]] = {
         "5. (end) the sink": (
             "One gradient per head and row: NumPy and torch write each block's rows into "
             "`dsinks[..., i0:i1]` and sum them afterwards; JAX carries the running sum through "
-            "the scan (`reshape(-1, H, bq).sum((0, 2))`)."
+            "the scan, summing the batch axes and the rows "
+            "of each block (`per_row.sum(axis=(*range(per_row.ndim - 2), -1))`)."
         ),
         "5. the block's weights, rebuilt from the row log-sum-exp": (
             "The forward's clamped exponent again, so P never exceeds 1: NumPy in place "
