@@ -129,6 +129,11 @@ def estimate_bytes(row: Row, w: Workload) -> int:
     return n
 
 
+def _param_id(nodeid: str) -> str:
+    """The case id in a test's node id: ``test_attention[<case id>]``, ``test_goal[...]``."""
+    return nodeid.partition("[")[2][:-1]
+
+
 def _case_id(*parts: str) -> str:
     return "|".join(p.replace(" ", "_") for p in parts)
 
@@ -307,6 +312,7 @@ class BenchSession:
             goal_cases = build_goal_cases(device, workloads, rows)
         self.cases = cases
         self.goal_cases = goal_cases
+        self._total = len(cases) + len(goal_cases)  # until pytest has collected (deselected)
         self.records: dict[str, Record] = {}
         self._started: dict[str, float] = {}  # case id -> perf_counter() when it began
         self.started = time.time()
@@ -325,7 +331,17 @@ class BenchSession:
     def pytest_configure(self, config: pytest.Config) -> None:
         config.stash[SESSION_KEY] = self
 
+    def pytest_deselected(self, items: list[pytest.Item]) -> None:
+        """Cases the user's own pytest arguments leave out (``-- -k test_goal``) are ``skipped``
+        and say so; only a case pytest was meant to run and never reached is an ``error``."""
+        by_id = {c.id: c for c in self.cases + self.goal_cases}
+        for item in items:
+            case = by_id.get(_param_id(item.nodeid))
+            if case is not None and case.id not in self.records:
+                self._record(case, "skipped", "deselected by the pytest arguments after --")
+
     def pytest_collection_finish(self, session: pytest.Session) -> None:
+        self._total = len(session.items)  # what this run will report on, deselected left out
         if self.progress is not None:
             self._task = self.progress.add_task("benchmark", total=len(session.items))
 
@@ -334,11 +350,9 @@ class BenchSession:
         if self.progress is not None and self._task is not None:
             self.progress.advance(self._task)
         if self.echo is not None:
-            case_id = nodeid.partition("[")[2][:-1]  # test_attention[<case id>], test_goal[...]
-            rec = self.records.get(case_id)
+            rec = self.records.get(_param_id(nodeid))
             if rec is not None:
-                total = len(self.cases) + len(self.goal_cases)
-                self.echo(f"[{self._done}/{total}] {_summary(rec)}")
+                self.echo(f"[{self._done}/{self._total}] {_summary(rec)}")
 
     def _phase(self, case: Case, phase: str) -> None:
         if self.progress is None or self._task is None:
@@ -588,7 +602,7 @@ class BenchSession:
             torch.cuda.empty_cache()
 
     def record_unrun(self) -> None:
-        """Cases pytest never ran (deselected, interrupted) become ``error`` records."""
+        """Cases pytest was to run and never reached (an interrupted run): ``error`` records."""
         for case in self.cases + self.goal_cases:
             if case.id not in self.records:
                 self._record(case, "error", "not run (pytest did not reach it)")

@@ -105,3 +105,27 @@ def test_python_m_bench_smoke_run_end_to_end(tmp_path):
     assert res["peaks"]["cpu/float32"]["precision"] == "highest"
     # not the goals' grid: each names the grid that runs it (these rows' goals: quick's)
     assert {g["status"] for g in res["goals"]} == {"not run (quick grid)"}
+
+
+@pytest.mark.slow
+def test_cases_the_users_k_leaves_out_are_skipped_not_errors(tmp_path):
+    """``python -m bench ... -- -k train`` (BENCH.md measures goals with ``-- -k test_goal``):
+    the cases the user's own ``-k`` deselects are ``skipped`` and say why, the run exits 0,
+    and the progress lines count only the selected cases."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "bench", "--device", "cpu", "--grid", "smoke", "--rows",
+           "numpy sdpa", "--skip-gate", "--out", str(out), "--no-plots",
+           "--", "-k", "train"]  # fmt: skip
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    rows = [r for r in load_results(out)["records"] if r["kind"] == "row"]
+    by_status = {}
+    for r in rows:
+        by_status.setdefault(r["status"], set()).add(r["row"])
+    assert by_status == {"ok": {"numpy sdpa train", "torch F.sdpa train"},
+                         "skipped": {"numpy sdpa", "torch F.sdpa"}}  # fmt: skip
+    assert {r["reason"] for r in rows if r["status"] == "skipped"} == {
+        "deselected by the pytest arguments after --"
+    }
+    ran = sum(r["status"] == "ok" for r in rows)
+    assert f"[{ran}/{ran}]" in proc.stdout
