@@ -36,6 +36,18 @@ from tests.frameworks import FRAMEWORKS, NP_DTYPES
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
 V2_EXAMPLES = int(os.environ.get("FUZZ_V2_EXAMPLES", "150"))
+
+
+def _seeded(examples: int):
+    """Hypothesis settings of every fuzzer here: ``examples`` calls, the same ones every run."""
+    return settings(
+        max_examples=examples,
+        deadline=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+    )
+
+
 FLOATS = ("float64", "float32", "float16", "bfloat16")
 
 
@@ -162,12 +174,7 @@ def _check(call: dict, blocks: dict | None = None) -> None:
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@_seeded(EXAMPLES)
 @given(calls())
 def test_every_call_is_a_right_answer_or_the_same_error(call) -> None:
     _check(call)
@@ -223,12 +230,7 @@ def v2_calls(draw) -> tuple[dict, dict | None]:
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=V2_EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@_seeded(V2_EXAMPLES)
 @given(v2_calls())
 def test_v2_keywords_plain_or_tiled_are_a_right_answer_or_the_same_error(problem) -> None:
     call, blocks = problem
@@ -252,12 +254,7 @@ def _grads(fw, call: dict, blocks: dict | None):
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=V2_EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@_seeded(V2_EXAMPLES)
 @given(v2_calls(), st.integers(0, 2**16))
 def test_gradients_of_every_call_are_right_or_the_same_error(problem, seed) -> None:
     call, blocks = problem
@@ -346,12 +343,7 @@ def _decoded(mf, run: dict, weights: dict, x: np.ndarray):
 
 
 @pytest.mark.slow
-@settings(
-    max_examples=DECODE_EXAMPLES,
-    deadline=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-)
+@_seeded(DECODE_EXAMPLES)
 @given(decode_runs())
 def test_decoding_in_any_chunks_is_the_full_forward_or_the_same_error(run) -> None:
     """Any chunking into a plain or rolling cache, for a layer with any v2 options: the float64
