@@ -31,6 +31,7 @@ from attention_spec.rotary import (
 from attention_spec.rules import alibi_slope_values
 from attention_spec.validate import (
     ALIGNMENTS,
+    BAND_BLOCK_Q,
     BLOCK_K,
     BLOCK_Q,
     FLOAT_DTYPES,
@@ -56,10 +57,12 @@ from attention_spec.validate import (
     dtype_name,
     format_dims,
     real_keyword,
+    tiled_blocks,
 )
 
 __all__ = [
     "ALIGNMENTS",
+    "BAND_BLOCK_Q",
     "BLOCK_K",
     "BLOCK_Q",
     "ERROR_CODES",
@@ -102,4 +105,5 @@ __all__ = [
     "format_dims",
     "real_keyword",
     "rotary_frequencies",
+    "tiled_blocks",
 ]

@@ -64,6 +64,7 @@ from attention_spec import (
     check_attention,
     check_block_sizes,
     check_flag,
+    tiled_blocks,
 )
 from attention_spec.rules import alibi, block_rules
 from impl_jax.functional import (
@@ -557,8 +558,8 @@ def flash_attention(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
     return_lse: bool = False,
 ) -> jax.Array | tuple[jax.Array, jax.Array]:
     """``scaled_dot_product_attention`` computed block by block, shape ``(..., H, L, E)``.
@@ -570,8 +571,10 @@ def flash_attention(
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
             kv_segment_ids, sinks, alibi_slopes: as in
             :func:`impl_jax.functional.attention_weights`.
-        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it).
-        block_k: keys per block (likewise for S).
+        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it);
+            None: the default, ``attention_spec.tiled_blocks``: ``BLOCK_Q``, or fewer rows
+            under a narrow window (``BAND_BLOCK_Q``).
+        block_k: keys per block (likewise for S); None: ``BLOCK_K``, or a narrow window's band.
         return_lse: also return the row log-sum-exp of the final scores (after softcap, the
             additive terms and every rule, the sink included), ``lse = log(sum_j exp(s_ij)
             [+ exp(sink)])`` of shape ``(..., H, L)`` in the compute dtype (float64 for float64
@@ -603,7 +606,7 @@ def flash_attention(
         window=window,
         **kw,
     )
-    check_block_sizes(block_q, block_k)
+    block_q, block_k = tiled_blocks("jax", block_q, block_k, dims.is_causal, dims.window)
     return_lse = check_flag("return_lse", return_lse)
     _check_x64(query)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
@@ -640,8 +643,8 @@ def flash_attention_vjp(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
 ) -> AttentionGrads:
     """The gradients of ``<flash_attention(...), grad_output>``, by ``jax.vjp`` through the
     ``custom_vjp`` (whose backward is the tiled one).

@@ -40,9 +40,9 @@ from attention_spec import (
     AttentionGrads,
     causal_offset,
     check_attention,
-    check_block_sizes,
     check_flag,
     check_grad_output,
+    tiled_blocks,
 )
 from attention_spec.rules import alibi, block_rules, key_band
 from impl_numpy.functional import (
@@ -302,7 +302,7 @@ def _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keyw
         query, key, value, mask=mask, bias=bias, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
         sinks=sinks, alibi_slopes=slopes, **keywords,
     )  # fmt: skip
-    check_block_sizes(block_q, block_k)
+    block_q, block_k = tiled_blocks("numpy", block_q, block_k, dims.is_causal, dims.window)
     ct = _compute_dtype(query.dtype)
     K, G, L, D = dims.K, dims.G, dims.L, dims.D
     offset = causal_offset(L, dims.S, keywords["causal_alignment"])  # j <= i + offset
@@ -330,8 +330,8 @@ def flash_attention(
     kv_segment_ids: np.ndarray | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
     return_lse: bool = False,
 ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
     """``scaled_dot_product_attention`` computed block by block, shape ``(..., H, L, E)``.
@@ -343,8 +343,10 @@ def flash_attention(
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
             kv_segment_ids, sinks, alibi_slopes: as in
             :func:`impl_numpy.functional.attention_weights`.
-        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it).
-        block_k: keys per block (likewise for S).
+        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it);
+            None: the default, ``attention_spec.tiled_blocks``: ``BLOCK_Q``, or fewer rows
+            under a narrow window (``BAND_BLOCK_Q``).
+        block_k: keys per block (likewise for S); None: ``BLOCK_K``, or a narrow window's band.
         return_lse: also return the row log-sum-exp of the final scores (after softcap, the
             additive terms and every rule, the sink included), ``lse = log(sum_j exp(s_ij)
             [+ exp(sink)])`` of shape ``(..., H, L)`` in the compute dtype (float64 for float64
@@ -389,8 +391,8 @@ def flash_attention_vjp(
     kv_segment_ids: np.ndarray | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
 ) -> AttentionGrads:
     """The gradients of ``<flash_attention(...), grad_output>``, block by block, by hand.
 

@@ -45,6 +45,7 @@ from attention_spec import (
     check_attention,
     check_block_sizes,
     check_flag,
+    tiled_blocks,
 )
 from attention_spec.rules import alibi, block_rules, key_band
 from impl_torch.functional import (
@@ -355,8 +356,8 @@ def flash_attention(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
     return_lse: bool = False,
 ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
     """``scaled_dot_product_attention`` computed block by block, shape ``(..., H, L, E)``.
@@ -368,8 +369,10 @@ def flash_attention(
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
             kv_segment_ids, sinks, alibi_slopes: as in
             :func:`impl_torch.functional.attention_weights`.
-        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it).
-        block_k: keys per block (likewise for S).
+        block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it);
+            None: the default, ``attention_spec.tiled_blocks``: ``BLOCK_Q``, or fewer rows
+            under a narrow window (``BAND_BLOCK_Q``).
+        block_k: keys per block (likewise for S); None: ``BLOCK_K``, or a narrow window's band.
         return_lse: also return the row log-sum-exp of the final scores (after softcap, the
             additive terms and every rule, the sink included), ``lse = log(sum_j exp(s_ij)
             [+ exp(sink)])`` of shape ``(..., H, L)`` in the compute dtype (float64 for float64
@@ -403,7 +406,7 @@ def flash_attention(
         sinks=sinks,
         alibi_slopes=slopes,
     )
-    check_block_sizes(block_q, block_k)
+    block_q, block_k = tiled_blocks("torch", block_q, block_k, dims.is_causal, dims.window)
     return_lse = check_flag("return_lse", return_lse)
     offset = causal_offset(
         dims.L, dims.S, causal_alignment
@@ -431,8 +434,8 @@ def flash_attention_vjp(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
-    block_q: int = BLOCK_Q,
-    block_k: int = BLOCK_K,
+    block_q: int | None = None,
+    block_k: int | None = None,
 ) -> AttentionGrads:
     """The gradients of ``<flash_attention(...), grad_output>``, by autograd through
     :class:`FlashAttention` (whose backward is the tiled one).

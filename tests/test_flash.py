@@ -36,7 +36,7 @@ import impl_numpy.flash  # noqa: E402
 import impl_numpy.functional  # noqa: E402
 import impl_torch.flash  # noqa: E402
 import impl_torch.functional  # noqa: E402
-from attention_spec import AttentionError  # noqa: E402
+from attention_spec import BLOCK_K, BLOCK_Q, AttentionError, tiled_blocks  # noqa: E402
 from conformance.tests.flash_broken import BROKEN  # noqa: E402
 
 DTYPES = {
@@ -462,7 +462,7 @@ def test_errors_are_the_plain_paths(fw: str, code: str) -> None:
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 @pytest.mark.parametrize(
     ("name", "value"),
-    [("block_q", 0), ("block_k", -3), ("block_q", 2.5), ("block_k", True), ("block_q", None)],
+    [("block_q", 0), ("block_k", -3), ("block_q", 2.5), ("block_k", True), ("block_q", "64")],
 )
 def test_block_size_errors(fw: str, name: str, value: object) -> None:
     f = FRAMEWORKS[fw]
@@ -475,6 +475,58 @@ def test_block_size_errors(fw: str, name: str, value: object) -> None:
     err = _raised(lambda: raw(x, x, x, **{name: value}))
     assert type(err).__name__ == "ConfigError" and err.code == "non_positive_size"
     assert f"{name} must be an integer >= 1; got {value!r}" in str(err)
+
+
+# ---------------------------------------------------------------------------------------------
+# The default blocks: BLOCK_Q x BLOCK_K, or a narrow window's band (attention_spec.tiled_blocks)
+
+
+def test_default_blocks_are_a_narrow_bands_rows_and_keys() -> None:
+    """A band of ``left + 1 + right`` keys per row spans ``rows + left + right`` keys for a block
+    of ``rows`` query rows; NumPy and torch tile such a band in 128-row blocks of that many keys
+    while it fits BLOCK_K (512), JAX keeps 256 x 512."""
+    assert (BLOCK_Q, BLOCK_K) == (256, 512)
+    assert tiled_blocks("torch", None, None, False, None) == (256, 512)
+    assert tiled_blocks("numpy", None, None, True, (256, 0)) == (128, 384)
+    assert tiled_blocks("torch", None, None, True, (256, None)) == (128, 384)  # causal: right 0
+    assert tiled_blocks("torch", None, None, True, (256, 7)) == (128, 384)
+    assert tiled_blocks("numpy", None, None, False, (100, 20)) == (128, 248)
+    assert tiled_blocks("numpy", None, None, False, (0, 0)) == (128, 128)
+    assert tiled_blocks("numpy", None, None, True, (384, 0)) == (128, 512)  # the widest that fits
+    assert tiled_blocks("numpy", None, None, True, (385, 0)) == (256, 512)
+    assert tiled_blocks("torch", None, None, False, (256, None)) == (256, 512)  # no right bound
+    assert tiled_blocks("numpy", None, None, True, (None, 0)) == (256, 512)  # no left bound
+    assert tiled_blocks("jax", None, None, True, (256, 0)) == (256, 512)
+    assert tiled_blocks("jax", None, None, False, (0, 0)) == (256, 512)
+    # a size given is kept; the other comes from the default pair
+    assert tiled_blocks("torch", 7, 9, True, (256, 0)) == (7, 9)
+    assert tiled_blocks("torch", 64, None, True, (256, 0)) == (64, 384)
+    assert tiled_blocks("numpy", None, 100, False, None) == (256, 100)
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_flash_without_block_sizes_tiles_in_the_default_blocks(fw: str, monkeypatch) -> None:
+    """The call without block sizes asks ``tiled_blocks`` with its package's name and computes
+    bit for bit what the call with that pair given computes; for NumPy and torch under a narrow
+    window that differs from the BLOCK_Q x BLOCK_K tiling in the last bits (the online softmax
+    rescales in another order), so the comparison can tell the two tilings apart."""
+    f = FRAMEWORKS[fw]
+    module = {"numpy": impl_numpy.flash, "torch": impl_torch.flash, "jax": impl_jax.flash}[fw]
+    asked = []
+    real = module.tiled_blocks
+    monkeypatch.setattr(module, "tiled_blocks", lambda *a: asked.append(a) or real(*a))
+    rng = np.random.default_rng(11)
+    q, k, v = (f.native(rng.standard_normal((1, 2, 600, 8))) for _ in range(3))
+    kw = dict(is_causal=True, window=(40, 0))
+    default = f.numpy(module.flash_attention(q, k, v, **kw))
+    assert asked == [(fw, None, None, True, (40, 0))]
+    pair = (256, 512) if fw == "jax" else (128, 168)
+    given = f.numpy(module.flash_attention(q, k, v, **kw, block_q=pair[0], block_k=pair[1]))
+    np.testing.assert_array_equal(default, given)
+    if fw != "jax":
+        wide = f.numpy(module.flash_attention(q, k, v, **kw, block_q=256, block_k=512))
+        assert not np.array_equal(default, wide)
+        np.testing.assert_allclose(default, wide, rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
