@@ -409,13 +409,10 @@ BLOCK_K: int = 512
 BAND_BLOCK_Q: dict[str, int | None] = {"numpy": 128, "torch": 128, "jax": None}
 
 
-def check_block_sizes(block_q: int | None, block_k: int | None) -> None:
-    """Block sizes of the tiled path are integers >= 1, or None for the default
-    (ConfigError ``non_positive_size``)."""
-    if block_q is not None:
-        check_size("block_q", block_q)
-    if block_k is not None:
-        check_size("block_k", block_k)
+def check_block_sizes(block_q: int, block_k: int) -> None:
+    """Block sizes of a tiled path are integers >= 1 (ConfigError ``non_positive_size``)."""
+    check_size("block_q", block_q)
+    check_size("block_k", block_k)
 
 
 def tiled_blocks(
@@ -426,13 +423,12 @@ def tiled_blocks(
     window: tuple[int | None, int | None] | None,
 ) -> tuple[int, int]:
     """The block sizes of one tiled call of ``package`` ("numpy" | "torch" | "jax"): each size
-    given as it is (checked by :func:`check_block_sizes`), each None from the default pair.
+    given as it is, each None from the default pair; then :func:`check_block_sizes`.
 
     The default pair is ``BLOCK_Q x BLOCK_K``, or, for a package with a
     :data:`BAND_BLOCK_Q` and a narrow band (``window`` bounded on the left, and on the right or
     by ``is_causal``, with ``rows + left + right <= BLOCK_K``), ``rows x (rows + left + right)``.
     """
-    check_block_sizes(block_q, block_k)
     rows = BAND_BLOCK_Q[package]
     left, right = (None, None) if window is None else window
     if is_causal:  # the causal rule ends every row's band at the diagonal
@@ -441,7 +437,9 @@ def tiled_blocks(
     default = (BLOCK_Q, BLOCK_K)
     if narrow and rows + left + right <= BLOCK_K:
         default = (rows, rows + left + right)
-    return (default[0] if block_q is None else block_q, default[1] if block_k is None else block_k)
+    sizes = (default[0] if block_q is None else block_q, default[1] if block_k is None else block_k)
+    check_block_sizes(*sizes)
+    return sizes
 
 
 # ---------------------------------------------------------------------------------------------

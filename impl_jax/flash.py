@@ -62,7 +62,6 @@ from attention_spec import (
     AttentionGrads,
     causal_offset,
     check_attention,
-    check_block_sizes,
     check_flag,
     tiled_blocks,
 )
@@ -663,5 +662,6 @@ def flash_attention_vjp(
     tiled = functools.partial(flash_attention, block_q=block_q, block_k=block_k)
     return _vjp_by_jax(
         tiled, query, key, value, grad_output, mask, bias, v2, keywords,
-        checks=(lambda: check_block_sizes(block_q, block_k),),
+        # the block sizes are checked before grad_output, as NumPy's _validated does
+        checks=(lambda: tiled_blocks("jax", block_q, block_k, False, None),),
     )  # fmt: skip

@@ -43,7 +43,6 @@ from attention_spec import (
     AttentionGrads,
     causal_offset,
     check_attention,
-    check_block_sizes,
     check_flag,
     tiled_blocks,
 )
@@ -453,5 +452,6 @@ def flash_attention_vjp(
     tiled = functools.partial(flash_attention, block_q=block_q, block_k=block_k)
     return _vjp_by_autograd(
         tiled, query, key, value, grad_output, mask, bias, v2, keywords,
-        checks=(lambda: check_block_sizes(block_q, block_k),),
+        # the block sizes are checked before grad_output, as NumPy's _validated does
+        checks=(lambda: tiled_blocks("torch", block_q, block_k, False, None),),
     )  # fmt: skip

@@ -477,6 +477,18 @@ def test_block_size_errors(fw: str, name: str, value: object) -> None:
     assert f"{name} must be an integer >= 1; got {value!r}" in str(err)
 
 
+@pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_vjp_checks_block_sizes_before_grad_output(fw: str) -> None:
+    """A block size < 1 with a cotangent of the wrong shape: the block size's error, in all
+    three (NumPy checks the sizes with the call, torch and JAX before the cotangent)."""
+    f = FRAMEWORKS[fw]
+    module = {"numpy": impl_numpy.flash, "torch": impl_torch.flash, "jax": impl_jax.flash}[fw]
+    x, wrong = f.native(np.zeros((2, 3, 4))), f.native(np.zeros((2, 3, 5)))
+    err = _raised(lambda: module.flash_attention_vjp(x, x, x, wrong, block_k=0))
+    assert (type(err).__name__, err.code) == ("ConfigError", "non_positive_size")
+    assert "block_k must be an integer >= 1; got 0" in str(err)
+
+
 # ---------------------------------------------------------------------------------------------
 # The default blocks: BLOCK_Q x BLOCK_K, or a narrow window's band (attention_spec.tiled_blocks)
 
