@@ -7,7 +7,7 @@ answer, frameworks that disagree) fails, with the call printed by hypothesis.
 
 The second fuzzer puts contract v2's keywords (window, segment ids, sinks, ALiBi slopes), valid
 or broken, on top of such a call, and runs it through the plain path or the tiled path with
-random block sizes (which may be broken too).
+random block sizes (which may be broken too) or the default ones.
 
 The third takes the same calls backward: ``scaled_dot_product_attention_vjp`` or
 ``flash_attention_vjp`` with a random cotangent, whose gradients (query, key, value, bias,
@@ -223,7 +223,8 @@ def v2_calls(draw) -> tuple[dict, dict | None]:
                 call[name] = draw(st.sampled_from([values[:-1], integers, values[None]]))
     blocks = None
     if draw(st.booleans()):
-        blocks = {"block_q": draw(st.integers(1, 4)), "block_k": draw(st.integers(1, 5))}
+        size = st.one_of(st.integers(1, 5), st.none())  # None: the default (tiled_blocks)
+        blocks = {"block_q": draw(size), "block_k": draw(size)}
         if not valid and draw(st.integers(0, 5)) == 0:
             blocks["block_" + draw(st.sampled_from("qk"))] = draw(st.sampled_from([0, -1, 2.0]))
     return call, blocks
