@@ -31,7 +31,7 @@ from attention_spec.rotary import (
 from attention_spec.rules import alibi_slope_values
 from attention_spec.validate import (
     ALIGNMENTS,
-    BAND_BLOCK_Q,
+    BAND_BLOCKS,
     BLOCK_K,
     BLOCK_Q,
     FLOAT_DTYPES,
@@ -62,7 +62,7 @@ from attention_spec.validate import (
 
 __all__ = [
     "ALIGNMENTS",
-    "BAND_BLOCK_Q",
+    "BAND_BLOCKS",
     "BLOCK_K",
     "BLOCK_Q",
     "ERROR_CODES",

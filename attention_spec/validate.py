@@ -28,7 +28,7 @@ from attention_spec.errors import make_error
 
 __all__ = [
     "ALIGNMENTS",
-    "BAND_BLOCK_Q",
+    "BAND_BLOCKS",
     "BLOCK_K",
     "BLOCK_Q",
     "FINITE_MAX",
@@ -397,16 +397,21 @@ def check_causal_mask_args(q_len: int, kv_len: int, alignment: str) -> None:
 BLOCK_Q: int = 256
 BLOCK_K: int = 512
 
-#: Query rows per block under a narrow window, per package (docs/FLASH.md, "Block sizes"): a
-#: call whose causal and window bands leave each query row at most ``left + 1 + right`` keys,
-#: where ``rows + left + right <= BLOCK_K``, is tiled in blocks of ``rows`` query rows and
-#: ``rows + left + right`` keys, the band of one query block, so a block holds one band and as
-#: little outside it as the rows allow. NumPy and torch pay per score: under ``(256, 0)`` a
-#: 128-row block's band is 384 keys, two thirds of them allowed, against half at 256 rows, and
-#: their window call at L = S = 8192 took 0.72x and 0.90x the time. JAX's scan pays per step and
-#: at XLA's smaller matmul shapes (128 x 384: 1.4x the time): None, the defaults whatever the
-#: window.
-BAND_BLOCK_Q: dict[str, int | None] = {"numpy": 128, "torch": 128, "jax": None}
+#: The tiled path's blocks under a narrow window, per package: ``(rows, widest)`` (docs/FLASH.md,
+#: "Block sizes"). A call whose causal and window bands leave each query row at most
+#: ``left + 1 + right`` keys, where ``rows + left + right <= widest``, is tiled in blocks of
+#: ``rows`` query rows and ``rows + left + right`` keys, the band of one query block, so a block
+#: holds one band and as little outside it as the rows allow. NumPy and torch pay per score:
+#: under ``(256, 0)`` a 128-row block's band is 384 keys, two thirds of them allowed, against
+#: half at 256 rows, and their window call at L = S = 8192 took 0.72x and 0.90x the time. JAX's
+#: scan pays per step, and XLA's CPU matmuls are slow at some shapes: 64-row blocks took 0.3x to
+#: 0.7x the time for bands of up to 256 keys (windows up to ``(192, 0)``), but under
+#: ``(256, 0)`` they were faster in one run and slower in another.
+BAND_BLOCKS: dict[str, tuple[int, int]] = {
+    "numpy": (128, 512),
+    "torch": (128, 512),
+    "jax": (64, 256),
+}
 
 
 def check_block_sizes(block_q: int, block_k: int) -> None:
@@ -425,17 +430,16 @@ def tiled_blocks(
     """The block sizes of one tiled call of ``package`` ("numpy" | "torch" | "jax"): each size
     given as it is, each None from the default pair; then :func:`check_block_sizes`.
 
-    The default pair is ``BLOCK_Q x BLOCK_K``, or, for a package with a
-    :data:`BAND_BLOCK_Q` and a narrow band (``window`` bounded on the left, and on the right or
-    by ``is_causal``, with ``rows + left + right <= BLOCK_K``), ``rows x (rows + left + right)``.
+    The default pair is ``BLOCK_Q x BLOCK_K``, or, under a narrow band (``window`` bounded on
+    the left, and on the right or by ``is_causal``, with ``rows + left + right <= widest`` for
+    the package's :data:`BAND_BLOCKS`), ``rows x (rows + left + right)``.
     """
-    rows = BAND_BLOCK_Q[package]
+    rows, widest = BAND_BLOCKS[package]
     left, right = (None, None) if window is None else window
     if is_causal:  # the causal rule ends every row's band at the diagonal
         right = 0 if right is None else min(right, 0)
-    narrow = rows is not None and left is not None and right is not None
     default = (BLOCK_Q, BLOCK_K)
-    if narrow and rows + left + right <= BLOCK_K:
+    if left is not None and right is not None and rows + left + right <= widest:
         default = (rows, rows + left + right)
     sizes = (default[0] if block_q is None else block_q, default[1] if block_k is None else block_k)
     check_block_sizes(*sizes)

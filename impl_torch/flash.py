@@ -370,7 +370,7 @@ def flash_attention(
             :func:`impl_torch.functional.attention_weights`.
         block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it);
             None: the default, ``attention_spec.tiled_blocks``: ``BLOCK_Q``, or fewer rows
-            under a narrow window (``BAND_BLOCK_Q``).
+            under a narrow window (``BAND_BLOCKS``).
         block_k: keys per block (likewise for S); None: ``BLOCK_K``, or a narrow window's band.
         return_lse: also return the row log-sum-exp of the final scores (after softcap, the
             additive terms and every rule, the sink included), ``lse = log(sum_j exp(s_ij)

@@ -496,7 +496,7 @@ def test_vjp_checks_block_sizes_before_grad_output(fw: str) -> None:
 def test_default_blocks_are_a_narrow_bands_rows_and_keys() -> None:
     """A band of ``left + 1 + right`` keys per row spans ``rows + left + right`` keys for a block
     of ``rows`` query rows; NumPy and torch tile such a band in 128-row blocks of that many keys
-    while it fits BLOCK_K (512), JAX keeps 256 x 512."""
+    while it fits in 512 keys, JAX in 64-row blocks while it fits in 256."""
     assert (BLOCK_Q, BLOCK_K) == (256, 512)
     assert tiled_blocks("torch", None, None, False, None) == (256, 512)
     assert tiled_blocks("numpy", None, None, True, (256, 0)) == (128, 384)
@@ -509,7 +509,10 @@ def test_default_blocks_are_a_narrow_bands_rows_and_keys() -> None:
     assert tiled_blocks("torch", None, None, False, (256, None)) == (256, 512)  # no right bound
     assert tiled_blocks("numpy", None, None, True, (None, 0)) == (256, 512)  # no left bound
     assert tiled_blocks("jax", None, None, True, (256, 0)) == (256, 512)
-    assert tiled_blocks("jax", None, None, False, (0, 0)) == (256, 512)
+    assert tiled_blocks("jax", None, None, True, (192, 0)) == (64, 256)  # the widest that fits
+    assert tiled_blocks("jax", None, None, True, (193, 0)) == (256, 512)
+    assert tiled_blocks("jax", None, None, False, (0, 0)) == (64, 64)
+    assert tiled_blocks("jax", None, None, False, (20, None)) == (256, 512)
     # a size given is kept; the other comes from the default pair
     assert tiled_blocks("torch", 7, 9, True, (256, 0)) == (7, 9)
     assert tiled_blocks("torch", 64, None, True, (256, 0)) == (64, 384)
@@ -519,9 +522,9 @@ def test_default_blocks_are_a_narrow_bands_rows_and_keys() -> None:
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_flash_without_block_sizes_tiles_in_the_default_blocks(fw: str, monkeypatch) -> None:
     """The call without block sizes asks ``tiled_blocks`` with its package's name and computes
-    bit for bit what the call with that pair given computes; for NumPy and torch under a narrow
-    window that differs from the BLOCK_Q x BLOCK_K tiling in the last bits (the online softmax
-    rescales in another order), so the comparison can tell the two tilings apart."""
+    bit for bit what the call with that pair given computes; under a narrow window that differs
+    from the BLOCK_Q x BLOCK_K tiling in the last bits (the online softmax rescales in another
+    order), so the comparison can tell the two tilings apart."""
     f = FRAMEWORKS[fw]
     module = {"numpy": impl_numpy.flash, "torch": impl_torch.flash, "jax": impl_jax.flash}[fw]
     asked = []
@@ -532,13 +535,12 @@ def test_flash_without_block_sizes_tiles_in_the_default_blocks(fw: str, monkeypa
     kw = dict(is_causal=True, window=(40, 0))
     default = f.numpy(module.flash_attention(q, k, v, **kw))
     assert asked == [(fw, None, None, True, (40, 0))]
-    pair = (256, 512) if fw == "jax" else (128, 168)
+    pair = (64, 104) if fw == "jax" else (128, 168)  # 40 keys left of each row's band
     given = f.numpy(module.flash_attention(q, k, v, **kw, block_q=pair[0], block_k=pair[1]))
     np.testing.assert_array_equal(default, given)
-    if fw != "jax":
-        wide = f.numpy(module.flash_attention(q, k, v, **kw, block_q=256, block_k=512))
-        assert not np.array_equal(default, wide)
-        np.testing.assert_allclose(default, wide, rtol=0, atol=1e-12)
+    wide = f.numpy(module.flash_attention(q, k, v, **kw, block_q=256, block_k=512))
+    assert not np.array_equal(default, wide)
+    np.testing.assert_allclose(default, wide, rtol=0, atol=1e-12)
 
 
 # ---------------------------------------------------------------------------------------------
