@@ -92,16 +92,29 @@ class ArraySpec:
     dtype: str
 
 
+#: dtype -> its name, as :func:`dtype_name` found it: validation reads a dozen dtypes per call
+#: (a decode step's), and NumPy's ``.name`` and torch's ``str()`` take microseconds each.
+_DTYPE_NAMES: dict[Any, str] = {}
+
+
 def dtype_name(dtype: Any) -> str:
     """The contract's name of a framework's dtype: ``"float32"``, ``"bfloat16"``, ``"bool"``.
 
     NumPy and JAX dtypes carry it as ``.name``; torch spells it ``torch.bfloat16`` (and MLX
     ``mlx.core.bfloat16``), from which the last dotted part is taken.
     """
+    try:
+        return _DTYPE_NAMES[dtype]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
     name = getattr(dtype, "name", None)
-    if isinstance(name, str):
-        return name
-    return str(dtype).rsplit(".", 1)[-1]
+    if not isinstance(name, str):
+        name = str(dtype).rsplit(".", 1)[-1]
+    try:
+        _DTYPE_NAMES[dtype] = name
+    except TypeError:
+        pass
+    return name
 
 
 def describe(array: Any) -> ArraySpec | None:
@@ -109,7 +122,7 @@ def describe(array: Any) -> ArraySpec | None:
     None (an argument that was not given)."""
     if array is None or isinstance(array, ArraySpec):
         return array
-    return ArraySpec(tuple(int(n) for n in array.shape), dtype_name(array.dtype))
+    return ArraySpec(tuple(map(int, array.shape)), dtype_name(array.dtype))
 
 
 # ---------------------------------------------------------------------------------------------
