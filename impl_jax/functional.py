@@ -108,7 +108,8 @@ def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_seg
     one block of the tiled path, with that block's slices of mask and segment ids):
     ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
     ``(..., H, L, S)``; None when no rule is given. ``bands=False``: the causal and window
-    rules allow every ``(i, j)`` here (:func:`_prepared`), so only mask and segments remain."""
+    rules allow every ``(i, j)`` here, or are not given (:func:`_prepared`, which then passes
+    None for ``i`` and ``j``), so only mask and segments remain."""
     rules = [] if mask is None else [mask]
     if dims.is_causal and bands:
         rules.append(causal(i, j, offset))  # (L, S)
@@ -212,13 +213,16 @@ def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias
     the compute dtype, and the key/value rows no query attends (``kw``: the v2 arrays)."""
     ct = _compute_dtype(query.dtype)
     offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
-    i, j = jnp.arange(dims.L)[:, None], jnp.arange(dims.S)[None, :]  # (L, 1), (1, S)
     #    The causal and window bands need no elementwise rule when they allow every (i, j) of
     #    the call (a decode step: one query, bottom-right, sees every key): then nothing is
-    #    masked and no key or value row is zeroed (no copy of a KV cache per step).
+    #    masked, no key or value row is zeroed (no copy of a KV cache per step), and no index
+    #    is built.
     _, every = block_rules(dims.is_causal, dims.window, offset, 0, dims.L, 0, dims.S, None, None)
+    bands = not every and (dims.is_causal or dims.window is not None)
+    i = jnp.arange(dims.L)[:, None] if bands else None  # (L, 1)
+    j = jnp.arange(dims.S)[None, :] if bands else None  # (1, S)
     allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"],
-                       bands=not every)  # fmt: skip
+                       bands=bands)  # fmt: skip
     bias = _cast(bias, ct)
     attended = _attended(allowed, bias, dims.scores_shape, dims.K)
     return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
