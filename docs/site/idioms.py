@@ -35,7 +35,9 @@ IDIOMS: dict[str, dict[str, str]] = {
             "Subtract the row max, clamp the exponent at 0, exponentiate, divide, with a row of "
             "no allowed key sent to zeros: NumPy in place (`np.minimum(s, 0.0, out=s)`), torch "
             "on `s.detach()` with `sub_`, `clamp_` and `_exp_` (2 ** (x * log2(e)): torch's "
-            "CPU exp is about 4x slower at each -inf), JAX with "
+            "CPU exp is about 4x slower at each -inf) where autograd records, and otherwise "
+            "(no sink) its one `torch.softmax` kernel with the empty rows zeroed after it (a "
+            "decode step's dozen small ops cost mostly their dispatch), JAX with "
             "`jax.lax.stop_gradient` and a second shift (`_finite_max`), because XLA computes "
             "the first one as a fused multiply-add of the unrounded scores."
         ),
