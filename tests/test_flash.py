@@ -39,6 +39,10 @@ import impl_torch.functional  # noqa: E402
 from attention_spec import BLOCK_K, BLOCK_Q, AttentionError, tiled_blocks  # noqa: E402
 from conformance.tests.flash_broken import BROKEN  # noqa: E402
 
+#: Each framework's tiled module (``flash_attention``, ``flash_attention_vjp``, ``tiled_blocks``),
+#: by the names of ``FRAMEWORKS``.
+FLASH = {"numpy": impl_numpy.flash, "torch": impl_torch.flash, "jax": impl_jax.flash}
+
 DTYPES = {
     "float64": np.dtype(np.float64),
     "float32": np.dtype(np.float32),
@@ -446,11 +450,7 @@ def _raised(fn: Callable) -> AttentionError:
 @pytest.mark.parametrize("code", _ERROR_CASES)
 def test_errors_are_the_plain_paths(fw: str, code: str) -> None:
     f = FRAMEWORKS[fw]
-    raw = {
-        "numpy": impl_numpy.flash.flash_attention,
-        "torch": impl_torch.flash.flash_attention,
-        "jax": impl_jax.flash.flash_attention,
-    }[fw]
+    raw = FLASH[fw].flash_attention
     spec, kwargs = _ERROR_CASES[code]
     inputs = _error_inputs(f, spec)
     want = _raised(lambda: f.sdpa(**inputs, **kwargs))
@@ -467,11 +467,7 @@ def test_errors_are_the_plain_paths(fw: str, code: str) -> None:
 def test_block_size_errors(fw: str, name: str, value: object) -> None:
     f = FRAMEWORKS[fw]
     x = f.native(np.zeros((2, 3, 4)))
-    raw = {
-        "numpy": impl_numpy.flash.flash_attention,
-        "torch": impl_torch.flash.flash_attention,
-        "jax": impl_jax.flash.flash_attention,
-    }[fw]
+    raw = FLASH[fw].flash_attention
     err = _raised(lambda: raw(x, x, x, **{name: value}))
     assert type(err).__name__ == "ConfigError" and err.code == "non_positive_size"
     assert f"{name} must be an integer >= 1; got {value!r}" in str(err)
@@ -482,7 +478,7 @@ def test_vjp_checks_block_sizes_before_grad_output(fw: str) -> None:
     """A block size < 1 with a cotangent of the wrong shape: the block size's error, in all
     three (NumPy checks the sizes with the call, torch and JAX before the cotangent)."""
     f = FRAMEWORKS[fw]
-    module = {"numpy": impl_numpy.flash, "torch": impl_torch.flash, "jax": impl_jax.flash}[fw]
+    module = FLASH[fw]
     x, wrong = f.native(np.zeros((2, 3, 4))), f.native(np.zeros((2, 3, 5)))
     err = _raised(lambda: module.flash_attention_vjp(x, x, x, wrong, block_k=0))
     assert (type(err).__name__, err.code) == ("ConfigError", "non_positive_size")
@@ -526,7 +522,7 @@ def test_flash_without_block_sizes_tiles_in_the_default_blocks(fw: str, monkeypa
     from the BLOCK_Q x BLOCK_K tiling in the last bits (the online softmax rescales in another
     order), so the comparison can tell the two tilings apart."""
     f = FRAMEWORKS[fw]
-    module = {"numpy": impl_numpy.flash, "torch": impl_torch.flash, "jax": impl_jax.flash}[fw]
+    module = FLASH[fw]
     asked = []
     real = module.tiled_blocks
     monkeypatch.setattr(module, "tiled_blocks", lambda *a: asked.append(a) or real(*a))
