@@ -37,6 +37,7 @@ from bench.devices import (
     set_tf32,
 )
 from bench.gate import GateCache, gate_text
+from bench.goals import SETTLE_S
 from bench.rows import ROWS, Row
 from bench.workloads import grid as make_grid
 
@@ -47,12 +48,13 @@ REPORT_WIDTH = 170
 BENCH_FILE = Path(__file__).resolve().parent / "bench_attention.py"
 
 #: Timing settings per grid: pytest-benchmark's time budget per case and minimum rounds, and
-#: each goal's interleaved rounds and shortest sample (``bench/goals.py``).
+#: each goal's interleaved rounds, shortest sample, time budget and the pause before each sample
+#: of a goal across two frameworks (``bench/goals.py``; the small grids skip the pause).
 GRID_TIMING = {
     "quick": {"max_time": 0.25, "min_rounds": 3, "goal_rounds": 9, "goal_sample_s": 0.005,
-              "goal_max_s": 10.0},
+              "goal_max_s": 10.0, "goal_settle_s": SETTLE_S},
     "full": {"max_time": 1.0, "min_rounds": 5, "goal_rounds": 21, "goal_sample_s": 0.02,
-             "goal_max_s": 60.0},
+             "goal_max_s": 60.0, "goal_settle_s": SETTLE_S},
     "small": {"max_time": 0.05, "min_rounds": 3, "goal_rounds": 5, "goal_sample_s": 0.005,
               "goal_max_s": 5.0},
     "smoke": {"max_time": 0.01, "min_rounds": 2, "goal_rounds": 5, "goal_sample_s": 0.001,
@@ -98,6 +100,7 @@ def make_session(
         goal_rounds=timing.get("goal_rounds", 5),
         goal_sample_s=timing.get("goal_sample_s", 0.005),
         goal_max_s=timing.get("goal_max_s"),
+        goal_settle_s=timing.get("goal_settle_s", 0.0),
     )
 
 

@@ -15,7 +15,11 @@ to 56.8 ms. So each goal is measured on its own (:func:`interleave`):
 3. each round times one sample of A and one of B, in the order A B, then B A the next round
    (ABBA: a steady drift in the machine's speed cancels instead of biasing one side), and
    records the round's ratio A / B;
-4. the goal's ratio is the **median of the per-round ratios**, its spread their
+4. when the two calls are different frameworks' (NumPy against torch's fused kernel), each
+   sample starts after a pause of ``settle_s`` (:data:`SETTLE_S`): a thread pool the other call
+   left spinning (OpenBLAS's idle threads busy-wait about 0.1 s after a call) would otherwise
+   share the two cores with the sample. The pauses are not counted in ``max_s``;
+5. the goal's ratio is the **median of the per-round ratios**, its spread their
    inter-quartile range ``q1..q3`` (and ``min..max``), over at least 5 rounds; past ``max_s``
    seconds of rounds no new round starts once those 5 are done (a slow pair on a busy
    machine would otherwise take minutes).
@@ -34,12 +38,18 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["MIN_ROUNDS", "SURE", "Interleaved", "decide", "interleave", "spread"]
+__all__ = ["MIN_ROUNDS", "SETTLE_S", "SURE", "Interleaved", "decide", "interleave", "spread"]
 
 #: The fewest rounds a goal is measured with.
 MIN_ROUNDS = 5
 #: A warm-up call this many times the shortest sample sizes the samples itself (one call each).
 SURE = 10
+#: Seconds of pause before each sample when a goal's two calls are different frameworks' (the
+#: quick and full grids; module docstring, 4). Measured on the 2-core AVX2 machine, numpy decode
+#: against torch F.sdpa decode (GQA 8:2, P = 4096, 21 rounds): per-round ratios 0.08-3.35 (IQR
+#: 0.25-1.48) and 0.14-2.19 (0.58-1.42) without a pause; 0.16-3.53 with 0.05 s; 0.55-1.31
+#: (0.57-1.20) and 0.56-2.36 (0.59-1.21) with 0.2 s; 0.53-1.30 (0.61-1.09) with 0.5 s.
+SETTLE_S = 0.25
 
 
 def spread(values: list[float]) -> dict[str, float]:
@@ -56,11 +66,13 @@ def spread(values: list[float]) -> dict[str, float]:
 @dataclass
 class Interleaved:
     """The rounds of one interleaved measurement: per-round seconds of one call of A and of
-    B (a sample's time / ``inner``) and their ratios A / B."""
+    B (a sample's time / ``inner``) and their ratios A / B; ``settle_s``: the pause before
+    each sample."""
 
     a_s: list[float]
     b_s: list[float]
     inner: int
+    settle_s: float = 0.0
 
     @property
     def ratios(self) -> list[float]:
@@ -73,6 +85,7 @@ class Interleaved:
             "rounds": len(self.a_s),
             "inner": self.inner,
             "order": "ABBA",
+            "settle_s": self.settle_s,
             "a_median_s": statistics.median(self.a_s),
             "b_median_s": statistics.median(self.b_s),
             "ratios": self.ratios,
@@ -86,10 +99,13 @@ def interleave(
     rounds: int = MIN_ROUNDS,
     min_sample_s: float = 0.005,
     max_s: float | None = None,
+    settle_s: float = 0.0,
     clock: Callable[[], float] = time.perf_counter,
+    sleep: Callable[[float], None] = time.sleep,
 ) -> Interleaved:
     """Time ``call_a`` and ``call_b`` alternately (module docstring): ``rounds`` rounds, at
-    least :data:`MIN_ROUNDS`, fewer (never below that) when the rounds pass ``max_s`` seconds.
+    least :data:`MIN_ROUNDS`, fewer (never below that) when the rounds pass ``max_s`` seconds,
+    each sample after ``sleep(settle_s)`` when ``settle_s > 0`` (not counted in ``max_s``).
     Each call must synchronize (the runners' calls do)."""
     rounds = max(rounds, MIN_ROUNDS)
 
@@ -106,7 +122,14 @@ def interleave(
         fastest = max(min(once(call_a), once(call_b)), 1e-9)
         inner = max(1, math.ceil(min_sample_s / fastest))
 
+    paused = 0.0
+
     def sample(call: Callable[[], Any]) -> float:
+        nonlocal paused
+        if settle_s > 0:  # the other framework's idle threads go to sleep first
+            t0 = clock()
+            sleep(settle_s)
+            paused += clock() - t0
         t0 = clock()
         for _ in range(inner):
             call()
@@ -116,7 +139,7 @@ def interleave(
     b_s: list[float] = []
     start = clock()
     for r in range(rounds):
-        if r >= MIN_ROUNDS and max_s is not None and clock() - start > max_s:
+        if r >= MIN_ROUNDS and max_s is not None and clock() - start - paused > max_s:
             break
         if r % 2 == 0:
             a_s.append(sample(call_a))
@@ -124,7 +147,7 @@ def interleave(
         else:
             b_s.append(sample(call_b))
             a_s.append(sample(call_a))
-    return Interleaved(a_s, b_s, inner)
+    return Interleaved(a_s, b_s, inner, settle_s)
 
 
 def decide(kind: str, limit: float, q1: float, q3: float) -> str:

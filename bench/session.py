@@ -271,9 +271,10 @@ class BenchSession:
         cases: a prebuilt plan (tests); built from the arguments otherwise.
         goal_cases: prebuilt goal cases (tests); built from the arguments otherwise.
         tf32: the run's ``--tf32`` (the precision of the float32 peak matmul).
-        goal_rounds, goal_sample_s, goal_max_s: rounds of each goal's interleaved timing (at
-            least 5), the shortest sample, and the seconds after which no round beyond the
-            fifth starts (``goals.interleave``).
+        goal_rounds, goal_sample_s, goal_max_s, goal_settle_s: rounds of each goal's
+            interleaved timing (at least 5), the shortest sample, the seconds after which no
+            round beyond the fifth starts, and the pause before each sample of a goal whose two
+            rows are different frameworks' (``goals.interleave``).
     """
 
     def __init__(
@@ -292,6 +293,7 @@ class BenchSession:
         goal_rounds: int = goals.MIN_ROUNDS,
         goal_sample_s: float = 0.005,
         goal_max_s: float | None = None,
+        goal_settle_s: float = 0.0,
     ) -> None:
         self.device = device
         self.grid = grid
@@ -304,6 +306,7 @@ class BenchSession:
         self.goal_rounds = goal_rounds
         self.goal_sample_s = goal_sample_s
         self.goal_max_s = goal_max_s
+        self.goal_settle_s = goal_settle_s
         self._done = 0
         self._task = None
         if cases is None:
@@ -499,6 +502,7 @@ class BenchSession:
             timing = goals.interleave(
                 prepared[0].call, prepared[1].call,
                 rounds=self.goal_rounds, min_sample_s=self.goal_sample_s, max_s=self.goal_max_s,
+                settle_s=self.goal_settle_s if row_a.framework != row_b.framework else 0.0,
             )  # fmt: skip
             contention = others_share(before, cpu_snapshot())
             if case.goal.kind == "window":  # the issue's second number: the window's memory

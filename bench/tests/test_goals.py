@@ -92,6 +92,58 @@ def test_a_slow_pair_stops_starting_rounds_past_its_time_budget():
     assert rounds(1.0) == goals.MIN_ROUNDS
 
 
+def test_each_sample_starts_after_the_pause_and_the_pauses_stay_out_of_the_budget():
+    """settle_s: a pause before each sample of the rounds (not before the warm-up and sizing
+    calls), recorded in the summary; a round budget counts the calls' time, not the pauses'."""
+
+    def run(settle_s, max_s=None):
+        m = DriftingMachine()
+
+        def sleep(s):
+            m.order.append("pause")
+            m.now += s
+
+        t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=9, min_sample_s=0.0,
+                             max_s=max_s, settle_s=settle_s, clock=m.clock,
+                             sleep=sleep)  # fmt: skip
+        return m.order, t
+
+    order, t = run(100.0)
+    assert order[:4] == ["A", "B", "A", "B"]  # warm-up and sizing: no pause
+    assert order[4:12] == ["pause", "A", "pause", "B", "pause", "B", "pause", "A"]
+    assert order.count("pause") == 2 * 9 and t.summary()["settle_s"] == 100.0
+    assert t.summary()["ratio"]["median"] == pytest.approx(2.0, rel=0.025)  # pauses untimed
+    assert "pause" not in run(0.0)[0] and run(0.0)[1].summary()["settle_s"] == 0.0
+    # the same budget stops at the same round with or without 100-unit pauses (test above: 6)
+    assert len(run(100.0, max_s=20.0)[1].a_s) == len(run(0.0, max_s=20.0)[1].a_s) == 6
+
+
+def test_only_a_goal_across_two_frameworks_pauses(monkeypatch):
+    """numpy sdpa against torch F.sdpa pauses before each sample (two thread pools), numpy
+    sdpa against numpy flash does not."""
+    from bench import session as session_mod
+
+    asked = []
+    real = goals.interleave
+
+    def interleave(*args, settle_s, **kw):  # records the pause asked, times without it
+        asked.append(settle_s)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(session_mod.goals, "interleave", interleave)
+    w = Workload("attention", B, H, K, L, S, D, E)
+    qc, _ = stub(True, 8)
+    for other in ("torch F.sdpa", "numpy flash"):
+        a, b = row_by_name("numpy sdpa"), row_by_name(other)
+        case = Case("goal|z", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 1000.0, other),
+                    pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+        session = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc),
+                               cases=[], goal_cases=[case], goal_sample_s=0.0001,
+                               goal_settle_s=0.25)  # fmt: skip
+        session.run_goal(case)
+    assert asked == [0.25, 0.0]
+
+
 def test_a_goal_is_met_only_when_its_whole_iqr_is():
     assert goals.decide("ratio", 2.5, 2.1, 2.4) == "met"
     assert goals.decide("ratio", 2.5, 2.4, 2.6) == "unclear"
