@@ -44,10 +44,11 @@ JAX_CACHE_ENV = JAX_COMPILATION_CACHE_DIR=$(abspath $(JAX_CACHE)) JAX_PERSISTENT
 # `make gpu-check` installs nothing: the box's own python3 unless PY= names another.
 GPU_PY ?= $(if $(filter $(VENV)/bin/python,$(PY)),python3,$(PY))
 
-.PHONY: help install test lint format conformance conformance-frameworks conformance-kernels fixtures fixtures-check bench bench-compare gpu-check docs figures clean
+.PHONY: help install test test-slow lint format conformance conformance-frameworks conformance-kernels fixtures fixtures-check bench bench-compare gpu-check docs figures clean
 
 help:
-	@echo "make test         create/reuse .venv, install, run every test"
+	@echo "make test         create/reuse .venv, install, run the tests (all but the slowest)"
+	@echo "make test-slow    the slowest tests (fuzzers, whole-suite runs, end-to-end benches)"
 	@echo "make bench        benchmark on DEVICE=$(DEVICE) (BENCH=quick|full)"
 	@echo "make gpu-check    on a GPU box, with python3, installing nothing: every check, one summary"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax (DEVICE=$(CONFORMANCE_DEVICE))"
@@ -77,8 +78,14 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(ENV_READY)
 
+# The suite without its slowest tests (marked `slow`: the fuzzers, whole-suite runs of the
+# frameworks' kernels, end-to-end benches, a whole fixture generation); `make test-slow` runs
+# those, and .ci/run runs both, so every check still runs on each submission.
 test: $(ENV_READY)
-	$(JAX_CACHE_ENV) $(PY) -m pytest -n $(WORKERS) -q
+	$(JAX_CACHE_ENV) $(PY) -m pytest -n $(WORKERS) -q -m "not slow"
+
+test-slow: $(ENV_READY)
+	$(JAX_CACHE_ENV) $(PY) -m pytest -n $(WORKERS) -q -m slow
 
 lint: $(ENV_READY)
 	$(PY) -m ruff check .

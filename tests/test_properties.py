@@ -4,6 +4,7 @@ softcaps, NumPy, PyTorch and JAX agree with each other within a bound for the dt
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -46,6 +47,7 @@ def attention_problems(draw):
     return q, k, v, kw, dtype
 
 
+@pytest.mark.slow  # about 1 minute: 60 examples through the three packages
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(attention_problems())
 def test_three_implementations_agree(problem):

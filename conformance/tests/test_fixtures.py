@@ -218,6 +218,7 @@ def test_saturation_collapses_without_the_scale() -> None:
     assert peaked.mean() > 0.9 and np.mean(peaked > 0.95) >= 0.5
 
 
+@pytest.mark.slow  # about 1 minute: a whole generation
 def test_regenerating_is_byte_identical() -> None:
     """What `make fixtures-check` does in CI (without the cross-check): the fixtures made now,
     in this process, are byte for byte the ones committed, made in another process earlier."""
