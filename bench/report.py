@@ -44,6 +44,7 @@ __all__ = [
     "load_results",
     "memory_text",
     "render",
+    "render_gates",
     "time_spent",
 ]
 
@@ -449,6 +450,25 @@ def render(results: dict, console: Any) -> None:
         "masked blocks; decode: one token after P cached ones, projections + attention over "
         "P + 1 keys, the cache an input (its size on the workload's line).[/dim]"
     )
+
+
+def render_gates(gates: list[dict], device: str, console: Any) -> None:
+    """Print ``--gates-only``'s table: one line per gate (``gate.run_gates``) to ``console``."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"correctness gates on {device} (IEEE float32 matmuls)", title_justify="left")
+    for col in ("port", "op", "pin", "device", "gate", "s", "rows", "detail"):
+        t.add_column(col)
+    for g in gates:
+        style = {"passed": "green", "unsupported": "dim"}.get(g["status"], "red")
+        cell = gate_text(g)
+        t.add_row(
+            escape(g["port"]), g["op"], g["pin"] or "", g["device"],
+            f"[{style}]{escape(cell)}[/]", f"{g['seconds']:.1f}",
+            escape(", ".join(g["rows"])), escape(g["detail"][:200]),
+        )  # fmt: skip
+    console.print(t)
 
 
 def time_spent(results: dict, longest: int = 5) -> str:
