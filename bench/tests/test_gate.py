@@ -3,6 +3,8 @@ x64 inside it whatever the run's settings; pinned rows gated on their own kernel
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from bench.gate import GateCache, gate_scope, kernel_case, run_gate
@@ -95,9 +97,23 @@ def test_importing_the_jax_adapter_in_a_gate_leaves_the_rows_x64_alone():
         jax.config.update("jax_enable_x64", before)
 
 
-def test_gate_scope_without_jax_changes_nothing_it_cannot_see():
-    with gate_scope():  # enters and leaves cleanly with whatever is installed
-        pass
+def test_gate_scope_without_jax_pins_torch_and_leaves_jax_alone(monkeypatch):
+    """Where JAX does not import, the gate's scope leaves x64 alone (it cannot see it) and
+    still runs torch's float32 matmuls in IEEE inside the block, the run's setting back after."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    saved = torch.get_float32_matmul_precision(), jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    torch.set_float32_matmul_precision("high")  # --tf32 on
+    monkeypatch.setitem(sys.modules, "jax", None)  # `import jax` now raises ImportError
+    try:
+        with gate_scope():
+            inside = torch.get_float32_matmul_precision(), jax.config.jax_enable_x64
+        after = torch.get_float32_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        jax.config.update("jax_enable_x64", saved[1])
+    assert inside == ("highest", False) and after == "high"
 
 
 def test_the_kernel_fixtures_reach_the_fused_kernels_and_the_smallest_do_not():
