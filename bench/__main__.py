@@ -17,20 +17,20 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import io
 import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from bench.devices import configure_environment, cpu_snapshot, environment, others_share
+from bench.devices import configure_environment, cpu_snapshot
+from bench.gate import GateCache, run_gates
 from bench.plan import GRID_TIMING, Plan, make_plan
+from bench.report import REPORT_WIDTH, gate_line, render_gates, write_report
 
 __all__ = ["main"]
 
 REPO = Path(__file__).resolve().parent.parent
-REPORT_WIDTH = 170
 
 
 def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
@@ -62,9 +62,6 @@ def _gates_only(plan: Plan, args: argparse.Namespace, console: Any) -> int:
     so a killed run leaves what it had), then the table."""
     from rich.markup import escape
 
-    from bench.gate import gate_text, run_gates
-    from bench.report import render_gates
-
     out = args.out
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
@@ -72,8 +69,7 @@ def _gates_only(plan: Plan, args: argparse.Namespace, console: Any) -> int:
 
     def on_result(g: dict) -> None:
         done.append(g)
-        line = f"{gate_text(g):>12}  {g['port']} {g['op']} {g['pin'] or ''} ({g['seconds']:.1f} s)"
-        console.print(escape(line))
+        console.print(escape(gate_line(g)))
         if out is not None:
             (out / "gates.json").write_text(json.dumps(done, indent=1))
 
@@ -124,37 +120,15 @@ def main(argv: list[str] | None = None) -> int:
         f"results in {out_dir}"
     )
 
-    from bench.gate import GateCache
     from bench.session import BenchSession  # the pytest plugin: imported only to run
 
     session = BenchSession(plan, gates=GateCache(skip=args.skip_gate))
     if args.budget_s is not None:  # a few seconds stay for the report and the plots
         session.deadline = time.monotonic() + max(args.budget_s - (time.perf_counter() - t0) - 5, 0)
     code = session.run(out_dir, extra, console)
-
-    from bench.report import build_results, render
-
-    results = build_results(
-        device=plan.device,
-        grid=args.grid,
-        environment=environment(plan.device),
-        records=[r.to_dict() for r in session.ordered_records()],
-        gates=session.gate_results(),
-        wall_s=time.perf_counter() - t0,
-        rows=plan.rows,
-        pytest_options={
-            **GRID_TIMING[args.grid],
-            "pytest_exit_code": code,
-            "extra": extra,
-            "tf32": args.tf32,
-        },
-        contention=others_share(cpu0, cpu_snapshot()),
-    )
-    (out_dir / "results.json").write_text(json.dumps(results, indent=1, default=str))
-    record_console = Console(record=True, width=REPORT_WIDTH, file=io.StringIO())
-    render(results, record_console)
-    (out_dir / "report.txt").write_text(record_console.export_text())
-    render(results, console)
+    options = {**GRID_TIMING[args.grid], "pytest_exit_code": code, "extra": extra}
+    results = session.results(t0, cpu0, {**options, "tf32": args.tf32})
+    write_report(results, out_dir, console)
     if not args.no_plots:
         try:
             from bench.plots import plot_results

@@ -77,26 +77,8 @@ class GateResult:
         """Whether the row may be timed."""
         return self.status in ("passed", "skipped")
 
-    def text(self) -> str:
-        """Short form for the table: ``8/8 ok``, ``FAIL 3/8``, ``error``, ``ungated``."""
-        return gate_text(self.to_dict())
-
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def gate_text(gate: dict) -> str:
-    """The table's gate cell from a gate dict: ``8/8 ok`` (``4/6 ok`` when 2 were unsupported),
-    ``FAIL 3/8``, ``unsupported``, ``error``, ``ungated``."""
-    status = gate["status"]
-    if status == "passed":
-        n_ok = gate["n_run"] - gate.get("n_unsupported", 0)
-        return f"{n_ok}/{gate['n_run']} ok"
-    if status == "failed":
-        return f"FAIL {gate['n_failed']}/{gate['n_run']}"
-    return {"skipped": "ungated", "unsupported": "unsupported", "not run": "not run"}.get(
-        status, "error"
-    )
 
 
 def kernel_case(case: Any) -> bool:

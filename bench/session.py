@@ -27,12 +27,21 @@ from typing import Any, NoReturn
 import pytest
 
 from bench import goals, preparers
-from bench.devices import cpu_snapshot, memory_budgets, others_share, peak_key, set_tf32
+from bench.devices import (
+    CpuSnapshot,
+    cpu_snapshot,
+    environment,
+    memory_budgets,
+    others_share,
+    peak_key,
+    set_tf32,
+)
 from bench.errors import classify_error, reason
 from bench.gate import GateCache, GateResult
 from bench.peak import prepare_matmul
 from bench.plan import GRID_TIMING, Case, Plan, estimate_bytes
 from bench.records import STATS, Record, summary
+from bench.report import build_results
 from bench.rows import Row
 
 __all__ = ["BENCH_FILE", "SESSION_KEY", "BenchSession", "pytest_args"]
@@ -99,10 +108,9 @@ class BenchSession:
         self.deadline: float | None = None
 
     def run(self, out_dir: Path, extra: list[str], console: Any) -> int:
-        """Run the plan with pytest (``pytest_args``), its own output into ``pytest.log``: the
-        run's ``--tf32`` set first (``devices.set_tf32``), a live progress bar on a terminal,
-        one line per finished case on a log or a pipe. Cases pytest never reached are recorded
-        as errors. Returns pytest's exit code."""
+        """Run the plan with pytest (``pytest_args``), its own output into ``pytest.log``: a
+        live progress bar on a terminal, one line per finished case on a log or a pipe. Cases
+        pytest never reached are recorded as errors. Returns pytest's exit code."""
         from rich.markup import escape
         from rich.progress import (
             BarColumn,
@@ -113,7 +121,6 @@ class BenchSession:
             TimeElapsedColumn,
         )
 
-        set_tf32(self.plan.tf32)
         display: Any = contextlib.nullcontext()
         if console.is_terminal:
             display = self.progress = Progress(
@@ -132,9 +139,27 @@ class BenchSession:
 
     # ----------------------------------------------------------------------------- pytest hooks
 
+    def results(self, started: float, cpu_before: CpuSnapshot | None, pytest_options: dict
+                ) -> dict:  # fmt: skip
+        """The run's results.json document (``report.build_results``): the records in plan
+        order, the gates, the environment, the run's wall time since ``started``
+        (``time.perf_counter()``) and the share of the CPUs other processes used since
+        ``cpu_before``."""
+        records = [r.to_dict() for r in self.ordered_records()]
+        wall_s = time.perf_counter() - started
+        contention = others_share(cpu_before, cpu_snapshot())
+        env = environment(self.plan.device)
+        return build_results(
+            device=self.plan.device, grid=self.plan.grid, environment=env, records=records,
+            gates=self.gate_results(), wall_s=wall_s, rows=self.plan.rows,
+            pytest_options=pytest_options, contention=contention,
+        )  # fmt: skip
+
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
+        """The run starts: its float32 matmul precision (``--tf32``, ``devices.set_tf32``)."""
         config.stash[SESSION_KEY] = self
+        set_tf32(self.plan.tf32)
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         """Cases the user's own pytest arguments leave out (``-- -k test_goal``) are ``skipped``

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from bench.gate import GateCache, gate_scope, kernel_case, run_gate
+from bench.report import gate_text
 
 from .helpers import stub
 
@@ -15,13 +16,13 @@ from .helpers import stub
 def test_gate_passes_fails_and_errors():
     qc, calls = stub(True, 8)
     g = run_gate("impl_numpy", "sdpa", "cpu", quick_check=qc)
-    assert (g.status, g.ok, g.text()) == ("passed", True, "8/8 ok")
+    assert (g.status, g.ok, gate_text(g.to_dict())) == ("passed", True, "8/8 ok")
     assert calls == [("impl_numpy", "cpu", "sdpa", 8)]
 
     qc, _ = stub(False, 8, ["FAIL sdpa.gqa.h6_k2.float32 [cpu float32]: max error 0.3"])
     g = run_gate("impl_numpy", "sdpa", "cpu", quick_check=qc)
     assert (g.status, g.ok, g.n_failed) == ("failed", False, 1)
-    assert "sdpa.gqa.h6_k2" in g.detail and g.text() == "FAIL 1/8"
+    assert "sdpa.gqa.h6_k2" in g.detail and gate_text(g.to_dict()) == "FAIL 1/8"
 
     qc, _ = stub(True, 0)  # a gate that checked nothing is not a pass
     assert run_gate("impl_numpy", "sdpa", "cpu", quick_check=qc).status == "error"
@@ -40,7 +41,7 @@ def test_gate_cache_runs_once_per_port_op_device_and_pin():
     cache.check("impl_numpy", "flash", "cpu")
     assert len(calls) == 2
     skip = GateCache(skip=True, quick_check=qc)
-    assert skip.check("impl_numpy", "sdpa", "cpu").text() == "ungated"
+    assert gate_text(skip.check("impl_numpy", "sdpa", "cpu").to_dict()) == "ungated"
     assert skip.check("conformance.ports.torch_fused", "sdpa", "cpu", "flash").pin == "flash"
     assert len(calls) == 2
 
@@ -165,7 +166,7 @@ def test_a_pinned_torch_backend_is_gated_on_its_own_kernel(pin, status, monkeypa
     assert g.n_failed == 0
     assert backends and set(backends) == {(torch_fused.BACKENDS[pin],)}
     if status == "unsupported":
-        assert g.n_unsupported == 6 and g.text() == "unsupported" and not g.ok
+        assert g.n_unsupported == 6 and gate_text(g.to_dict()) == "unsupported" and not g.ok
 
 
 def test_jax_cudnn_s_failures_that_are_not_its_own_no_are_failures():
