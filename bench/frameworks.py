@@ -30,6 +30,7 @@ programs compile in a fraction of the default threefry key's (docs/BENCH.md).
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import functools
 import os
@@ -79,7 +80,7 @@ class Prepared:
     compile_s: float | None = None
     inputs: list | None = None
     layout: str = "heads_first"
-    module: Any = None  # the project module a decode row steps (tests prefill its cache)
+    module: Any = None  # the project module a module or decode row calls (tests read it)
 
 
 def shapes(w: Workload, layout: str) -> list[Shape]:
@@ -103,25 +104,25 @@ def shapes(w: Workload, layout: str) -> list[Shape]:
     }[layout]
 
 
-class Framework:
+class Framework(abc.ABC):
     """What the preparers ask of a framework. Every ``prepare*`` takes ``fn`` and the list
     ``args`` it is called on (``fn(*args)`` in each timed call) and returns a :class:`Prepared`
     whose ``inputs`` is ``args``."""
 
     name: str
 
+    @abc.abstractmethod
     def arrays(self, shapes: Sequence[Shape], dtype: str, fdevice: str, seed: int = 0) -> list:
         """Standard-normal arrays of ``dtype``, one per shape, made on ``fdevice``."""
-        raise NotImplementedError
 
     def inputs(self, w: Workload, fdevice: str, layout: str = "heads_first") -> list:
         """``w``'s inputs in ``layout`` (:func:`shapes`), of ``w.dtype``, seed 0."""
         return self.arrays(shapes(w, layout), w.dtype, fdevice)
 
+    @abc.abstractmethod
     def prepare(self, fn: Callable, args: list, fdevice: str, layout: str = "heads_first"
                 ) -> Prepared:  # fmt: skip
         """A forward call of ``fn`` on ``args``."""
-        raise NotImplementedError
 
     def prepare_train(self, fn: Callable, args: list, fdevice: str, layout: str = "train"
                       ) -> Prepared:  # fmt: skip
@@ -145,19 +146,19 @@ class Framework:
         cache is donated and ``carry`` puts the returned buffers back)."""
         return self.prepare(lambda *a: step(*a)[0], args, fdevice, layout)
 
+    @abc.abstractmethod
     def module(self, cls: type, args: list, w: Workload, fdevice: str, **options: Any) -> Any:
         """The project's module ``cls(*args, head_dim=D, dtype=..., **options)`` on ``fdevice``
         with the seeded generator its framework asks for (seed 0)."""
-        raise NotImplementedError
 
     def bind(self, module: Any, method: str = "__call__") -> tuple[Callable, list]:
         """``(fn, state)``: ``fn(*state, *a, **kw)`` is ``module.method(*a, **kw)``, in a form
         this framework can time (JAX: a pure function of the module's state)."""
         return getattr(module, method), []
 
+    @abc.abstractmethod
     def matmul(self, precision: str) -> Callable[[Any, Any], Any]:
         """``a @ b`` at ``precision`` (float32: ``highest``, IEEE, or ``tf32``)."""
-        raise NotImplementedError
 
 
 # ---------------------------------------------------------------------------------- NumPy

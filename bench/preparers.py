@@ -58,7 +58,9 @@ def _prepare_module(row: Row, target: Any, w: Workload, fdevice: str) -> Prepare
     module = _module(fw, target, w, fdevice, gqa=row.target.endswith("GroupedQueryAttention"))
     fn, state = fw.bind(module)
     args = [*state, *fw.inputs(w, fdevice, layout="module")]
-    return fw.prepare(functools.partial(fn, is_causal=w.is_causal), args, fdevice, "module")
+    prepared = fw.prepare(functools.partial(fn, is_causal=w.is_causal), args, fdevice, "module")
+    prepared.module = module
+    return prepared
 
 
 def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:

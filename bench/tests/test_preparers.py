@@ -85,7 +85,8 @@ _MODULES = [r.name for r in ROWS if r.workloads == "module" and "cpu" in r.devic
 
 @pytest.mark.parametrize("name", _MODULES)
 def test_module_rows_are_causal_when_asked(name):
-    """Changing the last position's input changes no earlier output under is_causal."""
+    """Changing the last position's input changes no earlier output under is_causal, to the
+    bit: a masked key's weight is exactly zero."""
     row = row_by_name(name)
     pytest.importorskip(row.framework)
     w = Workload("module", 2, 6, 3 if "GQA" in row.variants else 6, 5, 5, 7, 7, True)
@@ -98,8 +99,26 @@ def test_module_rows_are_causal_when_asked(name):
     else:
         x[:, -1] += 1.0
     after = to_np(p.call())
-    np.testing.assert_allclose(after[:, :-1], before[:, :-1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(after[:, :-1], before[:, :-1])
     assert np.abs(after[:, -1] - before[:, -1]).max() > 1e-4
+
+
+@pytest.mark.parametrize("name", [n for n in _MODULES if row_by_name(n).kind == "impl"])
+def test_project_module_rows_compute_the_oracle_s_module(name):
+    """The project's module rows, from the module's canonical weights: the oracle's causal
+    module (``module_forward``) within the float32 bound, MHA and GQA 6:3."""
+    row = row_by_name(name)
+    pytest.importorskip(row.framework)
+    n_kv = 3 if "GQA" in row.variants else 6
+    w = Workload("module", 2, 6, n_kv, 5, 5, 7, 7, True)
+    p = preparers.prepare(row, w, "cpu")
+    weights = {k: to_np(a) for k, a in p.module.to_canonical().items()}
+    x = to_np(p.inputs[-1])  # (B, L, M)
+    golden, plain = (
+        module_forward(weights, x, n_heads=6, n_kv_heads=n_kv, is_causal=True, round_to=dtype)
+        for dtype in (None, "float32")
+    )
+    assert_within_bound(p.call(), golden.output, plain.output, "float32")
 
 
 def test_torch_nn_mha_runs_fused_sdpa_with_is_causal_never_a_masked_softmax(monkeypatch):
