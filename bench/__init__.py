@@ -4,9 +4,13 @@ Times the project's NumPy, PyTorch and JAX attention next to the frameworks' own
 (named baseline rows), on the best device found, after each row passes a correctness gate
 (its smallest conformance fixtures on that device). Built on pytest-benchmark.
 
-Modules: ``workloads`` (grids, FLOP counts), ``rows`` (the registry: one line per row),
-``runners`` (timed callables, synchronization, peak memory), ``gate`` (conformance quick
-check), ``session`` (the plan and the pytest plugin), ``report`` (derived numbers, goals, the
-table), ``plots`` (PNG), ``compare`` (two saved runs), ``devices`` (device and environment).
-See docs/BENCH.md.
+Modules, in the order a run uses them: ``__main__`` (the command line), ``plan`` (the cases
+of a run: grid x rows, what cannot run and why), ``devices`` (device and environment),
+``workloads`` (grids, FLOP counts), ``rows`` (the registry: one line per row), ``gate``
+(conformance quick check), ``session`` (the pytest plugin that runs a plan),
+``bench_attention`` (its pytest-benchmark tests), ``preparers`` (one per call style: what a row
+computes), ``frameworks`` (each framework's inputs, timed call and memory probe), ``peak`` (the
+peak matmul), ``goals`` (interleaved timing), ``errors`` (unsupported, oom or error),
+``records`` (what a case ends as), ``report`` (derived numbers, goals, the table), ``plots``
+(PNG), ``compare`` (two saved runs). See docs/BENCH.md.
 """

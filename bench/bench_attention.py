@@ -19,16 +19,18 @@ def _session(config: pytest.Config) -> BenchSession:
     """``python -m bench``'s session, or (plain pytest) one built from the ``--bench-*``
     options of ``bench/conftest.py``, with the environment JAX needs set first."""
     if SESSION_KEY not in config.stash:
-        from bench.__main__ import make_session
         from bench.devices import configure_environment
+        from bench.gate import GateCache
+        from bench.plan import make_plan
 
         configure_environment(own_session=False)
-        config.stash[SESSION_KEY] = make_session(
+        plan = make_plan(
             config.getoption("--bench-device"),
             config.getoption("--bench-grid"),
             rows=config.getoption("--bench-rows"),
-            skip_gate=config.getoption("--bench-skip-gate"),
         )
+        gates = GateCache(skip=config.getoption("--bench-skip-gate"))
+        config.stash[SESSION_KEY] = BenchSession(plan, gates=gates)
     return config.stash[SESSION_KEY]
 
 
@@ -36,7 +38,7 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     for name in ("case", "goal_case"):
         if name in metafunc.fixturenames:
             session = _session(metafunc.config)
-            cases = session.cases if name == "case" else session.goal_cases
+            cases = session.plan.cases if name == "case" else session.plan.goal_cases
             metafunc.parametrize(name, cases, ids=[c.id for c in cases])
 
 

@@ -11,7 +11,7 @@ Before the first timing of a row on a device, the harness checks the row's port 
   float16/bfloat16 fixtures whose head dims the fused kernels take (D = E, a multiple of 8, at
   most 128: the ``sdpa.kernel.*`` cases). The 8 smallest fixtures (float32/float64, D = 11 or
   2) never reach those kernels. A fixture the kernel rejects in its own words
-  (``runners.UNSUPPORTED``) is *unsupported*, not failed; a gate whose every fixture is
+  (``errors.UNSUPPORTED``) is *unsupported*, not failed; a gate whose every fixture is
   unsupported makes the row's cases unsupported.
 
 A row whose gate does not pass, or cannot run at all, is reported failed and never timed: a
@@ -32,7 +32,18 @@ from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["GATE_CASES", "GateCache", "GateResult", "gate_scope", "kernel_case", "run_gate"]
+from bench.devices import framework_device, peak_key
+from bench.errors import UNSUPPORTED
+
+__all__ = [
+    "GATE_CASES",
+    "GateCache",
+    "GateResult",
+    "gate_scope",
+    "kernel_case",
+    "run_gate",
+    "run_gates",
+]
 
 #: How many fixtures the gate runs per (port, op, device, pin).
 GATE_CASES = 8
@@ -66,26 +77,8 @@ class GateResult:
         """Whether the row may be timed."""
         return self.status in ("passed", "skipped")
 
-    def text(self) -> str:
-        """Short form for the table: ``8/8 ok``, ``FAIL 3/8``, ``error``, ``ungated``."""
-        return gate_text(self.to_dict())
-
     def to_dict(self) -> dict:
         return asdict(self)
-
-
-def gate_text(gate: dict) -> str:
-    """The table's gate cell from a gate dict: ``8/8 ok`` (``4/6 ok`` when 2 were unsupported),
-    ``FAIL 3/8``, ``unsupported``, ``error``, ``ungated``."""
-    status = gate["status"]
-    if status == "passed":
-        n_ok = gate["n_run"] - gate.get("n_unsupported", 0)
-        return f"{n_ok}/{gate['n_run']} ok"
-    if status == "failed":
-        return f"FAIL {gate['n_failed']}/{gate['n_run']}"
-    return {"skipped": "ungated", "unsupported": "unsupported", "not run": "not run"}.get(
-        status, "error"
-    )
 
 
 def kernel_case(case: Any) -> bool:
@@ -134,8 +127,6 @@ def _describe(failure: Any) -> str:
 def _unsupported(kernel: str | None, outcome: Any) -> bool:
     """Whether a failed outcome's message carries the kernel's own "not supported" (the
     exception's class name and its words, wherever conformance puts them in the message)."""
-    from bench.runners import UNSUPPORTED
-
     message = getattr(outcome, "message", "") or ""
     return any(
         re.search(rf"\b{name}\b", message) and re.search(pattern, message)
@@ -254,3 +245,42 @@ class GateCache:
                     run_suite=self.run_suite,
                 )  # fmt: skip
         return self.results[key]
+
+
+def run_gates(
+    device: str,
+    rows: tuple[Any, ...],
+    gates: GateCache | None = None,
+    *,
+    on_result: Callable[[dict], None] | None = None,
+    deadline: float | None = None,
+) -> list[dict]:
+    """Every distinct gate of ``rows`` (``bench.rows.Row``) on ``device`` (rows meant for it,
+    whose framework runs there and whose code exists), each once; returns the gate dicts with
+    the rows they cover. ``on_result`` sees each as it finishes; past ``deadline``
+    (``time.monotonic()``) the rest are ``not run``."""
+    gates = gates or GateCache()
+    covered: dict[tuple, list[str]] = {}
+    for row in rows:
+        fdev = framework_device(row.framework, device)
+        if device not in row.devices or fdev is None:
+            continue
+        try:
+            row.resolve()
+        except Exception:  # a missing row has no gate to run
+            continue
+        key = (row.gate_port, row.gate_alias, peak_key(fdev), row.gate_pin)
+        covered.setdefault(key, []).append(row.name)
+    out = []
+    for key, names in covered.items():
+        if deadline is not None and time.monotonic() > deadline:
+            port, op, dev, pin = key
+            g = {"status": "not run", "port": port, "op": op, "device": dev, "pin": pin,
+                 "n_run": 0, "n_failed": 0, "n_unsupported": 0, "seconds": 0.0,
+                 "detail": "the time budget (--budget-s) was spent"}  # fmt: skip
+        else:
+            g = gates.check(*key).to_dict()
+        out.append({**g, "rows": names})
+        if on_result is not None:
+            on_result(out[-1])
+    return out

@@ -106,7 +106,7 @@ def interleave(
     """Time ``call_a`` and ``call_b`` alternately (module docstring): ``rounds`` rounds, at
     least :data:`MIN_ROUNDS`, fewer (never below that) when the rounds pass ``max_s`` seconds,
     each sample after ``sleep(settle_s)`` when ``settle_s > 0`` (not counted in ``max_s``).
-    Each call must synchronize (the runners' calls do)."""
+    Each call must synchronize (the prepared calls do, ``bench/frameworks.py``)."""
     rounds = max(rounds, MIN_ROUNDS)
 
     def once(call: Callable[[], Any]) -> float:

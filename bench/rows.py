@@ -5,7 +5,7 @@ framework's own kernel as a clearly named baseline. Adding a row is one line in 
 a row whose target does not import (e.g. ``impl_torch.flash`` before it is written) stays in
 the report as "not available" instead of disappearing.
 
-``call`` says how a row is driven (see ``bench/runners.py``):
+``call`` says how a row is driven (one preparer each, ``bench/preparers.py``):
 
 - ``functional``: ``fn(query (B,H,L,D), key (B,K,S,D), value (B,K,S,E), is_causal=...)``, the
   project's heads-first API (``scaled_dot_product_attention``, ``flash_attention``);
@@ -241,7 +241,7 @@ class Row:
     @property
     def kernel(self) -> str | None:
         """The kernel whose "not supported" messages this row may report as unsupported
-        (``runners.UNSUPPORTED``): ``torch_sdpa`` for a pinned SDPA backend, ``jax_cudnn``
+        (``errors.UNSUPPORTED``): ``torch_sdpa`` for a pinned SDPA backend, ``jax_cudnn``
         for JAX's cuDNN attention, else None (every error is an error)."""
         if self.call in ("torch_sdpa", "torch_sdpa_train") and self.backend is not None:
             return "torch_sdpa"

@@ -6,7 +6,7 @@ import os
 
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# The CUDA-only kernel rows are wired here on the CPU (test_runners.py), where the Triton port
+# The CUDA-only kernel rows are wired here on the CPU (test_preparers.py), where the Triton port
 # runs in Triton's interpreter, which must be on before anything imports triton (torch may);
 # as in conformance/tests/conftest.py. Never on a CUDA box, where triton compiles.
 try:

@@ -1,18 +1,21 @@
-"""Shared stand-ins and references for the benchmark harness's tests (no timing asserted)."""
+"""Shared stand-ins for the benchmark harness's tests (no timing asserted), and the comparison
+of a row's numbers with the float64 oracle (``conformance/oracle.py``) under its tolerance rule."""
 
 from __future__ import annotations
 
-import math
 import time
 from types import SimpleNamespace
 
 import numpy as np
 
 from bench.gate import GateCache
+from bench.plan import Plan, build_cases
+from bench.records import Record
 from bench.report import build_results
 from bench.rows import ROWS, row_by_name
-from bench.session import BenchSession, Record, build_cases
+from bench.session import BenchSession
 from bench.workloads import GOAL_WORKLOAD, Workload
+from conformance.oracle import tolerance_bound
 
 # pairwise-distinct sizes (SEMANTICS.md letters)
 B, H, K, L, S, D, E, M = 2, 6, 2, 5, 7, 11, 13, 17
@@ -77,33 +80,30 @@ class FakeBenchmark:
         self._run(fn, rounds)
 
 
-def session_of(quick_check, workload, name="numpy sdpa", **kw):
+def session_of(quick_check, workload, name="numpy sdpa", **plan_options):
+    """A session of one row's cases on ``workload`` (no goals), gated by ``quick_check``."""
     row = row_by_name(name)
     cases = build_cases("cpu", [workload], (row,), fdevice_of=fake_gpu)
-    return BenchSession(
-        "cpu", "test", [workload], (row,), gates=GateCache(quick_check=quick_check), cases=cases,
-        goal_cases=[], **kw,
-    )  # fmt: skip
+    plan = Plan("cpu", "test", [workload], (row,), cases, **plan_options)
+    return BenchSession(plan, gates=GateCache(quick_check=quick_check))
 
 
 def to_np(x) -> np.ndarray:
+    """An array of any framework as a float64 NumPy array."""
     if hasattr(x, "detach"):
         return x.detach().cpu().double().numpy()
     return np.asarray(x, dtype=np.float64)
 
 
-def reference_sdpa(q, k, v, *, causal: bool) -> np.ndarray:
-    """float64 heads-first SDPA; query head h reads key/value head h // (H // K)."""
-    q, k, v = to_np(q), to_np(k), to_np(v)
-    G = q.shape[-3] // k.shape[-3]
-    k, v = np.repeat(k, G, axis=-3), np.repeat(v, G, axis=-3)
-    s = q @ np.swapaxes(k, -1, -2) / math.sqrt(q.shape[-1])
-    if causal:
-        Lq, Sk = s.shape[-2:]
-        s = np.where(np.arange(Sk)[None, :] <= np.arange(Lq)[:, None], s, -np.inf)
-    s = s - s.max(axis=-1, keepdims=True)
-    w = np.exp(s)
-    return (w / w.sum(axis=-1, keepdims=True)) @ v
+def assert_within_bound(got, golden: np.ndarray, plain: np.ndarray, dtype: str) -> None:
+    """``got`` against the float64 oracle's ``golden`` within the manifest's tolerance rule
+    (``oracle.tolerance_bound``: twice the plain same-dtype computation's error ``plain``, plus
+    the dtype's noise floor), as conformance checks a port."""
+    got = to_np(got)
+    assert got.shape == golden.shape, (got.shape, golden.shape)
+    bound = tolerance_bound(golden, plain, dtype)
+    err = float(np.max(np.abs(got - golden), initial=0.0))
+    assert err <= bound, f"max |got - oracle| = {err:.3g} > the {dtype} bound {bound:.3g}"
 
 
 def rec(row, w, median, *, status="ok", kind="row", device="cpu", matmul=None, skips=False):

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.__main__ import run_gates
-from bench.gate import GateCache
+from bench.gate import GateCache, run_gates
 from bench.report import load_results
 from bench.rows import row_by_name
 from bench.workloads import Workload, grid
@@ -41,11 +40,11 @@ def test_gates_on_a_gpu_box_check_the_kernel_rows_on_their_own_ports(monkeypatch
     """``--gates-only`` on CUDA (faked: the framework devices of a GPU box) gates ``triton
     flash`` and ``pallas flash`` on their ports' flash fixtures, next to a pinned torch
     backend's gate; on the CPU there is no such gate (the rows are CUDA-only)."""
-    import bench.__main__ as cli
+    from bench import gate
 
     from .helpers import fake_gpu
 
-    monkeypatch.setattr(cli, "framework_device", fake_gpu)
+    monkeypatch.setattr(gate, "framework_device", fake_gpu)
     rows = tuple(row_by_name(n) for n in ("torch F.sdpa[flash]", "triton flash", "pallas flash"))
     qc, calls = stub(True, 8)
     got = run_gates("cuda", rows, GateCache(quick_check=qc))
@@ -65,7 +64,7 @@ def test_no_case_starts_once_the_budget_is_spent():
     w = Workload("attention", B, H, K, L, S, D, E)
     session = session_of(stub(True, 8)[0], w)
     session.deadline = time.monotonic() - 1
-    (case,) = [c for c in session.cases if c.kind == "row"]
+    (case,) = [c for c in session.plan.cases if c.kind == "row"]
     bench = FakeBenchmark()
     with pytest.raises(pytest.skip.Exception, match="budget"):
         session.run_case(case, bench)

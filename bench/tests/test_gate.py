@@ -3,9 +3,12 @@ x64 inside it whatever the run's settings; pinned rows gated on their own kernel
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from bench.gate import GateCache, gate_scope, kernel_case, run_gate
+from bench.report import gate_text
 
 from .helpers import stub
 
@@ -13,13 +16,13 @@ from .helpers import stub
 def test_gate_passes_fails_and_errors():
     qc, calls = stub(True, 8)
     g = run_gate("impl_numpy", "sdpa", "cpu", quick_check=qc)
-    assert (g.status, g.ok, g.text()) == ("passed", True, "8/8 ok")
+    assert (g.status, g.ok, gate_text(g.to_dict())) == ("passed", True, "8/8 ok")
     assert calls == [("impl_numpy", "cpu", "sdpa", 8)]
 
     qc, _ = stub(False, 8, ["FAIL sdpa.gqa.h6_k2.float32 [cpu float32]: max error 0.3"])
     g = run_gate("impl_numpy", "sdpa", "cpu", quick_check=qc)
     assert (g.status, g.ok, g.n_failed) == ("failed", False, 1)
-    assert "sdpa.gqa.h6_k2" in g.detail and g.text() == "FAIL 1/8"
+    assert "sdpa.gqa.h6_k2" in g.detail and gate_text(g.to_dict()) == "FAIL 1/8"
 
     qc, _ = stub(True, 0)  # a gate that checked nothing is not a pass
     assert run_gate("impl_numpy", "sdpa", "cpu", quick_check=qc).status == "error"
@@ -38,7 +41,7 @@ def test_gate_cache_runs_once_per_port_op_device_and_pin():
     cache.check("impl_numpy", "flash", "cpu")
     assert len(calls) == 2
     skip = GateCache(skip=True, quick_check=qc)
-    assert skip.check("impl_numpy", "sdpa", "cpu").text() == "ungated"
+    assert gate_text(skip.check("impl_numpy", "sdpa", "cpu").to_dict()) == "ungated"
     assert skip.check("conformance.ports.torch_fused", "sdpa", "cpu", "flash").pin == "flash"
     assert len(calls) == 2
 
@@ -95,9 +98,23 @@ def test_importing_the_jax_adapter_in_a_gate_leaves_the_rows_x64_alone():
         jax.config.update("jax_enable_x64", before)
 
 
-def test_gate_scope_without_jax_changes_nothing_it_cannot_see():
-    with gate_scope():  # enters and leaves cleanly with whatever is installed
-        pass
+def test_gate_scope_without_jax_pins_torch_and_leaves_jax_alone(monkeypatch):
+    """Where JAX does not import, the gate's scope leaves x64 alone (it cannot see it) and
+    still runs torch's float32 matmuls in IEEE inside the block, the run's setting back after."""
+    torch = pytest.importorskip("torch")
+    jax = pytest.importorskip("jax")
+    saved = torch.get_float32_matmul_precision(), jax.config.jax_enable_x64
+    jax.config.update("jax_enable_x64", False)
+    torch.set_float32_matmul_precision("high")  # --tf32 on
+    monkeypatch.setitem(sys.modules, "jax", None)  # `import jax` now raises ImportError
+    try:
+        with gate_scope():
+            inside = torch.get_float32_matmul_precision(), jax.config.jax_enable_x64
+        after = torch.get_float32_matmul_precision()
+    finally:
+        torch.set_float32_matmul_precision(saved[0])
+        jax.config.update("jax_enable_x64", saved[1])
+    assert inside == ("highest", False) and after == "high"
 
 
 def test_the_kernel_fixtures_reach_the_fused_kernels_and_the_smallest_do_not():
@@ -149,7 +166,7 @@ def test_a_pinned_torch_backend_is_gated_on_its_own_kernel(pin, status, monkeypa
     assert g.n_failed == 0
     assert backends and set(backends) == {(torch_fused.BACKENDS[pin],)}
     if status == "unsupported":
-        assert g.n_unsupported == 6 and g.text() == "unsupported" and not g.ok
+        assert g.n_unsupported == 6 and gate_text(g.to_dict()) == "unsupported" and not g.ok
 
 
 def test_jax_cudnn_s_failures_that_are_not_its_own_no_are_failures():

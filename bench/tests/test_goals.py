@@ -10,8 +10,9 @@ import pytest
 
 from bench import goals
 from bench.gate import GateCache
+from bench.plan import Case, Plan
 from bench.rows import Goal, row_by_name
-from bench.session import BenchSession, Case
+from bench.session import BenchSession
 from bench.workloads import Workload
 
 from .helpers import B, D, E, H, K, L, S, stub
@@ -137,9 +138,9 @@ def test_only_a_goal_across_two_frameworks_pauses(monkeypatch):
         a, b = row_by_name("numpy sdpa"), row_by_name(other)
         case = Case("goal|z", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 1000.0, other),
                     pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
-        session = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc),
-                               cases=[], goal_cases=[case], goal_sample_s=0.0001,
-                               goal_settle_s=0.25)  # fmt: skip
+        plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case], goal_sample_s=0.0001,
+                    goal_settle_s=0.25)  # fmt: skip
+        session = BenchSession(plan, gates=GateCache(quick_check=qc))
         session.run_goal(case)
     assert asked == [0.25, 0.0]
 
@@ -165,8 +166,9 @@ def test_run_goal_gates_both_calls_and_records_the_ratios():
     goal = Goal("ratio", 1000.0, "numpy flash")
     case = Case("goal|x", "goal", "numpy", "cpu", a, w, goal=goal,
                 pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
-    session = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc), cases=[],
-                           goal_cases=[case], goal_rounds=6, goal_sample_s=0.0001)  # fmt: skip
+    plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case], goal_rounds=6,
+                goal_sample_s=0.0001)  # fmt: skip
+    session = BenchSession(plan, gates=GateCache(quick_check=qc))
     session.run_goal(case)
     rec = session.records["goal|x"]
     assert rec.status == "ok" and rec.kind == "goal"
@@ -184,8 +186,8 @@ def test_a_goal_whose_row_fails_its_gate_is_not_timed():
     qc, _ = stub(False, 8, ["FAIL sdpa.x: wrong"])
     case = Case("goal|y", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 2.5, b.name),
                 pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
-    session = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc), cases=[],
-                           goal_cases=[case])  # fmt: skip
+    plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case])
+    session = BenchSession(plan, gates=GateCache(quick_check=qc))
     with pytest.raises(pytest.skip.Exception, match="correctness gate"):
         session.run_goal(case)
     rec = session.records["goal|y"]
@@ -206,8 +208,8 @@ def test_a_memory_goal_measures_both_paths_once_and_decides_on_bytes(monkeypatch
         case = Case("goal|m", "goal", "numpy", "cpu", a, w, goal=goal,
                     pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
         monkeypatch.setattr(session_mod, "memory_budgets", lambda d: {"numpy": budget})
-        s = BenchSession("cpu", "test", [w], (a, b), gates=GateCache(quick_check=qc), cases=[],
-                         goal_cases=[case])  # fmt: skip
+        plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case])
+        s = BenchSession(plan, gates=GateCache(quick_check=qc))
         s.run_goal(case)
         return s.records["goal|m"].goal
 

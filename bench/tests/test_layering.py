@@ -41,7 +41,8 @@ def test_importing_the_harness_changes_no_environment_variable():
     code = (
         "import json, os\n"
         "before = dict(os.environ)\n"
-        "import bench.__main__, bench.session, bench.runners, bench.gate, bench.devices\n"
+        "import bench.__main__, bench.session, bench.plan, bench.preparers, bench.frameworks\n"
+        "import bench.errors, bench.peak, bench.records, bench.gate, bench.devices\n"
         "import bench.bench_attention, bench.gpu_check, bench.tf32_probe\n"
         "print(json.dumps({k: (before.get(k), os.environ.get(k)) for k in set(before) | "
         "set(os.environ) if before.get(k) != os.environ.get(k)}))"

@@ -1,4 +1,4 @@
-"""Devices, the row registry and the plan (bench/devices.py, rows.py, session.build_cases):
+"""Devices, the row registry and the plan (bench/devices.py, rows.py, plan.py):
 what runs where, what is skipped and why. Device calls are stood in for; no GPU needed."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 
 from bench import devices
-from bench.__main__ import pytest_args, select_rows
 from bench.devices import resolve_device, set_tf32, tf32_state
+from bench.plan import HOST_LIMIT, build_cases, build_goal_cases, estimate_bytes, select_rows
 from bench.rows import ROWS, Row, row_by_name
-from bench.session import HOST_LIMIT, build_cases, build_goal_cases, estimate_bytes
+from bench.session import pytest_args
 from bench.workloads import (
     GOAL_WORKLOAD,
     TRAIN_GOAL_WORKLOAD,

@@ -247,8 +247,8 @@ def test_decode_rows_are_reported_with_their_cache_and_plotted_against_p(tmp_pat
 
 
 def test_a_memory_goal_is_reported_in_bytes_with_the_plain_path_beside_it():
+    from bench.records import Record
     from bench.rows import row_by_name
-    from bench.session import Record
     from bench.workloads import TRAIN_MEMORY_WORKLOAD
 
     goal = next(g for g in row_by_name("numpy flash train").goals if g.kind == "memory")

@@ -391,8 +391,8 @@ def missing_scale_plot(data: dict[str, Any]):
 
 
 def _measure(framework: str, fn: Callable, q, k, v, **keywords) -> int:
-    """Peak extra bytes of one call, measured as bench/ measures it (bench/runners.py)."""
-    from bench.runners import _xla_memory, peak_memory_numpy, peak_memory_torch_cpu
+    """Peak extra bytes of one call, measured as bench/ measures it (bench/frameworks.py)."""
+    from bench.frameworks import peak_memory_numpy, peak_memory_torch_cpu, xla_memory
 
     if framework == "numpy":
         return peak_memory_numpy(lambda: fn(q, k, v, **keywords))[0]
@@ -409,7 +409,7 @@ def _measure(framework: str, fn: Callable, q, k, v, **keywords) -> int:
     import jax
 
     compiled = jax.jit(lambda a, b, c: fn(a, b, c, **keywords)).lower(q, k, v).compile()
-    return _xla_memory(compiled)[0]  # from the compiled program: nothing is run
+    return xla_memory(compiled)[0]  # from the compiled program: nothing is run
 
 
 def memory_wall_data(

@@ -1,0 +1,294 @@
+"""Turn a (row, workload, device) into a timed callable: one preparer per call style.
+
+A preparer says what the row computes on which inputs, as a function of them; the row's
+framework (``bench/frameworks.py``) makes the inputs, the timed callable and the memory probe.
+:func:`prepare` looks up the row's call style (``Row.call``, ``bench/rows.py``) in
+:data:`PREPARERS`. The project's call styles (``functional``, ``module``, ``decode``,
+``train``) serve the three frameworks with one path; a framework's own kernel has a preparer
+of its own (``torch_sdpa``, ``jax_dpa``, ...).
+
+Decode rows time one KV-cache step at a fixed position P, every round the same work; training
+steps time one forward and its backward, their memory counted beyond the output and the
+gradients (docs/BENCH.md, "Decode steps" and "Training steps").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+from typing import Any
+
+from bench.errors import unsupported_in_own_words
+from bench.frameworks import FRAMEWORKS, JAX, TORCH, Framework, Prepared
+from bench.rows import Row
+from bench.workloads import Workload
+
+__all__ = ["PREPARERS", "prepare"]
+
+
+def prepare(row: Row, w: Workload, fdevice: str) -> Prepared:
+    """Build the inputs and the timed callable of ``row`` on ``w`` (framework device ``fdevice``).
+
+    Raises UnsupportedError when a framework kernel has no implementation for the case (in its
+    own words, ``errors.UNSUPPORTED``); any other exception is the row's own error.
+    """
+    preparer = PREPARERS.get(row.call)
+    if preparer is None:
+        raise ValueError(f"row {row.name!r}: unknown call style {row.call!r}; {sorted(PREPARERS)}")
+    return preparer(row, row.resolve(), w, fdevice)
+
+
+# ------------------------------------------------------------------ the project's call styles
+
+
+def _prepare_functional(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The project's heads-first function: ``fn(q, k, v, is_causal=..., [window=(W, 0)])``; a
+    kernel port's ``flash_attention`` is called the same way (``torch_kernel``: the Triton
+    kernel on torch tensors, ``jax_kernel``: the Pallas one on JAX arrays)."""
+    fw = FRAMEWORKS[row.framework]
+    kw = {"is_causal": w.is_causal} | ({} if w.window is None else {"window": (w.window, 0)})
+    args = fw.inputs(w, fdevice)
+    return fw.prepare(functools.partial(target, **kw), args, fdevice)
+
+
+def _prepare_module(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The project's ``MultiHeadAttention`` / ``GroupedQueryAttention`` on ``x (B, L, M)``."""
+    fw = FRAMEWORKS[row.framework]
+    module = _module(fw, target, w, fdevice, gqa=row.target.endswith("GroupedQueryAttention"))
+    fn, state = fw.bind(module)
+    args = [*state, *fw.inputs(w, fdevice, layout="module")]
+    prepared = fw.prepare(functools.partial(fn, is_causal=w.is_causal), args, fdevice, "module")
+    prepared.module = module
+    return prepared
+
+
+def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """One KV-cache step of the project's ``GroupedQueryAttention.decode``: a token
+    ``x (B, 1, M)`` after P cached tokens, in a cache of the module's own type, made at
+    position P directly (its buffers of S = P + 1 tokens standard-normal: a prefill would cost
+    a full (P, P) attention and change nothing in the step). A workload with a window W: a
+    module with ``window=(W, 0)`` and its rolling cache, ``W + 1`` ring slots, at any P."""
+    fw, P = FRAMEWORKS[row.framework], w.P
+    rolling = w.window is not None
+    options = {"window": (w.window, 0)} if rolling else {}
+    module = _module(fw, target, w, fdevice, gqa=True, **options)
+    x, key, value = fw.inputs(w, fdevice, layout="decode")
+    empty = module.init_cache(w.B, w.S if rolling else 1, rolling=rolling)
+    cache = dataclasses.replace(empty, key=key, value=value, position=P)
+    step, state = fw.bind(module, "decode")  # step(*state, x, cache) -> (y, the cache at P + 1)
+    args = [*state, x, cache]
+
+    def carry(args: list, out: Any) -> Any:  # the written buffers, back at P
+        args[-1] = dataclasses.replace(out[1], position=P)
+        return out[0]
+
+    prepared = fw.prepare_step(step, args, fdevice, carry, (len(args) - 1,), "decode")
+    prepared.module = module
+    return prepared
+
+
+def _prepare_train(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The project's ``*_vjp``: ``fn(q, k, v, grad_output, is_causal=...)`` -> the gradients."""
+    fw = FRAMEWORKS[row.framework]
+    args = fw.inputs(w, fdevice, layout="train")
+    fn = functools.partial(target, is_causal=w.is_causal)
+    return _beyond_results(fw.prepare_train(fn, args, fdevice), w)
+
+
+def _module(fw: Framework, cls: type, w: Workload, fdevice: str, gqa: bool, **options: Any
+            ) -> Any:  # fmt: skip
+    """A project module with the contract's constructor, ``(M, H[, K], head_dim=D)``."""
+    return fw.module(cls, [w.M, w.H, w.K] if gqa else [w.M, w.H], w, fdevice, **options)
+
+
+def _beyond_results(prepared: Prepared, w: Workload) -> Prepared:
+    """A training step's memory: the probe's peak less the bytes of the output and the
+    gradients (``w.result_bytes()``), all of which a step holds at its peak."""
+    memory = prepared.memory
+
+    def measure() -> tuple[int | None, str]:
+        n, method = memory()
+        return (None if n is None else n - w.result_bytes()), f"{method} - O, grads"
+
+    prepared.memory = measure
+    return prepared
+
+
+# ------------------------------------------------------------------ the frameworks' kernels
+
+
+def _prepare_torch_sdpa(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``F.scaled_dot_product_attention``, torch's dispatch or one backend forced; one call
+    now, so that a backend without a kernel for the case says so before it is timed."""
+    from conformance.ports.torch_fused import backend
+
+    kw = {"is_causal": w.is_causal, "enable_gqa": w.K != w.H}
+
+    def fn(q, k, v):
+        with backend(row.backend):
+            return target(q, k, v, **kw)
+
+    prepared = TORCH.prepare(fn, TORCH.inputs(w, fdevice), fdevice)
+    with unsupported_in_own_words(row.kernel):
+        prepared.call()
+    return prepared
+
+
+def _prepare_jax_dpa(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``jax.nn.dot_product_attention(implementation=row.backend)`` on heads-second inputs."""
+    args = JAX.inputs(w, fdevice, layout="heads_second")
+    fn = functools.partial(target, is_causal=w.is_causal, implementation=row.backend)
+    with unsupported_in_own_words(row.kernel):
+        return JAX.prepare(fn, args, fdevice, "heads_second")
+
+
+def _prepare_torch_mha(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``torch.nn.MultiheadAttention`` with its fast path off, so that its attention is
+    ``F.scaled_dot_product_attention`` (with ``is_causal`` for causal workloads).
+
+    In inference mode the module's fast path (``torch._native_multi_head_attention``) takes a
+    causal mask to ``_masked_softmax``, which builds the full ``(B, H, L, S)`` scores; on the
+    slow path, with ``need_weights=False``, the mask becomes SDPA's ``is_causal=True`` (the
+    mask is then a hint only), a fused kernel that skips masked blocks, as the row says.
+    """
+    import torch
+    from torch.backends import mha
+
+    c = w.is_causal
+    m = target(w.M, w.H, batch_first=True, device=fdevice, dtype=getattr(torch, w.dtype))
+    m = m.eval()
+    # nn.MultiheadAttention's bool mask is True = masked out; is_causal is a hint that needs it
+    mask = torch.ones(w.L, w.S, dtype=torch.bool, device=fdevice).triu(1) if c else None
+
+    def fn(x):  # (output, None) without weights
+        enabled = mha.get_fastpath_enabled()
+        mha.set_fastpath_enabled(False)
+        try:
+            return m(x, x, x, need_weights=False, attn_mask=mask, is_causal=c)[0]
+        finally:
+            mha.set_fastpath_enabled(enabled)
+
+    return TORCH.prepare(fn, TORCH.inputs(w, fdevice, layout="module"), fdevice, "module")
+
+
+def _prepare_nnx_mha(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``flax.nnx.MultiHeadAttention`` (GQA through ``num_kv_heads``), jitted split/merge."""
+    from flax import nnx
+
+    module = target(
+        num_heads=w.H, in_features=w.M, qkv_features=w.H * w.D, out_features=w.M,
+        dtype=w.dtype, param_dtype=w.dtype, decode=False, rngs=nnx.Rngs(JAX.key(0)),
+        **({"num_kv_heads": w.K} if w.K != w.H else {}),
+    )  # fmt: skip
+    fn, state = JAX.bind(module)
+    args = [*state, *JAX.inputs(w, fdevice, layout="module")]
+    return JAX.prepare(functools.partial(fn, is_causal=w.is_causal), args, fdevice, "module")
+
+
+def _prepare_torch_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The decode step with torch ops around ``F.scaled_dot_product_attention``."""
+    B, H, K, D, E, P = w.B, w.H, w.K, w.D, w.E, w.P
+
+    def step(params, x, ck, cv):
+        wq, bq, wk, bk, wv, bv, wo, bo = params
+        q = (x @ wq + bq).view(B, 1, H, D).transpose(1, 2)  # (B, H, 1, D)
+        k = (x @ wk + bk).view(B, 1, K, D).transpose(1, 2)  # (B, K, 1, D)
+        v = (x @ wv + bv).view(B, 1, K, E).transpose(1, 2)  # (B, K, 1, E)
+        ck[:, :, P : P + 1] = k  # the cache write at position P, in place
+        cv[:, :, P : P + 1] = v
+        # one query: bottom-right causal allows all S = P + 1 keys, so no mask
+        out = target(q, ck[:, :, : P + 1], cv[:, :, : P + 1], enable_gqa=K != H)
+        return out.transpose(1, 2).reshape(B, 1, H * E) @ wo + bo  # (B, 1, M)
+
+    args = [_projection_weights(TORCH, w, fdevice), *TORCH.inputs(w, fdevice, layout="decode")]
+    return TORCH.prepare(step, args, fdevice, "decode")
+
+
+def _prepare_jax_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The same step with jnp ops around ``jax.nn.dot_product_attention`` (heads second),
+    the cache donated."""
+    B, H, K, D, E, P = w.B, w.H, w.K, w.D, w.E, w.P
+
+    def step(params, x, ck, cv):
+        wq, bq, wk, bk, wv, bv, wo, bo = params
+        q = (x @ wq + bq).reshape(B, 1, H, D)  # (B, 1, H, D)
+        k = (x @ wk + bk).reshape(B, 1, K, D)  # (B, 1, K, D)
+        v = (x @ wv + bv).reshape(B, 1, K, E)  # (B, 1, K, E)
+        ck = ck.at[:, P : P + 1].set(k)  # the cache write at position P (donated: in place)
+        cv = cv.at[:, P : P + 1].set(v)
+        out = target(q, ck[:, : P + 1], cv[:, : P + 1], implementation=row.backend)
+        return out.reshape(B, 1, H * E) @ wo + bo, ck, cv  # (B, 1, M) and the cache
+
+    def carry(args: list, out: Any) -> Any:
+        args[2], args[3] = out[1], out[2]
+        return out[0]
+
+    inputs = JAX.inputs(w, fdevice, layout="decode_heads_second")
+    args = [_projection_weights(JAX, w, fdevice), *inputs]
+    return JAX.prepare_step(step, args, fdevice, carry, (2, 3), "decode_heads_second")
+
+
+def _projection_weights(fw: Framework, w: Workload, fdevice: str) -> list:
+    """``wq (M, H*D), bq, wk (M, K*D), bk, wv (M, K*E), bv, wo (H*E, M), bo``: normal / sqrt(M)
+    kernels and biases in the canonical ``x @ W + b`` layout (seed 1)."""
+    kernels = [(w.M, w.H * w.D), (w.M, w.K * w.D), (w.M, w.K * w.E), (w.H * w.E, w.M)]
+    shapes = [s for kernel in kernels for s in (kernel, kernel[1:])]  # each kernel, its bias
+    return [a * w.M**-0.5 for a in fw.arrays(shapes, w.dtype, fdevice, seed=1)]
+
+
+def _prepare_torch_sdpa_train(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``F.scaled_dot_product_attention`` and its autograd backward: ``torch.autograd.grad``
+    of the output against fresh leaves, with ``grad_output``."""
+    import torch
+
+    from conformance.ports.torch_fused import backend
+
+    kw = {"is_causal": w.is_causal, "enable_gqa": w.K != w.H}
+
+    def fn(q, k, v, do):  # -> (dQ, dK, dV)
+        leaves = [x.detach().requires_grad_() for x in (q, k, v)]
+        with backend(row.backend):
+            out = target(*leaves, **kw)
+        return torch.autograd.grad(out, leaves, do)
+
+    prepared = TORCH.prepare_train(fn, TORCH.inputs(w, fdevice, layout="train"), fdevice)
+    with unsupported_in_own_words(row.kernel):
+        prepared.call()
+    return _beyond_results(prepared, w)
+
+
+def _prepare_jax_dpa_train(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``jax.vjp`` of ``jax.nn.dot_product_attention(implementation=row.backend)`` and its
+    pullback of ``grad_output``, jitted together, on heads-second inputs."""
+    import jax
+
+    args = JAX.inputs(w, fdevice, layout="train_heads_second")
+    attend = functools.partial(target, is_causal=w.is_causal, implementation=row.backend)
+
+    def step(q, k, v, do):  # -> (dQ, dK, dV), heads second
+        _, pullback = jax.vjp(attend, q, k, v)
+        return pullback(do)
+
+    with unsupported_in_own_words(row.kernel):
+        prepared = JAX.prepare_train(step, args, fdevice, "train_heads_second")
+    return _beyond_results(prepared, w)
+
+
+#: Row.call -> the function that builds its inputs and timed callable (rows.py's docstring).
+PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
+    "functional": _prepare_functional,
+    "torch_kernel": _prepare_functional,
+    "jax_kernel": _prepare_functional,
+    "module": _prepare_module,
+    "decode": _prepare_decode,
+    "train": _prepare_train,
+    "torch_sdpa": _prepare_torch_sdpa,
+    "jax_dpa": _prepare_jax_dpa,
+    "torch_mha": _prepare_torch_mha,
+    "nnx_mha": _prepare_nnx_mha,
+    "torch_decode": _prepare_torch_decode,
+    "jax_decode": _prepare_jax_decode,
+    "torch_sdpa_train": _prepare_torch_sdpa_train,
+    "jax_dpa_train": _prepare_jax_dpa_train,
+}
