@@ -11,14 +11,9 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+from attention_spec.arrays import batch_letters, check_dtype, describe, format_dims
+from attention_spec.call import AttentionDims
 from attention_spec.errors import make_error
-from attention_spec.validate import (
-    AttentionDims,
-    _batch_letters,
-    check_dtype,
-    describe,
-    format_dims,
-)
 
 __all__ = ["AttentionGrads", "check_grad_output"]
 
@@ -55,7 +50,7 @@ def check_grad_output(dims: AttentionDims, grad_output: Any) -> None:
     check_dtype("grad_output", spec.dtype)
     want = dims.output_shape
     if spec.shape != want:
-        text = format_dims([*_batch_letters(len(dims.batch)), "H", "L", "E"], want)
+        text = format_dims([*batch_letters(len(dims.batch)), "H", "L", "E"], want)
         raise make_error(
             "grad_output_shape",
             f"grad_output must have the output's shape {text}; got {spec.shape}",

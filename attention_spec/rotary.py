@@ -22,16 +22,9 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
+from attention_spec.arrays import broadcast_shapes, check_dtype, check_given, describe, format_dims
 from attention_spec.errors import make_error
-from attention_spec.validate import (
-    broadcast_shapes,
-    check_dtype,
-    check_flag,
-    check_given,
-    describe,
-    format_dims,
-    real_keyword,
-)
+from attention_spec.keywords import check_flag, real_keyword
 
 __all__ = [
     "DEFAULT_THETA",

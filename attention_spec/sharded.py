@@ -18,9 +18,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from attention_spec.arrays import broadcast_shapes
+from attention_spec.call import AttentionDims
 from attention_spec.errors import make_error
+from attention_spec.keywords import check_size, divisors
 from attention_spec.rules import block_rules
-from attention_spec.validate import AttentionDims, broadcast_shapes, check_size, divisors
 
 __all__ = [
     "LAYOUTS",

@@ -87,6 +87,13 @@ __all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention", "flash_at
 #: the block sizes and ``return_lse``, which decide the shapes and loops XLA compiles.
 STATIC_ARGNAMES: tuple[str, ...] = (*_SDPA_STATIC_ARGNAMES, "block_q", "block_k", "return_lse")
 
+#: The blocks of a narrow band, ``(rows, widest)``, for ``attention_spec.tiled_blocks``: a call
+#: whose causal and window bands leave each query row at most ``left + 1 + right`` keys, with
+#: ``64 + left + right <= 256``, is tiled in blocks of 64 rows and their band's keys. JAX's loop
+#: pays per step more than per score, so only bands of up to 256 keys get the smaller blocks
+#: (the timings: docs/FLASH.md, "Block sizes").
+BAND_BLOCKS: tuple[int, int] = (64, 256)
+
 
 def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.Array | None:
     """``x[start:start + size]`` along ``axis`` (-2: L, -1: S) of a mask or bias, which
@@ -605,7 +612,7 @@ def flash_attention(
         window=window,
         **kw,
     )
-    block_q, block_k = tiled_blocks("jax", block_q, block_k, dims.is_causal, dims.window)
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, dims.is_causal, dims.window)
     return_lse = check_flag("return_lse", return_lse)
     _check_x64(query)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
@@ -663,5 +670,5 @@ def flash_attention_vjp(
     return _vjp_by_jax(
         tiled, query, key, value, grad_output, mask, bias, v2, keywords,
         # the block sizes are checked before grad_output, as NumPy's _validated does
-        checks=(lambda: tiled_blocks("jax", block_q, block_k, False, None),),
+        checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
     )  # fmt: skip

@@ -66,6 +66,16 @@ from impl_jax.rotary import apply_rotary
 
 __all__ = ["GroupedQueryAttention", "KVCache", "MultiHeadAttention", "padding_mask"]
 
+
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, the bound ``check_module_config`` puts on a
+    module's weights (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 #: A reference computes float32 projections in float32, also where XLA would pick TF32 or bf16.
 _PRECISION = jax.lax.Precision.HIGHEST
 
@@ -245,7 +255,7 @@ class GroupedQueryAttention(nnx.Module):
         dtype = jnp.dtype(module_dtype(dtype))
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name,
-            sinks=sinks,
+            sinks=sinks, memory_bytes=_memory_bytes(),
         )  # fmt: skip
         self.dims = dims
         self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None

@@ -57,6 +57,12 @@ from impl_numpy.functional import (
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention", "flash_attention_vjp"]
 
+#: The blocks of a narrow band, ``(rows, widest)``, for ``attention_spec.tiled_blocks``: a call
+#: whose causal and window bands leave each query row at most ``left + 1 + right`` keys, with
+#: ``128 + left + right <= 512``, is tiled in blocks of 128 rows and their band's keys, so a
+#: block computes few scores outside the band (the timings: docs/FLASH.md, "Block sizes").
+BAND_BLOCKS: tuple[int, int] = (128, 512)
+
 
 def _block(x: np.ndarray | None, axis: int, start: int, stop: int) -> np.ndarray | None:
     """``x[start:stop]`` along ``axis`` (-2: L, -1: S) of a mask or bias, which broadcasts to
@@ -302,7 +308,7 @@ def _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keyw
         query, key, value, mask=mask, bias=bias, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
         sinks=sinks, alibi_slopes=slopes, **keywords,
     )  # fmt: skip
-    block_q, block_k = tiled_blocks("numpy", block_q, block_k, dims.is_causal, dims.window)
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, dims.is_causal, dims.window)
     ct = _compute_dtype(query.dtype)
     K, G, L, D = dims.K, dims.G, dims.L, dims.D
     offset = causal_offset(L, dims.S, keywords["causal_alignment"])  # j <= i + offset

@@ -60,6 +60,15 @@ from impl_numpy.rotary import apply_rotary
 __all__ = ["GroupedQueryAttention", "KVCache", "Linear", "MultiHeadAttention", "padding_mask"]
 
 
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, the bound ``check_module_config`` puts on a
+    module's weights (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def padding_mask(lengths: np.ndarray, kv_len: int) -> np.ndarray:
     """Boolean ``(B, 1, 1, S)`` mask, True where key j < ``lengths[b]`` (a real, unpadded key).
 
@@ -233,7 +242,7 @@ class GroupedQueryAttention:
         dtype = np.dtype(module_dtype(dtype))
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name,
-            sinks=sinks,
+            sinks=sinks, memory_bytes=_memory_bytes(),
         )  # fmt: skip
         self.dims = dims
         self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None

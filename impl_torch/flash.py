@@ -61,6 +61,12 @@ from impl_torch.functional import (
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "FlashAttention", "flash_attention", "flash_attention_vjp"]
 
+#: The blocks of a narrow band, ``(rows, widest)``, for ``attention_spec.tiled_blocks``: a call
+#: whose causal and window bands leave each query row at most ``left + 1 + right`` keys, with
+#: ``128 + left + right <= 512``, is tiled in blocks of 128 rows and their band's keys, so a
+#: block computes few scores outside the band (the timings: docs/FLASH.md, "Block sizes").
+BAND_BLOCKS: tuple[int, int] = (128, 512)
+
 
 def _block(x: torch.Tensor | None, axis: int, start: int, stop: int) -> torch.Tensor | None:
     """``x[start:stop]`` along ``axis`` (-2: L, -1: S) of a mask or bias, which broadcasts to
@@ -405,7 +411,7 @@ def flash_attention(
         sinks=sinks,
         alibi_slopes=slopes,
     )
-    block_q, block_k = tiled_blocks("torch", block_q, block_k, dims.is_causal, dims.window)
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, dims.is_causal, dims.window)
     return_lse = check_flag("return_lse", return_lse)
     offset = causal_offset(
         dims.L, dims.S, causal_alignment
@@ -453,5 +459,5 @@ def flash_attention_vjp(
     return _vjp_by_autograd(
         tiled, query, key, value, grad_output, mask, bias, v2, keywords,
         # the block sizes are checked before grad_output, as NumPy's _validated does
-        checks=(lambda: tiled_blocks("torch", block_q, block_k, False, None),),
+        checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
     )  # fmt: skip

@@ -79,6 +79,15 @@ __all__ = [
 ]
 
 
+def _memory_bytes() -> int | None:
+    """This machine's physical memory in bytes, the bound ``check_module_config`` puts on a
+    module's weights (None where the OS does not say)."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
 def tensor_from_numpy(
     a: np.ndarray, *, dtype: torch.dtype | None = None, device: torch.device | str | None = None
 ) -> torch.Tensor:
@@ -277,7 +286,7 @@ class GroupedQueryAttention(nn.Module):
         dtype = _torch_dtype(dtype)
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
-            dtype=dtype_name(dtype), sinks=sinks,
+            dtype=dtype_name(dtype), sinks=sinks, memory_bytes=_memory_bytes(),
         )  # fmt: skip
         self.dims = dims
         self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None

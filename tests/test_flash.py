@@ -492,32 +492,35 @@ def test_vjp_checks_block_sizes_before_grad_output(fw: str) -> None:
 def test_default_blocks_are_a_narrow_bands_rows_and_keys() -> None:
     """A band of ``left + 1 + right`` keys per row spans ``rows + left + right`` keys for a block
     of ``rows`` query rows; NumPy and torch tile such a band in 128-row blocks of that many keys
-    while it fits in 512 keys, JAX in 64-row blocks while it fits in 256."""
+    while it fits in 512 keys, JAX in 64-row blocks while it fits in 256: the rule is
+    attention_spec's, the pair each package's own ``BAND_BLOCKS``."""
     assert (BLOCK_Q, BLOCK_K) == (256, 512)
-    assert tiled_blocks("torch", None, None, False, None) == (256, 512)
-    assert tiled_blocks("numpy", None, None, True, (256, 0)) == (128, 384)
-    assert tiled_blocks("torch", None, None, True, (256, None)) == (128, 384)  # causal: right 0
-    assert tiled_blocks("torch", None, None, True, (256, 7)) == (128, 384)
-    assert tiled_blocks("numpy", None, None, False, (100, 20)) == (128, 248)
-    assert tiled_blocks("numpy", None, None, False, (0, 0)) == (128, 128)
-    assert tiled_blocks("numpy", None, None, True, (384, 0)) == (128, 512)  # the widest that fits
-    assert tiled_blocks("numpy", None, None, True, (385, 0)) == (256, 512)
-    assert tiled_blocks("torch", None, None, False, (256, None)) == (256, 512)  # no right bound
-    assert tiled_blocks("numpy", None, None, True, (None, 0)) == (256, 512)  # no left bound
-    assert tiled_blocks("jax", None, None, True, (256, 0)) == (256, 512)
-    assert tiled_blocks("jax", None, None, True, (192, 0)) == (64, 256)  # the widest that fits
-    assert tiled_blocks("jax", None, None, True, (193, 0)) == (256, 512)
-    assert tiled_blocks("jax", None, None, False, (0, 0)) == (64, 64)
-    assert tiled_blocks("jax", None, None, False, (20, None)) == (256, 512)
+    N, T, J = (FLASH[fw].BAND_BLOCKS for fw in ("numpy", "torch", "jax"))
+    assert (N, T, J) == ((128, 512), (128, 512), (64, 256))
+    assert tiled_blocks(T, None, None, False, None) == (256, 512)
+    assert tiled_blocks(N, None, None, True, (256, 0)) == (128, 384)
+    assert tiled_blocks(T, None, None, True, (256, None)) == (128, 384)  # causal: right 0
+    assert tiled_blocks(T, None, None, True, (256, 7)) == (128, 384)
+    assert tiled_blocks(N, None, None, False, (100, 20)) == (128, 248)
+    assert tiled_blocks(N, None, None, False, (0, 0)) == (128, 128)
+    assert tiled_blocks(N, None, None, True, (384, 0)) == (128, 512)  # the widest that fits
+    assert tiled_blocks(N, None, None, True, (385, 0)) == (256, 512)
+    assert tiled_blocks(T, None, None, False, (256, None)) == (256, 512)  # no right bound
+    assert tiled_blocks(N, None, None, True, (None, 0)) == (256, 512)  # no left bound
+    assert tiled_blocks(J, None, None, True, (256, 0)) == (256, 512)
+    assert tiled_blocks(J, None, None, True, (192, 0)) == (64, 256)  # the widest that fits
+    assert tiled_blocks(J, None, None, True, (193, 0)) == (256, 512)
+    assert tiled_blocks(J, None, None, False, (0, 0)) == (64, 64)
+    assert tiled_blocks(J, None, None, False, (20, None)) == (256, 512)
     # a size given is kept; the other comes from the default pair
-    assert tiled_blocks("torch", 7, 9, True, (256, 0)) == (7, 9)
-    assert tiled_blocks("torch", 64, None, True, (256, 0)) == (64, 384)
-    assert tiled_blocks("numpy", None, 100, False, None) == (256, 100)
+    assert tiled_blocks(T, 7, 9, True, (256, 0)) == (7, 9)
+    assert tiled_blocks(T, 64, None, True, (256, 0)) == (64, 384)
+    assert tiled_blocks(N, None, 100, False, None) == (256, 100)
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_flash_without_block_sizes_tiles_in_the_default_blocks(fw: str, monkeypatch) -> None:
-    """The call without block sizes asks ``tiled_blocks`` with its package's name and computes
+    """The call without block sizes asks ``tiled_blocks`` with its package's pair and computes
     bit for bit what the call with that pair given computes; under a narrow window that differs
     from the BLOCK_Q x BLOCK_K tiling in the last bits (the online softmax rescales in another
     order), so the comparison can tell the two tilings apart."""
@@ -530,7 +533,7 @@ def test_flash_without_block_sizes_tiles_in_the_default_blocks(fw: str, monkeypa
     q, k, v = (f.native(rng.standard_normal((1, 2, 600, 8))) for _ in range(3))
     kw = dict(is_causal=True, window=(40, 0))
     default = f.numpy(module.flash_attention(q, k, v, **kw))
-    assert asked == [(fw, None, None, True, (40, 0))]
+    assert asked == [(module.BAND_BLOCKS, None, None, True, (40, 0))]
     pair = (64, 104) if fw == "jax" else (128, 168)  # 40 keys left of each row's band
     given = f.numpy(module.flash_attention(q, k, v, **kw, block_q=pair[0], block_k=pair[1]))
     np.testing.assert_array_equal(default, given)

@@ -103,8 +103,9 @@ def calls(draw) -> dict:
         bad = [math.inf, math.nan, 1e39, "1", np.array([1.0, 2.0]), 10**400]
         kw["scale"] = draw(st.sampled_from(good + ([] if valid else bad)))
     if draw(st.booleans()):
-        good = [1.0, 5.0, 30.0, 2.0**60]
-        bad = [0.0, -1.0, 1e38, math.inf, "5"]
+        # the allowance's edges in float32 (float64's is wider), and caps outside both
+        good = [1.0, 5.0, 30.0, 2.0**60, 2.0**-102, 2.0**102, 1e30, 2**70]
+        bad = [0.0, -1.0, 1e38, math.inf, "5", 2.0**103, 1e-45, 1e300, 1e-300]
         kw["softcap"] = draw(st.sampled_from(good + ([] if valid else bad)))
     return {"query": q, "key": k, "value": v, **kw}
 

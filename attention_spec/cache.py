@@ -1,0 +1,225 @@
+"""The KV cache's checks: its size, its buffers, and a cached forward's inputs (SEMANTICS.md,
+"Modules", the KV cache; "Rolling KV cache").
+
+A cache holds ``key (B, K, T, D)`` and ``value (B, K, T, E)`` buffers: T is ``max_len`` for a
+preallocated cache, the tokens so far for one that grows, and ``min(left + 1, max_len)`` slots
+for a rolling cache of a module whose window has left side ``left``. Nothing is written before
+:func:`check_decode_inputs` returns, so on any error the cache is unchanged.
+
+Shape letters: B batch, H query heads, K key/value heads, L new tokens, S keys attended
+(position + L), T cache slots, D query/key head dim, E value head dim, M model width.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from attention_spec.arrays import ArraySpec, check_given, describe
+from attention_spec.call import AttentionCall
+from attention_spec.deprecated import ARRAY_KEYWORDS_1_0, masks_1_0, spec_1_0, warn_1_0
+from attention_spec.errors import make_error
+from attention_spec.keywords import check_flag, check_size
+from attention_spec.modules import ModuleDims, check_sequence
+from attention_spec.validate import check_attention
+
+__all__ = ["check_cache_size", "check_decode_inputs"]
+
+
+def check_cache_size(
+    batch_size: int, max_len: int, *, rolling: object = False, left: int | None = None
+) -> int:
+    """Validate ``init_cache(batch_size, max_len, rolling=)`` and return the buffers' length T:
+    ``max_len`` for a plain cache, ``min(left + 1, max_len)`` slots for a rolling one (the
+    window of one decoded token: itself and the ``left`` before it).
+
+    Raises:
+        ConfigError ``non_positive_size``; ``not_a_bool`` (rolling);
+        ConfigError ``rolling_cache``: ``rolling=True`` for a module without a window's left side.
+    """
+    check_size("batch_size (B)", batch_size)
+    check_size("max_len", max_len)
+    if not check_flag("rolling", rolling):
+        return int(max_len)
+    if left is None:
+        raise make_error(
+            "rolling_cache",
+            "a rolling KV cache keeps the last left + 1 tokens of a sliding window; this module "
+            "has no window with a bounded left side. Build it with window=(left, 0) (left an "
+            "int >= 0), or use rolling=False",
+            expected="a module with window=(left, ...), left an int >= 0",
+            actual="window left side unbounded (None)",
+        )
+    return min(left + 1, int(max_len))
+
+
+def _check_cache(dims: ModuleDims, param_dtype: str, key: ArraySpec, value: ArraySpec) -> None:
+    """A KV cache's buffers ``key (B, K, T, D)``, ``value (B, K, T, E)`` are this module's."""
+    for name, spec, last in (("key", key, dims.D), ("value", value, dims.E)):
+        want = f"(B, K={dims.K}, T, {'D' if name == 'key' else 'E'}={last})"
+        if len(spec.shape) != 4 or spec.shape[1] != dims.K or spec.shape[3] != last:
+            raise make_error(
+                "cache_mismatch",
+                f"the KV cache's {name} must be {want} for this module {dims}; got "
+                f"{spec.shape}. A cache belongs to the module that made it (init_cache)",
+                expected=want,
+                actual=str(spec.shape),
+            )
+        if spec.dtype != param_dtype:
+            raise make_error(
+                "dtype_mismatch",
+                f"the KV cache's {name} dtype must be the module's ({param_dtype}); got "
+                f"{spec.dtype}",
+                expected=param_dtype,
+                actual=spec.dtype,
+            )
+    if key.shape[:3] != value.shape[:3]:
+        raise make_error(
+            "cache_mismatch",
+            f"the KV cache's key and value must share (B, K, T); got key {key.shape}, value "
+            f"{value.shape}",
+            expected=f"value (B={key.shape[0]}, K={key.shape[1]}, T={key.shape[2]}, E)",
+            actual=str(value.shape),
+        )
+
+
+def check_decode_inputs(
+    dims: ModuleDims,
+    param_dtype: str,
+    x: Any,
+    *x_dtype_1_0: str,
+    cache_key: Any = None,
+    cache_value: Any = None,
+    position: int,
+    max_len: int,
+    mask: Any = None,
+    bias: Any = None,
+    return_weights: object = False,
+    q_segment_ids: Any = None,
+    kv_segment_ids: Any = None,
+    rolling: bool = False,
+    left: int | None = None,
+    **keywords_1_0: Any,
+) -> AttentionCall:
+    """Validate a cached forward before any projection or write: new tokens ``x (B, L, M)``
+    into a KV cache whose buffers ``cache_key (B, K, T, D)`` and ``cache_value (B, K, T, E)``
+    hold ``position`` of at most ``max_len`` tokens (T is the buffers' length: ``max_len`` for a
+    preallocated cache, ``position`` for one that grows).
+
+    The new queries attend to S = position + L keys with the bottom-right causal rule; mask and
+    bias broadcast to ``(B, H, L, S)``, ``q_segment_ids`` to ``(B, L)`` and ``kv_segment_ids``
+    to ``(B, S)`` (the segments of every token written so far, then of the new ones).
+
+    ``rolling``: the cache is a rolling one (``init_cache(..., rolling=True)``) for a module
+    whose window has left side ``left``: its buffers must have ``min(left + 1, max_len)`` slots
+    (T), and it takes
+    no mask, bias or segment ids (the keys it attends are not the whole sequence: SEMANTICS.md of
+    the project, "Rolling KV cache"). Nothing is written before this returns, so on any error
+    the cache is unchanged.
+
+    Deprecated (API 1.0, removed in 2.0 at the earliest): ``check_decode_inputs(dims,
+    param_dtype, x_shape, x_dtype, *, cache_batch, position, max_len, mask_shape=None,
+    mask_dtype=None, bias_shape=None, bias_dtype=None)``, for a cache that grows (its buffers
+    then hold ``position`` tokens); it warns (``DeprecationWarning``) and returns what the 1.1
+    form returns for such a cache.
+
+    Raises:
+        the errors of :func:`check_module_inputs` for x, mask and bias;
+        DimensionMismatchError ``cache_mismatch``: a cache of another module (K, D, E);
+        DTypeError ``dtype_mismatch``: a cache of another dtype;
+        DimensionMismatchError ``batch_not_broadcastable``: x's batch is not the cache's;
+        ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or truncation);
+        ConfigError ``rolling_cache``: a rolling cache with mask, bias or segment ids.
+    """
+    if x_dtype_1_0 or keywords_1_0:
+        return _check_decode_inputs_1_0(
+            dims, param_dtype, x, *x_dtype_1_0, position=position, max_len=max_len,
+            return_weights=return_weights, **keywords_1_0,
+        )  # fmt: skip
+    check_flag("return_weights", return_weights)
+    check_given(x=x, cache_key=cache_key, cache_value=cache_value)
+    x = describe(x)
+    check_sequence("x", x, dims, param_dtype)
+    _check_cache(dims, param_dtype, describe(cache_key), describe(cache_value))
+    if rolling:
+        slots = check_cache_size(1, max_len, rolling=True, left=left)
+        _check_rolling(describe(cache_key).shape[2], slots, mask=mask, bias=bias,
+                       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)  # fmt: skip
+    x_shape = x.shape
+    n_batch, new_len, _ = x_shape
+    cache_batch = describe(cache_key).shape[0]
+    if n_batch != cache_batch:
+        raise make_error(
+            "batch_not_broadcastable",
+            f"x batch (B={n_batch}) must be the KV cache's (B={cache_batch}); got x {x_shape}",
+            expected=f"B={cache_batch}",
+            actual=f"B={n_batch}",
+        )
+    if position + new_len > max_len:
+        raise make_error(
+            "cache_overflow",
+            f"the KV cache holds {position} of at most {max_len} tokens; writing {new_len} more "
+            f"would need {position + new_len}. Create the cache with a larger max_len",
+            expected=f"position + L <= max_len={max_len}",
+            actual=f"{position} + {new_len} = {position + new_len}",
+        )
+    S = position + new_len
+    return check_attention(
+        ArraySpec((n_batch, dims.H, new_len, dims.D), param_dtype),  # q of the new tokens
+        ArraySpec((n_batch, dims.K, S, dims.D), param_dtype),  # k: cached and new
+        ArraySpec((n_batch, dims.K, S, dims.E), param_dtype),  # v
+        mask=mask, bias=bias, causal_alignment="bottom_right",
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+    )  # fmt: skip
+
+
+def _check_decode_inputs_1_0(
+    dims: ModuleDims,
+    param_dtype: str,
+    x_shape: tuple[int, ...],
+    x_dtype: str,
+    *,
+    cache_batch: int,
+    position: int,
+    max_len: int,
+    **keywords: Any,
+) -> AttentionCall:
+    """API 1.0's form of :func:`check_decode_inputs`: shapes and dtype names, and the cache as
+    its batch size, for a cache whose buffers ``(B, K, position, D)`` and ``(B, K, position,
+    E)`` grow by concatenation (PORTING.md's example of 2026-11-30)."""
+    unknown = sorted(keywords.keys() - ARRAY_KEYWORDS_1_0 - {"return_weights"})
+    if unknown:
+        raise TypeError(f"check_decode_inputs() got an unexpected keyword argument {unknown[0]!r}")
+    warn_1_0(
+        "check_decode_inputs(dims, param_dtype, x_shape, x_dtype, cache_batch=..., ...)",
+        "pass the arrays and the cache's buffers: check_decode_inputs(dims, param_dtype, x, "
+        "cache_key=..., cache_value=..., position=..., max_len=..., mask=mask, ...)",
+    )
+    masks = masks_1_0(keywords)
+    return check_decode_inputs(
+        dims, param_dtype, spec_1_0(x_shape, x_dtype),
+        cache_key=ArraySpec((cache_batch, dims.K, position, dims.D), param_dtype),
+        cache_value=ArraySpec((cache_batch, dims.K, position, dims.E), param_dtype),
+        position=position, max_len=max_len, **masks, **keywords,
+    )  # fmt: skip
+
+
+def _check_rolling(length: int, slots: int, **refused: Any) -> None:
+    """A rolling cache has ``slots`` slots and takes none of ``refused`` (mask, bias, ids)."""
+    if length != slots:
+        raise make_error(
+            "cache_mismatch",
+            f"this rolling KV cache has {length} slots; this module's window needs {slots} "
+            "(min(left + 1, max_len)). A cache belongs to the module that made it (init_cache)",
+            expected=f"T={slots}",
+            actual=f"T={length}",
+        )
+    given = [name for name, value in refused.items() if value is not None]
+    if given:
+        raise make_error(
+            "rolling_cache",
+            f"a rolling KV cache takes no {', '.join(given)}: it attends only the last window of "
+            "the sequence, so a mask or ids over all its positions cannot be lined up with the "
+            "keys it keeps. Use a plain cache (rolling=False) for padded or packed decoding",
+            expected="no mask, bias or segment ids with a rolling cache",
+            actual=", ".join(given) + " given",
+        )
