@@ -160,11 +160,12 @@ def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids,
 
     # 5. online softmax: raise the running max, rescale what was summed under the old one by
     #    exp(m_old - m_new), add this block's exp(s - m_new).
-    m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
-    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: exp(-inf) = 0
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))  # (..., H, bq, 1)
+    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: not NaN
     alpha = jnp.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
     s = s - shift
-    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., H, bq, bk); exp(s - max) <= 1
+    s = jnp.minimum(s, 0.0)  # exp(s - max) <= 1 even if s was rounded differently
+    p = jnp.exp(s)  # (..., H, bq, bk), unnormalized weights
     l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
 
     # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
@@ -194,7 +195,8 @@ def _grad_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, s
 
     # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
     s = s.reshape(*dims.batch, K, G, bq, bk) - shift
-    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., K, G, bq, bk); P <= 1
+    s = jnp.minimum(s, 0.0)  # P <= 1 even if S was rounded differently
+    p = jnp.exp(s)  # (..., K, G, bq, bk)
 
     # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
     dv_blk = jnp.einsum("...kgls,...kgle->...kse", p, do_blk, precision=_PRECISION)
@@ -422,11 +424,10 @@ def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling)
         #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
         empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
         if sinks is not None:
-            m_sink = jnp.maximum(m, jax.lax.stop_gradient(sinks)[:, None, None])
+            m_sink = jnp.maximum(m, sinks[:, None, None])  # (..., H, bq, 1)
             shift = jnp.where(m_sink == -jnp.inf, 0.0, m_sink)
             alpha = jnp.exp(m - shift)
-            sink = sinks[:, None, None] - shift
-            l = alpha * l + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
+            l = alpha * l + jnp.exp(jnp.minimum(sinks[:, None, None] - shift, 0.0))
             acc, m = alpha * acc, m_sink
         l = jnp.where(empty, 1.0, l)
         row_lse = jnp.where(empty, -jnp.inf, m + jnp.log(l))  # (..., H, bq, 1)
@@ -469,8 +470,7 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
 
         # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
         if sinks is not None:
-            sink = sinks[:, None, None] - shift  # (..., H, bq, 1)
-            w_sink = jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
+            w_sink = jnp.exp(jnp.minimum(sinks[:, None, None] - shift, 0.0))  # (..., H, bq, 1)
             per_row = -(w_sink * delta.reshape(w_sink.shape))[..., 0]  # (..., H, bq)
             dsinks = dsinks + per_row.sum(axis=(*range(per_row.ndim - 2), -1))  # (H,)
 

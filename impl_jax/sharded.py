@@ -66,6 +66,7 @@ from impl_jax.functional import (
     _cast,
     _check_x64,
     _compute_dtype,
+    _min0,
     _unattended_zeroed,
     scaled_dot_product_attention,
 )
@@ -128,9 +129,11 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
     v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-    s = jnp.einsum("...kgld,...ksd->...kgls", q, k, precision=_PRECISION)  # (..., K, G, Lc, Sc)
-    s = s.reshape(*s.shape[:-4], H, Lc, Sc) * dims.scale  # (..., H, Lc, Sc); h reads kv h // G
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G. The scale
+    #    goes on the block's queries, as in _weights (nothing between the matmul and the row
+    #    max for XLA to recompute).
+    s = jnp.einsum("...kgld,...ksd->...kgls", q * dims.scale, k, precision=_PRECISION)
+    s = s.reshape(*s.shape[:-4], H, Lc, Sc)  # (..., H, Lc, Sc); h reads kv h // G
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
     if dims.softcap is not None:
@@ -150,10 +153,9 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
 
     # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
     #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
-    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))  # (..., H, Lc, 1)
-    s = s - jnp.where(m == -jnp.inf, 0.0, m)  # no allowed key here: exp(-inf - 0) = 0
-    # exp(s - max) <= 1: the value clamped at 0, the gradient passed through (as in _weights)
-    p = jnp.exp(s - jax.lax.stop_gradient(jnp.maximum(s, 0.0)))  # (..., H, Lc, Sc)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))  # (..., H, Lc, 1), constant
+    s = s - jnp.where(m == -jnp.inf, 0.0, m)  # no allowed key here: exp(-inf - 0) = 0, not NaN
+    p = jnp.exp(_min0(s))  # (..., H, Lc, Sc); exp(s - m) <= 1 even if s was rounded differently
     l = jnp.sum(p, axis=-1, keepdims=True)  # (..., H, Lc, 1)
     l = jnp.where(l == 0.0, 1.0, l)
     p = p / l

@@ -88,7 +88,7 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     ``lse = -inf``. The same steps as ``impl_torch/flash.py``'s block, which keeps a running
     ``(m, l, acc)`` instead of normalizing each block.
     """
-    H, K, G = dims.H, dims.K, dims.G
+    H, K, G, D, E = dims.H, dims.K, dims.G, dims.D, dims.E
     Lc, Sc = q.shape[-2], k.shape[-2]
 
     # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
@@ -99,9 +99,11 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
     v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-    k = k.repeat_interleave(G, dim=-3)  # (..., H, Sc, D); head h reads kv head h // G
-    s = (q @ k.transpose(-2, -1)).mul_(dims.scale)  # (..., H, Lc, Sc)
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G: the G
+    #    query heads of a group are G * Lc rows against their one key head (no copy of it).
+    q = q.reshape(*q.shape[:-3], K, G * Lc, D)  # (..., K, G*Lc, D)
+    s = q @ k.transpose(-2, -1)  # (..., K, G*Lc, Sc)
+    s = s.view(*s.shape[:-3], H, Lc, Sc).mul_(dims.scale)  # (..., H, Lc, Sc)
     if s.shape[:-3] != dims.batch:  # a mask, bias or value with more batch than query and key
         s = s.expand(*dims.batch, H, Lc, Sc).clone()
 
@@ -129,8 +131,9 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     p.div_(l)
     lse = (m + torch.log(l)).squeeze(-1)  # (..., H, Lc)
 
-    # 6. output = weights @ value, per group.
-    return p @ v.repeat_interleave(G, dim=-3), lse  # (..., H, Lc, E), (..., H, Lc)
+    # 6. output = weights @ value, per group (G * Lc rows per value head).
+    out = p.view(*p.shape[:-3], K, G * Lc, Sc) @ v  # (..., K, G*Lc, E)
+    return out.view(*dims.batch, H, Lc, E), lse  # (..., H, Lc, E), (..., H, Lc)
 
 
 def _merge(out, lse, out_blk, lse_blk):

@@ -56,11 +56,11 @@ def _same_error_in_all_three(call) -> AttentionError:
 
 def test_1_jax_large_logits_are_finite_jitted_and_tiled() -> None:
     """scale=1e10 gives logits around 1e10: XLA recomputes s * scale inside the exp fusion with
-    other rounding, so exp(s - rowmax) could be exp(+hundreds) and the row NaN. The exponent is
-    clamped at 0, so the jitted plain path and the tiled path equal NumPy's answer. The tiled
-    path with blocks whose keys need no mask (one block of all 5 keys, blocks of 1) zeroed
-    whole rows until the scale moved onto the queries: nothing then sits between the matmul
-    and the row max for XLA to recompute."""
+    other rounding, so exp(s - rowmax) could be exp(+hundreds) and the row NaN, or exp(-hundreds)
+    and the row zeros. The exponent is clamped at 0, and in the plain and the tiled path the
+    scale is on the queries: nothing sits between the matmul and the row max for XLA to
+    recompute (with it on the scores, the jitted plain path gives zero rows here, and so did the
+    tiled one with blocks whose keys need no mask: one block of all 5 keys, blocks of 1)."""
     q, k, v = _qkv()
     want = impl_numpy.scaled_dot_product_attention(q, k, v, scale=1e10)
     sdpa = jax.jit(impl_jax.scaled_dot_product_attention, static_argnames=impl_jax.STATIC_ARGNAMES)
