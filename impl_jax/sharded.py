@@ -437,9 +437,9 @@ def head_parallel_attention(
     mask, bias = _asarray(mask), _asarray(bias)
     q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
 
-    # P1. split (by shard_map): device r holds key/value heads r*K/n .. and the query heads that
-    #     read them, r*H/n .. (query head h reads kv head h // G); mask, bias, sinks and ALiBi
-    #     slopes: its heads; segment ids (no head axis): whole.
+    # P1. split: device r holds key/value heads r*K/n .. and the query heads that read them,
+    #     r*H/n .. (query head h reads kv head h // G), cut by shard_map; mask, bias, sinks and
+    #     ALiBi slopes: its heads; segment ids (no head axis): whole.
     x = {"query": query, "key": key, "value": value, "mask": mask, "bias": bias}
     x = {name: a for name, a in x.items() if a is not None}
     specs = {name: _spec(a, -3, HEADS) for name, a in x.items()}
@@ -522,8 +522,8 @@ def head_parallel_gqa(
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     o_bias = module.o_proj.bias
 
-    # P1. split the projections (by shard_map): device r's columns of q_proj (query heads
-    #     r*Hn ..), k_proj and v_proj (key/value heads r*Kn ..), and its rows of o_proj; head h
+    # P1. split the projections: device r's columns of q_proj (query heads r*Hn ..), k_proj and
+    #     v_proj (key/value heads r*Kn ..), and its rows of o_proj, cut by shard_map; head h
     #     owns features [h*D:(h+1)*D], so an even cut of the columns is a cut by heads; the
     #     sinks and ALiBi slopes (H,): its heads; segment ids (no head axis): whole.
     a = {"x": x, "context": x if context is None else context, "mask": mask, "bias": bias}
@@ -559,7 +559,7 @@ def head_parallel_gqa(
         #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
         q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-        # P2. attend on the device's heads: the unsharded contract with the module's settings
+        # P2. attend on its heads: the device's, the unsharded contract with the module's settings
         #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
         out = scaled_dot_product_attention(
             q,

@@ -460,7 +460,7 @@ def head_parallel_gqa(
     #     RoPE (the module's rope_theta), as in its forward: per head, so per rank too.
     q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-    # P2. attend on this rank's heads: the unsharded contract with the module's settings
+    # P2. attend on its heads: this rank's, the unsharded contract with the module's settings
     #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
     heads = (r * Hn, (r + 1) * Hn)
     out = scaled_dot_product_attention(

@@ -354,7 +354,7 @@ IDIOMS: dict[str, dict[str, str]] = {
             "JAX shards the kernels with `P(None, HEADS)` (o_proj's rows with "
             "`P(HEADS, None)`) and projects inside the per-device function."
         ),
-        "P2. attend on the device's heads": (
+        "P2. attend on its heads": (
             "Identical in the three: the unsharded contract on the device's heads; NumPy and "
             "torch cut the mask's and bias's heads (`_block`), JAX's come cut by shard_map."
         ),
