@@ -93,9 +93,11 @@ def _cast(x: jax.Array | None, dtype: jnp.dtype) -> jax.Array | None:
     return None if x is None else x.astype(dtype)
 
 
-def _check_x64(query: object) -> None:
-    """float64 inputs need JAX's 64-bit mode; without it they would be computed in float32."""
-    check_float64(dtype_name(query.dtype), jax.config.jax_enable_x64, _X64_HOW)
+def _check_x64(dtype: object) -> None:
+    """float64 (inputs, or a module's weights) needs JAX's 64-bit mode; without it JAX would
+    compute in float32: DTypeError ``unsupported_dtype``, the same from every function and
+    module."""
+    check_float64(dtype_name(dtype), jax.config.jax_enable_x64, _X64_HOW)
 
 
 _X64_HOW = "JAX's 64-bit mode: jax.config.update('jax_enable_x64', True)"
@@ -270,7 +272,7 @@ def attention_weights(
         window=window,
         **kw,
     )
-    _check_x64(query)
+    _check_x64(query.dtype)
     query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
     kw = {name: _asarray(x) for name, x in kw.items()}
     offset, allowed, bias, slopes, sinks, attended = _prepared(
@@ -327,7 +329,7 @@ def scaled_dot_product_attention(
         window=window,
         **kw,
     )
-    _check_x64(query)
+    _check_x64(query.dtype)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
     kw = {name: _asarray(x) for name, x in kw.items()}
@@ -417,7 +419,7 @@ def _vjp_by_jax(
     for check in checks:
         check()
     check_grad_output(dims, grad_output)
-    _check_x64(query)
+    _check_x64(query.dtype)
     kw = {name: _asarray(x) for name, x in kw.items()}
 
     def differentiated(query, key, value, bias, sinks):  # None: not given

@@ -337,7 +337,7 @@ def ring_attention(
         q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     ring = check_ring(dims, n_shards, layout)
-    _check_x64(query)
+    _check_x64(query.dtype)
     mesh = _mesh(n_shards, SEQ)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
@@ -431,7 +431,7 @@ def head_parallel_attention(
         q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
-    _check_x64(query)
+    _check_x64(query.dtype)
     mesh = _mesh(n_shards, HEADS)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)

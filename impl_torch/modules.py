@@ -434,14 +434,11 @@ class GroupedQueryAttention(nn.Module):
         """
         T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
         B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
+        device = self.q_proj.weight.device
         shape = (B, K, T, D)
-        key = torch.zeros(
-            shape, dtype=self.dtype, device=self.q_proj.weight.device
-        )  # (B, K, max_len, D)
+        key = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, K, T, D)
         shape = (B, K, T, E)
-        value = torch.zeros(
-            shape, dtype=self.dtype, device=self.q_proj.weight.device
-        )  # (B, K, max_len, E)
+        value = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, K, T, E)
         return KVCache(key, value, 0, max_len if rolling else None)
 
     def decode(

@@ -452,6 +452,46 @@ def test_14_jax_without_x64_names_the_dtype_the_user_passed() -> None:
     assert x64_line.startswith("unsupported_dtype") and "jax_enable_x64" in x64_line
 
 
+NO_X64_MODULES = """
+import numpy as np
+import impl_jax, impl_numpy
+from attention_spec import AttentionError
+weights = impl_numpy.GroupedQueryAttention(8, 2, 1, dtype="float64").to_canonical()
+x = np.zeros((1, 3, 8))
+calls = {
+    "sdpa": lambda: impl_jax.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None]),
+    "GroupedQueryAttention": lambda: impl_jax.GroupedQueryAttention(8, 2, 1, dtype="float64"),
+    "MultiHeadAttention": lambda: impl_jax.MultiHeadAttention(8, 2, dtype=np.float64),
+    "from_canonical": lambda: impl_jax.GroupedQueryAttention.from_canonical(
+        weights, n_heads=2, n_kv_heads=1),
+}
+for name, call in calls.items():
+    try:
+        got = call()
+        print(name, "built", getattr(got, "dtype", None))
+    except AttentionError as e:
+        print(name, type(e).__name__, e.code, e)
+m = impl_jax.GroupedQueryAttention.from_canonical(weights, n_heads=2, n_kv_heads=1,
+                                                  dtype="float32")
+print("float32", m(x.astype(np.float32)).dtype)
+"""
+
+
+def test_14_jax_modules_without_x64_refuse_float64_as_the_functions_do() -> None:
+    """Without x64 a float64 module was built in float32 (nnx.Linear's params, silently), while
+    the functional API refused float64: now every one raises the functional API's error."""
+    args = [sys.executable, "-c", NO_X64_MODULES]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    *refused, float32 = done.stdout.splitlines()
+    errors = dict(line.split(" ", 1) for line in refused)
+    assert set(errors) == {"sdpa", "GroupedQueryAttention", "MultiHeadAttention", "from_canonical"}
+    sdpa = errors["sdpa"]
+    assert sdpa.startswith("DTypeError unsupported_dtype") and "jax_enable_x64" in sdpa
+    assert set(errors.values()) == {sdpa}, errors  # the same class, code and message
+    assert float32 == "float32 float32"  # a float32 module from float64 weights is fine
+
+
 # -- 15. what the gradient fuzzer found (tests/test_fuzz.py) -------------------------------------
 
 

@@ -167,7 +167,7 @@ IDIOMS: dict[str, dict[str, str]] = {
     "decode": {
         "GroupedQueryAttention.init_cache": (
             "Zero buffers for K heads of T slots (`max_len`, or a rolling cache's window); "
-            "torch puts them on the weights' device (`device=self.q_proj.weight.device`)."
+            "torch puts them on the weights' device (`device = self.q_proj.weight.device`)."
         ),
         "KVCache.write": (
             "NumPy and torch write the new tokens into the buffers in place; JAX arrays are "
