@@ -307,8 +307,9 @@ class GroupedQueryAttention(nnx.Module):
         if o.alibi:
             slopes = jnp.asarray(alibi_slope_values(self.dims.H), compute_dtype(self.dtype.name))
         sinks = None if self.sinks is None else self.sinks[...]
-        return dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=sinks,
-                    alibi_slopes=slopes)  # fmt: skip
+        return dict(
+            window=o.window, softcap=o.softcap, scale=o.scale, sinks=sinks, alibi_slopes=slopes
+        )
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.

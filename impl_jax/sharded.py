@@ -87,12 +87,13 @@ def _mesh(n_shards: int, axis: str) -> Mesh:
     """A one-axis mesh of the first ``n_shards`` devices (ConfigError when there are fewer)."""
     devices = jax.devices()
     check_shard_devices(
-        n_shards, len(devices),
+        n_shards,
+        len(devices),
         f"JAX sees {len(devices)} {jax.default_backend()} device(s). On a CPU, set "
         f"XLA_FLAGS=--xla_force_host_platform_device_count={n_shards} before JAX starts; "
         "on several hosts, call jax.distributed.initialize() first",
         exact=False,
-    )  # fmt: skip
+    )
     return Mesh(np.array(devices[:n_shards]), (axis,))
 
 
@@ -228,8 +229,9 @@ def _ring_device(x, *, ring: RingLayout, dims, offset):
     return jnp.concatenate(outs, axis=-2)  # (..., H, c*Lc, E)
 
 
-def _ring_step(carry, t, *, send, r, q, mask, bias, q_ids, kv_ids, slopes, ring: RingLayout,
-               dims, offset):  # fmt: skip
+def _ring_step(
+    carry, t, *, send, r, q, mask, bias, q_ids, kv_ids, slopes, ring: RingLayout, dims, offset
+):
     """Ring step t on device r (traced): this device's query chunks against the key/value shard
     it holds, while (``send``) that shard moves on to the right neighbour. ``carry``: the held
     shard ``(..., K, c*Sc, D|E)`` and the running ``(out, lse)`` of each query chunk."""
@@ -352,10 +354,12 @@ def ring_attention(
     #     which runs _ring_device on each device's pieces; key segment ids, sinks and slopes go
     #     whole to every device. Zigzag puts shard r's two chunks side by side; contiguous is
     #     already in shard order.
-    rows = np.concatenate([np.arange(a * ring.Lc, (a + 1) * ring.Lc) for s in ring.chunks
-                           for a in s])  # fmt: skip
-    keys = np.concatenate([np.arange(b * ring.Sc, (b + 1) * ring.Sc) for s in ring.chunks
-                           for b in s])  # fmt: skip
+    rows = np.concatenate(
+        [np.arange(a * ring.Lc, (a + 1) * ring.Lc) for s in ring.chunks for a in s]
+    )
+    keys = np.concatenate(
+        [np.arange(b * ring.Sc, (b + 1) * ring.Sc) for s in ring.chunks for b in s]
+    )
     x = {"query": query, "key": key, "value": value, "mask": mask, "bias": bias}
     x = {name: a for name, a in x.items() if a is not None}
     if layout == "zigzag":
@@ -579,8 +583,9 @@ def head_parallel_gqa(
         # P3. row-parallel output projection: the device's heads' features meet the same rows
         #     of o_proj's kernel, a partial (B, L, M) in the compute dtype.
         merged = out.transpose(0, 2, 1, 3).reshape(B, L, Hn * E)  # (B, L, Hn*E)
-        partial_y = jnp.matmul(merged.astype(ct), a["o_proj.kernel"].astype(ct),
-                               precision=_PRECISION)  # fmt: skip
+        partial_y = jnp.matmul(
+            merged.astype(ct), a["o_proj.kernel"].astype(ct), precision=_PRECISION
+        )
 
         # P4. all-reduce: the partials summed over the devices, in the compute dtype.
         return jax.lax.psum(partial_y, HEADS)  # (B, L, M)

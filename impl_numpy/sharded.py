@@ -268,8 +268,9 @@ def ring_attention(
                 for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
                     cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                     kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
-                    if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
-                                          q_ids_rows[r][a], kv_ids_blk):  # fmt: skip
+                    if not block_computed(
+                        dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[r][a], kv_ids_blk
+                    ):
                         continue
                     k_pos = k_chunk * Sc + np.arange(Sc)  # (Sc,) their keys in the sequence
                     k = k_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :]

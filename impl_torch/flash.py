@@ -112,8 +112,9 @@ class _Blocks:
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, hi)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
-            some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
-                                      q_ids_rows, kv_ids_blk)  # fmt: skip
+            some, every = block_rules(
+                dims.is_causal, dims.window, offset, i0, i1, j0, j1, q_ids_rows, kv_ids_blk
+            )
             if some:
                 yield j0, j1, bool(every)
 
@@ -304,11 +305,11 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config):
-        blocks, sinks_ct = _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                                   config)  # fmt: skip
+        blocks, sinks_ct = _tiling(
+            query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config
+        )
         out, lse = _forward(blocks, sinks_ct)  # (..., H, L, E), (..., H, L), compute dtype
-        ctx.save_for_backward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                              out, lse)  # fmt: skip
+        ctx.save_for_backward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse)
         ctx.config = config
         ctx.mark_non_differentiable(lse)
         return out.to(query.dtype), lse
@@ -316,8 +317,9 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, _grad_lse):
         query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse = ctx.saved_tensors
-        blocks, sinks_ct = _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                                   ctx.config)  # fmt: skip
+        blocks, sinks_ct = _tiling(
+            query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, ctx.config
+        )
         do = grad_output.to(out.dtype)  # (..., H, L, E) in the compute dtype
         dq, dk, dv, dbias, dsinks = _backward(blocks, sinks_ct, out, lse, do)
 
@@ -412,8 +414,9 @@ def flash_attention(
         dims.L, dims.S, causal_alignment
     )  # query i sees key j iff j <= i + offset
     config = (dims, offset, block_q, block_k)
-    out, lse = FlashAttention.apply(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                                    config)  # fmt: skip
+    out, lse = FlashAttention.apply(
+        query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config
+    )
     return (out, lse) if return_lse else out  # lse: (..., H, L) in the compute dtype
 
 

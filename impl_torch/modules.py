@@ -351,8 +351,9 @@ class GroupedQueryAttention(nn.Module):
             ct = getattr(torch, compute_dtype(dtype_name(self.dtype)))
             device = self.q_proj.weight.device
             slopes = torch.tensor(alibi_slope_values(self.dims.H), dtype=ct, device=device)
-        return dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks,
-                    alibi_slopes=slopes)  # fmt: skip
+        return dict(
+            window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks, alibi_slopes=slopes
+        )
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.

@@ -60,11 +60,12 @@ def _rank(n_shards: int, group: dist.ProcessGroup | None) -> int:
     """This process's rank in ``group``; ConfigError when the group is not ``n_shards`` big."""
     if not (dist.is_available() and dist.is_initialized()):
         check_shard_devices(
-            n_shards, 0,
+            n_shards,
+            0,
             "torch.distributed is not initialized: start one process per shard (torchrun, or "
             "torch.multiprocessing) and call torch.distributed.init_process_group in each",
             exact=True,
-        )  # fmt: skip
+        )
     size = dist.get_world_size(group)
     check_shard_devices(n_shards, size, f"the process group has {size} ranks", exact=True)
     return dist.get_rank(group)
@@ -238,8 +239,9 @@ def ring_attention(
     # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
     #     -inf); n steps, at each of which every rank attends to the shard it holds.
     outs = [torch.zeros((*dims.batch, H, Lc, E), dtype=ct, device=device) for _ in chunks[r]]
-    lses = [torch.full((*dims.batch, H, Lc), float("-inf"), dtype=ct, device=device)
-            for _ in chunks[r]]  # fmt: skip
+    lses = [
+        torch.full((*dims.batch, H, Lc), float("-inf"), dtype=ct, device=device) for _ in chunks[r]
+    ]
     right, left = _peer(group, (r + 1) % n), _peer(group, (r - 1) % n)
     for t in range(n):
         # R3. step t: this rank holds the key/value shard of rank src = (r - t) mod n.
@@ -250,12 +252,14 @@ def ring_attention(
         #     compute while they travel. The last step sends nothing.
         if t < n - 1:
             k_next, v_next = torch.empty_like(k_shard), torch.empty_like(v_shard)
-            requests = dist.batch_isend_irecv([
-                dist.P2POp(dist.isend, k_shard, right, group),
-                dist.P2POp(dist.isend, v_shard, right, group),
-                dist.P2POp(dist.irecv, k_next, left, group),
-                dist.P2POp(dist.irecv, v_next, left, group),
-            ])  # fmt: skip
+            requests = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, k_shard, right, group),
+                    dist.P2POp(dist.isend, v_shard, right, group),
+                    dist.P2POp(dist.irecv, k_next, left, group),
+                    dist.P2POp(dist.irecv, v_next, left, group),
+                ]
+            )
 
         # 4. allowed, whole blocks: each query chunk of the rank meets each key chunk it holds;
         #    a block outside the causal or window band of its rows, or whose segments cannot
@@ -266,8 +270,9 @@ def ring_attention(
             for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
                 cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                 kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
-                if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
-                                      q_ids_rows[a], kv_ids_blk):  # fmt: skip
+                if not block_computed(
+                    dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[a], kv_ids_blk
+                ):
                     continue
                 k_pos = k_chunk * Sc + torch.arange(Sc, device=device)  # (Sc,) its keys
                 k = k_shard[..., b * Sc : (b + 1) * Sc, :].to(ct)  # (..., K, Sc, D)
