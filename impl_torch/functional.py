@@ -178,10 +178,10 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
 
     # 5. softmax over S, stable, with a sink per head: one more logit in the denominator; a row
     #    with no allowed key (all -inf) gets all-zero weights, sink or not.
-    #    torch.softmax would be one kernel for these dozen ops, but it leaves such a row NaN
-    #    (and its gradient) and knows no sink, and zeroing the row after it is a copy of the
-    #    scores under autograd: torch writes NumPy's lines, with and without autograd. amax has
-    #    no initial value: with no key at all (S = 0) the row max starts at -inf.
+    #    Not torch.softmax, one kernel for these dozen ops: it leaves such a row NaN, and its
+    #    gradient too, and knows no sink, and zeroing the row after it copies the scores under
+    #    autograd. So torch writes NumPy's lines, with autograd or without (amax has no initial
+    #    value: with no key at all, S = 0, the row max is -inf).
     row_max = (
         s.detach().amax(dim=-1, keepdim=True)  # (..., H, L, 1)
         if S > 0
