@@ -1,4 +1,4 @@
-"""Tiled online-softmax ("flash") attention in JAX: ``jax.lax.scan`` over blocks, one compile.
+"""Tiled online-softmax ("flash") attention in JAX: ``jax.lax`` loops over blocks, a custom vjp.
 
 The contract of :func:`impl_jax.functional.scaled_dot_product_attention` (same keywords, same
 validation and errors, fully masked rows are zeros), computed without ever holding the
@@ -11,34 +11,23 @@ entirely above the diagonal are skipped, so causal attention costs about half.
 
 The same steps, numbers, names and comments as ``impl_jax/functional.py`` (steps 1-6) and as
 ``impl_numpy/flash.py`` and ``impl_torch/flash.py``; docs/FLASH.md puts the plain and tiled paths
-side by side and gives the measured memory and time. What JAX asks for:
+side by side and gives the measured memory and time. Where JAX's idiom shapes the code:
 
-- The outer loop is a ``jax.lax.scan`` over query blocks. XLA compiles a few loop bodies, each
-  holding one ``(..., H, bq, bk)`` block of scores, whatever L and S are. Under causal masking
-  without a window, the inner loop is two ``fori_loop`` s whose bounds depend on the query block
-  (``while_loop`` s: reverse mode cannot go through them, and never has to, since the backward
-  below is this file's own): the key blocks every row of the block sees, unmasked, then
-  ``bn``-key blocks across the diagonal, masked; nothing past it is visited (NumPy and torch
-  loop in Python and stop there too). Otherwise the inner loop is a ``jax.lax.scan`` (a step
-  per key block, or per block a window's band can need), and a block outside the band, or
-  whose segments cannot meet, is skipped by a ``jax.lax.cond``, which on a jitted CPU or GPU
-  program runs only the branch it takes.
-- ``scan`` wants every block the same size, and nothing is padded: the last block, when the
-  block size does not divide the length, is shifted back to end at L (or S). Its first rows are
-  then computed twice, to the same values, and written once; its first keys were counted by the
-  block before it, and are masked out of this one (step 5, tiling).
-- Everything is pure: jit with the static keywords of :data:`STATIC_ARGNAMES`::
+- Loops: the query blocks are a ``jax.lax.scan`` (:func:`_forward`, :func:`_backward`), so XLA
+  compiles a few loop bodies of one block each, whatever L and S are; the key blocks of a block
+  of rows are :func:`_key_blocks`'s loops, which visit only the blocks some row may see.
+- Static shapes: nothing is padded. A last block that does not fit is shifted back to end at L
+  (or S): the rows it repeats are written once (and get a zero cotangent in the backward), the
+  keys it repeats are masked (``j >= j0``), so nothing is counted twice.
+- Pure functions: jit with the static keywords of :data:`STATIC_ARGNAMES`::
 
       flash = jax.jit(flash_attention, static_argnames=STATIC_ARGNAMES)
 
-- Training goes through a ``jax.custom_vjp``: the forward keeps only its inputs, its output and
-  the row log-sum-exp ``lse`` as residuals, and the backward is FlashAttention-2's (Algorithm 2,
-  in the forward's loop order) written with the same loops: it visits the blocks the forward
-  visits (the same ``_key_blocks``), rebuilds each block's weights as ``P = exp(S - lse)`` and
-  accumulates ``dQ``, ``dK`` and ``dV``. Nothing of a block outlives its step, so a training
-  step needs O(L + S) memory beyond inputs, output and gradients (plus one block). In the
-  shifted last blocks, the rows a block repeats get a zero cotangent and the keys it repeats
-  are masked, so nothing is counted twice.
+- Training: a ``jax.custom_vjp`` (:func:`_flash`) keeps its inputs, its output and the row
+  log-sum-exp ``lse``; its backward is FlashAttention-2's (Algorithm 2, in the forward's loop
+  order), which visits the blocks the forward visits, rebuilds each block's weights as
+  ``P = exp(S - lse)`` and accumulates ``dQ``, ``dK`` and ``dV``: O(L + S) memory beyond inputs,
+  output and gradients, plus one block.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
@@ -167,11 +156,12 @@ def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids,
 
     # 5. online softmax: raise the running max, rescale what was summed under the old one by
     #    exp(m_old - m_new), add this block's exp(s - m_new).
-    m_new = jnp.maximum(m, jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True)))
-    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: exp(-inf) = 0
+    m_new = jnp.maximum(m, jnp.max(s, axis=-1, keepdims=True))  # (..., H, bq, 1)
+    shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: not NaN
     alpha = jnp.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
     s = s - shift
-    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., H, bq, bk); exp(s - max) <= 1
+    s = jnp.minimum(s, 0.0)  # exp(s - max) <= 1 even if s was rounded differently
+    p = jnp.exp(s)  # (..., H, bq, bk), unnormalized weights
     l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
 
     # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
@@ -201,7 +191,8 @@ def _grad_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, s
 
     # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
     s = s.reshape(*dims.batch, K, G, bq, bk) - shift
-    p = jnp.exp(jnp.where(s > 0.0, 0.0, s))  # (..., K, G, bq, bk); P <= 1
+    s = jnp.minimum(s, 0.0)  # P <= 1 even if S was rounded differently
+    p = jnp.exp(s)  # (..., K, G, bq, bk)
 
     # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
     dv_blk = jnp.einsum("...kgls,...kgle->...kse", p, do_blk, precision=_PRECISION)
@@ -429,11 +420,10 @@ def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling)
         #    has l = 0 and acc = 0: 0 / 1 = 0 (sink or not), and its log-sum-exp is -inf.
         empty = l == 0.0  # (..., H, bq, 1): rows that saw no allowed key
         if sinks is not None:
-            m_sink = jnp.maximum(m, jax.lax.stop_gradient(sinks)[:, None, None])
+            m_sink = jnp.maximum(m, sinks[:, None, None])  # (..., H, bq, 1)
             shift = jnp.where(m_sink == -jnp.inf, 0.0, m_sink)
             alpha = jnp.exp(m - shift)
-            sink = sinks[:, None, None] - shift
-            l = alpha * l + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
+            l = alpha * l + jnp.exp(jnp.minimum(sinks[:, None, None] - shift, 0.0))
             acc, m = alpha * acc, m_sink
         l = jnp.where(empty, 1.0, l)
         row_lse = jnp.where(empty, -jnp.inf, m + jnp.log(l))  # (..., H, bq, 1)
@@ -476,8 +466,7 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
 
         # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
         if sinks is not None:
-            sink = sinks[:, None, None] - shift  # (..., H, bq, 1)
-            w_sink = jnp.exp(jnp.where(sink > 0.0, 0.0, sink))
+            w_sink = jnp.exp(jnp.minimum(sinks[:, None, None] - shift, 0.0))  # (..., H, bq, 1)
             per_row = -(w_sink * delta.reshape(w_sink.shape))[..., 0]  # (..., H, bq)
             dsinks = dsinks + per_row.sum(axis=(*range(per_row.ndim - 2), -1))  # (H,)
 
@@ -614,7 +603,7 @@ def flash_attention(
     )
     block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, dims.is_causal, dims.window)
     return_lse = check_flag("return_lse", return_lse)
-    _check_x64(query)
+    _check_x64(query.dtype)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
     q_ids, kv_ids, sinks, slopes = (_asarray(kw[name]) for name in _V2_ARRAYS)

@@ -93,17 +93,20 @@ def _cast(x: jax.Array | None, dtype: jnp.dtype) -> jax.Array | None:
     return None if x is None else x.astype(dtype)
 
 
-def _check_x64(query: object) -> None:
-    """float64 inputs need JAX's 64-bit mode; without it they would be computed in float32."""
-    check_float64(dtype_name(query.dtype), jax.config.jax_enable_x64, _X64_HOW)
+def _check_x64(dtype: object) -> None:
+    """float64 (inputs, or a module's weights) needs JAX's 64-bit mode; without it JAX would
+    compute in float32: DTypeError ``unsupported_dtype``, the same from every function and
+    module."""
+    check_float64(dtype_name(dtype), jax.config.jax_enable_x64, _X64_HOW)
 
 
 _X64_HOW = "JAX's 64-bit mode: jax.config.update('jax_enable_x64', True)"
 _V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
 
 
-def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids,
-             bands: bool = True):  # fmt: skip
+def _allowed(
+    dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids, bands: bool = True
+):
     """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
     one block of the tiled path, with that block's slices of mask and segment ids):
     ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
@@ -146,11 +149,11 @@ def _unattended_zeroed(x: jax.Array, attended) -> jax.Array:
     return x if attended is None else jnp.where(attended[..., None], x, 0.0)
 
 
-def _finite_max(s: jax.Array) -> jax.Array:
-    """The row max of ``s (..., S)`` as ``(..., 1)``, 0 for a row whose max is -inf (nothing
-    allowed); a +inf or NaN max stays, so the row comes out NaN."""
-    row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)
-    return jnp.where(row_max == -jnp.inf, 0.0, row_max)
+def _min0(x: jax.Array) -> jax.Array:
+    """``min(x, 0)``, differentiated as ``x``: step 5's clamp that keeps ``exp(s - max) <= 1``.
+    ``jnp.minimum`` would halve the gradient at the row max's own key, where ``x = 0``, and
+    ``jnp.where(x > 0, 0, x)`` would cut it wherever jitted XLA rounds ``x`` above 0."""
+    return x - jax.lax.stop_gradient(jnp.maximum(x, 0.0))
 
 
 def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
@@ -158,12 +161,14 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     ct = _compute_dtype(query.dtype)
     H, K, G, L, S, D = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G. The scale
+    #    goes on the queries: XLA would recompute s * scale inside each reader of s, the row max
+    #    rounded and s - max as one unrounded FMA, which at logits of 1e10 differ by hundreds
+    #    (exp of that: 0, a row of zeros); the matmul's output is read as it is.
     q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
     k = key.astype(ct)  # (..., K, S, D)
-    s = jnp.einsum("...kgld,...ksd->...kgls", q, k, precision=_PRECISION)  # a group per kv head
-    s = s.reshape(*s.shape[:-4], H, L, S)  # (..., H, L, S)
-    s = s * dims.scale
+    s = jnp.einsum("...kgld,...ksd->...kgls", q * dims.scale, k, precision=_PRECISION)
+    s = s.reshape(*s.shape[:-4], H, L, S)  # (..., H, L, S); a group per kv head
     s = jnp.broadcast_to(s, dims.scores_shape)  # a mask, bias or value with more batch than q, k
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
@@ -187,24 +192,13 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     row_max = jnp.max(s, axis=-1, keepdims=True, initial=-jnp.inf)  # (..., H, L, 1)
     if sinks is not None:
         row_max = jnp.maximum(row_max, sinks[:, None, None])  # the sink's logit counts too
-    row_max = jax.lax.stop_gradient(jnp.where(row_max == -jnp.inf, 0.0, row_max))
-    s = s - row_max  # exp(-inf - 0) = 0 in a fully masked row, not NaN
-    again = _finite_max(s)  # XLA computes s - max as one FMA of the unrounded s * scale (off by
-    #    up to an ulp of s: exp(-800) at logits of 1e10), so shift again by the largest of these
-    #    very differences (and the sink's): it is 0, and its exp exactly 1
-    if sinks is not None:
-        sink = sinks[:, None, None] - row_max  # (..., H, L, 1)
-        again = jnp.maximum(again, sink)
-        sink = sink - jax.lax.stop_gradient(again)
-    s = s - jax.lax.stop_gradient(again)
-    # exp(s - max) <= 1 even if s was rounded differently: the value clamped at 0, the
-    # gradient passed through (a jnp.where would cut it wherever a jitted s rounds above 0,
-    # the row max's own position: jax.jit(jax.vjp) then lost that key's dK)
-    s = s - jax.lax.stop_gradient(jnp.maximum(s, 0.0))
+    row_max = jnp.where(row_max == -jnp.inf, 0.0, row_max)  # exp(-inf - 0) = 0, not NaN
+    row_max = jax.lax.stop_gradient(row_max)  # a constant for autodiff, as torch's detach()
+    s = _min0(s - row_max)  # exp(s - max) <= 1 even if s was rounded differently
     e = jnp.exp(s)  # (..., H, L, S)
     row_sum = jnp.sum(e, axis=-1, keepdims=True)  # (..., H, L, 1)
     if sinks is not None:
-        row_sum = row_sum + jnp.exp(jnp.where(sink > 0.0, 0.0, sink))  # the sink's share
+        row_sum = row_sum + jnp.exp(_min0(sinks[:, None, None] - row_max))  # the sink's share
     return e / jnp.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
 
 
@@ -221,8 +215,9 @@ def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias
     bands = not every and (dims.is_causal or dims.window is not None)
     i = jnp.arange(dims.L)[:, None] if bands else None  # (L, 1)
     j = jnp.arange(dims.S)[None, :] if bands else None  # (1, S)
-    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"],
-                       bands=bands)  # fmt: skip
+    allowed = _allowed(
+        dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"], bands=bands
+    )
     bias = _cast(bias, ct)
     attended = _attended(allowed, bias, dims.scores_shape, dims.K)
     return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
@@ -279,7 +274,7 @@ def attention_weights(
         window=window,
         **kw,
     )
-    _check_x64(query)
+    _check_x64(query.dtype)
     query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
     kw = {name: _asarray(x) for name, x in kw.items()}
     offset, allowed, bias, slopes, sinks, attended = _prepared(
@@ -336,7 +331,7 @@ def scaled_dot_product_attention(
         window=window,
         **kw,
     )
-    _check_x64(query)
+    _check_x64(query.dtype)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
     kw = {name: _asarray(x) for name, x in kw.items()}
@@ -426,7 +421,7 @@ def _vjp_by_jax(
     for check in checks:
         check()
     check_grad_output(dims, grad_output)
-    _check_x64(query)
+    _check_x64(query.dtype)
     kw = {name: _asarray(x) for name, x in kw.items()}
 
     def differentiated(query, key, value, bias, sinks):  # None: not given

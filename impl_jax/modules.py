@@ -23,7 +23,8 @@ safetensors file. Initialization: every kernel and bias is drawn from ``U(-1/sqr
 with ``in`` the projection's input width (M for q/k/v, H*E for o), as torch's ``nn.Linear`` does
 (flax's own default is lecun_normal kernels and zero biases).
 
-float64 needs ``jax.config.update("jax_enable_x64", True)``.
+float64 needs ``jax.config.update("jax_enable_x64", True)``: without it a float64 module is
+refused (DTypeError ``unsupported_dtype``), as float64 inputs to the functional API are.
 
 Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads (G = H // K),
 L query length, S key/value length, D query/key head dim, E value head dim, M model width.
@@ -61,7 +62,12 @@ from attention_spec.modules import (
     options_from_metadata,
     weights_metadata,
 )
-from impl_jax.functional import _asarray, attention_weights, scaled_dot_product_attention
+from impl_jax.functional import (
+    _asarray,
+    _check_x64,
+    attention_weights,
+    scaled_dot_product_attention,
+)
 from impl_jax.rotary import apply_rotary
 
 __all__ = ["GroupedQueryAttention", "KVCache", "MultiHeadAttention", "padding_mask"]
@@ -257,6 +263,7 @@ class GroupedQueryAttention(nnx.Module):
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name,
             sinks=sinks, memory_bytes=_memory_bytes(),
         )  # fmt: skip
+        _check_x64(dtype)  # float64 weights need x64, as float64 inputs do
         self.dims = dims
         self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None
         self.options = check_attention_options(
@@ -310,8 +317,9 @@ class GroupedQueryAttention(nnx.Module):
         if o.alibi:
             slopes = jnp.asarray(alibi_slope_values(self.dims.H), compute_dtype(self.dtype.name))
         sinks = None if self.sinks is None else self.sinks[...]
-        return dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=sinks,
-                    alibi_slopes=slopes)  # fmt: skip
+        return dict(
+            window=o.window, softcap=o.softcap, scale=o.scale, sinks=sinks, alibi_slopes=slopes
+        )
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
@@ -394,9 +402,9 @@ class GroupedQueryAttention(nnx.Module):
         T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
         B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
         shape = (B, K, T, D)
-        key = jnp.zeros(shape, self.dtype)  # (B, K, max_len, D)
+        key = jnp.zeros(shape, self.dtype)  # (B, K, T, D)
         shape = (B, K, T, E)
-        value = jnp.zeros(shape, self.dtype)  # (B, K, max_len, E)
+        value = jnp.zeros(shape, self.dtype)  # (B, K, T, E)
         return KVCache(key, value, 0, max_len if rolling else None)
 
     def decode(

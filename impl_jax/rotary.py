@@ -55,7 +55,7 @@ def apply_rotary(
     """
     x, positions = _as_given(x), _as_given(positions)
     dims = check_rotary(x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved)
-    _check_x64(x)
+    _check_x64(x.dtype)
     x, positions = _asarray(x), _asarray(positions)
     ct = _compute_dtype(x.dtype)
     R, P = dims.rotary_dim, dims.rotary_dim // 2

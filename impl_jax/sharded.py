@@ -66,6 +66,7 @@ from impl_jax.functional import (
     _cast,
     _check_x64,
     _compute_dtype,
+    _min0,
     _unattended_zeroed,
     scaled_dot_product_attention,
 )
@@ -86,12 +87,13 @@ def _mesh(n_shards: int, axis: str) -> Mesh:
     """A one-axis mesh of the first ``n_shards`` devices (ConfigError when there are fewer)."""
     devices = jax.devices()
     check_shard_devices(
-        n_shards, len(devices),
+        n_shards,
+        len(devices),
         f"JAX sees {len(devices)} {jax.default_backend()} device(s). On a CPU, set "
         f"XLA_FLAGS=--xla_force_host_platform_device_count={n_shards} before JAX starts; "
         "on several hosts, call jax.distributed.initialize() first",
         exact=False,
-    )  # fmt: skip
+    )
     return Mesh(np.array(devices[:n_shards]), (axis,))
 
 
@@ -128,9 +130,11 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
     v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-    s = jnp.einsum("...kgld,...ksd->...kgls", q, k, precision=_PRECISION)  # (..., K, G, Lc, Sc)
-    s = s.reshape(*s.shape[:-4], H, Lc, Sc) * dims.scale  # (..., H, Lc, Sc); h reads kv h // G
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G. The scale
+    #    goes on the block's queries, as in _weights (nothing between the matmul and the row
+    #    max for XLA to recompute).
+    s = jnp.einsum("...kgld,...ksd->...kgls", q * dims.scale, k, precision=_PRECISION)
+    s = s.reshape(*s.shape[:-4], H, Lc, Sc)  # (..., H, Lc, Sc); h reads kv h // G
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
     if dims.softcap is not None:
@@ -150,10 +154,9 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
 
     # 5. softmax over this block's keys, stable, and its row log-sum-exp: lse = m + log(l); a
     #    row with no allowed key here has l = 0: weights 0 / 1 = 0, lse = -inf + log 1 = -inf.
-    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))  # (..., H, Lc, 1)
-    s = s - jnp.where(m == -jnp.inf, 0.0, m)  # no allowed key here: exp(-inf - 0) = 0
-    # exp(s - max) <= 1: the value clamped at 0, the gradient passed through (as in _weights)
-    p = jnp.exp(s - jax.lax.stop_gradient(jnp.maximum(s, 0.0)))  # (..., H, Lc, Sc)
+    m = jax.lax.stop_gradient(jnp.max(s, axis=-1, keepdims=True))  # (..., H, Lc, 1), constant
+    s = s - jnp.where(m == -jnp.inf, 0.0, m)  # no allowed key here: exp(-inf - 0) = 0, not NaN
+    p = jnp.exp(_min0(s))  # (..., H, Lc, Sc); exp(s - m) <= 1 even if s was rounded differently
     l = jnp.sum(p, axis=-1, keepdims=True)  # (..., H, Lc, 1)
     l = jnp.where(l == 0.0, 1.0, l)
     p = p / l
@@ -226,8 +229,9 @@ def _ring_device(x, *, ring: RingLayout, dims, offset):
     return jnp.concatenate(outs, axis=-2)  # (..., H, c*Lc, E)
 
 
-def _ring_step(carry, t, *, send, r, q, mask, bias, q_ids, kv_ids, slopes, ring: RingLayout,
-               dims, offset):  # fmt: skip
+def _ring_step(
+    carry, t, *, send, r, q, mask, bias, q_ids, kv_ids, slopes, ring: RingLayout, dims, offset
+):
     """Ring step t on device r (traced): this device's query chunks against the key/value shard
     it holds, while (``send``) that shard moves on to the right neighbour. ``carry``: the held
     shard ``(..., K, c*Sc, D|E)`` and the running ``(out, lse)`` of each query chunk."""
@@ -335,7 +339,7 @@ def ring_attention(
         q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     ring = check_ring(dims, n_shards, layout)
-    _check_x64(query)
+    _check_x64(query.dtype)
     mesh = _mesh(n_shards, SEQ)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
@@ -350,10 +354,12 @@ def ring_attention(
     #     which runs _ring_device on each device's pieces; key segment ids, sinks and slopes go
     #     whole to every device. Zigzag puts shard r's two chunks side by side; contiguous is
     #     already in shard order.
-    rows = np.concatenate([np.arange(a * ring.Lc, (a + 1) * ring.Lc) for s in ring.chunks
-                           for a in s])  # fmt: skip
-    keys = np.concatenate([np.arange(b * ring.Sc, (b + 1) * ring.Sc) for s in ring.chunks
-                           for b in s])  # fmt: skip
+    rows = np.concatenate(
+        [np.arange(a * ring.Lc, (a + 1) * ring.Lc) for s in ring.chunks for a in s]
+    )
+    keys = np.concatenate(
+        [np.arange(b * ring.Sc, (b + 1) * ring.Sc) for s in ring.chunks for b in s]
+    )
     x = {"query": query, "key": key, "value": value, "mask": mask, "bias": bias}
     x = {name: a for name, a in x.items() if a is not None}
     if layout == "zigzag":
@@ -429,15 +435,15 @@ def head_parallel_attention(
         q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
     )  # fmt: skip
     check_head_parallel(dims.H, dims.K, n_shards)
-    _check_x64(query)
+    _check_x64(query.dtype)
     mesh = _mesh(n_shards, HEADS)
     query, key, value = _asarray(query), _asarray(key), _asarray(value)
     mask, bias = _asarray(mask), _asarray(bias)
     q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
 
-    # P1. split (by shard_map): device r holds key/value heads r*K/n .. and the query heads that
-    #     read them, r*H/n .. (query head h reads kv head h // G); mask, bias, sinks and ALiBi
-    #     slopes: its heads; segment ids (no head axis): whole.
+    # P1. split: device r holds key/value heads r*K/n .. and the query heads that read them,
+    #     r*H/n .. (query head h reads kv head h // G), cut by shard_map; mask, bias, sinks and
+    #     ALiBi slopes: its heads; segment ids (no head axis): whole.
     x = {"query": query, "key": key, "value": value, "mask": mask, "bias": bias}
     x = {name: a for name, a in x.items() if a is not None}
     specs = {name: _spec(a, -3, HEADS) for name, a in x.items()}
@@ -520,8 +526,8 @@ def head_parallel_gqa(
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     o_bias = module.o_proj.bias
 
-    # P1. split the projections (by shard_map): device r's columns of q_proj (query heads
-    #     r*Hn ..), k_proj and v_proj (key/value heads r*Kn ..), and its rows of o_proj; head h
+    # P1. split the projections: device r's columns of q_proj (query heads r*Hn ..), k_proj and
+    #     v_proj (key/value heads r*Kn ..), and its rows of o_proj, cut by shard_map; head h
     #     owns features [h*D:(h+1)*D], so an even cut of the columns is a cut by heads; the
     #     sinks and ALiBi slopes (H,): its heads; segment ids (no head axis): whole.
     a = {"x": x, "context": x if context is None else context, "mask": mask, "bias": bias}
@@ -557,7 +563,7 @@ def head_parallel_gqa(
         #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
         q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-        # P2. attend on the device's heads: the unsharded contract with the module's settings
+        # P2. attend on its heads: the device's, the unsharded contract with the module's settings
         #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
         out = scaled_dot_product_attention(
             q,
@@ -577,8 +583,9 @@ def head_parallel_gqa(
         # P3. row-parallel output projection: the device's heads' features meet the same rows
         #     of o_proj's kernel, a partial (B, L, M) in the compute dtype.
         merged = out.transpose(0, 2, 1, 3).reshape(B, L, Hn * E)  # (B, L, Hn*E)
-        partial_y = jnp.matmul(merged.astype(ct), a["o_proj.kernel"].astype(ct),
-                               precision=_PRECISION)  # fmt: skip
+        partial_y = jnp.matmul(
+            merged.astype(ct), a["o_proj.kernel"].astype(ct), precision=_PRECISION
+        )
 
         # P4. all-reduce: the partials summed over the devices, in the compute dtype.
         return jax.lax.psum(partial_y, HEADS)  # (B, L, M)

@@ -118,8 +118,9 @@ class _Blocks:
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, hi)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
-            some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
-                                      q_ids_rows, kv_ids_blk)  # fmt: skip
+            some, every = block_rules(
+                dims.is_causal, dims.window, offset, i0, i1, j0, j1, q_ids_rows, kv_ids_blk
+            )
             if some:
                 yield j0, j1, every
 
@@ -300,8 +301,9 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
     return dq, dk, dv, dbias, dsinks
 
 
-def _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords,
-               block_q, block_k):  # fmt: skip
+def _validated(
+    query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords, block_q, block_k
+):
     """Validation (the plain path's, then the block sizes) and the call's :class:`_Blocks` in
     the compute dtype; returns ``(dims, blocks, sinks in the compute dtype)``."""
     dims = check_attention(
@@ -372,8 +374,9 @@ def flash_attention(
     sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
     keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
                     softcap=softcap, window=window)  # fmt: skip
-    _, blocks, sinks_ct = _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes,
-                                     keywords, block_q, block_k)  # fmt: skip
+    _, blocks, sinks_ct = _validated(
+        query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords, block_q, block_k
+    )
     return_lse = check_flag("return_lse", return_lse)
     out, lse = _forward(blocks, sinks_ct)  # (..., H, L, E), (..., H, L) in the compute dtype
     out = out.astype(query.dtype, copy=False)  # back to the input dtype
@@ -418,8 +421,9 @@ def flash_attention_vjp(
     sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
     keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
                     softcap=softcap, window=window)  # fmt: skip
-    dims, blocks, sinks_ct = _validated(query, key, value, mask, bias, q_ids, kv_ids, sinks,
-                                        slopes, keywords, block_q, block_k)  # fmt: skip
+    dims, blocks, sinks_ct = _validated(
+        query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords, block_q, block_k
+    )
     check_grad_output(dims, grad_output)
     out, lse = _forward(blocks, sinks_ct)  # what the forward keeps: O and lse
     do = grad_output.astype(out.dtype, copy=False)  # (..., H, L, E) in the compute dtype

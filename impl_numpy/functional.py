@@ -73,8 +73,9 @@ def _cast(x: np.ndarray | None, dtype: np.dtype) -> np.ndarray | None:
         return x.astype(dtype, copy=False)
 
 
-def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids,
-             bands: bool = True):  # fmt: skip
+def _allowed(
+    dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids, bands: bool = True
+):
     """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
     one block of the tiled path, with that block's slices of mask and segment ids):
     ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
@@ -186,8 +187,9 @@ def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias
     bands = not every and (dims.is_causal or dims.window is not None)
     i = np.arange(dims.L)[:, None] if bands else None  # (L, 1)
     j = np.arange(dims.S)[None, :] if bands else None  # (1, S)
-    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"],
-                       bands=bands)  # fmt: skip
+    allowed = _allowed(
+        dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"], bands=bands
+    )
     bias = _cast(bias, ct)
     attended = _attended(allowed, bias, dims.scores_shape, dims.K)
     return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended

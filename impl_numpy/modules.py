@@ -296,8 +296,9 @@ class GroupedQueryAttention:
         slopes = None
         if o.alibi:
             slopes = np.asarray(alibi_slope_values(self.dims.H), compute_dtype(self.dtype.name))
-        return dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks,
-                    alibi_slopes=slopes)  # fmt: skip
+        return dict(
+            window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks, alibi_slopes=slopes
+        )
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.

@@ -268,8 +268,9 @@ def ring_attention(
                 for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
                     cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                     kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
-                    if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
-                                          q_ids_rows[r][a], kv_ids_blk):  # fmt: skip
+                    if not block_computed(
+                        dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[r][a], kv_ids_blk
+                    ):
                         continue
                     k_pos = k_chunk * Sc + np.arange(Sc)  # (Sc,) their keys in the sequence
                     k = k_shard[..., b * Sc : (b + 1) * Sc, :].astype(ct)[..., :, None, :, :]
@@ -454,7 +455,7 @@ def head_parallel_gqa(
         #     RoPE (the module's rope_theta), as in its forward: per head, so per device too.
         q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-        # P2. attend on the device's heads: the unsharded contract with the module's settings
+        # P2. attend on its heads: the device's, the unsharded contract with the module's settings
         #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
         heads = slice(r * Hn, (r + 1) * Hn)
         out = scaled_dot_product_attention(

@@ -53,8 +53,6 @@ from impl_torch.functional import (
     _attended,
     _cast,
     _compute_dtype,
-    _exp_,
-    _mask_,
     _unattended_zeroed,
     _vjp_by_autograd,
 )
@@ -120,19 +118,19 @@ class _Blocks:
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, hi)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
-            some, every = block_rules(dims.is_causal, dims.window, offset, i0, i1, j0, j1,
-                                      q_ids_rows, kv_ids_blk)  # fmt: skip
+            some, every = block_rules(
+                dims.is_causal, dims.window, offset, i0, i1, j0, j1, q_ids_rows, kv_ids_blk
+            )
             if some:
                 yield j0, j1, bool(every)
 
-    def scores(self, i0: int, i1: int, j0: int, j1: int, every: bool, per_head: bool = True):
+    def scores(self, i0: int, i1: int, j0: int, j1: int, every: bool):
         """Steps 1-4 on the block of rows ``[i0, i1)`` and keys ``[j0, j1)``.
 
         Returns ``s (..., H, bq, bk)`` (-inf where not allowed), the block's key and value rows
-        with the rows no row of the block attends zeroed, ``(..., H, bk, D|E)`` (repeated for
-        the G heads of each group) or, ``per_head=False``, ``(..., K, bk, D|E)`` (one per
-        group, as the forward reads them), the bias block (or None) and, with softcap,
-        ``tanh(s1 / softcap)`` of the step-1 scores ``s1`` (None without softcap).
+        ``(..., K, bk, D|E)`` with the rows no row of the block attends zeroed, the bias block
+        (or None) and, with softcap, ``tanh(s1 / softcap)`` of the step-1 scores ``s1`` (what
+        the backward's softcap factor needs; None without softcap).
         """
         dims, offset = self.dims, self.offset
         H, K, G, D, bq, bk = dims.H, dims.K, dims.G, dims.D, i1 - i0, j1 - j0
@@ -164,8 +162,6 @@ class _Blocks:
         q_blk = q_blk.reshape(*q_blk.shape[:-3], K, G * bq, D)  # (..., K, G*bq, D)
         s = q_blk @ k_blk.transpose(-2, -1)  # (..., K, G*bq, bk)
         s = s.view(*s.shape[:-3], H, bq, bk).mul_(dims.scale)  # (..., H, bq, bk)
-        if per_head:  # the backward's blocks, (..., H, bk, D|E): head h reads kv h // G
-            k_blk, v_blk = k_blk.repeat_interleave(G, dim=-3), v_blk.repeat_interleave(G, dim=-3)
         if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
             s = s.expand(*dims.batch, H, bq, bk).clone()
 
@@ -184,7 +180,7 @@ class _Blocks:
 
         # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
         if allowed is not None:
-            _mask_(s, allowed)
+            s.masked_fill_(~allowed, float("-inf"))
         return s, k_blk, v_blk, bias_blk, tanh
 
 
@@ -201,14 +197,14 @@ def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
         acc = q.new_zeros((*dims.batch, H, bq, E))  # running sum of exp(s - m) @ value
         for j0, j1, every in blocks.key_blocks(i0, i1):  # one block of keys at a time
             # 1.-4. this block's scores (blocks.scores: the steps written out, as in sdpa)
-            s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every, per_head=False)
+            s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every)  # (..., H, bq, bk)
 
             # 5. online softmax: raise the running max, rescale what was summed under the old
             #    one by exp(m_old - m_new), add this block's exp(s - m_new).
             m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (..., H, bq, 1)
             shift = torch.where(m_new == float("-inf"), 0.0, m_new)  # nothing allowed yet: not NaN
             alpha = torch.exp(m - shift)  # (..., H, bq, 1); 0 while m is still -inf
-            p = _exp_(s.sub_(shift).clamp_(max=0.0))  # (..., H, bq, bk); exp(s - max) <= 1
+            p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); exp(s - max) <= 1
             l = alpha * l + p.sum(dim=-1, keepdim=True)
 
             # 6. output, accumulated: acc = alpha * acc + p @ value, per group (G * bq rows).
@@ -253,44 +249,50 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
     dbias = None if blocks.bias is None else torch.zeros_like(blocks.bias)  # the bias's shape
     dsinks = None if sinks is None else q.new_zeros((*dims.batch, H, L))  # per row, summed last
     for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
-        do_blk = do[..., i0:i1, :]  # (..., H, bq, E)
-        delta = (do_blk * out[..., i0:i1, :]).sum(dim=-1, keepdim=True)  # (..., H, bq, 1)
+        bq = i1 - i0
+        #    Grouped as the forward's matmuls are: the G * bq rows of a group's query heads
+        #    against their one key/value head, (..., K, G*bq, .).
+        do_blk = do[..., i0:i1, :].reshape(*dims.batch, K, G * bq, E)  # (..., K, G*bq, E)
+        o_blk = out[..., i0:i1, :].reshape(*dims.batch, K, G * bq, E)
+        delta = (do_blk * o_blk).sum(dim=-1, keepdim=True)  # (..., K, G*bq, 1): dO_i . O_i
         row_lse = lse[..., i0:i1, None]  # (..., H, bq, 1)
         shift = torch.where(row_lse == float("-inf"), 0.0, row_lse)  # a row with no key: P = 0
         q_blk = q[..., i0:i1, :]  # (..., H, bq, D)
+        q_blk = q_blk.reshape(*q_blk.shape[:-3], K, G * bq, D)  # (..., K, G*bq, D)
 
         # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
         if sinks is not None:
             w_sink = (sinks[:, None, None] - shift).clamp(max=0.0).exp()  # (..., H, bq, 1)
-            dsinks[..., i0:i1] = -(w_sink * delta).squeeze(-1)
+            dsinks[..., i0:i1] = -(w_sink * delta.view(w_sink.shape)).squeeze(-1)
 
         for j0, j1, every in blocks.key_blocks(i0, i1):  # the blocks the forward visited
             s, k_blk, v_blk, bias_blk, tanh = blocks.scores(i0, i1, j0, j1, every)
             bk = j1 - j0
 
             # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
-            p = _exp_(s.sub_(shift).clamp_(max=0.0))  # (..., H, bq, bk); P <= 1
+            p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); P <= 1
+            p = p.view(*dims.batch, K, G * bq, bk)  # (..., K, G*bq, bk)
 
             # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
-            dv_h = p.transpose(-2, -1) @ do_blk  # (..., H, bk, E)
-            dv[..., j0:j1, :] += dv_h.reshape(*dims.batch, K, G, bk, E).sum(dim=-3)
-            dp = do_blk @ v_blk.transpose(-2, -1)  # (..., H, bq, bk)
+            dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_blk  # (..., K, bk, E): G*bq rows summed
+            dp = do_blk @ v_blk.transpose(-2, -1)  # (..., K, G*bq, bk)
 
             # 5. softmax:  dS = P * (dP - D); zero wherever P is (masked, -inf bias, no key).
-            ds = dp.sub_(delta).mul_(p)  # (..., H, bq, bk)
+            ds = dp.sub_(delta).mul_(p)  # (..., K, G*bq, bk)
 
             # 3. additive terms:  dbias += dS, summed to the bias block's shape.
             if dbias is not None:
-                _block(_block(dbias, -2, i0, i1), -1, j0, j1).add_(ds.sum_to_size(bias_blk.shape))
+                ds_h = ds.view(*dims.batch, H, bq, bk)  # (..., H, bq, bk)
+                _block(_block(dbias, -2, i0, i1), -1, j0, j1).add_(ds_h.sum_to_size(bias_blk.shape))
 
             # 2. softcap:  dS *= 1 - tanh^2(s / softcap).
             if tanh is not None:
-                ds = ds * (1.0 - tanh * tanh)
+                ds = ds * (1.0 - tanh * tanh).view(*tanh.shape[:-3], K, G * bq, bk)
 
             # 1. scores:  dQ += dS K * scale;  dK += dS^T Q * scale (summed over the group).
-            dq[..., i0:i1, :] += (ds @ k_blk).mul_(dims.scale)  # (..., H, bq, D)
-            dk_h = (ds.transpose(-2, -1) @ q_blk).mul_(dims.scale)  # (..., H, bk, D)
-            dk[..., j0:j1, :] += dk_h.reshape(*dims.batch, K, G, bk, D).sum(dim=-3)
+            dq_blk = (ds @ k_blk).mul_(dims.scale)  # (..., K, G*bq, D)
+            dq[..., i0:i1, :] += dq_blk.view(*dq_blk.shape[:-3], H, bq, D)  # (..., H, bq, D)
+            dk[..., j0:j1, :] += (ds.transpose(-2, -1) @ q_blk).mul_(dims.scale)  # (..., K, bk, D)
             del s, p, dp, ds  # this block's tensors go before the next block's are made
 
     if dsinks is not None:  # (..., H, L) -> (H,); L may be 0
@@ -309,11 +311,11 @@ class FlashAttention(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config):
-        blocks, sinks_ct = _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                                   config)  # fmt: skip
+        blocks, sinks_ct = _tiling(
+            query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config
+        )
         out, lse = _forward(blocks, sinks_ct)  # (..., H, L, E), (..., H, L), compute dtype
-        ctx.save_for_backward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                              out, lse)  # fmt: skip
+        ctx.save_for_backward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse)
         ctx.config = config
         ctx.mark_non_differentiable(lse)
         return out.to(query.dtype), lse
@@ -321,8 +323,9 @@ class FlashAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output, _grad_lse):
         query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse = ctx.saved_tensors
-        blocks, sinks_ct = _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                                   ctx.config)  # fmt: skip
+        blocks, sinks_ct = _tiling(
+            query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, ctx.config
+        )
         do = grad_output.to(out.dtype)  # (..., H, L, E) in the compute dtype
         dq, dk, dv, dbias, dsinks = _backward(blocks, sinks_ct, out, lse, do)
 
@@ -417,8 +420,9 @@ def flash_attention(
         dims.L, dims.S, causal_alignment
     )  # query i sees key j iff j <= i + offset
     config = (dims, offset, block_q, block_k)
-    out, lse = FlashAttention.apply(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes,
-                                    config)  # fmt: skip
+    out, lse = FlashAttention.apply(
+        query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config
+    )
     return (out, lse) if return_lse else out  # lse: (..., H, L) in the compute dtype
 
 

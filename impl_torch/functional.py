@@ -2,11 +2,10 @@
 
 The same steps, names and comments as ``impl_numpy/functional.py`` and
 ``impl_jax/functional.py``; only the idiom differs. Here a step works in place (``mul_``,
-``add_``, ``sub_``, ``exp2_``) wherever autograd keeps nothing that the write would spoil
-(softcap's ``tanh`` keeps its output, so it stays out of place): the ``(..., H, L, S)`` scores
-are the one large tensor, and each new copy of it costs a full pass and an allocation. On the
-CPU, two of torch's ops are slow at what attention feeds them: ``exp`` at -inf and
-``masked_fill_`` (:func:`_exp_`, :func:`_mask_`).
+``add_``, ``masked_fill_``, ``sub_``, ``exp_``) wherever autograd keeps nothing that the write
+would spoil (softcap's ``tanh`` keeps its output, so it stays out of place): the
+``(..., H, L, S)`` scores are the one large tensor, and each new copy of it costs a full pass and
+an allocation. The same code runs with and without autograd, on every device.
 
 GQA is a grouped view: the G query heads of a key/value head are G * L rows of
 one matmul against that head's keys (``(..., K, G*L, D)``; NumPy does the same, JAX's einsum
@@ -99,31 +98,9 @@ def _cast(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     return None if x is None else x.to(dtype)
 
 
-_LOG2_E = 1.4426950408889634  # log2(e)
-
-
-def _exp_(x: torch.Tensor) -> torch.Tensor:
-    """``exp(x)`` in place, as ``2 ** (x * log2(e))``: torch's CPU ``exp`` takes a slow path
-    for each -inf (a masked score), about 4x the time of a finite one; ``exp2`` does not, and a
-    masked block costs what an unmasked one does (measured on torch 2.13, AVX2)."""
-    return x.mul_(_LOG2_E).exp2_()
-
-
-def _mask_(s: torch.Tensor, allowed: torch.Tensor) -> torch.Tensor:
-    """``s = -inf`` where not ``allowed``, in place. On the CPU as one added term of 0 and -inf,
-    a vectorized pass where ``masked_fill_`` is a slow one (about 10x); a +inf or NaN score at a
-    masked position, which the addition turns into NaN, is then masked as written. Elsewhere,
-    and in a compiled graph (where that check would break the graph), ``masked_fill_``."""
-    if s.device.type != "cpu" or torch.compiler.is_compiling():
-        return s.masked_fill_(~allowed, float("-inf"))
-    s.add_(torch.where(allowed, 0.0, float("-inf")))
-    if torch.isnan(s.sum()):  # a NaN somewhere (also +inf next to -inf): mask it as written
-        s.masked_fill_(~allowed, float("-inf"))
-    return s
-
-
-def _allowed(dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids,
-             bands: bool = True):  # fmt: skip
+def _allowed(
+    dims: AttentionDims, offset: int, i, j, mask, q_segment_ids, kv_segment_ids, bands: bool = True
+):
     """Step 4's rule for query rows ``i (L|bq, 1)`` and keys ``j (1, S|bk)`` (a whole call, or
     one block of the tiled path, with that block's slices of mask and segment ids):
     ``allowed(i, j) = mask AND causal AND window AND same segment``, broadcastable to
@@ -197,26 +174,24 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
 
     # 4. allowed: s = -inf where allowed(i, j) = mask AND causal AND window AND segment is False.
     if allowed is not None:
-        _mask_(s, allowed)
+        s.masked_fill_(~allowed, float("-inf"))
 
     # 5. softmax over S, stable, with a sink per head: one more logit in the denominator; a row
     #    with no allowed key (all -inf) gets all-zero weights, sink or not.
-    if sinks is None and S > 0 and not (torch.is_grad_enabled() and s.requires_grad):
-        #    No sink and no gradient to record: torch's own softmax, one kernel where the lines
-        #    below are a dozen ops (a decode step's cost is mostly their dispatch), and the rows
-        #    with no allowed key, which it leaves NaN, set to zero. With a gradient the lines
-        #    below run: softmax's backward would carry that NaN into dQ and dK.
-        empty = s.amax(dim=-1, keepdim=True) == float("-inf")  # (..., H, L, 1)
-        return torch.softmax(s, dim=-1).masked_fill_(empty, 0.0)
-    if S > 0:
-        row_max = s.detach().amax(dim=-1, keepdim=True)  # (..., H, L, 1)
-    else:
-        row_max = s.new_full((*s.shape[:-1], 1), float("-inf"))  # no keys at all
+    #    Not torch.softmax, one kernel for these dozen ops: it leaves such a row NaN, and its
+    #    gradient too, and knows no sink, and zeroing the row after it copies the scores under
+    #    autograd. So torch writes NumPy's lines, with autograd or without (amax has no initial
+    #    value: with no key at all, S = 0, the row max is -inf).
+    row_max = (
+        s.detach().amax(dim=-1, keepdim=True)  # (..., H, L, 1)
+        if S > 0
+        else s.new_full((*s.shape[:-1], 1), float("-inf"))
+    )
     if sinks is not None:
         row_max = torch.maximum(row_max, sinks.detach()[:, None, None])  # the sink counts too
     row_max = torch.where(row_max == float("-inf"), 0.0, row_max)  # exp(-inf - 0) = 0, not NaN
     s.sub_(row_max).clamp_(max=0.0)  # exp(s - max) <= 1 even if s was rounded differently
-    e = _exp_(s)  # (..., H, L, S)
+    e = s.exp_()  # (..., H, L, S)
     row_sum = e.sum(dim=-1, keepdim=True)  # (..., H, L, 1)
     if sinks is not None:
         row_sum = row_sum + (sinks[:, None, None] - row_max).clamp(max=0.0).exp()  # its share
@@ -236,8 +211,9 @@ def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias
     bands = not every and (dims.is_causal or dims.window is not None)
     i = torch.arange(dims.L, device=query.device)[:, None] if bands else None  # (L, 1)
     j = torch.arange(dims.S, device=query.device)[None, :] if bands else None  # (1, S)
-    allowed = _allowed(dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"],
-                       bands=bands)  # fmt: skip
+    allowed = _allowed(
+        dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"], bands=bands
+    )
     bias = _cast(bias, ct)
     attended = _attended(allowed, bias, dims.scores_shape, dims.K)
     return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended

@@ -360,8 +360,9 @@ class GroupedQueryAttention(nn.Module):
             ct = getattr(torch, compute_dtype(dtype_name(self.dtype)))
             device = self.q_proj.weight.device
             slopes = torch.tensor(alibi_slope_values(self.dims.H), dtype=ct, device=device)
-        return dict(window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks,
-                    alibi_slopes=slopes)  # fmt: skip
+        return dict(
+            window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks, alibi_slopes=slopes
+        )
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
@@ -443,14 +444,11 @@ class GroupedQueryAttention(nn.Module):
         """
         T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
         B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
+        device = self.q_proj.weight.device
         shape = (B, K, T, D)
-        key = torch.zeros(
-            shape, dtype=self.dtype, device=self.q_proj.weight.device
-        )  # (B, K, max_len, D)
+        key = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, K, T, D)
         shape = (B, K, T, E)
-        value = torch.zeros(
-            shape, dtype=self.dtype, device=self.q_proj.weight.device
-        )  # (B, K, max_len, E)
+        value = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, K, T, E)
         return KVCache(key, value, 0, max_len if rolling else None)
 
     def decode(

@@ -60,11 +60,12 @@ def _rank(n_shards: int, group: dist.ProcessGroup | None) -> int:
     """This process's rank in ``group``; ConfigError when the group is not ``n_shards`` big."""
     if not (dist.is_available() and dist.is_initialized()):
         check_shard_devices(
-            n_shards, 0,
+            n_shards,
+            0,
             "torch.distributed is not initialized: start one process per shard (torchrun, or "
             "torch.multiprocessing) and call torch.distributed.init_process_group in each",
             exact=True,
-        )  # fmt: skip
+        )
     size = dist.get_world_size(group)
     check_shard_devices(n_shards, size, f"the process group has {size} ranks", exact=True)
     return dist.get_rank(group)
@@ -88,7 +89,7 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     ``lse = -inf``. The same steps as ``impl_torch/flash.py``'s block, which keeps a running
     ``(m, l, acc)`` instead of normalizing each block.
     """
-    H, K, G = dims.H, dims.K, dims.G
+    H, K, G, D, E = dims.H, dims.K, dims.G, dims.D, dims.E
     Lc, Sc = q.shape[-2], k.shape[-2]
 
     # 4. allowed, this block: mask AND causal AND window AND segment, at the rows' and keys'
@@ -99,9 +100,11 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     k = _unattended_zeroed(k, attended)  # (..., K, Sc, D)
     v = _unattended_zeroed(v, attended)  # (..., K, Sc, E)
 
-    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
-    k = k.repeat_interleave(G, dim=-3)  # (..., H, Sc, D); head h reads kv head h // G
-    s = (q @ k.transpose(-2, -1)).mul_(dims.scale)  # (..., H, Lc, Sc)
+    # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G: the G
+    #    query heads of a group are G * Lc rows against their one key head (no copy of it).
+    q = q.reshape(*q.shape[:-3], K, G * Lc, D)  # (..., K, G*Lc, D)
+    s = q @ k.transpose(-2, -1)  # (..., K, G*Lc, Sc)
+    s = s.view(*s.shape[:-3], H, Lc, Sc).mul_(dims.scale)  # (..., H, Lc, Sc)
     if s.shape[:-3] != dims.batch:  # a mask, bias or value with more batch than query and key
         s = s.expand(*dims.batch, H, Lc, Sc).clone()
 
@@ -129,8 +132,9 @@ def _attend_block(q, k, v, q_pos, k_pos, mask, bias, q_ids, kv_ids, *, dims, off
     p.div_(l)
     lse = (m + torch.log(l)).squeeze(-1)  # (..., H, Lc)
 
-    # 6. output = weights @ value, per group.
-    return p @ v.repeat_interleave(G, dim=-3), lse  # (..., H, Lc, E), (..., H, Lc)
+    # 6. output = weights @ value, per group (G * Lc rows per value head).
+    out = p.view(*p.shape[:-3], K, G * Lc, Sc) @ v  # (..., K, G*Lc, E)
+    return out.view(*dims.batch, H, Lc, E), lse  # (..., H, Lc, E), (..., H, Lc)
 
 
 def _merge(out, lse, out_blk, lse_blk):
@@ -235,8 +239,9 @@ def ring_attention(
     # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
     #     -inf); n steps, at each of which every rank attends to the shard it holds.
     outs = [torch.zeros((*dims.batch, H, Lc, E), dtype=ct, device=device) for _ in chunks[r]]
-    lses = [torch.full((*dims.batch, H, Lc), float("-inf"), dtype=ct, device=device)
-            for _ in chunks[r]]  # fmt: skip
+    lses = [
+        torch.full((*dims.batch, H, Lc), float("-inf"), dtype=ct, device=device) for _ in chunks[r]
+    ]
     right, left = _peer(group, (r + 1) % n), _peer(group, (r - 1) % n)
     for t in range(n):
         # R3. step t: this rank holds the key/value shard of rank src = (r - t) mod n.
@@ -247,12 +252,14 @@ def ring_attention(
         #     compute while they travel. The last step sends nothing.
         if t < n - 1:
             k_next, v_next = torch.empty_like(k_shard), torch.empty_like(v_shard)
-            requests = dist.batch_isend_irecv([
-                dist.P2POp(dist.isend, k_shard, right, group),
-                dist.P2POp(dist.isend, v_shard, right, group),
-                dist.P2POp(dist.irecv, k_next, left, group),
-                dist.P2POp(dist.irecv, v_next, left, group),
-            ])  # fmt: skip
+            requests = dist.batch_isend_irecv(
+                [
+                    dist.P2POp(dist.isend, k_shard, right, group),
+                    dist.P2POp(dist.isend, v_shard, right, group),
+                    dist.P2POp(dist.irecv, k_next, left, group),
+                    dist.P2POp(dist.irecv, v_next, left, group),
+                ]
+            )
 
         # 4. allowed, whole blocks: each query chunk of the rank meets each key chunk it holds;
         #    a block outside the causal or window band of its rows, or whose segments cannot
@@ -263,8 +270,9 @@ def ring_attention(
             for b, k_chunk in enumerate(chunks[src]):  # the key chunks it holds
                 cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                 kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
-                if not block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc,
-                                      q_ids_rows[a], kv_ids_blk):  # fmt: skip
+                if not block_computed(
+                    dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[a], kv_ids_blk
+                ):
                     continue
                 k_pos = k_chunk * Sc + torch.arange(Sc, device=device)  # (Sc,) its keys
                 k = k_shard[..., b * Sc : (b + 1) * Sc, :].to(ct)  # (..., K, Sc, D)
@@ -457,7 +465,7 @@ def head_parallel_gqa(
     #     RoPE (the module's rope_theta), as in its forward: per head, so per rank too.
     q, k = module._rotate(q, k, causal_offset(L, S, causal_alignment), 0)
 
-    # P2. attend on this rank's heads: the unsharded contract with the module's settings
+    # P2. attend on its heads: this rank's, the unsharded contract with the module's settings
     #     (mask, bias, sinks and ALiBi slopes: its heads; segment ids: whole).
     heads = (r * Hn, (r + 1) * Hn)
     out = scaled_dot_product_attention(

@@ -57,11 +57,11 @@ def _same_error_in_all_three(call) -> AttentionError:
 
 def test_1_jax_large_logits_are_finite_jitted_and_tiled() -> None:
     """scale=1e10 gives logits around 1e10: XLA recomputes s * scale inside the exp fusion with
-    other rounding, so exp(s - rowmax) could be exp(+hundreds) and the row NaN. The exponent is
-    clamped at 0, so the jitted plain path and the tiled path equal NumPy's answer. The tiled
-    path with blocks whose keys need no mask (one block of all 5 keys, blocks of 1) zeroed
-    whole rows until the scale moved onto the queries: nothing then sits between the matmul
-    and the row max for XLA to recompute."""
+    other rounding, so exp(s - rowmax) could be exp(+hundreds) and the row NaN, or exp(-hundreds)
+    and the row zeros. The exponent is clamped at 0, and in the plain and the tiled path the
+    scale is on the queries: nothing sits between the matmul and the row max for XLA to
+    recompute (with it on the scores, the jitted plain path gives zero rows here, and so did the
+    tiled one with blocks whose keys need no mask: one block of all 5 keys, blocks of 1)."""
     q, k, v = _qkv()
     want = impl_numpy.scaled_dot_product_attention(q, k, v, scale=1e10)
     sdpa = jax.jit(impl_jax.scaled_dot_product_attention, static_argnames=impl_jax.STATIC_ARGNAMES)
@@ -534,6 +534,46 @@ def test_14_jax_without_x64_names_the_dtype_the_user_passed() -> None:
     mask_line, x64_line = done.stdout.splitlines()
     assert mask_line.startswith("mask_dtype") and "got int64" in mask_line
     assert x64_line.startswith("unsupported_dtype") and "jax_enable_x64" in x64_line
+
+
+NO_X64_MODULES = """
+import numpy as np
+import impl_jax, impl_numpy
+from attention_spec import AttentionError
+weights = impl_numpy.GroupedQueryAttention(8, 2, 1, dtype="float64").to_canonical()
+x = np.zeros((1, 3, 8))
+calls = {
+    "sdpa": lambda: impl_jax.scaled_dot_product_attention(x[:, None], x[:, None], x[:, None]),
+    "GroupedQueryAttention": lambda: impl_jax.GroupedQueryAttention(8, 2, 1, dtype="float64"),
+    "MultiHeadAttention": lambda: impl_jax.MultiHeadAttention(8, 2, dtype=np.float64),
+    "from_canonical": lambda: impl_jax.GroupedQueryAttention.from_canonical(
+        weights, n_heads=2, n_kv_heads=1),
+}
+for name, call in calls.items():
+    try:
+        got = call()
+        print(name, "built", getattr(got, "dtype", None))
+    except AttentionError as e:
+        print(name, type(e).__name__, e.code, e)
+m = impl_jax.GroupedQueryAttention.from_canonical(weights, n_heads=2, n_kv_heads=1,
+                                                  dtype="float32")
+print("float32", m(x.astype(np.float32)).dtype)
+"""
+
+
+def test_14_jax_modules_without_x64_refuse_float64_as_the_functions_do() -> None:
+    """Without x64 a float64 module was built in float32 (nnx.Linear's params, silently), while
+    the functional API refused float64: now every one raises the functional API's error."""
+    args = [sys.executable, "-c", NO_X64_MODULES]
+    done = subprocess.run(args, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    *refused, float32 = done.stdout.splitlines()
+    errors = dict(line.split(" ", 1) for line in refused)
+    assert set(errors) == {"sdpa", "GroupedQueryAttention", "MultiHeadAttention", "from_canonical"}
+    sdpa = errors["sdpa"]
+    assert sdpa.startswith("DTypeError unsupported_dtype") and "jax_enable_x64" in sdpa
+    assert set(errors.values()) == {sdpa}, errors  # the same class, code and message
+    assert float32 == "float32 float32"  # a float32 module from float64 weights is fine
 
 
 # -- 15. what the gradient fuzzer found (tests/test_fuzz.py) -------------------------------------

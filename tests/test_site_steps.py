@@ -12,8 +12,8 @@ import pytest
 
 from docs.site import idioms
 from docs.site.page import build, check_idioms, readme_block, readme_excerpt
-from docs.site.sections import SECTIONS, Section
-from docs.site.steps import DriftError, Incomplete, all_steps, section_steps
+from docs.site.sections import FRAMEWORK_NAMES, SECTIONS, Section
+from docs.site.steps import DriftError, Incomplete, all_steps, section_steps, unshown_steps
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -26,22 +26,28 @@ def real():
 def test_the_real_source_lines_up(real):
     # all_steps raises DriftError on any difference; what it found must also be what we expect
     # (by structure, not by name, so that renumbering the steps only needs new idiom notes).
-    assert {"functional", "flash", "modules", "decode"} <= set(real)
+    assert set(real) == {s.id for s in SECTIONS}  # every section is on the page, none optional
+    assert not any(s.optional for s in SECTIONS)
     numbers = [int(s.key.split()[0]) for s in real["functional"].steps]
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) >= 5
     flash = {int(s.key.split()[0]) for s in real["flash"].steps}
     assert flash == set(numbers)  # the tiled path walks the same steps, block by block
     assert "(end)" in real["flash"].steps[-1].key  # and finishes the softmax after the loop
+    backward = {int(s.key.split()[0]) for s in real["flash_backward"].steps}
+    assert backward == set(numbers)  # the tiled backward walks them too
+    ring = [s.key.split()[0] for s in real["sharded"].steps]
+    assert {"R1", "R5", "R7", "P1", "P3"} <= set(ring) and set(map(str, numbers)) <= set(ring)
     for section in real.values():
         for step in section.steps:
             assert list(step.code) == ["numpy", "torch", "jax"]
             for fw, code in step.code.items():
                 assert code.path.startswith(f"impl_{fw}/") and code.text.strip(), (step.id, fw)
                 first = (ROOT / code.path).read_text().splitlines()[code.start - 1].strip()
-                if section.section.id in ("functional", "flash"):  # cut at its step comment
-                    assert first.startswith(f"# {step.key.split()[0]}.") and code.text.startswith(
-                        first
-                    )
+                if step.id != step.group:  # a numbered step, cut at its step comment
+                    number = step.key.split()[0]
+                    assert f"# {number}. " in first and code.text.startswith(first), (step.id, fw)
+    # every numbered step of those files is on a row, but the plain backward NumPy writes alone
+    assert unshown_steps(list(real.values()), ROOT) == []
 
 
 def _copy(root: Path) -> Path:
@@ -95,6 +101,81 @@ def test_a_drifted_copy_fails_the_build(tmp_path, framework, old, new, expected)
     message = str(e.value)
     assert "Scaled dot-product attention" in message and "steps found:" in message
     assert not (tmp_path / "site" / "index.html").exists()
+
+
+@pytest.mark.parametrize(
+    ("file", "framework", "old", "new", "label"),
+    [  # a step comment retitled (its first word kept) in each file the page reads
+        (
+            "functional.py",
+            "jax",
+            "# 5. softmax over S, stable, with a sink per head",
+            "# 5. softmax over S, stable",
+            "5. softmax over S, stable",
+        ),
+        (
+            "flash.py",
+            "torch",
+            "# 5. online softmax:",
+            "# 5. online rescaled softmax:",
+            "5. online rescaled softmax",
+        ),
+        (
+            "flash.py",
+            "numpy",
+            "# 6. output:  dV",
+            "# 6. output, by hand:  dV",
+            "6. output, by hand",
+        ),
+        (
+            "modules.py",
+            "jax",
+            "# 3. heads merged back, output projection",
+            "# 3. heads merged, output projection",
+            "3. heads merged, output projection",
+        ),
+        ("modules.py", "torch", "# 2. the cache:", "# 2. the new cache:", "2. the new cache"),
+        ("sharded.py", "jax", "# R5. merge:", "# R5. merge by lse:", "R5. merge by lse"),
+        ("sharded.py", "torch", "# P3. gather:", "# P3. gather all:", "P3. gather all"),
+        ("rotary.py", "numpy", "# 3. pairs:", "# 3. pairs of features:", "3. pairs of features"),
+    ],
+)
+def test_a_retitled_step_comment_fails_the_build(tmp_path, file, framework, old, new, label):
+    root = _copy(tmp_path / "repo")
+    _edit(root / f"impl_{framework}" / file, old, new)
+    others = " and ".join(n for fw, n in FRAMEWORK_NAMES.items() if fw != framework)
+    with pytest.raises(
+        DriftError,
+        match=rf'step "{re.escape(label)}" is in '
+        rf"impl_{framework}/{re.escape(file)}:\d+ but not in {others}",
+    ):
+        build(tmp_path / "site", root=root, figures_dir=ROOT / "docs" / "figures")
+    assert not (tmp_path / "site" / "index.html").exists()
+
+
+def test_a_numbered_step_on_no_row_fails(tmp_path, monkeypatch):
+    root = _copy(tmp_path / "repo")
+    path = root / "impl_torch" / "sharded.py"
+    path.write_text(
+        path.read_text() + "\n\ndef _extra(x):\n    # 1. scores: torch only\n    return x\n"
+    )
+    with pytest.raises(
+        DriftError,
+        match=r"on no row of the side-by-side page.*\n  impl_torch/sharded\.py:\d+: "
+        r"# 1\. scores: torch only \(in _extra\)$",
+    ):
+        all_steps(root)
+    # NumPy's hand-written plain backward is left off by name, with its reason; without that
+    # it is reported too
+    monkeypatch.setattr("docs.site.steps.UNCOMPARED", {})
+    with pytest.raises(DriftError) as e:
+        all_steps(ROOT)
+    assert re.search(
+        r"impl_numpy/functional\.py:\d+: # 6\. output = weights @ value: .* "
+        r"\(in scaled_dot_product_attention_vjp\)",
+        str(e.value),
+    )
+    assert "impl_torch" not in str(e.value) and "impl_jax" not in str(e.value)
 
 
 def test_a_reordered_step_names_the_row(tmp_path):

@@ -14,7 +14,8 @@ IDIOMS: dict[str, dict[str, str]] = {
             "NumPy and torch reshape the query heads of a group into `G * L` rows against "
             "their one key head (`reshape(*query.shape[:-3], K, G * L, D)`: no copy of the "
             "keys) and scale in place (`s *= dims.scale`, `mul_`); JAX contracts the same "
-            "groups against the unexpanded key in one `jnp.einsum`."
+            "groups against the unexpanded key in one `jnp.einsum`, the scale on the queries "
+            "(`q * dims.scale`: XLA would fuse a later s * scale into s - max as an FMA)."
         ),
         "2. softcap": (
             "NumPy divides, takes `np.tanh(s, out=s)` and multiplies, all in place; torch stays "
@@ -27,19 +28,18 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
         "4. allowed": (
             "One boolean, `allowed`, from the rules (mask AND causal): NumPy writes -inf in "
-            "place with `np.copyto(s, -np.inf, where=~allowed)`, torch with `_mask_(s, allowed)` "
-            "(on the CPU an added term of 0 and -inf, about 10x faster than its masked_fill_), "
-            "JAX selects into a new array with `jnp.where(allowed, s, -jnp.inf)`."
+            "place with `np.copyto(s, -np.inf, where=~allowed)`, torch with "
+            '`s.masked_fill_(~allowed, float("-inf"))` (on every device, with or without '
+            "autograd), JAX selects into a new array with `jnp.where(allowed, s, -jnp.inf)`."
         ),
         "5. softmax over S, stable, with a sink per head": (
-            "Subtract the row max, clamp the exponent at 0, exponentiate, divide, with a row of "
-            "no allowed key sent to zeros: NumPy in place (`np.minimum(s, 0.0, out=s)`), torch "
-            "on `s.detach()` with `sub_`, `clamp_` and `_exp_` (2 ** (x * log2(e)): torch's "
-            "CPU exp is about 4x slower at each -inf) where autograd records, and otherwise "
-            "(no sink) its one `torch.softmax` kernel with the empty rows zeroed after it (a "
-            "decode step's dozen small ops cost mostly their dispatch), JAX with "
-            "`jax.lax.stop_gradient` and a second shift (`_finite_max`), because XLA computes "
-            "the first one as a fused multiply-add of the unrounded scores."
+            "The same lines in the three, with and without autograd: subtract the row max, "
+            "clamp the exponent at 0, exponentiate, divide, a row of no allowed key sent to "
+            "zeros. NumPy in place (`np.minimum(s, 0.0, out=s)`); torch in place on a detached "
+            "max (`s.sub_(row_max).clamp_(max=0.0)`, `exp_`), not `torch.softmax`, which "
+            "leaves an empty row NaN with a NaN gradient and has no sink; JAX with the max "
+            "held constant (`jax.lax.stop_gradient`) and a clamp that passes the gradient "
+            "through (`_min0`)."
         ),
         "6. output": (
             "NumPy and torch multiply the weights grouped as `G * L` rows per value head "
@@ -81,19 +81,21 @@ IDIOMS: dict[str, dict[str, str]] = {
             "with `add_`, JAX out of place."
         ),
         "4. allowed": (
-            "NumPy writes -inf in place with `np.copyto`, torch with `_mask_` (the functional "
-            "step's CPU idiom), JAX selects with `jnp.where`."
+            "NumPy writes -inf in place with `np.copyto`, torch with `masked_fill_`, JAX "
+            "selects with `jnp.where`."
         ),
         "5. online softmax": (
             "The same recurrence (`m_new`, `alpha`, `l`) in all three, the exponent clamped at "
             "0: NumPy in place (`np.minimum(s, 0.0, out=s)`), torch chained in place "
-            "(`clamp_`), JAX with `jax.lax.stop_gradient` on the max (its backward is the "
-            "custom one, which rebuilds the weights from the row log-sum-exp)."
+            "(`clamp_`, `exp_`), JAX out of place (`jnp.minimum(s, 0.0)`; autodiff never "
+            "enters: the backward is the custom one, which rebuilds the weights from the row "
+            "log-sum-exp)."
         ),
         "6. output, accumulated": (
-            "NumPy and JAX multiply grouped `p` against the unexpanded value block, torch "
-            "against its repeated heads; NumPy and torch free the block (`del s, p`), JAX "
-            "hands the scan its new carry (`return m_new, l, acc`)."
+            "All three multiply grouped `p` against the unexpanded value block (torch as "
+            "`G * bq` rows per value head, `reshape(*p.shape[:-3], K, G * bq, j1 - j0)`); "
+            "NumPy and torch free the block (`del s, p`), JAX hands the scan its new carry "
+            "(`return m_new, l, acc`)."
         ),
         "5. (end) the sink joins the denominator once, as one more logit with no value": (
             "Then divide once by `l` (1 for a row with no allowed key) and keep the row "
@@ -164,8 +166,8 @@ IDIOMS: dict[str, dict[str, str]] = {
     },
     "decode": {
         "GroupedQueryAttention.init_cache": (
-            "Zero buffers for K heads of `max_len` tokens; torch puts them on the weights' "
-            "device (`device=self.q_proj.weight.device`)."
+            "Zero buffers for K heads of T slots (`max_len`, or a rolling cache's window); "
+            "torch puts them on the weights' device (`device = self.q_proj.weight.device`)."
         ),
         "KVCache.write": (
             "NumPy and torch write the new tokens into the buffers in place; JAX arrays are "
@@ -202,8 +204,8 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
         "1. scores": (
             "Recomputed per block rather than kept from the forward (FlashAttention-2's trade: "
-            "memory linear in L for one more matmul per block); torch's backward asks for the "
-            "key and value blocks per query head, NumPy and JAX keep the group axis."
+            "memory linear in L for one more matmul per block); the backward reads the "
+            "forward's grouped blocks, one key and value head per group."
         ),
         "2. softcap": (
             "The forward's step; `tanh` is returned with the scores, for the chain rule's "
@@ -214,7 +216,7 @@ IDIOMS: dict[str, dict[str, str]] = {
             "summed into the bias gradient."
         ),
         "4. allowed": (
-            "As in the forward: NumPy `np.copyto`, torch `_mask_`, JAX `jnp.where`; the "
+            "As in the forward: NumPy `np.copyto`, torch `masked_fill_`, JAX `jnp.where`; the "
             "backward's P is then zero there, so dS is too."
         ),
         "5. (end) the sink": (
@@ -226,14 +228,14 @@ IDIOMS: dict[str, dict[str, str]] = {
         "5. the block's weights, rebuilt from the row log-sum-exp": (
             "The forward's clamped exponent again, so P never exceeds 1: NumPy in place "
             "(`np.minimum(s, 0.0, out=s)`), torch chained in place (`clamp_(max=0.0)`), JAX "
-            "with `jnp.where(s > 0.0, 0.0, s)` (its backward is written by hand, so the clamp "
-            "needs no gradient)."
+            "out of place (`jnp.minimum(s, 0.0)`: the backward is written by hand, so the clamp "
+            "needs no gradient); torch then views P as the group's `G * bq` rows."
         ),
         "6. output": (
             "dV summed over each group of G query heads: NumPy on grouped arrays "
-            "(`.sum(axis=-3)`), torch on its repeated heads reshaped back (`.sum(dim=-3)`), JAX "
-            "in one `jnp.einsum` with no group axis in its output, added at a traced row "
-            "(`_add_rows`)."
+            "(`.sum(axis=-3)`), torch inside one matmul over the group's rows "
+            "(`p.transpose(-2, -1) @ do_blk`), JAX in one `jnp.einsum` with no group axis in "
+            "its output, added at a traced row (`_add_rows`)."
         ),
         "5. softmax": (
             "The same `dS = P * (dP - D)` in the three; torch reuses dP's memory "
@@ -282,8 +284,9 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
         "1. scores": (
             "As in the functional path: NumPy multiplies the grouped query heads against the "
-            "broadcast key (`(..., K, G, Lc, Sc)`), torch repeats the key heads "
-            "(`repeat_interleave`), JAX contracts the groups in one `jnp.einsum`."
+            "broadcast key (`(..., K, G, Lc, Sc)`), torch the group's `G * Lc` rows against "
+            "its one key head (`reshape(*q.shape[:-3], K, G * Lc, D)`), JAX contracts the "
+            "groups in one `jnp.einsum`, the scale on the queries."
         ),
         "2. softcap": (
             "In place in NumPy (`np.tanh(s, out=s)`), out of place in torch (`torch.tanh`) and JAX."
@@ -300,15 +303,15 @@ IDIOMS: dict[str, dict[str, str]] = {
         "5. softmax over this block's keys, stable, and its row log-sum-exp": (
             "The functional softmax on one block, plus the row log-sum-exp `lse` the merge "
             "needs: subtract the row max (0 for a row with no allowed key here), clamp the "
-            "exponent at 0 (`np.minimum`, `clamp_`, and in JAX `jnp.maximum(s, 0.0)` held "
-            "constant, a clamp that passes the gradient through), divide by the "
-            "row sum (1 where it is 0); JAX holds the max constant for autodiff "
-            "(`jax.lax.stop_gradient`), torch works in place (`sub_`, `exp_`, `div_`)."
+            "exponent at 0 (`np.minimum`, `clamp_`, and in JAX `_min0`, the functional "
+            "path's clamp that passes the gradient through), divide by the row sum (1 where "
+            "it is 0); JAX holds the max constant for autodiff (`jax.lax.stop_gradient`), "
+            "torch works in place (`sub_`, `exp_`, `div_`)."
         ),
         "6. output": (
-            "Grouped weights against the unexpanded value block in NumPy (`w @ v`) and JAX "
-            "(`jnp.einsum`), against `repeat_interleave`d value heads in torch: normalized over "
-            "this block's keys only, in the compute dtype."
+            "Grouped weights against the unexpanded value block in the three: NumPy "
+            "(`w @ v`), torch as `G * Lc` rows per value head, JAX in `jnp.einsum`; normalized "
+            "over this block's keys only, in the compute dtype."
         ),
         "R5. merge": (
             "`_merge` is the same stable log-sum-exp in the three: each side reweighted by "
@@ -351,7 +354,7 @@ IDIOMS: dict[str, dict[str, str]] = {
             "JAX shards the kernels with `P(None, HEADS)` (o_proj's rows with "
             "`P(HEADS, None)`) and projects inside the per-device function."
         ),
-        "P2. attend on the device's heads": (
+        "P2. attend on its heads": (
             "Identical in the three: the unsharded contract on the device's heads; NumPy and "
             "torch cut the mask's and bias's heads (`_block`), JAX's come cut by shard_map."
         ),

@@ -13,8 +13,12 @@ or to the end of the function. Two refinements keep the reading order honest:
   such as JAX's ``# 5. (tiling)``, continues that step; ``# 6. (end)`` after step 7 is a step of
   its own.
 
-Steps are compared by number, tag and the first word of the title (``5 causal``), so rewording a
-comment is not drift but a swapped, missing or extra step is: ``DriftError`` says where.
+Steps are compared by number, tag and title, the comment's text up to its first ``:``, ``;`` or
+``=`` (``5 softmax over S, stable, with a sink per head``): what follows says how the framework
+does it and may differ, but a retitled, swapped, missing or extra step is drift, and
+``DriftError`` says where. So is a numbered step in one of the sections' files that is on no row
+of the page (a function the sections do not name), unless ``sections.UNCOMPARED`` names its
+function and says why.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ import tokenize
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from docs.site.sections import FRAMEWORK_NAMES, FRAMEWORKS, SECTIONS, Section
+from docs.site.sections import FRAMEWORK_NAMES, FRAMEWORKS, SECTIONS, UNCOMPARED, Section
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -154,12 +158,11 @@ class _Source:
                     break
             number, tag, text = m["number"], m["tag"], m["text"]
             title = re.split(r"[:;=]", text, maxsplit=1)[0].strip().rstrip(".,")
-            words = re.findall(r"[A-Za-z_]+", title)
             head = f"{number}." + (f" ({tag})" if tag else "")
             if tag and steps and steps[-1].key.split()[0] == number and steps[-1].end == line - 1:
                 steps[-1].end = end  # "# 5. (tiling)" right after step 5 continues it
                 continue
-            key = " ".join([number, *([f"({tag})"] if tag else []), *(words[:1])])
+            key = " ".join([number, *([f"({tag})"] if tag else []), *title.split()])
             steps.append(_Raw(key, f"{head} {title}".strip(), name, line, end, col, self.rel))
         return steps
 
@@ -375,22 +378,65 @@ def section_steps(section: Section, root: Path = ROOT) -> SectionSteps | None:
     return SectionSteps(section, tuple(steps), tuple(groups))
 
 
+def unshown_steps(
+    built: list[SectionSteps], root: Path = ROOT, files: tuple[str, ...] | None = None
+) -> list[str]:
+    """The numbered steps of the sections' files (``files``, default: those of ``built``) in the
+    three implementations that are on no row of ``built``, as ``"path:line: comment (in
+    function)"``, leaving out those in a function ``UNCOMPARED`` names."""
+    rows: dict[str, set[int]] = {}
+    for s in built:
+        for step in s.steps:
+            for code in step.code.values():
+                rows.setdefault(code.path, set()).update(range(code.start, code.end + 1))
+    files = tuple(dict.fromkeys(s.section.file for s in built)) if files is None else files
+    unshown = []
+    for file in files:
+        for fw in FRAMEWORKS:
+            path = root / f"impl_{fw}" / file
+            if not path.is_file():
+                continue
+            src = _Source.read(path, root)
+            for line, _, text in src.comments:
+                if not STEP_COMMENT.fullmatch(text) or line in rows.get(src.rel, ()):
+                    continue
+                inside = [
+                    name
+                    for name, node in src.functions.items()
+                    if node.lineno <= line <= node.end_lineno
+                ]
+                where = inside[-1] if inside else "module level"
+                if f"{src.rel}::{where}" not in UNCOMPARED:
+                    unshown.append(f"{src.rel}:{line}: {text.strip()} (in {where})")
+    return unshown
+
+
 def all_steps(
     root: Path = ROOT, sections: tuple[Section, ...] = SECTIONS, skipped: list[str] | None = None
 ) -> list[SectionSteps]:
-    """Every section that exists, checked; raises DriftError at the first that does not line up.
+    """Every section that exists, checked; raises DriftError at the first that does not line up,
+    and when a numbered step of a section's file is on no row (:func:`unshown_steps`).
 
     An optional section present in only some implementations is left out, and why is appended
-    to ``skipped``.
+    to ``skipped``; its file's steps are then not asked to be shown.
     """
-    out = []
+    out, left_out = [], set()
     for sec in sections:
         try:
             found = section_steps(sec, root)
         except Incomplete as e:
             if skipped is not None:
                 skipped.append(f"{sec.id}: {e}")
+            left_out.add(sec.file)
             continue
         if found is not None:
             out.append(found)
+    files = tuple(dict.fromkeys(s.section.file for s in out if s.section.file not in left_out))
+    unshown = unshown_steps(out, root, files)
+    if unshown:
+        raise DriftError(
+            "numbered steps on no row of the side-by-side page: name their function in "
+            "docs/site/sections.py (a section's functions or helpers), or in UNCOMPARED with "
+            "the reason it has no counterpart in the other two scripts.\n  " + "\n  ".join(unshown)
+        )
     return out
