@@ -21,9 +21,9 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
   and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``).
 
-``conformance/generate.py`` turns each registered case into fixtures, one per dtype it lists.
+``conformance/generate/`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
-fixture builder in generate.py and a row in the runner's table.
+fixture builder in generate/fixtures.py and a row in the runner's table.
 """
 
 from conformance.cases import (  # noqa: F401

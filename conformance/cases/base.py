@@ -5,7 +5,7 @@ Every case, whatever its op, is one :class:`CaseDef` in :data:`REGISTRY`, regist
 case is a short named function that builds its float64 inputs from its own seeded generator
 (value cases: ``fn(rng, dtype)``) or describes a call that must raise (error cases: ``fn()``,
 with ``error=(class, code)``); its docstring says what it pins down and which mistake it catches.
-``conformance/generate.py`` turns each into fixtures, one per dtype it lists.
+``conformance/generate/`` turns each into fixtures, one per dtype it lists.
 
 Default sizes are pairwise distinct where it matters (B=2, H=6, K=2, L=5, S=7, D=11, E=13) so
 a swapped axis is a shape error or a wrong number, never a silent pass.
