@@ -37,6 +37,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -49,7 +50,6 @@ from safetensors.numpy import save_file
 from attention_spec import alibi_slope_values, causal_offset, check_rope_config, compute_dtype
 from attention_spec.modules import (
     PROJECTIONS,
-    ModuleDims,
     check_attention_options,
     check_cache_size,
     check_canonical,
@@ -174,8 +174,8 @@ class KVCache:
         cache: the last ``min(L, T)`` of them, into their ring slots)."""
         end = self.position + k.shape[-2]
         if not self.rolling:
-            key = self.key.at[:, :, self.position : end].set(k)  # (B, K, max_len, D)
-            value = self.value.at[:, :, self.position : end].set(v)  # (B, K, max_len, E)
+            key = self.key.at[:, :, self.position : end].set(k)  # (B, K, T, D)
+            value = self.value.at[:, :, self.position : end].set(v)  # (B, K, T, E)
             return KVCache(key, value, end)
         n = min(k.shape[-2], self.slots)  # older tokens of a long chunk would be overwritten
         slots = self._ring(end - n, end)  # (n,), distinct
@@ -309,8 +309,8 @@ class GroupedQueryAttention(nnx.Module):
         k = apply_rotary(k, k_start + jnp.arange(S), **rope)  # (B, K, S, D)
         return q, k
 
-    def _v2_keywords(self) -> dict:
-        """The module's v2 settings as the functional API's keywords: ``window``, ``softcap``,
+    def _option_keywords(self) -> dict:
+        """The module's options as the functional API's keywords: ``window``, ``softcap``,
         ``scale``, the ``sinks (H,)`` weight, ALiBi's ``alibi_slopes(H)`` in the compute dtype."""
         o = self.options
         slopes = None
@@ -328,7 +328,7 @@ class GroupedQueryAttention(nnx.Module):
         from ``attention_weights`` with the same arguments. Both run the functional API's one
         implementation of steps 1-6, so the module holds no attention arithmetic of its own.
         """
-        keywords |= self._v2_keywords()
+        keywords |= self._option_keywords()
         out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
         weights = attention_weights(q, k, **keywords) if return_weights else None  # (B, H, L, S)
         return out, weights
@@ -531,22 +531,26 @@ class GroupedQueryAttention(nnx.Module):
         weights = {name: np.asarray(w) for name, w in weights.items()}
         dims = check_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, sinks=sinks)
         dtype = jnp.dtype(module_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype))
+        # The constructor's keywords: sizes and flags from the shapes, the caller's options.
+        keywords = dict(head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias, sinks=dims.sinks,
+                        dtype=dtype, rope_theta=rope_theta,
+                        rope_interleaved=rope_interleaved, rotary_dim=rotary_dim, window=window,
+                        alibi=alibi, softcap=softcap, scale=scale)  # fmt: skip
         # An abstract module (shapes only, no random init; how flax restores checkpoints).
-        options = dict(rope_theta=rope_theta, rope_interleaved=rope_interleaved,
-                       rotary_dim=rotary_dim, window=window, alibi=alibi, softcap=softcap,
-                       scale=scale)  # fmt: skip
-        module = nnx.eval_shape(lambda: cls._with_dims(dims, dtype, options))
+        module = nnx.eval_shape(lambda: cls._unloaded(dims.M, dims.H, dims.K, **keywords))
         module.load_canonical(weights)
         return module
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, options: dict) -> GroupedQueryAttention:
-        return cls(dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E,
-                   bias=dims.bias, sinks=dims.sinks, dtype=dtype, **options)  # fmt: skip
+    def _unloaded(
+        cls, d_model: int, n_heads: int, n_kv_heads: int, **keywords: Any
+    ) -> GroupedQueryAttention:
+        """The module ``from_canonical`` loads the weights into (the class's own constructor)."""
+        return cls(d_model, n_heads, n_kv_heads, **keywords)
 
     def save(self, path: str | os.PathLike) -> None:
-        """Write the canonical weights (sinks included), with H, K, the RoPE and the v2 settings
-        in the metadata, to one safetensors file."""
+        """Write the canonical weights (sinks included), with H, K and the module's options
+        (RoPE, window, ALiBi, softcap, scale) in the metadata, to one safetensors file."""
         metadata = weights_metadata(self.dims, self.rope, self.options)
         save_file(self.to_canonical(), os.fspath(path), metadata=metadata)
 
@@ -555,10 +559,10 @@ class GroupedQueryAttention(nnx.Module):
         cls, path: str | os.PathLike, *, dtype: jnp.dtype | str | None = None
     ) -> GroupedQueryAttention:
         """A module from a file written by ``save`` (by any of the three implementations), with
-        the RoPE and v2 settings the file carries."""
+        the options the file carries."""
         with safe_open(os.fspath(path), framework="numpy") as f:
             n_heads, n_kv_heads = heads_from_metadata(f.metadata())
-            options = options_from_metadata(f.metadata())  # RoPE and v2 settings, if any
+            options = options_from_metadata(f.metadata())  # those not at their default
             weights = {name: f.get_tensor(name) for name in f.keys()}
         return cls.from_canonical(
             weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype, **options
@@ -566,33 +570,15 @@ class GroupedQueryAttention(nnx.Module):
 
 
 class MultiHeadAttention(GroupedQueryAttention):
-    """Multi-head attention: :class:`GroupedQueryAttention` with K = H key/value heads."""
+    """Multi-head attention: :class:`GroupedQueryAttention` with K = H key/value heads.
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        *,
-        head_dim: int | None = None,
-        value_head_dim: int | None = None,
-        bias: bool = True,
-        rope_theta: float | None = None,
-        rope_interleaved: bool = False,
-        rotary_dim: int | None = None,
-        window: tuple[int | None, int | None] | None = None,
-        sinks: bool = False,
-        alibi: bool = False,
-        softcap: float | None = None,
-        scale: float | None = None,
-        dtype: jnp.dtype | str = jnp.float32,
-        rngs: nnx.Rngs | None = None,
-    ) -> None:
-        super().__init__(
-            d_model, n_heads, n_heads, head_dim=head_dim, value_head_dim=value_head_dim,
-            bias=bias, rope_theta=rope_theta, rope_interleaved=rope_interleaved,
-            rotary_dim=rotary_dim, window=window, sinks=sinks, alibi=alibi, softcap=softcap,
-            scale=scale, dtype=dtype, rngs=rngs,
-        )  # fmt: skip
+    ``MultiHeadAttention(d_model, n_heads, **keywords)`` is
+    ``GroupedQueryAttention(d_model, n_heads, n_heads, **keywords)``: the same keywords, methods
+    and errors; ``from_canonical``'s ``n_kv_heads`` defaults to H.
+    """
+
+    def __init__(self, d_model: int, n_heads: int, **keywords: Any) -> None:
+        super().__init__(d_model, n_heads, n_heads, **keywords)  # K = H
 
     @classmethod
     def from_canonical(
@@ -601,26 +587,15 @@ class MultiHeadAttention(GroupedQueryAttention):
         *,
         n_heads: int,
         n_kv_heads: int | None = None,
-        dtype: jnp.dtype | str | None = None,
-        rope_theta: float | None = None,
-        rope_interleaved: bool = False,
-        rotary_dim: int | None = None,
-        window: tuple[int | None, int | None] | None = None,
-        sinks: bool | None = None,
-        alibi: bool = False,
-        softcap: float | None = None,
-        scale: float | None = None,
+        **keywords: Any,
     ) -> MultiHeadAttention:
-        """As :meth:`GroupedQueryAttention.from_canonical`; n_kv_heads is (and defaults to) H."""
+        """As :meth:`GroupedQueryAttention.from_canonical`, with ``n_kv_heads`` defaulting to H."""
         n_kv_heads = n_heads if n_kv_heads is None else n_kv_heads
-        return super().from_canonical(
-            weights, n_heads=n_heads, n_kv_heads=n_kv_heads, dtype=dtype,
-            rope_theta=rope_theta, rope_interleaved=rope_interleaved, rotary_dim=rotary_dim,
-            window=window, sinks=sinks, alibi=alibi, softcap=softcap, scale=scale,
-        )  # fmt: skip
+        return super().from_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, **keywords)
 
     @classmethod
-    def _with_dims(cls, dims: ModuleDims, dtype, options: dict) -> MultiHeadAttention:
-        # K = H always: weights with K != H then fail load_canonical's size check.
-        return cls(dims.M, dims.H, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
-                   sinks=dims.sinks, dtype=dtype, **options)  # fmt: skip
+    def _unloaded(
+        cls, d_model: int, n_heads: int, n_kv_heads: int, **keywords: Any
+    ) -> MultiHeadAttention:
+        # K = H whatever the weights hold: weights with another K fail load_canonical's check.
+        return cls(d_model, n_heads, **keywords)
