@@ -364,6 +364,9 @@ class GroupedQueryAttention(nn.Module):
             window=o.window, softcap=o.softcap, scale=o.scale, sinks=self.sinks, alibi_slopes=slopes
         )
 
+    # The name sharded.py calls until it calls _option_keywords (a change of that file).
+    _v2_keywords = _option_keywords
+
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.
 
