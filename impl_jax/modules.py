@@ -15,6 +15,9 @@ splits heads, calls it, merges heads and projects back:
                                              ->  (B, H, L, E)
     --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
 
+Decoding: ``init_cache`` makes a ``KVCache`` (``impl_jax/cache.py``, importable from here
+too) and ``decode`` appends the new tokens' keys and values to it, then attends.
+
 Weights: the canonical flat dict of ``attention_spec.modules`` (``q_proj.kernel (M, H*D)``, ...,
 ``o_proj.bias (M,)``, and ``sinks (H,)`` for ``sinks=True``);
 :meth:`GroupedQueryAttention.from_canonical` loads it,
@@ -35,8 +38,6 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import jax
@@ -62,6 +63,7 @@ from attention_spec.modules import (
     options_from_metadata,
     weights_metadata,
 )
+from impl_jax.cache import KVCache
 from impl_jax.functional import (
     _asarray,
     _check_x64,
@@ -114,96 +116,6 @@ def _linear(in_features: int, out_features: int, *, bias: bool, dtype, rngs: nnx
         in_features, out_features, use_bias=bias, param_dtype=dtype, precision=_PRECISION,
         kernel_init=_uniform(in_features), bias_init=_uniform(in_features), rngs=rngs,
     )  # fmt: skip
-
-
-@partial(
-    jax.tree_util.register_dataclass,
-    data_fields=["key", "value"],
-    meta_fields=["position", "rolling_max_len"],
-)
-@dataclass(frozen=True)
-class KVCache:
-    """The keys and values of the tokens seen so far, for autoregressive decoding.
-
-    ``key (B, K, T, D)`` and ``value (B, K, T, E)`` hold the K key/value heads, not the H query
-    heads: a GQA cache is K/H the size of an MHA cache. ``position`` (a Python int, so an overflow
-    is a Python error before any arithmetic) counts the tokens written.
-
-    A plain cache has T = ``max_len`` slots and token p in slot p. A rolling cache
-    (``rolling_max_len`` set: ``init_cache(..., rolling=True)`` of a module with
-    ``window=(left, ...)``) has T = ``min(left + 1, max_len)`` slots used as a ring, token p in
-    slot ``p % T`` (Mistral's rolling buffer): its memory does not grow with the sequence, and
-    after each step it holds the window of the last token written.
-
-    A pytree whose ``position`` is static: ``write`` returns a new cache (``.at[].set``) and
-    leaves this one as it was. Under ``jax.jit`` each position compiles once.
-    """
-
-    key: jax.Array
-    value: jax.Array
-    position: int = 0
-    rolling_max_len: int | None = None
-
-    @property
-    def rolling(self) -> bool:
-        """Whether the cache is a ring of the window's size (``init_cache(..., rolling=True)``)."""
-        return self.rolling_max_len is not None
-
-    @property
-    def max_len(self) -> int:
-        """The most tokens the cache accepts (a rolling cache: ``init_cache``'s max_len)."""
-        return self.key.shape[-2] if self.rolling_max_len is None else self.rolling_max_len
-
-    @property
-    def slots(self) -> int:
-        """T, the buffers' length: ``max_len``, or a rolling cache's ``min(left + 1, max_len)``."""
-        return self.key.shape[-2]
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes of the key and value buffers: ``B * K * T * (D + E) * itemsize``."""
-        return self.key.nbytes + self.value.nbytes
-
-    def _ring(self, start: int, stop: int) -> np.ndarray:
-        """The slots of tokens ``start .. stop - 1`` (``p % T``), ``(stop - start,)``; static
-        (NumPy), since the position is."""
-        return np.arange(start, stop) % self.slots
-
-    def write(self, k: jax.Array, v: jax.Array) -> KVCache:
-        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens (a rolling
-        cache: the last ``min(L, T)`` of them, into their ring slots)."""
-        end = self.position + k.shape[-2]
-        if not self.rolling:
-            key = self.key.at[:, :, self.position : end].set(k)  # (B, K, T, D)
-            value = self.value.at[:, :, self.position : end].set(v)  # (B, K, T, E)
-            return KVCache(key, value, end)
-        n = min(k.shape[-2], self.slots)  # older tokens of a long chunk would be overwritten
-        slots = self._ring(end - n, end)  # (n,), distinct
-        key = self.key.at[:, :, slots].set(k[:, :, k.shape[-2] - n :])  # (B, K, T, D)
-        value = self.value.at[:, :, slots].set(v[:, :, v.shape[-2] - n :])  # (B, K, T, E)
-        return KVCache(key, value, end, self.rolling_max_len)
-
-    def read(self) -> tuple[jax.Array, jax.Array]:
-        """The keys ``(B, K, S, D)`` and values ``(B, K, S, E)`` new tokens attend besides
-        themselves, oldest first: a plain cache's S = ``position`` written tokens; a rolling
-        cache's last S = ``min(position, T - 1)`` (the ``left`` tokens a window reaches back)."""
-        if not self.rolling:
-            return self.key[:, :, : self.position], self.value[:, :, : self.position]
-        slots = self._ring(self.position - min(self.position, self.slots - 1), self.position)
-        return self.key[:, :, slots], self.value[:, :, slots]  # gathered, (B, K, S, D|E)
-
-    def append(self, k: jax.Array, v: jax.Array) -> tuple[KVCache, jax.Array, jax.Array]:
-        """Write the next L tokens ``k (B, K, L, D)``, ``v (B, K, L, E)``; return the new cache
-        and the keys ``(B, K, S, D)`` and values ``(B, K, S, E)`` the new tokens attend: a plain
-        cache's every token (S = position + L), a rolling cache's last ``min(position, T - 1)``
-        then the L new ones (read before the ring is overwritten).
-        """
-        if not self.rolling:
-            cache = self.write(k, v)
-            return (cache, *cache.read())
-        k_old, v_old = self.read()  # (B, K, S_old, D|E)
-        cache = self.write(k, v)
-        return cache, jnp.concatenate([k_old, k], axis=2), jnp.concatenate([v_old, v], axis=2)
 
 
 class GroupedQueryAttention(nnx.Module):
@@ -536,9 +448,9 @@ class GroupedQueryAttention(nnx.Module):
         dtype = jnp.dtype(module_dtype(weights["q_proj.kernel"].dtype if dtype is None else dtype))
         # The constructor's keywords: sizes and flags from the shapes, the caller's options.
         keywords = dict(head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias, sinks=dims.sinks,
-                        dtype=dtype, rope_theta=rope_theta,
-                        rope_interleaved=rope_interleaved, rotary_dim=rotary_dim, window=window,
-                        alibi=alibi, softcap=softcap, scale=scale)  # fmt: skip
+                        dtype=dtype, rope_theta=rope_theta, rope_interleaved=rope_interleaved,
+                        rotary_dim=rotary_dim, window=window, alibi=alibi, softcap=softcap,
+                        scale=scale)  # fmt: skip
         # An abstract module (shapes only, no random init; how flax restores checkpoints).
         module = nnx.eval_shape(lambda: cls._unloaded(dims.M, dims.H, dims.K, **keywords))
         module.load_canonical(weights)
