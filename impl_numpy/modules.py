@@ -18,7 +18,7 @@ splits heads, calls it, merges heads and projects back:
 Decoding: ``init_cache`` makes a ``KVCache`` (``impl_numpy/cache.py``, importable from here
 too) and ``decode`` appends the new tokens' keys and values to it, then attends.
 
-Weights: the canonical flat dict of ``attention_spec.modules`` (``q_proj.kernel (M, H*D)``, ...,
+Weights: the canonical flat dict of ``attention_spec.weights`` (``q_proj.kernel (M, H*D)``, ...,
 ``o_proj.bias (M,)``, and ``sinks (H,)`` for ``sinks=True``);
 :meth:`GroupedQueryAttention.from_canonical` loads it,
 :meth:`~GroupedQueryAttention.to_canonical` exports it, ``save``/``load`` write and read it as one
