@@ -160,6 +160,31 @@ def test_multi_head_attention_is_gqa_with_k_equal_h(mf):
     np.testing.assert_allclose(mf.forward(mha, x, ctx), want_y, rtol=0, atol=1e-12)
 
 
+def test_multi_head_attention_hands_every_keyword_on(mf):
+    """MultiHeadAttention declares only K = H and hands every other keyword to
+    GroupedQueryAttention: from the same (default) seed, the same sizes, settings and weights; a
+    K of its own is refused; from_canonical with settings gives a MultiHeadAttention with them."""
+    kw = dict(
+        head_dim=3, value_head_dim=5, bias=False, rope_theta=500.0, rotary_dim=2, window=(2, 0),
+        sinks=True, alibi=True, softcap=30.0, scale=0.5, dtype="float64",
+    )  # fmt: skip
+    mha = mf.modules.MultiHeadAttention(10, 4, **kw)
+    gqa = mf.modules.GroupedQueryAttention(10, 4, 4, **kw)
+    assert (mha.dims, mha.rope, mha.options) == (gqa.dims, gqa.rope, gqa.options)
+    weights = gqa.to_canonical()
+    assert list(mha.to_canonical()) == list(weights)
+    for name, w in mha.to_canonical().items():
+        np.testing.assert_array_equal(w, weights[name])
+    with pytest.raises(TypeError):
+        mf.modules.MultiHeadAttention(10, 4, 4, **kw)
+    settings = ("rope_theta", "rotary_dim", "window", "alibi", "softcap", "scale")
+    loaded = mf.modules.MultiHeadAttention.from_canonical(
+        weights, n_heads=4, **{k: kw[k] for k in settings}
+    )
+    assert type(loaded) is mf.modules.MultiHeadAttention
+    assert (loaded.dims, loaded.rope, loaded.options) == (gqa.dims, gqa.rope, gqa.options)
+
+
 def test_query_head_reads_kv_head_h_div_g_not_h_mod_k(mf):
     """Only kv head 0 carries non-zero values, and o_proj reads one query head at a time: the
     output is non-zero exactly for heads 0..G-1 (tiling, h % K, would light heads 0, 2, 4)."""

@@ -164,17 +164,22 @@ IDIOMS: dict[str, dict[str, str]] = {
             "features past R are appended as they were."
         ),
     },
-    "decode": {
-        "GroupedQueryAttention.init_cache": (
-            "Zero buffers for K heads of T slots (`max_len`, or a rolling cache's window); "
-            "torch puts them on the weights' device (`device = self.q_proj.weight.device`)."
-        ),
+    "cache": {
         "KVCache.write": (
             "NumPy and torch write the new tokens into the buffers in place; JAX arrays are "
             "immutable, so `.at[:, :, self.position : end].set(k)` makes new buffers and a new "
             "cache."
         ),
-        "KVCache.read": "Identical in the three: a view of the first `self.position` tokens.",
+        "KVCache.read": (
+            "Identical in the three: a plain cache's first `self.position` tokens (a view); a "
+            "rolling cache's last ones, gathered from their ring slots (`self._ring`)."
+        ),
+    },
+    "decode": {
+        "GroupedQueryAttention.init_cache": (
+            "Zero buffers for K heads of T slots (`max_len`, or a rolling cache's window); "
+            "torch puts them on the weights' device (`device = self.q_proj.weight.device`)."
+        ),
         "1. projections of the new tokens": (
             "The same in the three, after the cache was validated (before any write, so an "
             "error leaves it as it was)."

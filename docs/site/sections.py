@@ -58,15 +58,16 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "cache",
+        "The KV cache",
+        "cache.py",
+        functions=("KVCache.write", "KVCache.read"),
+    ),
+    Section(
         "decode",
         "KV-cache decoding",
         "modules.py",
-        functions=(
-            "GroupedQueryAttention.init_cache",
-            "KVCache.write",
-            "KVCache.read",
-            "GroupedQueryAttention.decode",
-        ),
+        functions=("GroupedQueryAttention.init_cache", "GroupedQueryAttention.decode"),
     ),
     Section(
         "rotary",
