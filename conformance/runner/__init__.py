@@ -44,9 +44,13 @@ the error as a multiple of the bound; an exception names the line of the port th
 and an exception inside the port's adapters (``from_numpy``, ``to_numpy``, ``prepare``) names
 the adapter.
 
-A missing function (or module class, or module method) makes each of its runs fail as "not
-implemented", one line each. Optional functions (``flash`` and the sharded ones) are run only
-when the port has them or when they are asked for.
+A missing required function (or module class, or module method) makes each of its runs fail
+as "not implemented", one line each, and so does an optional one that is asked for
+(``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope`` and the
+sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``: the rows of
+:data:`FUNCTIONS` with ``required=False``) are run only when the port has them or when they are
+asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``, ``module`` and
+``decode``.
 
 The sharded aliases run each fixture once per shard count n of ``shards`` (``--shards``,
 default :data:`DEFAULT_SHARDS`) that fits it: n divides L and S (``ring``), 2n does
@@ -72,9 +76,21 @@ is reported as XPASS and counts as a failure, so the list stays true. A ``skip:`
 run at all (a case that crashes the port).
 
 ``run_suite(..., isolate=True)`` (what ``python -m conformance`` does) runs the port in a child
-process (:mod:`conformance.worker`): a port that dies of a signal or an abort in one case is
-reported as ``crash`` for that case, with the signal's name, and a new child carries on with the
-remaining runs.
+process (:mod:`conformance.worker`): when a port dies of a signal or an abort in one case, a new
+child carries on with the remaining runs, that case first; a case that crashes again there is
+reported as ``crash``, with the signal's name, and one that passes there as ``retried``
+(``crashed once (SIGSEGV), passed on retry``): counted and listed apart, not a failure.
+
+The package, one file per concern: :mod:`~conformance.runner.port` (a port and its adapters,
+:func:`load_port`), :mod:`~conformance.runner.xfails` (:class:`Xfails`),
+:mod:`~conformance.runner.functions` (the table, and what each alias's result is compared
+with), :mod:`~conformance.runner.arguments` (what each alias is called with, one builder for
+value and error cases), :mod:`~conformance.runner.comparison` (the bound, NaN and inf rules),
+:mod:`~conformance.runner.failures` (how a run fails, and where),
+:mod:`~conformance.runner.outcomes` (:class:`Outcome`, :class:`Report`),
+:mod:`~conformance.runner.isolation` (the child processes, the retry) and
+:mod:`~conformance.runner.suite` (:func:`plan_runs`, :func:`check`, :func:`run_suite`,
+:func:`quick_check`).
 """
 
 from __future__ import annotations
