@@ -261,6 +261,7 @@ class Function:
     fits: Callable[[Case, int], bool] | None = None
 
 
+#: The error case of the attention aliases and their ``*_vjp``: the value case's call, on zeros.
 _attention_error = _call(_attention_arguments)
 _GRAD_INPUTS = ("query", "key", "value", "grad_output")
 
