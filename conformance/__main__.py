@@ -1,11 +1,13 @@
 """``python -m conformance --impl MODULE [--impl ...]``: run the golden fixtures against ports.
 
 Each port runs in a child process, so a port that crashes (a signal, an abort) in one case is
-reported as ``crash`` for that case and the others still run. Failures are printed as they
-happen; at the end, a compact table per port and family (runs passed, worst error as a fraction
-of its bound). ``--report FILE`` is rewritten after every run, so an interrupted run leaves what
-it had. Exits non-zero when any port has an unexpected failure, a crash, an XPASS, or cannot be
-imported. ``--list`` prints the run ids that would run, and runs nothing.
+reported as ``crash`` for that case and the others still run; the case is retried once, first in
+the new child, and one that passes there is reported as ``retried``. Failures are printed as
+they happen; at the end, a compact table per port and family (runs passed, worst error as a
+fraction of its bound). ``--report FILE`` is rewritten after every run, so an interrupted run
+leaves what it had. Exits non-zero when any port has an unexpected failure, a crash, an XPASS,
+or cannot be imported (a retried run does not). ``--list`` prints the run ids that would run,
+and runs nothing.
 """
 
 from __future__ import annotations
@@ -86,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     reports: list[Report] = []
 
     def progress(report: Report, outcome: Outcome) -> None:
-        if not outcome.ok or (args.show_xfails and outcome.status in ("xfail", "skip")):
+        if outcome.shown(args.show_xfails):
             print("  " + outcome.line(), flush=True)
         if args.report:
             write_report([*reports, report], args.report)

@@ -8,7 +8,7 @@ the bound is the same rule as every other fixture's; only the output is stored (
 functions return no weights). Ids ``ring.<name>.<dtype>``; each fixture also records the shard
 counts it was written for (``shards``: 2n divides its L and S for each, so both layouts run).
 
-The runner (``conformance/runner.py``) runs these fixtures, and the ``sdpa`` value fixtures, through
+The runner (``conformance/runner/``) runs these fixtures, and the ``sdpa`` value fixtures, through
 a port's sharded functions with n shards (``--shards``, default 2 and 4) wherever n fits:
 
 - ``ring``: ``ring_attention(q, k, v, n_shards=n, layout="contiguous", **keywords)``, when n
