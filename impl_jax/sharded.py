@@ -471,7 +471,7 @@ def head_parallel_gqa(
     v_proj columns of its key/value heads (column-parallel), attends on its heads, and applies
     the o_proj rows of its heads' features (row-parallel), which gives a partial ``(B, L, M)``;
     ``lax.psum`` sums the partials in the compute dtype, then o_proj's bias is added once and
-    the result cast to the module's dtype. The module's v2 settings (window, softcap, scale,
+    the result cast to the module's dtype. The module's settings (window, softcap, scale,
     its ``sinks (H,)`` weight and ALiBi's slopes) apply on every device, the sinks and slopes
     split with the query heads.
 
@@ -494,7 +494,7 @@ def head_parallel_gqa(
     x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
     q_ids, kv_ids = _asarray(q_ids), _asarray(kv_ids)
     ct = _compute_dtype(module.dtype)
-    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     o_bias = module.o_proj.bias
@@ -504,7 +504,7 @@ def head_parallel_gqa(
     #     owns features [h*D:(h+1)*D], so an even cut of the columns is a cut by heads; the
     #     sinks and ALiBi slopes (H,): its heads; segment ids (no head axis): whole.
     a = {"x": x, "context": x if context is None else context, "mask": mask, "bias": bias}
-    a |= {"sinks": v2.pop("sinks"), "alibi_slopes": v2.pop("alibi_slopes")}
+    a |= {"sinks": settings.pop("sinks"), "alibi_slopes": settings.pop("alibi_slopes")}
     a |= {"q_segment_ids": q_ids, "kv_segment_ids": kv_ids}
     specs = {"x": P(), "context": P(), "sinks": P(HEADS), "alibi_slopes": P(HEADS)}
     specs |= {"q_segment_ids": P(), "kv_segment_ids": P()}
@@ -550,7 +550,7 @@ def head_parallel_gqa(
             kv_segment_ids=a.get("kv_segment_ids"),
             sinks=a.get("sinks"),
             alibi_slopes=a.get("alibi_slopes"),
-            **v2,
+            **settings,
         )  # (B, Hn, L, E)
 
         # P3. row-parallel output projection: the device's heads' features meet the same rows

@@ -386,7 +386,7 @@ def head_parallel_gqa(
     v_proj columns of its key/value heads (column-parallel), attends on its heads, and applies
     the o_proj rows of its heads' features (row-parallel), which gives a partial ``(B, L, M)``;
     the partials are summed (an all-reduce) in the compute dtype, then o_proj's bias is added
-    once and the result cast to the module's dtype. The module's v2 settings (window, softcap,
+    once and the result cast to the module's dtype. The module's settings (window, softcap,
     scale, its ``sinks (H,)`` weight and ALiBi's slopes) apply on every device, the sinks and
     slopes split with the query heads.
 
@@ -408,8 +408,8 @@ def head_parallel_gqa(
     context = x if context is None else context
     w = module.to_canonical()
     ct = _compute_dtype(module.dtype)
-    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
-    sinks, slopes = v2.pop("sinks"), v2.pop("alibi_slopes")
+    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    sinks, slopes = settings.pop("sinks"), settings.pop("alibi_slopes")
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     B, L, _ = x.shape
@@ -450,7 +450,7 @@ def head_parallel_gqa(
             kv_segment_ids=kv_ids,
             sinks=None if sinks is None else sinks[heads],
             alibi_slopes=None if slopes is None else slopes[heads],
-            **v2,
+            **settings,
         )  # (B, Hn, L, E)
 
         # P3. row-parallel output projection: the device's heads' features [r*Hn*E ..) meet

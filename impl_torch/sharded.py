@@ -403,7 +403,7 @@ def head_parallel_gqa(
     query heads and the k_proj and v_proj rows of its key/value heads (column-parallel), attends
     on its heads, and applies the o_proj columns of its heads' features (row-parallel), which
     gives a partial ``(B, L, M)``; ``dist.all_reduce`` sums the partials in the compute dtype,
-    then o_proj's bias is added once and the result cast to the module's dtype. The module's v2
+    then o_proj's bias is added once and the result cast to the module's dtype. The module's
     settings (window, softcap, scale, its ``sinks (H,)`` weight and ALiBi's slopes) apply on
     every rank, the sinks and slopes split with the query heads.
 
@@ -426,8 +426,8 @@ def head_parallel_gqa(
     r = _rank(n_shards, group)  # this process
     context = x if context is None else context
     ct = _compute_dtype(module.dtype)
-    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
-    sinks, slopes = v2.pop("sinks"), v2.pop("alibi_slopes")
+    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    sinks, slopes = settings.pop("sinks"), settings.pop("alibi_slopes")
     D, E = dims.D, dims.E
     Hn, Kn = dims.H // n_shards, dims.K // n_shards  # query and key/value heads per rank
     B, L, _ = x.shape
@@ -464,7 +464,7 @@ def head_parallel_gqa(
         kv_segment_ids=kv_ids,
         sinks=None if sinks is None else sinks[heads[0] : heads[1]],
         alibi_slopes=None if slopes is None else slopes[heads[0] : heads[1]],
-        **v2,
+        **settings,
     )  # (B, Hn, L, E)
 
     # P3. row-parallel output projection: this rank's heads' features [r*Hn*E ..) meet the same
