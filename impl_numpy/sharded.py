@@ -353,13 +353,13 @@ def head_parallel_attention(
         q, k, v = query[..., heads, :, :], key[..., kv_heads, :, :], value[..., kv_heads, :, :]
         # P2. attend: the unsharded contract on the device's heads (mask, bias, sinks and ALiBi
         #     slopes: its heads; segment ids: whole).
-        mine = kw | {
+        on_heads = kw | {
             "mask": _block(kw["mask"], -3, heads.start, heads.stop),
             "bias": _block(kw["bias"], -3, heads.start, heads.stop),
             "sinks": _block(kw["sinks"], -1, heads.start, heads.stop),
             "alibi_slopes": _block(kw["alibi_slopes"], -1, heads.start, heads.stop),
         }  # the device's heads of mask, bias, sinks and slopes; every other keyword whole
-        out = scaled_dot_product_attention(q, k, v, **mine)  # (..., Hn, L, E)
+        out = scaled_dot_product_attention(q, k, v, **on_heads)  # (..., Hn, L, E)
         outs.append(out)
 
     # P3. gather: the devices' heads, in order, along H.
