@@ -315,6 +315,7 @@ _DEFAULTS: dict[str, Any] = {k.name: k.default for k in KEYWORDS}
 _ALONE = tuple(k for k in KEYWORDS if k.alone is not None)
 _SHAPES = tuple(k for k in KEYWORDS if k.shapes is not None)
 _RANGES = tuple(k for k in KEYWORDS if k.ranges is not None)
+_NAMES = tuple((k.name, k.array) for k in KEYWORDS)  # what call_keywords reads, in table order
 
 
 def call_keywords(
@@ -328,12 +329,13 @@ def call_keywords(
     :data:`KEYWORDS` and to the signature reaches validation with no other change. A name that
     ``given`` lacks (a function without that keyword) is left to ``check_attention``'s default.
     """
-    keywords = {k.name: given[k.name] for k in KEYWORDS if k.name in given}
-    if convert is not None:
-        for name in ARRAY_KEYWORDS:
-            if name in keywords:
-                keywords[name] = convert(keywords[name])
-    return keywords
+    if convert is None:
+        return {name: given[name] for name, _ in _NAMES if name in given}
+    return {
+        name: convert(given[name]) if array else given[name]
+        for name, array in _NAMES
+        if name in given
+    }
 
 
 # ---------------------------------------------------------------------------------------------
