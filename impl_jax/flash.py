@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
 from typing import NamedTuple
 
 import jax
@@ -425,6 +426,14 @@ class _Arrays(NamedTuple):
     slopes: jax.Array | None
 
 
+def _arrays(query, key, value, keywords: Mapping[str, jax.Array | None]) -> _Arrays:
+    """The :class:`_Arrays` of a call: query, key, value and its array ``keywords`` by name."""
+    return _Arrays(
+        query, key, value, keywords["bias"], keywords["sinks"], keywords["mask"],
+        keywords["q_segment_ids"], keywords["kv_segment_ids"], keywords["alibi_slopes"],
+    )  # fmt: skip
+
+
 def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
     """``x`` as the loops read it: query grouped as ``(..., K, G, L, D)``, and query, key,
     value, bias, sinks and slopes in the compute dtype (mask and segment ids as they are)."""
@@ -648,11 +657,7 @@ def flash_attention(
         return (out, lse) if return_lse else out
 
     tiling = _Tiling(call, min(block_q, L), min(block_k, S))
-    x = _Arrays(
-        query, key, value, kw["bias"], kw["sinks"], kw["mask"], kw["q_segment_ids"],
-        kw["kv_segment_ids"], kw["alibi_slopes"],
-    )  # fmt: skip
-    out, lse = _flash(x, tiling)
+    out, lse = _flash(_arrays(query, key, value, kw), tiling)
     out = out.astype(query.dtype)  # back to the input dtype
     return (out, lse) if return_lse else out
 
