@@ -74,7 +74,14 @@ from attention_spec.rotary import (
 )
 from attention_spec.rules import alibi_slope_values
 from attention_spec.tiling import BLOCK_K, BLOCK_Q, check_block_sizes, tiled_blocks
-from attention_spec.validate import KEYWORDS, NO_VALUE, Keyword, check_attention
+from attention_spec.validate import (
+    ARRAY_KEYWORDS,
+    KEYWORDS,
+    NO_VALUE,
+    Keyword,
+    call_keywords,
+    check_attention,
+)
 from attention_spec.weights import check_canonical
 
 #: The version of :data:`PUBLIC_API`. 1.0: PORTING.md of 2026-11-30 (the checks took shapes and
@@ -127,6 +134,7 @@ PUBLIC_API: tuple[str, ...] = (
 __all__ = [
     "ALIGNMENTS",
     "API_VERSION",
+    "ARRAY_KEYWORDS",
     "BLOCK_K",
     "BLOCK_Q",
     "ERROR_CODES",
@@ -154,6 +162,7 @@ __all__ = [
     "RotaryDims",
     "alibi_slope_values",
     "broadcast_shapes",
+    "call_keywords",
     "causal_offset",
     "check_alignment",
     "check_attention",

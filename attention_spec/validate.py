@@ -71,6 +71,7 @@ from attention_spec.tiling import BLOCK_K, BLOCK_Q, check_block_sizes, tiled_blo
 
 __all__ = [
     "ALIGNMENTS",
+    "ARRAY_KEYWORDS",
     "BLOCK_K",
     "BLOCK_Q",
     "FINITE_MAX",
@@ -86,6 +87,7 @@ __all__ = [
     "Keyword",
     "batch_letters",
     "broadcast_shapes",
+    "call_keywords",
     "causal_offset",
     "check_alignment",
     "check_attention",
@@ -138,10 +140,14 @@ class Keyword:
     - ``shapes(value, sizes)``: against the call's :class:`CallSizes`, after query, key and
       value (an array keyword: read with :func:`describe`, dtype and shape);
     - ``ranges(value, sizes)``: against the compute dtype, after every ``shapes`` rule.
+
+    ``array``: the keyword is an array (each implementation converts it, as it converts query,
+    key and value, before validation reads it: :func:`call_keywords`).
     """
 
     name: str
     default: Any = None
+    array: bool = False
     alone: Callable[[Any], Any] | None = None
     shapes: Callable[[Any, CallSizes], Any] | None = None
     ranges: Callable[[Any, CallSizes], Any] | None = None
@@ -290,23 +296,46 @@ def _softcap_in_range(softcap: float | None, sizes: CallSizes) -> float | None:
 
 #: The keywords of an attention call, in the order of the public signatures, each with its rule.
 KEYWORDS: tuple[Keyword, ...] = (
-    Keyword("mask", shapes=_additive("mask")),
-    Keyword("bias", shapes=_additive("bias")),
+    Keyword("mask", array=True, shapes=_additive("mask")),
+    Keyword("bias", array=True, shapes=_additive("bias")),
     Keyword("is_causal", False, alone=lambda x: check_flag("is_causal", x)),
     Keyword("causal_alignment", "top_left", alone=check_alignment),
     Keyword("scale", alone=check_scale, ranges=_scale_in_range),
     Keyword("softcap", alone=check_softcap, ranges=_softcap_in_range),
     Keyword("window", alone=check_window),
-    Keyword("q_segment_ids", shapes=_segment_ids("q")),
-    Keyword("kv_segment_ids", shapes=_segment_ids("kv")),
-    Keyword("sinks", shapes=_per_head("sinks")),
-    Keyword("alibi_slopes", shapes=_per_head("alibi_slopes")),
+    Keyword("q_segment_ids", array=True, shapes=_segment_ids("q")),
+    Keyword("kv_segment_ids", array=True, shapes=_segment_ids("kv")),
+    Keyword("sinks", array=True, shapes=_per_head("sinks")),
+    Keyword("alibi_slopes", array=True, shapes=_per_head("alibi_slopes")),
 )
+#: The names of the array keywords of :data:`KEYWORDS`, in table order.
+ARRAY_KEYWORDS: tuple[str, ...] = tuple(k.name for k in KEYWORDS if k.array)
 
 _DEFAULTS: dict[str, Any] = {k.name: k.default for k in KEYWORDS}
 _ALONE = tuple(k for k in KEYWORDS if k.alone is not None)
 _SHAPES = tuple(k for k in KEYWORDS if k.shapes is not None)
 _RANGES = tuple(k for k in KEYWORDS if k.ranges is not None)
+_NAMES = tuple((k.name, k.array) for k in KEYWORDS)  # what call_keywords reads, in table order
+
+
+def call_keywords(
+    given: Mapping[str, Any], convert: Callable[[Any], Any] | None = None
+) -> dict[str, Any]:
+    """The keywords of :data:`KEYWORDS` among ``given``, by name in table order, each array
+    keyword passed through ``convert`` (a framework's conversion; None: as given).
+
+    What a public function hands to :func:`check_attention` without naming its keywords again:
+    ``given`` is the function's ``locals()`` on entry (its parameters), so a keyword added to
+    :data:`KEYWORDS` and to the signature reaches validation with no other change. A name that
+    ``given`` lacks (a function without that keyword) is left to ``check_attention``'s default.
+    """
+    if convert is None:
+        return {name: given[name] for name, _ in _NAMES if name in given}
+    return {
+        name: convert(given[name]) if array else given[name]
+        for name, array in _NAMES
+        if name in given
+    }
 
 
 # ---------------------------------------------------------------------------------------------

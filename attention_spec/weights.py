@@ -161,7 +161,7 @@ def weights_metadata(
 ) -> dict[str, str]:
     """The safetensors metadata of a weight file: the format, the head counts H and K, and the
     module's RoPE settings when it has them (``rope_theta``, ``rope_interleaved``,
-    ``rotary_dim``) and its v2 settings that are not at their default (``window``, ``alibi``,
+    ``rotary_dim``) and its attention settings that are not at their default (``window``, ``alibi``,
     ``softcap``, ``scale``): :func:`options_from_metadata` gives them back to ``load``. The
     sinks are a weight of the file.
 

@@ -40,6 +40,8 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -47,9 +49,8 @@ import jax.numpy as jnp
 from attention_spec import (
     BLOCK_K,
     BLOCK_Q,
-    AttentionDims,
+    AttentionCall,
     AttentionGrads,
-    causal_offset,
     check_attention,
     check_flag,
     tiled_blocks,
@@ -57,14 +58,13 @@ from attention_spec import (
 from attention_spec.rules import alibi, block_rules
 from impl_jax.functional import (
     _PRECISION,
-    _V2_ARRAYS,
     _allowed,
-    _as_given,
-    _asarray,
     _attended,
     _cast,
     _check_x64,
     _compute_dtype,
+    _converted,
+    _on_device,
     _unattended_zeroed,
     _vjp_by_jax,
 )
@@ -93,66 +93,95 @@ def _block(x: jax.Array | None, axis: int, start: jax.Array, size: int) -> jax.A
     return jax.lax.dynamic_slice_in_dim(x, start, size, axis=x.ndim + axis)
 
 
-def _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j, j0, *,
-                  dims: AttentionDims, offset: int, bands: bool):  # fmt: skip
-    """Steps 1-4 for one block of query rows ``i`` ``(bq, 1)`` against one block of keys ``j``
-    ``(1, bk)``, of which those below ``j0`` are not this block's. Returns ``s (..., H, bq, bk)``
-    (-inf where not allowed), the attended mask of the block's key/value rows
-    ``(..., K, bk)`` (or None), and ``tanh(s1 / softcap)`` of the step-1 scores (or None).
+class _Block(NamedTuple):
+    """One block of query rows against one block of keys, as its steps 1-6 read it (a pytree;
+    None where not given): the rows' queries ``q (..., K, G, bq, D)``, the block's keys
+    ``k (..., K, bk, D)`` and values ``v (..., K, bk, E)``, its slices of bias and mask
+    (broadcastable to ``(..., H, bq, bk)``), the rows' and keys' segment ids ``(..., bq)``,
+    ``(..., bk)``, the ALiBi slopes ``(H,)``, the rows ``i (bq, 1)`` and keys ``j (1, bk)`` in
+    the sequence, and ``j0``, the first key the block counts (those below it are not its own)."""
+
+    q: jax.Array
+    k: jax.Array
+    v: jax.Array
+    bias: jax.Array | None
+    mask: jax.Array | None
+    q_ids: jax.Array | None
+    kv_ids: jax.Array | None
+    slopes: jax.Array | None
+    i: jax.Array
+    j: jax.Array
+    j0: jax.Array
+
+
+class _RowGrads(NamedTuple):
+    """What the backward of a block of query rows reads besides its :class:`_Block`, each
+    ``(..., K, G, bq, .)``: the output's cotangent ``do`` (``E``), ``delta = rowsum(dO * O)``
+    and the rows' log-sum-exp ``shift`` (``1``; 0 for a row with no key)."""
+
+    do: jax.Array
+    delta: jax.Array
+    shift: jax.Array
+
+
+def _block_scores(blk: _Block, *, call: AttentionCall, bands: bool):
+    """Steps 1-4 for one block of query rows ``blk.i`` ``(bq, 1)`` against one block of keys
+    ``blk.j`` ``(1, bk)``, of which those below ``blk.j0`` are not this block's. Returns
+    ``s (..., H, bq, bk)`` (-inf where not allowed), the attended mask of the block's key/value
+    rows ``(..., K, bk)`` (or None), and ``tanh(s1 / softcap)`` of the step-1 scores (or None).
     ``bands=False`` (static): the causal and window rules allow every position of the block and
     it starts at ``j0``, so only mask and segments are applied elementwise (:func:`_key_blocks`)."""
-    H, K = dims.H, dims.K
-    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
+    H, K = call.H, call.K
+    i, j = blk.i, blk.j
+    bq, bk = blk.q.shape[-2], blk.k.shape[-2]
 
     # 4. allowed, this block: the rules a boundary crosses, elementwise (mask AND causal AND
     #    window AND segment; a block inside every band needs none of the bands), and only the
     #    keys from j0 on (tiling: a block shifted back to end at the band's or the keys' end
     #    shares its keys below j0 with the block before it, which counted them already).
-    allowed = _allowed(dims, offset, i, j, mask_blk, q_ids, kv_ids, bands=bands)
+    allowed = _allowed(call, call.offset, i, j, blk.mask, blk.q_ids, blk.kv_ids, bands=bands)
     if bands:
-        allowed = j >= j0 if allowed is None else allowed & (j >= j0)  # (..., bq, bk)
-    attended = _attended(allowed, bias_blk, (*dims.batch, H, bq, bk), K)  # (..., K, bk)
-    k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
+        allowed = j >= blk.j0 if allowed is None else allowed & (j >= blk.j0)  # (..., bq, bk)
+    attended = _attended(allowed, blk.bias, (*call.batch, H, bq, bk), K)  # (..., K, bk)
+    k_blk = _unattended_zeroed(blk.k, attended)  # (..., K, bk, D)
 
     # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G. The scale
     #    goes on the block's queries: XLA would recompute s * scale inside each of its readers,
     #    the row max rounded and s - max as one unrounded FMA, which at logits of 1e10 differ
     #    by hundreds (exp of that: 0, a row of zeros); the matmul's output is read as it is.
-    s = jnp.einsum("...kgld,...ksd->...kgls", q_blk * dims.scale, k_blk, precision=_PRECISION)
+    s = jnp.einsum("...kgld,...ksd->...kgls", blk.q * call.scale, k_blk, precision=_PRECISION)
     s = s.reshape(*s.shape[:-4], H, bq, bk)  # (..., H, bq, bk); h reads kv h // G
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
     tanh = None
-    if dims.softcap is not None:
-        tanh = jnp.tanh(s / dims.softcap)
-        s = dims.softcap * tanh
+    if call.softcap is not None:
+        tanh = jnp.tanh(s / call.softcap)
+        s = call.softcap * tanh
 
     # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
     #    -slope[h] * |i + offset - j| at this block's rows and keys.
-    if bias_blk is not None:
-        s = s + bias_blk
-    if slopes is not None:
-        s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, bq, bk)
+    if blk.bias is not None:
+        s = s + blk.bias
+    if blk.slopes is not None:
+        s = s + alibi(blk.slopes[:, None, None], i, j, call.offset)  # (H, bq, bk)
 
     # 4. allowed: s = -inf where allowed(i, j) is False, in this block.
     if allowed is not None:
         s = jnp.where(allowed, s, -jnp.inf)
-    s = jnp.broadcast_to(s, (*dims.batch, H, bq, bk))  # a value with more batch than query, key
+    s = jnp.broadcast_to(s, (*call.batch, H, bq, bk))  # a value with more batch than query, key
     return s, attended, tanh
 
 
-def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
-                  j0, *, dims: AttentionDims, offset: int, bands: bool = True):  # fmt: skip
+def _attend_block(carry, blk: _Block, *, call: AttentionCall, bands: bool = True):
     """Steps 1-6 for one block of query rows against one block of keys: ``(m, l, acc)`` in and
     out."""
     m, l, acc = carry  # (..., H, bq, 1), (..., H, bq, 1), (..., H, bq, E)
-    H, K, G = dims.H, dims.K, dims.G
-    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
+    H, K, G = call.H, call.K, call.G
+    bq, bk = blk.q.shape[-2], blk.k.shape[-2]
 
     # 1.-4. this block's scores (_block_scores: the steps written out, as in sdpa)
-    s, attended, _ = _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i,
-                                   j, j0, dims=dims, offset=offset, bands=bands)  # fmt: skip
-    v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
+    s, attended, _ = _block_scores(blk, call=call, bands=bands)  # (..., H, bq, bk)
+    v_blk = _unattended_zeroed(blk.v, attended)  # (..., K, bk, E)
 
     # 5. online softmax: raise the running max, rescale what was summed under the old one by
     #    exp(m_old - m_new), add this block's exp(s - m_new).
@@ -165,58 +194,54 @@ def _attend_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids,
     l = alpha * l + jnp.sum(p, axis=-1, keepdims=True)
 
     # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
-    p = p.reshape(*dims.batch, K, G, bq, bk)  # (..., K, G, bq, bk)
+    p = p.reshape(*call.batch, K, G, bq, bk)  # (..., K, G, bq, bk)
     pv = jnp.einsum("...kgls,...kse->...kgle", p, v_blk, precision=_PRECISION)
-    acc = alpha * acc + pv.reshape(*dims.batch, H, bq, dims.E)  # (..., H, bq, E)
+    acc = alpha * acc + pv.reshape(*call.batch, H, bq, call.E)  # (..., H, bq, E)
     return m_new, l, acc
 
 
-def _grad_block(carry, q_blk, k_blk, v_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes, i, j,
-                j0, do_blk, delta, shift, *, dims: AttentionDims, offset: int,
-                bands: bool = True):  # fmt: skip
+def _grad_block(carry, blk: _Block, *, rows: _RowGrads, call: AttentionCall, bands: bool = True):
     """The backward of one block (FlashAttention-2): ``(dq_blk, dk, dv, dbias)`` in and out;
-    ``do_blk (..., K, G, bq, E)``, ``delta = rowsum(dO * O)`` and the rows' log-sum-exp
-    ``shift`` ``(..., K, G, bq, 1)``; the block's keys start at ``j[0, 0]``."""
+    ``rows`` holds the block of rows' ``do``, ``delta`` and ``shift``; the block's keys start at
+    ``blk.j[0, 0]``."""
     dq_blk, dk, dv, dbias = carry  # (..., K, G, bq, D), (..., K, S, D), (..., K, S, E), bias's
-    H, K, G = dims.H, dims.K, dims.G
-    bq, bk = q_blk.shape[-2], k_blk.shape[-2]
-    j_start = j[0, 0]
+    H, K, G = call.H, call.K, call.G
+    bq, bk = blk.q.shape[-2], blk.k.shape[-2]
+    j_start = blk.j[0, 0]
 
     # 1.-4. this block's scores, as the forward made them
-    s, attended, tanh = _block_scores(q_blk, k_blk, bias_blk, mask_blk, q_ids, kv_ids, slopes,
-                                      i, j, j0, dims=dims, offset=offset,
-                                      bands=bands)  # fmt: skip
-    k_blk = _unattended_zeroed(k_blk, attended)  # (..., K, bk, D)
-    v_blk = _unattended_zeroed(v_blk, attended)  # (..., K, bk, E)
+    s, attended, tanh = _block_scores(blk, call=call, bands=bands)  # (..., H, bq, bk)
+    k_blk = _unattended_zeroed(blk.k, attended)  # (..., K, bk, D)
+    v_blk = _unattended_zeroed(blk.v, attended)  # (..., K, bk, E)
 
     # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
-    s = s.reshape(*dims.batch, K, G, bq, bk) - shift
+    s = s.reshape(*call.batch, K, G, bq, bk) - rows.shift
     s = jnp.minimum(s, 0.0)  # P <= 1 even if S was rounded differently
     p = jnp.exp(s)  # (..., K, G, bq, bk)
 
     # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
-    dv_blk = jnp.einsum("...kgls,...kgle->...kse", p, do_blk, precision=_PRECISION)
+    dv_blk = jnp.einsum("...kgls,...kgle->...kse", p, rows.do, precision=_PRECISION)
     dv = _add_rows(dv, dv_blk, j_start)  # (..., K, S, E)
-    dp = jnp.einsum("...kgle,...kse->...kgls", do_blk, v_blk, precision=_PRECISION)
+    dp = jnp.einsum("...kgle,...kse->...kgls", rows.do, v_blk, precision=_PRECISION)
 
     # 5. softmax:  dS = P * (dP - D); zero wherever P is (masked, -inf bias, no key).
-    ds = p * (dp - delta)  # (..., K, G, bq, bk)
+    ds = p * (dp - rows.delta)  # (..., K, G, bq, bk)
 
     # 3. additive terms:  dbias += dS, summed to the bias block's shape.
     if dbias is not None:
-        ds_h = ds.reshape(*dims.batch, H, bq, bk)  # (..., H, bq, bk)
-        dbias = _add_block(dbias, _sum_to(ds_h, bias_blk.shape), i[0, 0], j_start)
+        ds_h = ds.reshape(*call.batch, H, bq, bk)  # (..., H, bq, bk)
+        dbias = _add_block(dbias, _sum_to(ds_h, blk.bias.shape), blk.i[0, 0], j_start)
 
     # 2. softcap:  dS *= 1 - tanh^2(s / softcap).
     if tanh is not None:
         ds = ds * (1.0 - tanh * tanh).reshape(*tanh.shape[:-3], K, G, bq, bk)
 
     # 1. scores:  dQ += dS K * scale;  dK += dS^T Q * scale (summed over the group).
-    dq_blk = dq_blk + dims.scale * jnp.einsum(
+    dq_blk = dq_blk + call.scale * jnp.einsum(
         "...kgls,...ksd->...kgld", ds, k_blk, precision=_PRECISION
     )
-    dk_blk = jnp.einsum("...kgls,...kgld->...ksd", ds, q_blk, precision=_PRECISION)
-    dk = _add_rows(dk, dims.scale * dk_blk, j_start)  # (..., K, S, D)
+    dk_blk = jnp.einsum("...kgls,...kgld->...ksd", ds, blk.q, precision=_PRECISION)
+    dk = _add_rows(dk, call.scale * dk_blk, j_start)  # (..., K, S, D)
     return dq_blk, dk, dv, dbias
 
 
@@ -250,31 +275,30 @@ def _add_block(x: jax.Array, update: jax.Array, i0: jax.Array, j0: jax.Array) ->
 
 @dataclasses.dataclass(frozen=True)
 class _Tiling:
-    """What a call's loops need besides its arrays (static under jit): the validated sizes, the
-    causal offset, the block sizes, and the number of blocks each way."""
+    """What a call's loops need besides its arrays (static under jit): the validated call (its
+    sizes, causal offset and keywords), the block sizes, and the number of blocks each way."""
 
-    dims: AttentionDims
-    offset: int
+    call: AttentionCall
     bq: int
     bk: int
 
     @property
     def n_q(self) -> int:
-        return -(-self.dims.L // self.bq)
+        return -(-self.call.L // self.bq)
 
     @property
     def n_k(self) -> int:
-        return -(-self.dims.S // self.bk)
+        return -(-self.call.S // self.bk)
 
     @property
     def n_band(self) -> int:
         """Key blocks a block of rows can visit: a window bounded on the left, with causal or a
         bounded right side, reaches at most ``bq + left + right`` keys (right: 0 with causal)
         from the band's first key, where the blocks start; otherwise every block, ``n_k``."""
-        window = self.dims.window
+        window = self.call.window
         if window is None or window[0] is None:
             return self.n_k
-        right = 0 if self.dims.is_causal else window[1]
+        right = 0 if self.call.is_causal else window[1]
         if right is None:
             return self.n_k
         return min(self.n_k, -(-(self.bq + window[0] + right) // self.bk))
@@ -283,7 +307,7 @@ class _Tiling:
     def diagonal(self) -> bool:
         """Causal without a window: every key block left of a row block's diagonal is allowed
         to all its rows, and only the blocks the diagonal crosses need the causal rule."""
-        return self.dims.is_causal and self.dims.window is None
+        return self.call.is_causal and self.call.window is None
 
     @property
     def bn(self) -> int:
@@ -296,9 +320,10 @@ class _Tiling:
 def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
     """The inner loop over key blocks for the rows ``i0 .. i0 + bq``: ``carry`` in and out.
 
-    ``step(carry, *blk_of(j_start, size, j, j0, kv_ids_blk), bands=...)`` is one block of
-    ``size`` keys from ``j_start`` (``j (1, size)``), counting those from ``j0`` on."""
-    dims, bk, S = tiling.dims, tiling.bk, tiling.dims.S
+    ``step(carry, blk_of(j_start, size, j, j0, kv_ids_blk), bands=...)`` is one block of
+    ``size`` keys from ``j_start`` (``j (1, size)``, its :class:`_Block`), counting those from
+    ``j0`` on."""
+    call, bk, S = tiling.call, tiling.bk, tiling.call.S
     # 4. allowed, whole blocks: only the key blocks some row may see are visited, and only those
     #    a boundary crosses are masked elementwise. Causal: the blocks every row sees, then the
     #    diagonal's; no band: every block; a window: from the band's first key, the steps a band
@@ -312,11 +337,11 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
         kv_ids_blk = _block(kv_ids, -1, j_start, size)  # (..., size)
 
         def run(c):
-            return step(c, *blk_of(j_start, size, j, j0, kv_ids_blk), bands=bands)
+            return step(c, blk_of(j_start, size, j, j0, kv_ids_blk), bands=bands)
 
         if not (skips or q_ids_rows is not None):
             return run(carry)
-        some, _ = block_rules(dims.is_causal, dims.window, tiling.offset, i0, i0 + tiling.bq,
+        some, _ = block_rules(call.is_causal, call.window, tiling.call.offset, i0, i0 + tiling.bq,
                               j0, j_start + size, q_ids_rows, kv_ids_blk)  # fmt: skip
         some = some & (j0 < S)  # past the last key: the band started late, nothing left
         return jax.lax.cond(some, run, lambda c: c, carry)
@@ -328,8 +353,8 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
         # end at `hi`. Nothing past the diagonal is visited: the trip counts depend on i0
         # (`fori_loop` with traced bounds, a `while_loop`; the backward is this file's own, so
         # reverse mode never goes through it).
-        every = jnp.clip(i0 + tiling.offset + 1, 0, S)  # keys [0, every): allowed to all rows
-        hi = jnp.clip(i0 + tiling.bq + tiling.offset, 0, S)  # keys [0, hi): to some row
+        every = jnp.clip(i0 + tiling.call.offset + 1, 0, S)  # keys [0, every): allowed to all rows
+        hi = jnp.clip(i0 + tiling.bq + tiling.call.offset, 0, S)  # keys [0, hi): to some row
         n_every = every // bk
 
         def inside(u, c):
@@ -345,7 +370,7 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
 
         return jax.lax.fori_loop(0, (hi - lo + bn - 1) // bn, across, carry)
 
-    if not dims.is_causal and dims.window is None:
+    if not call.is_causal and call.window is None:
         # No band: every block of bk keys is visited unmasked, then the last keys (S % bk of
         # them) in a block shifted back to end at S, which masks the keys it shares.
         n_whole = S // bk
@@ -362,13 +387,13 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
     # it are masked for every row), so a band of bk keys is one block; a window's band is a
     # few blocks: the scan takes those steps, not one per key block.
     lo = 0
-    if dims.window is not None and dims.window[0] is not None:
-        lo = jnp.clip(i0 + tiling.offset - dims.window[0], 0, S)
+    if call.window is not None and call.window[0] is not None:
+        lo = jnp.clip(i0 + tiling.call.offset - call.window[0], 0, S)
 
     def band(c, u):
         j0 = lo + u * bk  # first key this block counts
         j_start = jnp.minimum(j0, S - bk)  # first key it holds (the last: shifted to end at S)
-        return visit(c, j0, j_start, bk, bands=True, skips=dims.window is not None), None
+        return visit(c, j0, j_start, bk, bands=True, skips=call.window is not None), None
 
     return jax.lax.scan(band, carry, jnp.arange(tiling.n_band))[0]
 
@@ -376,44 +401,83 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
 def _in_row_order(blocks: jax.Array, tiling: _Tiling) -> jax.Array:
     """``(n_q, ..., bq, X)`` blocks of rows -> ``(..., L, X)``: the last block holds rows
     ``L - bq .. L``, of which the first ``n_q * bq - L`` are already in the block before it."""
-    n_q, bq, L = tiling.n_q, tiling.bq, tiling.dims.L
+    n_q, bq, L = tiling.n_q, tiling.bq, tiling.call.L
     drop = n_q * bq - L
     rows = jnp.moveaxis(blocks[:-1], 0, -3)  # (..., n_q - 1, bq, X)
     rows = rows.reshape(*rows.shape[:-3], (n_q - 1) * bq, rows.shape[-1])
     return jnp.concatenate([rows, blocks[-1][..., drop:, :]], axis=-2)  # (..., L, X)
 
 
-def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling):
+class _Arrays(NamedTuple):
+    """The arrays of one tiled call, a pytree (None where not given): ``query (..., H, L, D)``,
+    ``key (..., K, S, D)``, ``value (..., K, S, E)``, ``bias`` (broadcastable to
+    ``(..., H, L, S)``) and ``sinks (H,)``, the differentiated ones; ``mask``, the segment ids
+    ``q_ids (..., L)`` and ``kv_ids (..., S)``, and ALiBi's ``slopes (H,)``. :func:`_flash`
+    takes them as given; :func:`_in_compute_dtype` makes what the loops read."""
+
+    query: jax.Array
+    key: jax.Array
+    value: jax.Array
+    bias: jax.Array | None
+    sinks: jax.Array | None
+    mask: jax.Array | None
+    q_ids: jax.Array | None
+    kv_ids: jax.Array | None
+    slopes: jax.Array | None
+
+
+def _arrays(query, key, value, keywords: Mapping[str, jax.Array | None]) -> _Arrays:
+    """The :class:`_Arrays` of a call: query, key, value and its array ``keywords`` by name."""
+    return _Arrays(
+        query, key, value, keywords["bias"], keywords["sinks"], keywords["mask"],
+        keywords["q_segment_ids"], keywords["kv_segment_ids"], keywords["alibi_slopes"],
+    )  # fmt: skip
+
+
+def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
+    """``x`` as the loops read it: query grouped as ``(..., K, G, L, D)``, and query, key,
+    value, bias, sinks and slopes in the compute dtype (mask and segment ids as they are)."""
+    ct = _compute_dtype(x.query.dtype)
+    q = x.query.astype(ct).reshape(*x.query.shape[:-3], call.K, call.G, call.L, call.D)
+    return x._replace(
+        query=q, key=x.key.astype(ct), value=x.value.astype(ct), bias=_cast(x.bias, ct),
+        sinks=_cast(x.sinks, ct), slopes=_cast(x.slopes, ct),
+    )  # fmt: skip
+
+
+def _forward(x: _Arrays, tiling: _Tiling):
     """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype.
-    ``q (..., K, G, L, D)``, ``k (..., K, S, D)``, ``v (..., K, S, E)`` in the compute dtype."""
-    dims, bq = tiling.dims, tiling.bq
-    H, L, E = dims.H, dims.L, dims.E
+    ``x``: :func:`_in_compute_dtype`'s, ``x.query (..., K, G, L, D)``, ``x.key (..., K, S, D)``,
+    ``x.value (..., K, S, E)``."""
+    call, bq = tiling.call, tiling.bq
+    H, L, E = call.H, call.L, call.E
+    q, k, v, sinks = x.query, x.key, x.value, x.sinks
     ct = q.dtype
-    step = functools.partial(_attend_block, dims=dims, offset=tiling.offset)
+    step = functools.partial(_attend_block, call=call)
 
     def query_block(_, t):
         """Query rows ``t * bq ..`` (the last block shifted back to end at L): steps 1-6."""
         i0 = jnp.minimum(t * bq, L - bq)  # first row
         q_blk = jax.lax.dynamic_slice_in_dim(q, i0, bq, axis=q.ndim - 2)  # (..., K, G, bq, D)
         i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
-        bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
-        mask_rows = _block(mask, -2, i0, bq)
-        q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
+        bias_rows = _block(x.bias, -2, i0, bq)  # this block's rows of bias and mask
+        mask_rows = _block(x.mask, -2, i0, bq)
+        q_ids_rows = _block(x.q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
 
         def blk_of(j_start, size, j, j0, kv_ids_blk):  # size: bk or bn keys
-            return (
-                q_blk,
-                jax.lax.dynamic_slice_in_dim(k, j_start, size, axis=k.ndim - 2),  # (..., K, bk, D)
-                jax.lax.dynamic_slice_in_dim(v, j_start, size, axis=v.ndim - 2),  # (..., K, bk, E)
-                _block(bias_rows, -1, j_start, size),
-                _block(mask_rows, -1, j_start, size),
-                q_ids_rows, kv_ids_blk, slopes, i, j, j0,
+            return _Block(
+                q=q_blk,
+                k=jax.lax.dynamic_slice_in_dim(k, j_start, size, k.ndim - 2),  # (..., K, bk, D)
+                v=jax.lax.dynamic_slice_in_dim(v, j_start, size, v.ndim - 2),  # (..., K, bk, E)
+                bias=_block(bias_rows, -1, j_start, size),
+                mask=_block(mask_rows, -1, j_start, size),
+                q_ids=q_ids_rows, kv_ids=kv_ids_blk, slopes=x.slopes, i=i, j=j, j0=j0,
             )  # fmt: skip
 
-        m = jnp.full((*dims.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
-        l = jnp.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
-        acc = jnp.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
-        m, l, acc = _key_blocks(tiling, (m, l, acc), step, blk_of, i0, q_ids_rows, kv_ids)
+        m = jnp.full((*call.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
+        l = jnp.zeros((*call.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
+        acc = jnp.zeros((*call.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
+        m, l, acc = _key_blocks(tiling, (m, l, acc), step, blk_of, i0, q_ids_rows, x.kv_ids)
 
         # 5. (end) the sink joins the denominator once, as one more logit with no value; then
         #    divide by the row sum once, after the last key block. A row with no allowed key
@@ -433,16 +497,18 @@ def _forward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling)
     return _in_row_order(outs, tiling), _in_row_order(lses, tiling)[..., 0]
 
 
-def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, tiling):
+def _backward(x: _Arrays, out, lse, do, tiling: _Tiling):
     """The tiled backward (FlashAttention-2, Algorithm 2, in the forward's loop order):
     ``(dQ (..., H, L, D), dK (..., K, S, D), dV (..., K, S, E), dbias (the bias's shape) or
-    None, dsinks (H,) or None)`` in the compute dtype, at the call's batch.
+    None, dsinks (H,) or None)`` in the compute dtype, at the call's batch; ``x`` as in
+    :func:`_forward`.
 
     For each block of query rows, ``D_i = rowsum(dO_i * O_i)``; for each key block the forward
     visited, ``P = exp(S - lse)``, ``dV += P^T dO``, ``dP = dO V^T``, ``dS = P * (dP - D)``,
     ``dQ += dS K``, ``dK += dS^T Q`` (:func:`_grad_block`)."""
-    dims, bq = tiling.dims, tiling.bq
-    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    call, bq = tiling.call, tiling.bq
+    H, K, G, L, S, D, E = call.H, call.K, call.G, call.L, call.S, call.D, call.E
+    q, k, v, sinks = x.query, x.key, x.value, x.sinks
     ct = q.dtype
 
     def query_block(carry, t):
@@ -454,15 +520,15 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
         i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
         fresh = i >= t * bq  # (bq, 1): the rows this block counts
         do_blk = jax.lax.dynamic_slice_in_dim(do, i0, bq, axis=do.ndim - 2)  # (..., H, bq, E)
-        do_blk = jnp.where(fresh, do_blk, 0.0).reshape(*dims.batch, K, G, bq, E)
+        do_blk = jnp.where(fresh, do_blk, 0.0).reshape(*call.batch, K, G, bq, E)
         o_blk = jax.lax.dynamic_slice_in_dim(out, i0, bq, axis=out.ndim - 2)
-        o_blk = o_blk.reshape(*dims.batch, K, G, bq, E)
+        o_blk = o_blk.reshape(*call.batch, K, G, bq, E)
         delta = jnp.sum(do_blk * o_blk, axis=-1, keepdims=True)  # (..., K, G, bq, 1)
         row_lse = jax.lax.dynamic_slice_in_dim(lse, i0, bq, axis=lse.ndim - 1)  # (..., H, bq)
         shift = jnp.where(row_lse == -jnp.inf, 0.0, row_lse)[..., None]  # no key: P = 0
-        bias_rows = _block(bias, -2, i0, bq)  # this block's rows of bias and mask
-        mask_rows = _block(mask, -2, i0, bq)
-        q_ids_rows = _block(q_ids, -1, i0, bq)  # (..., bq)
+        bias_rows = _block(x.bias, -2, i0, bq)  # this block's rows of bias and mask
+        mask_rows = _block(x.mask, -2, i0, bq)
+        q_ids_rows = _block(x.q_ids, -1, i0, bq)  # (..., bq)
 
         # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
         if sinks is not None:
@@ -471,25 +537,25 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
             dsinks = dsinks + per_row.sum(axis=(*range(per_row.ndim - 2), -1))  # (H,)
 
         def blk_of(j_start, size, j, j0, kv_ids_blk):  # size: bk or bn keys
-            return (
-                q_blk,
-                jax.lax.dynamic_slice_in_dim(k, j_start, size, axis=k.ndim - 2),  # (..., K, bk, D)
-                jax.lax.dynamic_slice_in_dim(v, j_start, size, axis=v.ndim - 2),  # (..., K, bk, E)
-                _block(bias_rows, -1, j_start, size),
-                _block(mask_rows, -1, j_start, size),
-                q_ids_rows, kv_ids_blk, slopes, i, j, j0, do_blk, delta,
-                shift.reshape(*dims.batch, K, G, bq, 1),
+            return _Block(
+                q=q_blk,
+                k=jax.lax.dynamic_slice_in_dim(k, j_start, size, k.ndim - 2),  # (..., K, bk, D)
+                v=jax.lax.dynamic_slice_in_dim(v, j_start, size, v.ndim - 2),  # (..., K, bk, E)
+                bias=_block(bias_rows, -1, j_start, size),
+                mask=_block(mask_rows, -1, j_start, size),
+                q_ids=q_ids_rows, kv_ids=kv_ids_blk, slopes=x.slopes, i=i, j=j, j0=j0,
             )  # fmt: skip
 
-        step = functools.partial(_grad_block, dims=dims, offset=tiling.offset)
-        dq_blk = jnp.zeros((*dims.batch, K, G, bq, D), ct)  # (..., K, G, bq, D)
+        rows = _RowGrads(do_blk, delta, shift.reshape(*call.batch, K, G, bq, 1))
+        step = functools.partial(_grad_block, rows=rows, call=call)
+        dq_blk = jnp.zeros((*call.batch, K, G, bq, D), ct)  # (..., K, G, bq, D)
         carry = (dq_blk, dk, dv, dbias)
-        dq_blk, dk, dv, dbias = _key_blocks(tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids)
-        return (dk, dv, dbias, dsinks), dq_blk.reshape(*dims.batch, H, bq, D)
+        dq_blk, dk, dv, dbias = _key_blocks(tiling, carry, step, blk_of, i0, q_ids_rows, x.kv_ids)
+        return (dk, dv, dbias, dsinks), dq_blk.reshape(*call.batch, H, bq, D)
 
-    dk = jnp.zeros((*dims.batch, K, S, D), ct)  # (..., K, S, D), accumulated over query blocks
-    dv = jnp.zeros((*dims.batch, K, S, E), ct)  # (..., K, S, E), likewise
-    dbias = None if bias is None else jnp.zeros(bias.shape, ct)  # the bias's shape
+    dk = jnp.zeros((*call.batch, K, S, D), ct)  # (..., K, S, D), accumulated over query blocks
+    dv = jnp.zeros((*call.batch, K, S, E), ct)  # (..., K, S, E), likewise
+    dbias = None if x.bias is None else jnp.zeros(x.bias.shape, ct)  # the bias's shape
     dsinks = None if sinks is None else jnp.zeros((H,), ct)
     (dk, dv, dbias, dsinks), dqs = jax.lax.scan(
         query_block, (dk, dv, dbias, dsinks), jnp.arange(tiling.n_q)
@@ -497,41 +563,35 @@ def _backward(q, k, v, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse, do, t
     return _in_row_order(dqs, tiling), dk, dv, dbias, dsinks  # dQ: (..., H, L, D)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def _flash(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling: _Tiling):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1,))
+def _flash(x: _Arrays, tiling: _Tiling):
     """``(output, lse)`` in the compute dtype, differentiable in query, key, value, bias and
     sinks through the tiled backward; the residuals are the inputs, the output and ``lse``."""
-    return _flash_forward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling)[0]
+    return _flash_forward(x, tiling)[0]
 
 
-def _flash_forward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling):
-    dims = tiling.dims
-    ct = _compute_dtype(query.dtype)
-    q = query.astype(ct).reshape(*query.shape[:-3], dims.K, dims.G, dims.L, dims.D)
-    out, lse = _forward(q, key.astype(ct), value.astype(ct), _cast(bias, ct), _cast(sinks, ct),
-                        mask, q_ids, kv_ids, _cast(slopes, ct), tiling)  # fmt: skip
-    residuals = (query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse)
-    return (out, lse), residuals
+def _flash_forward(x: _Arrays, tiling: _Tiling):
+    out, lse = _forward(_in_compute_dtype(x, tiling.call), tiling)
+    return (out, lse), (x, out, lse)
 
 
 def _flash_backward(tiling: _Tiling, residuals, cotangents):
-    query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse = residuals
+    x, out, lse = residuals
     do, _ = cotangents  # lse is not differentiated
-    dims = tiling.dims
-    ct = _compute_dtype(query.dtype)
-    q = query.astype(ct).reshape(*query.shape[:-3], dims.K, dims.G, dims.L, dims.D)
     dq, dk, dv, dbias, dsinks = _backward(
-        q, key.astype(ct), value.astype(ct), _cast(bias, ct), _cast(sinks, ct), mask, q_ids,
-        kv_ids, _cast(slopes, ct), out, lse, do.astype(ct), tiling,
-    )  # fmt: skip
+        _in_compute_dtype(x, tiling.call), out, lse, do.astype(out.dtype), tiling
+    )
 
     # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
     def back(grad, given):
         return None if given is None else _sum_to(grad, given.shape).astype(given.dtype)
 
-    grads = (back(dq, query), back(dk, key), back(dv, value), back(dbias, bias),
-             back(dsinks, sinks))  # fmt: skip
-    return (*grads, None, None, None, None)  # mask, segment ids, slopes: not differentiated
+    grads = _Arrays(
+        query=back(dq, x.query), key=back(dk, x.key), value=back(dv, x.value),
+        bias=back(dbias, x.bias), sinks=back(dsinks, x.sinks),
+        mask=None, q_ids=None, kv_ids=None, slopes=None,  # not differentiated
+    )  # fmt: skip
+    return (grads,)
 
 
 _flash.defvjp(_flash_forward, _flash_backward)
@@ -584,39 +644,20 @@ def flash_attention(
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
-    query, key, value = _as_given(query), _as_given(key), _as_given(value)
-    mask, bias = _as_given(mask), _as_given(bias)
-    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
-    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
-    dims = check_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
-    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, dims.is_causal, dims.window)
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    call = check_attention(query, key, value, **kw)
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
     return_lse = check_flag("return_lse", return_lse)
     _check_x64(query.dtype)
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    q_ids, kv_ids, sinks, slopes = (_asarray(kw[name]) for name in _V2_ARRAYS)
-    ct = _compute_dtype(query.dtype)
-    H, L, S, E = dims.H, dims.L, dims.S, dims.E
-    offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
+    query, key, value, kw = _on_device(query, key, value, keywords=kw)
+    H, L, S, E = call.H, call.L, call.S, call.E
     if L == 0 or S == 0:  # no block to scan: no rows, or no keys (every row fully masked)
-        out = jnp.zeros((*dims.batch, H, L, E), query.dtype)
-        lse = jnp.full((*dims.batch, H, L), -jnp.inf, ct)
+        out = jnp.zeros((*call.batch, H, L, E), query.dtype)
+        lse = jnp.full((*call.batch, H, L), -jnp.inf, _compute_dtype(query.dtype))
         return (out, lse) if return_lse else out
 
-    tiling = _Tiling(dims, offset, min(block_q, L), min(block_k, S))
-    out, lse = _flash(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling)
+    tiling = _Tiling(call, min(block_q, L), min(block_k, S))
+    out, lse = _flash(_arrays(query, key, value, kw), tiling)
     out = out.astype(query.dtype)  # back to the input dtype
     return (out, lse) if return_lse else out
 
@@ -651,13 +692,9 @@ def flash_attention_vjp(
     :func:`impl_jax.functional.scaled_dot_product_attention_vjp` does. Jit it with
     :data:`STATIC_ARGNAMES` (``return_lse`` aside).
     """
-    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-              alibi_slopes=alibi_slopes)  # fmt: skip
-    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
-                    softcap=softcap, window=window)  # fmt: skip
     tiled = functools.partial(flash_attention, block_q=block_q, block_k=block_k)
     return _vjp_by_jax(
-        tiled, query, key, value, grad_output, mask, bias, v2, keywords,
-        # the block sizes are checked before grad_output, as NumPy's _validated does
+        tiled, given=locals(),
+        # the block sizes are checked before grad_output, as NumPy's flash_attention_vjp does
         checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
     )  # fmt: skip

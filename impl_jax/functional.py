@@ -17,15 +17,18 @@ D query/key head dim, E value head dim.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 
 from attention_spec import (
+    AttentionCall,
     AttentionDims,
     AttentionGrads,
     alibi_slope_values,
+    call_keywords,
     causal_offset,
     check_attention,
     check_causal_mask_args,
@@ -34,7 +37,7 @@ from attention_spec import (
     check_size,
     dtype_name,
 )
-from attention_spec.rules import alibi, block_rules, causal, segments, window
+from attention_spec.rules import alibi, causal, segments, window
 
 __all__ = [
     "STATIC_ARGNAMES",
@@ -88,6 +91,22 @@ def _asarray(x: object) -> jax.Array | None:
     return None if x is None else jnp.asarray(x)
 
 
+def _converted(*arrays: object, given: Mapping[str, object]) -> tuple:
+    """The call's arrays as validation reads them: ``arrays`` (query, key, value, grad_output:
+    those the function takes) and every array keyword among ``given`` (the function's
+    ``locals()``), with :func:`_as_given`. Returns ``(*arrays, keywords)``, ``keywords`` the
+    contract's keywords by name (:func:`~attention_spec.call_keywords`), as
+    ``check_attention`` takes them; :func:`_on_device` then makes JAX arrays of them, once
+    validation has read their own dtypes."""
+    return (*(_as_given(x) for x in arrays), call_keywords(given, _as_given))
+
+
+def _on_device(*arrays: object, keywords: Mapping[str, object]) -> tuple:
+    """``arrays`` and the array keywords of ``keywords``, validated, as JAX arrays
+    (:func:`_asarray`): ``(*arrays, keywords)``."""
+    return (*(_asarray(x) for x in arrays), call_keywords(keywords, _asarray))
+
+
 def _cast(x: jax.Array | None, dtype: jnp.dtype) -> jax.Array | None:
     """``x`` in ``dtype`` (a value too large for it becomes +/-inf); None stays None."""
     return None if x is None else x.astype(dtype)
@@ -101,7 +120,6 @@ def _check_x64(dtype: object) -> None:
 
 
 _X64_HOW = "JAX's 64-bit mode: jax.config.update('jax_enable_x64', True)"
-_V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
 
 
 def _allowed(
@@ -156,10 +174,11 @@ def _min0(x: jax.Array) -> jax.Array:
     return x - jax.lax.stop_gradient(jnp.maximum(x, 0.0))
 
 
-def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
+def _weights(query, key, call: AttentionCall, prepared: _Prepared):
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
-    H, K, G, L, S, D = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D
+    H, K, G, L, S, D = call.H, call.K, call.G, call.L, call.S, call.D
+    allowed, bias, slopes, sinks = prepared.allowed, prepared.bias, prepared.slopes, prepared.sinks
 
     # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G. The scale
     #    goes on the queries: XLA would recompute s * scale inside each reader of s, the row max
@@ -167,13 +186,13 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     #    (exp of that: 0, a row of zeros); the matmul's output is read as it is.
     q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
     k = key.astype(ct)  # (..., K, S, D)
-    s = jnp.einsum("...kgld,...ksd->...kgls", q * dims.scale, k, precision=_PRECISION)
+    s = jnp.einsum("...kgld,...ksd->...kgls", q * call.scale, k, precision=_PRECISION)
     s = s.reshape(*s.shape[:-4], H, L, S)  # (..., H, L, S); a group per kv head
-    s = jnp.broadcast_to(s, dims.scores_shape)  # a mask, bias or value with more batch than q, k
+    s = jnp.broadcast_to(s, call.scores_shape)  # a mask, bias or value with more batch than q, k
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
-    if dims.softcap is not None:
-        s = dims.softcap * jnp.tanh(s / dims.softcap)
+    if call.softcap is not None:
+        s = call.softcap * jnp.tanh(s / call.softcap)
 
     # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf) + ALiBi's
     #    -slope[h] * |i + offset - j|.
@@ -181,7 +200,7 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
         s = s + bias
     if slopes is not None:
         i, j = jnp.arange(L)[:, None], jnp.arange(S)[None, :]  # (L, 1), (1, S)
-        s = s + alibi(slopes[:, None, None], i, j, offset)  # (H, L, S)
+        s = s + alibi(slopes[:, None, None], i, j, call.offset)  # (H, L, S)
 
     # 4. allowed: s = -inf where allowed(i, j) = mask AND causal AND window AND segment is False.
     if allowed is not None:
@@ -202,25 +221,37 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     return e / jnp.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
 
 
-def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias, kw):
-    """What steps 1-5 need: the causal offset, the allowed rule, the bias, slopes and sinks in
-    the compute dtype, and the key/value rows no query attends (``kw``: the v2 arrays)."""
+class _Prepared(NamedTuple):
+    """What steps 1-5 need besides query and key (:func:`_prepared`): the allowed rule
+    (broadcastable to ``(..., H, L, S)``, or None), the bias, the ALiBi slopes ``(H,)`` and the
+    sinks ``(H,)`` in the compute dtype (each None when not given), and the key/value rows some
+    query attends, ``attended (..., K, S)`` (None when every row is)."""
+
+    allowed: jax.Array | None
+    bias: jax.Array | None
+    slopes: jax.Array | None
+    sinks: jax.Array | None
+    attended: jax.Array | None
+
+
+def _prepared(query, call: AttentionCall, arrays: Mapping[str, jax.Array | None]) -> _Prepared:
+    """What steps 1-5 need of the validated ``call`` and its array keywords ``arrays`` (by
+    name, converted)."""
     ct = _compute_dtype(query.dtype)
-    offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
     #    The causal and window bands need no elementwise rule when they allow every (i, j) of
-    #    the call (a decode step: one query, bottom-right, sees every key): then nothing is
-    #    masked, no key or value row is zeroed (no copy of a KV cache per step), and no index
-    #    is built.
-    _, every = block_rules(dims.is_causal, dims.window, offset, 0, dims.L, 0, dims.S, None, None)
-    bands = not every and (dims.is_causal or dims.window is not None)
-    i = jnp.arange(dims.L)[:, None] if bands else None  # (L, 1)
-    j = jnp.arange(dims.S)[None, :] if bands else None  # (1, S)
+    #    the call (``call.bands`` is False; a decode step: one query, bottom-right, sees every
+    #    key): then nothing is masked, no key or value row is zeroed (no copy of a KV cache per
+    #    step), and no index is built.
+    i = jnp.arange(call.L)[:, None] if call.bands else None  # (L, 1)
+    j = jnp.arange(call.S)[None, :] if call.bands else None  # (1, S)
     allowed = _allowed(
-        dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"], bands=bands
-    )
-    bias = _cast(bias, ct)
-    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
-    return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
+        call, call.offset, i, j, arrays["mask"], arrays["q_segment_ids"],
+        arrays["kv_segment_ids"], bands=call.bands,
+    )  # fmt: skip
+    bias = _cast(arrays["bias"], ct)
+    attended = _attended(allowed, bias, call.scores_shape, call.K)
+    slopes, sinks = _cast(arrays["alibi_slopes"], ct), _cast(arrays["sinks"], ct)
+    return _Prepared(allowed, bias, slopes, sinks, attended)
 
 
 def attention_weights(
@@ -259,29 +290,13 @@ def attention_weights(
     Array-likes are converted with ``jnp.asarray`` (after validation, which reads a NumPy
     array's own dtype). Rows with no allowed key are all zeros, with zero gradient.
     """
-    query, key, mask, bias = _as_given(query), _as_given(key), _as_given(mask), _as_given(bias)
-    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
-    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
-    dims = check_attention(
-        query,
-        key,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
+    query, key, kw = _converted(query, key, given=locals())
+    call = check_attention(query, key, **kw)
     _check_x64(query.dtype)
-    query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
-    kw = {name: _asarray(x) for name, x in kw.items()}
-    offset, allowed, bias, slopes, sinks, attended = _prepared(
-        query, key, dims, causal_alignment, mask, bias, kw
-    )
-    key = _unattended_zeroed(key, attended)
-    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
+    query, key, kw = _on_device(query, key, keywords=kw)
+    prepared = _prepared(query, call, kw)
+    key = _unattended_zeroed(key, prepared.attended)
+    weights = _weights(query, key, call, prepared)
     return weights.astype(query.dtype)
 
 
@@ -314,39 +329,21 @@ def scaled_dot_product_attention(
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output or a gradient, even holding NaN or inf.
     """
-    query, key, value = _as_given(query), _as_given(key), _as_given(value)
-    mask, bias = _as_given(mask), _as_given(bias)
-    values = (q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
-    kw = {name: _as_given(x) for name, x in zip(_V2_ARRAYS, values)}
-    dims = check_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    call = check_attention(query, key, value, **kw)
     _check_x64(query.dtype)
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    kw = {name: _asarray(x) for name, x in kw.items()}
-    offset, allowed, bias, slopes, sinks, attended = _prepared(
-        query, key, dims, causal_alignment, mask, bias, kw
-    )
+    query, key, value, kw = _on_device(query, key, value, keywords=kw)
+    prepared = _prepared(query, call, kw)
+    attended = prepared.attended
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
-    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
-    K, G, L, E = dims.K, dims.G, dims.L, dims.E
+    weights = _weights(query, key, call, prepared)
+    K, G, L, E = call.K, call.G, call.L, call.E
 
     # 6. output = weights @ value, per group, then back to the input dtype.
-    w = weights.reshape(*weights.shape[:-3], K, G, L, dims.S)  # (..., K, G, L, S)
+    w = weights.reshape(*weights.shape[:-3], K, G, L, call.S)  # (..., K, G, L, S)
     v = value.astype(weights.dtype)  # (..., K, S, E)
     out = jnp.einsum("...kgls,...kse->...kgle", w, v, precision=_PRECISION)  # (..., K, G, L, E)
-    return out.reshape(*dims.batch, K * G, L, E).astype(query.dtype)  # (..., H, L, E)
+    return out.reshape(*call.batch, K * G, L, E).astype(query.dtype)  # (..., H, L, E)
 
 
 def scaled_dot_product_attention_vjp(
@@ -383,25 +380,13 @@ def scaled_dot_product_attention_vjp(
     (the row max is a ``stop_gradient``; masks select with ``jnp.where``). impl_numpy writes
     the same backward out by hand. Jit it like the forward, with :data:`STATIC_ARGNAMES`.
     """
-    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-              alibi_slopes=alibi_slopes)  # fmt: skip
-    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
-                    softcap=softcap, window=window)  # fmt: skip
-    return _vjp_by_jax(
-        scaled_dot_product_attention, query, key, value, grad_output, mask, bias, v2, keywords
-    )
+    return _vjp_by_jax(scaled_dot_product_attention, given=locals())
 
 
 def _vjp_by_jax(
     forward: Callable[..., jax.Array],
-    query: object,
-    key: object,
-    value: object,
-    grad_output: object,
-    mask: object,
-    bias: object,
-    v2: dict[str, object],
-    keywords: dict[str, object],
+    *,
+    given: Mapping[str, object],
     checks: tuple[Callable[[], None], ...] = (),
 ) -> AttentionGrads:
     """The one body of the ``*_vjp`` functions (here and in ``impl_jax.flash``): the call
@@ -409,28 +394,23 @@ def _vjp_by_jax(
     shape and x64) before any arithmetic, and the gradients of ``<forward(...), grad_output>``
     by ``jax.vjp``.
 
-    ``forward(query, key, value, mask=, bias=, q_segment_ids=, kv_segment_ids=, sinks=,
-    alibi_slopes=, **keywords)`` is differentiated with respect to query, key, value, bias and
-    sinks (None where not given); ``v2`` holds the four v2 arrays by name, ``keywords`` the
-    scalar arguments (``is_causal``, ``causal_alignment``, ``scale``, ``softcap``, ``window``).
+    ``given`` is the ``*_vjp`` function's ``locals()`` (query, key, value, grad_output and its
+    keywords); ``forward(query, key, value, **keywords)`` is differentiated with respect to
+    query, key, value, bias and sinks (None where not given).
     """
-    query, key, value = _as_given(query), _as_given(key), _as_given(value)
-    grad_output, mask, bias = _as_given(grad_output), _as_given(mask), _as_given(bias)
-    kw = {name: _as_given(v2[name]) for name in _V2_ARRAYS}
-    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    query, key, value, grad_output, kw = _converted(
+        given["query"], given["key"], given["value"], given["grad_output"], given=given
+    )
+    call = check_attention(query, key, value, **kw)
     for check in checks:
         check()
-    check_grad_output(dims, grad_output)
+    check_grad_output(call, grad_output)
     _check_x64(query.dtype)
-    kw = {name: _asarray(x) for name, x in kw.items()}
+    query, key, value, grad_output, kw = _on_device(query, key, value, grad_output, keywords=kw)
 
     def differentiated(query, key, value, bias, sinks):  # None: not given
-        return forward(
-            query, key, value, mask=mask, bias=bias, q_segment_ids=kw["q_segment_ids"],
-            kv_segment_ids=kw["kv_segment_ids"], sinks=sinks, alibi_slopes=kw["alibi_slopes"],
-            **keywords,
-        )  # fmt: skip
+        return forward(query, key, value, **(kw | {"bias": bias, "sinks": sinks}))
 
-    primals = (query, key, value, bias, kw["sinks"])
-    out, pullback = jax.vjp(differentiated, *(_asarray(x) for x in primals))
-    return AttentionGrads(*pullback(jnp.asarray(grad_output).astype(out.dtype)))
+    primals = (query, key, value, kw["bias"], kw["sinks"])
+    out, pullback = jax.vjp(differentiated, *primals)
+    return AttentionGrads(*pullback(grad_output.astype(out.dtype)))

@@ -45,7 +45,7 @@ import numpy as np
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
-from attention_spec import causal_offset, check_attention
+from attention_spec import ARRAY_KEYWORDS, causal_offset, check_attention
 from attention_spec.modules import check_module_inputs
 from attention_spec.rules import alibi
 from attention_spec.sharded import (
@@ -66,7 +66,9 @@ from impl_jax.functional import (
     _cast,
     _check_x64,
     _compute_dtype,
+    _converted,
     _min0,
+    _on_device,
     _unattended_zeroed,
     scaled_dot_product_attention,
 )
@@ -328,26 +330,19 @@ def ring_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``unknown_layout``, ``shard_devices``; DimensionMismatchError ``length_not_divisible``.
     """
-    query, key, value = _as_given(query), _as_given(key), _as_given(value)
-    mask, bias = _as_given(mask), _as_given(bias)
-    q_ids, kv_ids = _as_given(q_segment_ids), _as_given(kv_segment_ids)
-    sinks, slopes = _as_given(sinks), _as_given(alibi_slopes)
+    query, key, value, kw = _converted(query, key, value, given=locals())
     check_shard_config(n_shards, layout)
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
-        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
-    )  # fmt: skip
-    ring = check_ring(dims, n_shards, layout)
+    call = check_attention(query, key, value, **kw)
+    ring = check_ring(call, n_shards, layout)
     _check_x64(query.dtype)
     mesh = _mesh(n_shards, SEQ)
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
-    H, L, S, E = dims.H, dims.L, dims.S, dims.E
-    offset = causal_offset(L, S, causal_alignment)  # query i sees key j iff j <= i + offset
+    query, key, value, kw = _on_device(query, key, value, keywords=kw)
+    mask, bias, sinks, slopes = kw["mask"], kw["bias"], kw["sinks"], kw["alibi_slopes"]
+    q_ids, kv_ids = kw["q_segment_ids"], kw["kv_segment_ids"]
+    H, L, S, E = call.H, call.L, call.S, call.E
+    offset = call.offset  # query i sees key j iff j <= i + offset
     if L == 0 or S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
-        return jnp.zeros((*dims.batch, H, L, E), query.dtype)
+        return jnp.zeros((*call.batch, H, L, E), query.dtype)
 
     # R1. split: rows (of query, mask, bias, query segment ids) and keys (of key, value) in
     #     shard order, then cut into n equal pieces along L and S by shard_map (in_specs),
@@ -378,8 +373,8 @@ def ring_attention(
     for name, a in whole.items():
         if a is not None:
             x[name], specs[name] = a, P()
-    device = partial(_ring_device, ring=ring, dims=dims, offset=offset)
-    out_spec = P(*([None] * (len(dims.batch) + 1)), SEQ, None)
+    device = partial(_ring_device, ring=ring, dims=call, offset=offset)
+    out_spec = P(*([None] * (len(call.batch) + 1)), SEQ, None)
     out = jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)
 
     # R7. gather: the output is one array sharded along L (out_specs); zigzag's rows back in
@@ -424,31 +419,22 @@ def head_parallel_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``shard_devices``; DimensionMismatchError ``kv_heads_not_divisible``.
     """
-    query, key, value = _as_given(query), _as_given(key), _as_given(value)
-    mask, bias = _as_given(mask), _as_given(bias)
-    q_ids, kv_ids = _as_given(q_segment_ids), _as_given(kv_segment_ids)
-    sinks, slopes = _as_given(sinks), _as_given(alibi_slopes)
+    query, key, value, kw = _converted(query, key, value, given=locals())
     check_shard_config(n_shards)
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
-        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
-    )  # fmt: skip
-    check_head_parallel(dims.H, dims.K, n_shards)
+    call = check_attention(query, key, value, **kw)
+    check_head_parallel(call.H, call.K, n_shards)
     _check_x64(query.dtype)
     mesh = _mesh(n_shards, HEADS)
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    q_ids, kv_ids, sinks, slopes = (_asarray(a) for a in (q_ids, kv_ids, sinks, slopes))
+    query, key, value, kw = _on_device(query, key, value, keywords=kw)
 
     # P1. split: device r holds key/value heads r*K/n .. and the query heads that read them,
     #     r*H/n .. (query head h reads kv head h // G), cut by shard_map; mask, bias, sinks and
     #     ALiBi slopes: its heads; segment ids (no head axis): whole.
-    x = {"query": query, "key": key, "value": value, "mask": mask, "bias": bias}
+    x = {"query": query, "key": key, "value": value, "mask": kw["mask"], "bias": kw["bias"]}
     x = {name: a for name, a in x.items() if a is not None}
     specs = {name: _spec(a, -3, HEADS) for name, a in x.items()}
-    per_head = {"sinks": sinks, "alibi_slopes": slopes}
-    whole = {"q_segment_ids": q_ids, "kv_segment_ids": kv_ids}
+    per_head = {"sinks": kw["sinks"], "alibi_slopes": kw["alibi_slopes"]}
+    whole = {"q_segment_ids": kw["q_segment_ids"], "kv_segment_ids": kw["kv_segment_ids"]}
     for name, a in (*per_head.items(), *whole.items()):
         if a is not None:
             x[name], specs[name] = a, P(HEADS) if name in per_head else P()
@@ -456,25 +442,12 @@ def head_parallel_attention(
     def device(x):
         # P2. attend: the unsharded contract on the device's heads (mask, bias, sinks and ALiBi
         #     slopes: its heads; segment ids: whole).
-        return scaled_dot_product_attention(
-            x["query"],
-            x["key"],
-            x["value"],
-            mask=x.get("mask"),
-            bias=x.get("bias"),
-            is_causal=dims.is_causal,
-            causal_alignment=causal_alignment,
-            scale=dims.scale,
-            softcap=dims.softcap,
-            window=dims.window,
-            q_segment_ids=x.get("q_segment_ids"),
-            kv_segment_ids=x.get("kv_segment_ids"),
-            sinks=x.get("sinks"),
-            alibi_slopes=x.get("alibi_slopes"),
-        )  # (..., H/n, L, E)
+        on_heads = kw | {name: x.get(name) for name in ARRAY_KEYWORDS}  # the device's pieces
+        out = scaled_dot_product_attention(x["query"], x["key"], x["value"], **on_heads)
+        return out  # (..., H/n, L, E)
 
     # P3. gather: the output is one array sharded along H, the devices' heads in order.
-    out_spec = P(*([None] * len(dims.batch)), HEADS, None, None)
+    out_spec = P(*([None] * len(call.batch)), HEADS, None, None)
     return jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)
 
 
@@ -498,7 +471,7 @@ def head_parallel_gqa(
     v_proj columns of its key/value heads (column-parallel), attends on its heads, and applies
     the o_proj rows of its heads' features (row-parallel), which gives a partial ``(B, L, M)``;
     ``lax.psum`` sums the partials in the compute dtype, then o_proj's bias is added once and
-    the result cast to the module's dtype. The module's v2 settings (window, softcap, scale,
+    the result cast to the module's dtype. The module's settings (window, softcap, scale,
     its ``sinks (H,)`` weight and ALiBi's slopes) apply on every device, the sinks and slopes
     split with the query heads.
 
@@ -521,7 +494,7 @@ def head_parallel_gqa(
     x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
     q_ids, kv_ids = _asarray(q_ids), _asarray(kv_ids)
     ct = _compute_dtype(module.dtype)
-    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     o_bias = module.o_proj.bias
@@ -531,7 +504,7 @@ def head_parallel_gqa(
     #     owns features [h*D:(h+1)*D], so an even cut of the columns is a cut by heads; the
     #     sinks and ALiBi slopes (H,): its heads; segment ids (no head axis): whole.
     a = {"x": x, "context": x if context is None else context, "mask": mask, "bias": bias}
-    a |= {"sinks": v2.pop("sinks"), "alibi_slopes": v2.pop("alibi_slopes")}
+    a |= {"sinks": settings.pop("sinks"), "alibi_slopes": settings.pop("alibi_slopes")}
     a |= {"q_segment_ids": q_ids, "kv_segment_ids": kv_ids}
     specs = {"x": P(), "context": P(), "sinks": P(HEADS), "alibi_slopes": P(HEADS)}
     specs |= {"q_segment_ids": P(), "kv_segment_ids": P()}
@@ -577,7 +550,7 @@ def head_parallel_gqa(
             kv_segment_ids=a.get("kv_segment_ids"),
             sinks=a.get("sinks"),
             alibi_slopes=a.get("alibi_slopes"),
-            **v2,
+            **settings,
         )  # (B, Hn, L, E)
 
         # P3. row-parallel output projection: the device's heads' features meet the same rows

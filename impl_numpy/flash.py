@@ -30,15 +30,17 @@ D query/key head dim, E value head dim; ``bq`` and ``bk`` are the rows and keys 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import NamedTuple
+
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
 from attention_spec import (
     BLOCK_K,
     BLOCK_Q,
-    AttentionDims,
+    AttentionCall,
     AttentionGrads,
-    causal_offset,
     check_attention,
     check_flag,
     check_grad_output,
@@ -47,10 +49,10 @@ from attention_spec import (
 from attention_spec.rules import alibi, block_rules, key_band
 from impl_numpy.functional import (
     _allowed,
-    _asarray,
     _attended,
     _cast,
     _compute_dtype,
+    _converted,
     _sum_to,
     _unattended_zeroed,
 )
@@ -79,34 +81,28 @@ class _Blocks:
     """The tiling of one call, shared by the forward and the backward: which key blocks each
     block of query rows visits, and each visited block's steps 1-4.
 
-    Built from the validated call in the compute dtype: ``q (..., K, G, L, D)``,
-    ``k (..., K, 1, S, D)``, ``v (..., K, 1, S, E)``; mask, bias, segment ids, sinks and slopes
-    as given (bias, sinks and slopes cast to the compute dtype).
+    Built from the validated call and its arrays as :func:`_in_compute_dtype` makes them:
+    ``q (..., K, G, L, D)``, ``k (..., K, 1, S, D)``, ``v (..., K, 1, S, E)``; mask, bias,
+    segment ids, sinks and slopes (bias, sinks and slopes in the compute dtype).
     """
 
-    def __init__(self, dims: AttentionDims, offset: int, q, k, v, mask, bias, q_ids, kv_ids,
-                 slopes, block_q: int, block_k: int):  # fmt: skip
-        self.dims, self.offset = dims, offset
-        self.q, self.k, self.v = q, k, v
-        self.mask, self.bias, self.q_ids, self.kv_ids, self.slopes = (
-            mask,
-            bias,
-            q_ids,
-            kv_ids,
-            slopes,
-        )
+    def __init__(self, call: AttentionCall, x: _Arrays, block_q: int, block_k: int):
+        self.call = call
+        self.q, self.k, self.v = x.query, x.key, x.value
+        self.mask, self.bias, self.sinks = x.mask, x.bias, x.sinks
+        self.q_ids, self.kv_ids, self.slopes = x.q_ids, x.kv_ids, x.slopes
         self.block_q, self.block_k = block_q, block_k
 
     def query_blocks(self):
         """``(i0, i1)`` of each block of query rows, in order."""
-        for i0 in range(0, self.dims.L, self.block_q):
-            yield i0, min(i0 + self.block_q, self.dims.L)
+        for i0 in range(0, self.call.L, self.block_q):
+            yield i0, min(i0 + self.block_q, self.call.L)
 
     def key_blocks(self, i0: int, i1: int):
         """The key blocks rows ``[i0, i1)`` visit, ``(j0, j1, every)``. ``every``: every
         position of the block is allowed by causal, window and segments (only the mask remains).
         """
-        dims, offset = self.dims, self.offset
+        call, offset = self.call, self.call.offset
         q_ids_rows = _block(self.q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
         # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows
         #    are masked for every row, so their blocks are never visited (a window of W keys
@@ -114,12 +110,12 @@ class _Blocks:
         #    start at the band's first key, so a band of block_k keys is one block, not two,
         #    and the last one ends at the band's last key (past the diagonal, nothing is
         #    computed): every key of a block is allowed to some row by causal and window.
-        lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, dims.S)
+        lo, hi = key_band(call.is_causal, call.window, offset, i0, i1, call.S)
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, hi)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
             some, every = block_rules(
-                dims.is_causal, dims.window, offset, i0, i1, j0, j1, q_ids_rows, kv_ids_blk
+                call.is_causal, call.window, offset, i0, i1, j0, j1, q_ids_rows, kv_ids_blk
             )
             if some:
                 yield j0, j1, every
@@ -132,8 +128,8 @@ class _Blocks:
         block (or None) and, with softcap, ``tanh(s1 / softcap)`` of the step-1 scores ``s1``
         (what the backward's softcap factor needs; None without softcap).
         """
-        dims, offset = self.dims, self.offset
-        H, K, bq, bk = dims.H, dims.K, i1 - i0, j1 - j0
+        call, offset = self.call, self.call.offset
+        H, K, bq, bk = call.H, call.K, i1 - i0, j1 - j0
         i = np.arange(i0, i1)[:, None]  # (bq, 1)
         j = np.arange(j0, j1)[None, :]  # (1, bk)
 
@@ -145,12 +141,12 @@ class _Blocks:
         else:
             q_ids_rows = _block(self.q_ids, -1, i0, i1)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)
-            allowed = _allowed(dims, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
+            allowed = _allowed(call, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
         bias_blk = _block(_block(self.bias, -2, i0, i1), -1, j0, j1)
         #    Which key rows some row of the block attends: inside the band every key is
         #    attended as far as causal and window go, so only mask, segments and bias decide.
         banded = mask_blk is None and self.q_ids is None  # allowed is causal and window only
-        attended = _attended(None if banded else allowed, bias_blk, (*dims.batch, H, bq, bk), K)
+        attended = _attended(None if banded else allowed, bias_blk, (*call.batch, H, bq, bk), K)
         attended = None if attended is None else attended[..., None, :]  # (..., K, 1, bk)
         k_blk = _unattended_zeroed(self.k[..., j0:j1, :], attended)  # (..., K, 1, bk, D)
         v_blk = _unattended_zeroed(self.v[..., j0:j1, :], attended)  # (..., K, 1, bk, E)
@@ -158,16 +154,16 @@ class _Blocks:
         # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G.
         s = self.q[..., i0:i1, :] @ np.swapaxes(k_blk, -1, -2)  # (..., K, G, bq, bk)
         s = s.reshape(*s.shape[:-4], H, bq, bk)  # (..., H, bq, bk); head h reads kv h // G
-        if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
-            s = np.broadcast_to(s, (*dims.batch, H, bq, bk)).copy()
-        s *= dims.scale
+        if s.shape[:-3] != call.batch:  # a value with more batch than query and key
+            s = np.broadcast_to(s, (*call.batch, H, bq, bk)).copy()
+        s *= call.scale
 
         # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
         tanh = None
-        if dims.softcap is not None:
-            s /= dims.softcap
+        if call.softcap is not None:
+            s /= call.softcap
             tanh = np.tanh(s, out=s)
-            s = tanh * dims.softcap
+            s = tanh * call.softcap
 
         # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
         #    -slope[h] * |i + offset - j| at this block's rows and keys.
@@ -183,17 +179,17 @@ class _Blocks:
 
 
 @np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
-def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
+def _forward(blocks: _Blocks) -> tuple[np.ndarray, np.ndarray]:
     """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
-    dims, ct = blocks.dims, blocks.q.dtype
-    H, K, G, L, E = dims.H, dims.K, dims.G, dims.L, dims.E
-    out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E), filled one query block at a time
-    lse = np.empty((*dims.batch, H, L), ct)  # (..., H, L)
+    call, sinks, ct = blocks.call, blocks.sinks, blocks.q.dtype
+    H, K, G, L, E = call.H, call.K, call.G, call.L, call.E
+    out = np.empty((*call.batch, H, L, E), ct)  # (..., H, L, E), filled one query block at a time
+    lse = np.empty((*call.batch, H, L), ct)  # (..., H, L)
     for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
         bq = i1 - i0
-        m = np.full((*dims.batch, H, bq, 1), -np.inf, ct)  # running row max of the scores
-        l = np.zeros((*dims.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
-        acc = np.zeros((*dims.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
+        m = np.full((*call.batch, H, bq, 1), -np.inf, ct)  # running row max of the scores
+        l = np.zeros((*call.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
+        acc = np.zeros((*call.batch, H, bq, E), ct)  # running sum of exp(s - m) @ value
         for j0, j1, every in blocks.key_blocks(i0, i1):  # one block of keys at a time
             # 1.-4. this block's scores (blocks.scores: the steps written out, as in sdpa)
             s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every)  # (..., H, bq, bk)
@@ -210,8 +206,8 @@ def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
             l = alpha * l + p.sum(axis=-1, keepdims=True)
 
             # 6. output, accumulated: acc = alpha * acc + p @ value, per group.
-            pv = p.reshape(*dims.batch, K, G, bq, bk) @ v_blk  # (..., K, G, bq, E)
-            acc = alpha * acc + pv.reshape(*dims.batch, H, bq, E)  # (..., H, bq, E)
+            pv = p.reshape(*call.batch, K, G, bq, bk) @ v_blk  # (..., K, G, bq, E)
+            acc = alpha * acc + pv.reshape(*call.batch, H, bq, E)  # (..., H, bq, E)
             m = m_new
             del s, p  # this block's scores go before the next block's are made
 
@@ -232,7 +228,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[np.ndarray, np.ndarray]:
 
 
 @np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
-def _backward(blocks: _Blocks, sinks, out, lse, do):
+def _backward(blocks: _Blocks, out, lse, do):
     """The tiled backward (FlashAttention-2, Algorithm 2, in the forward's loop order):
     ``(dQ, dK, dV, dbias, dsinks)`` in the compute dtype, dQ ``(..., H, L, D)``, dK and dV
     ``(..., K, S, D|E)`` at the call's batch, dbias of the bias's shape (or None), dsinks
@@ -244,17 +240,17 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
     ``P = exp(S - lse)``, and the steps of the plain backward run on the block: ``dV += P^T dO``,
     ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K``, ``dK += dS^T Q``.
     """
-    dims, q, ct = blocks.dims, blocks.q, blocks.q.dtype
-    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
-    dq = np.zeros((*dims.batch, K, G, L, D), ct)  # (..., K, G, L, D), one query block at a time
-    dk = np.zeros((*dims.batch, K, S, D), ct)  # (..., K, S, D), accumulated over query blocks
-    dv = np.zeros((*dims.batch, K, S, E), ct)  # (..., K, S, E), likewise
+    call, q, sinks, ct = blocks.call, blocks.q, blocks.sinks, blocks.q.dtype
+    H, K, G, L, S, D, E = call.H, call.K, call.G, call.L, call.S, call.D, call.E
+    dq = np.zeros((*call.batch, K, G, L, D), ct)  # (..., K, G, L, D), one query block at a time
+    dk = np.zeros((*call.batch, K, S, D), ct)  # (..., K, S, D), accumulated over query blocks
+    dv = np.zeros((*call.batch, K, S, E), ct)  # (..., K, S, E), likewise
     dbias = None if blocks.bias is None else np.zeros(blocks.bias.shape, ct)  # the bias's shape
-    dsinks = None if sinks is None else np.zeros((*dims.batch, H, L), ct)  # per row, summed last
+    dsinks = None if sinks is None else np.zeros((*call.batch, H, L), ct)  # per row, summed last
     for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
         bq = i1 - i0
-        do_blk = do[..., i0:i1, :].reshape(*dims.batch, K, G, bq, E)  # (..., K, G, bq, E)
-        o_blk = out[..., i0:i1, :].reshape(*dims.batch, K, G, bq, E)
+        do_blk = do[..., i0:i1, :].reshape(*call.batch, K, G, bq, E)  # (..., K, G, bq, E)
+        o_blk = out[..., i0:i1, :].reshape(*call.batch, K, G, bq, E)
         delta = (do_blk * o_blk).sum(axis=-1, keepdims=True)  # (..., K, G, bq, 1): dO_i . O_i
         row_lse = lse[..., i0:i1, None]  # (..., H, bq, 1)
         shift = np.where(row_lse == -np.inf, 0.0, row_lse)  # a row with no key: P = 0
@@ -272,7 +268,7 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
             # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
             s -= shift
             np.minimum(s, 0.0, out=s)  # P <= 1 even if S was rounded differently
-            p = np.exp(s, out=s).reshape(*dims.batch, K, G, bq, bk)  # (..., K, G, bq, bk)
+            p = np.exp(s, out=s).reshape(*call.batch, K, G, bq, bk)  # (..., K, G, bq, bk)
 
             # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
             dv[..., j0:j1, :] += (np.swapaxes(p, -1, -2) @ do_blk).sum(axis=-3)  # (..., K, bk, E)
@@ -283,7 +279,7 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
 
             # 3. additive terms:  dbias += dS, summed to the bias block's shape.
             if dbias is not None:
-                ds_h = ds.reshape(*dims.batch, H, bq, bk)  # (..., H, bq, bk)
+                ds_h = ds.reshape(*call.batch, H, bq, bk)  # (..., H, bq, bk)
                 _block(_block(dbias, -2, i0, i1), -1, j0, j1)[...] += _sum_to(ds_h, bias_blk.shape)
 
             # 2. softcap:  dS *= 1 - tanh^2(s / softcap).
@@ -291,35 +287,54 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
                 ds = ds * (1.0 - tanh * tanh).reshape(*tanh.shape[:-3], K, G, bq, bk)
 
             # 1. scores:  dQ += dS K * scale;  dK += dS^T Q * scale (summed over the group).
-            dq[..., i0:i1, :] += (ds @ k_blk) * dims.scale  # (..., K, G, bq, D)
-            dk[..., j0:j1, :] += (np.swapaxes(ds, -1, -2) @ q_blk).sum(axis=-3) * dims.scale
+            dq[..., i0:i1, :] += (ds @ k_blk) * call.scale  # (..., K, G, bq, D)
+            dk[..., j0:j1, :] += (np.swapaxes(ds, -1, -2) @ q_blk).sum(axis=-3) * call.scale
             del s, p, dp, ds  # this block's arrays go before the next block's are made
 
-    dq = dq.reshape(*dims.batch, H, L, D)  # (..., H, L, D)
+    dq = dq.reshape(*call.batch, H, L, D)  # (..., H, L, D)
     if dsinks is not None:  # (..., H, L) -> (H,); L may be 0
-        dsinks = dsinks.sum(axis=(*range(len(dims.batch)), -1))
+        dsinks = dsinks.sum(axis=(*range(len(call.batch)), -1))
     return dq, dk, dv, dbias, dsinks
 
 
-def _validated(
-    query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords, block_q, block_k
-):
-    """Validation (the plain path's, then the block sizes) and the call's :class:`_Blocks` in
-    the compute dtype; returns ``(dims, blocks, sinks in the compute dtype)``."""
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-        sinks=sinks, alibi_slopes=slopes, **keywords,
+class _Arrays(NamedTuple):
+    """The arrays of one tiled call (None where not given): ``query (..., H, L, D)``,
+    ``key (..., K, S, D)``, ``value (..., K, S, E)``, ``bias`` (broadcastable to
+    ``(..., H, L, S)``) and ``sinks (H,)``, the differentiated ones; ``mask``, the segment ids
+    ``q_ids (..., L)`` and ``kv_ids (..., S)``, and ALiBi's ``slopes (H,)``."""
+
+    query: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    bias: np.ndarray | None
+    sinks: np.ndarray | None
+    mask: np.ndarray | None
+    q_ids: np.ndarray | None
+    kv_ids: np.ndarray | None
+    slopes: np.ndarray | None
+
+
+def _arrays(query, key, value, keywords: Mapping[str, np.ndarray | None]) -> _Arrays:
+    """The :class:`_Arrays` of a call: query, key, value and its array ``keywords`` by name."""
+    return _Arrays(
+        query, key, value, keywords["bias"], keywords["sinks"], keywords["mask"],
+        keywords["q_segment_ids"], keywords["kv_segment_ids"], keywords["alibi_slopes"],
     )  # fmt: skip
-    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, dims.is_causal, dims.window)
-    ct = _compute_dtype(query.dtype)
-    K, G, L, D = dims.K, dims.G, dims.L, dims.D
-    offset = causal_offset(L, dims.S, keywords["causal_alignment"])  # j <= i + offset
-    q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    k = key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
-    v = value.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
-    blocks = _Blocks(dims, offset, q, k, v, mask, _cast(bias, ct), q_ids, kv_ids,
-                     _cast(slopes, ct), block_q, block_k)  # fmt: skip
-    return dims, blocks, _cast(sinks, ct)
+
+
+def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
+    """``x`` as the loops read it: query grouped as ``(..., K, G, L, D)``, key and value with
+    a group axis, and query, key, value, bias, sinks and slopes in the compute dtype (mask and
+    segment ids as they are)."""
+    ct = _compute_dtype(x.query.dtype)
+    K, G, L, D = call.K, call.G, call.L, call.D
+    q = x.query.astype(ct, copy=False).reshape(*x.query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
+    k = x.key.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
+    v = x.value.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, E)
+    return x._replace(
+        query=q, key=k, value=v, bias=_cast(x.bias, ct), sinks=_cast(x.sinks, ct),
+        slopes=_cast(x.slopes, ct),
+    )  # fmt: skip
 
 
 def flash_attention(
@@ -368,17 +383,13 @@ def flash_attention(
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
-    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
-    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
-                    softcap=softcap, window=window)  # fmt: skip
-    _, blocks, sinks_ct = _validated(
-        query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords, block_q, block_k
-    )
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    call = check_attention(query, key, value, **kw)
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
     return_lse = check_flag("return_lse", return_lse)
-    out, lse = _forward(blocks, sinks_ct)  # (..., H, L, E), (..., H, L) in the compute dtype
+    x = _arrays(query, key, value, kw)
+    blocks = _Blocks(call, _in_compute_dtype(x, call), block_q, block_k)
+    out, lse = _forward(blocks)  # (..., H, L, E), (..., H, L) in the compute dtype
     out = out.astype(query.dtype, copy=False)  # back to the input dtype
     return (out, lse) if return_lse else out
 
@@ -415,25 +426,21 @@ def flash_attention_vjp(
     memory beyond inputs, output and gradients is O(L + S) plus one block, and the backward
     skips the blocks the forward skips.
     """
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias, grad_output = _asarray(mask), _asarray(bias), _asarray(grad_output)
-    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
-    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
-    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
-                    softcap=softcap, window=window)  # fmt: skip
-    dims, blocks, sinks_ct = _validated(
-        query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes, keywords, block_q, block_k
-    )
-    check_grad_output(dims, grad_output)
-    out, lse = _forward(blocks, sinks_ct)  # what the forward keeps: O and lse
+    query, key, value, grad_output, kw = _converted(query, key, value, grad_output, given=locals())
+    call = check_attention(query, key, value, **kw)
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
+    check_grad_output(call, grad_output)
+    x = _arrays(query, key, value, kw)
+    blocks = _Blocks(call, _in_compute_dtype(x, call), block_q, block_k)
+    out, lse = _forward(blocks)  # what the forward keeps: O and lse
     do = grad_output.astype(out.dtype, copy=False)  # (..., H, L, E) in the compute dtype
-    dq, dk, dv, dbias, dsinks = _backward(blocks, sinks_ct, out, lse, do)
+    dq, dk, dv, dbias, dsinks = _backward(blocks, out, lse, do)
 
     # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
     return AttentionGrads(
         query=_sum_to(dq, query.shape).astype(query.dtype, copy=False),
         key=_sum_to(dk, key.shape).astype(key.dtype, copy=False),
         value=_sum_to(dv, value.shape).astype(value.dtype, copy=False),
-        bias=None if dbias is None else dbias.astype(bias.dtype, copy=False),
-        sinks=None if dsinks is None else dsinks.astype(sinks.dtype, copy=False),
+        bias=None if dbias is None else dbias.astype(x.bias.dtype, copy=False),
+        sinks=None if dsinks is None else dsinks.astype(x.sinks.dtype, copy=False),
     )

@@ -11,20 +11,25 @@ D query/key head dim, E value head dim.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import NamedTuple
+
 import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
 import numpy as np
 
 from attention_spec import (
+    AttentionCall,
     AttentionDims,
     AttentionGrads,
     alibi_slope_values,
+    call_keywords,
     causal_offset,
     check_attention,
     check_causal_mask_args,
     check_grad_output,
     check_size,
 )
-from attention_spec.rules import alibi, block_rules, causal, segments, window
+from attention_spec.rules import alibi, causal, segments, window
 
 __all__ = [
     "alibi_slopes",
@@ -62,6 +67,14 @@ def _compute_dtype(dtype: np.dtype) -> np.dtype:
 def _asarray(x: object) -> np.ndarray | None:
     """An array-like as a NumPy array (``np.asarray``); None stays None (not given)."""
     return None if x is None else np.asarray(x)
+
+
+def _converted(*arrays: object, given: Mapping[str, object]) -> tuple:
+    """The call's arrays, converted once: ``arrays`` (query, key, value, grad_output: those the
+    function takes) and every array keyword among ``given`` (the function's ``locals()``), with
+    :func:`_asarray`. Returns ``(*arrays, keywords)``, ``keywords`` the contract's keywords by
+    name (:func:`~attention_spec.call_keywords`), as ``check_attention`` takes them."""
+    return (*(_asarray(x) for x in arrays), call_keywords(given, _asarray))
 
 
 def _cast(x: np.ndarray | None, dtype: np.dtype) -> np.ndarray | None:
@@ -119,12 +132,12 @@ def _unattended_zeroed(x: np.ndarray, attended) -> np.ndarray:
 
 
 @np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
-def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks,
-             with_sink: bool = False):  # fmt: skip
+def _weights(query, key, call: AttentionCall, prepared: _Prepared, with_sink: bool = False):
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype
     (``with_sink``: and the sink's share of each row, ``(..., H, L, 1)``, for the backward)."""
     ct = _compute_dtype(query.dtype)
-    K, G, L, S, D = dims.K, dims.G, dims.L, dims.S, dims.D
+    K, G, L, S, D = call.K, call.G, call.L, call.S, call.D
+    allowed, bias, slopes, sinks = prepared.allowed, prepared.bias, prepared.slopes, prepared.sinks
 
     # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G: the G
     #    query heads of a group are G * L rows against their one key head (a view of the
@@ -133,15 +146,15 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     k = key.astype(ct, copy=False)  # (..., K, S, D)
     s = q @ np.swapaxes(k, -1, -2)  # (..., K, G*L, S)
     s = s.reshape(*s.shape[:-3], K * G, L, S)  # (..., H, L, S)
-    s *= dims.scale
-    if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
-        s = np.broadcast_to(s, dims.scores_shape).copy()  # (..., H, L, S)
+    s *= call.scale
+    if s.shape != call.scores_shape:  # a mask, bias or value with more batch than query and key
+        s = np.broadcast_to(s, call.scores_shape).copy()  # (..., H, L, S)
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
-    if dims.softcap is not None:
-        s /= dims.softcap
+    if call.softcap is not None:
+        s /= call.softcap
         np.tanh(s, out=s)
-        s *= dims.softcap
+        s *= call.softcap
 
     # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf) + ALiBi's
     #    -slope[h] * |i + offset - j|.
@@ -149,7 +162,7 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
         s += bias
     if slopes is not None:
         i, j = np.arange(L)[:, None], np.arange(S)[None, :]  # (L, 1), (1, S)
-        s += alibi(slopes[:, None, None], i, j, offset)  # (H, L, S)
+        s += alibi(slopes[:, None, None], i, j, call.offset)  # (H, L, S)
 
     # 4. allowed: s = -inf where allowed(i, j) = mask AND causal AND window AND segment is False.
     if allowed is not None:
@@ -174,25 +187,37 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     return (s, sink / row_sum) if with_sink else s
 
 
-def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias, kw):
-    """What steps 1-5 need: the causal offset, the allowed rule, the bias, slopes and sinks in
-    the compute dtype, and the key/value rows no query attends (``kw``: the v2 arrays)."""
+class _Prepared(NamedTuple):
+    """What steps 1-5 need besides query and key (:func:`_prepared`): the allowed rule
+    (broadcastable to ``(..., H, L, S)``, or None), the bias, the ALiBi slopes ``(H,)`` and the
+    sinks ``(H,)`` in the compute dtype (each None when not given), and the key/value rows some
+    query attends, ``attended (..., K, S)`` (None when every row is)."""
+
+    allowed: np.ndarray | None
+    bias: np.ndarray | None
+    slopes: np.ndarray | None
+    sinks: np.ndarray | None
+    attended: np.ndarray | None
+
+
+def _prepared(query, call: AttentionCall, arrays: Mapping[str, np.ndarray | None]) -> _Prepared:
+    """What steps 1-5 need of the validated ``call`` and its array keywords ``arrays`` (by
+    name, converted)."""
     ct = _compute_dtype(query.dtype)
-    offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
     #    The causal and window bands need no elementwise rule when they allow every (i, j) of
-    #    the call (a decode step: one query, bottom-right, sees every key): then nothing is
-    #    masked, no key or value row is zeroed (no copy of a KV cache per step), and no index
-    #    is built.
-    _, every = block_rules(dims.is_causal, dims.window, offset, 0, dims.L, 0, dims.S, None, None)
-    bands = not every and (dims.is_causal or dims.window is not None)
-    i = np.arange(dims.L)[:, None] if bands else None  # (L, 1)
-    j = np.arange(dims.S)[None, :] if bands else None  # (1, S)
+    #    the call (``call.bands`` is False; a decode step: one query, bottom-right, sees every
+    #    key): then nothing is masked, no key or value row is zeroed (no copy of a KV cache per
+    #    step), and no index is built.
+    i = np.arange(call.L)[:, None] if call.bands else None  # (L, 1)
+    j = np.arange(call.S)[None, :] if call.bands else None  # (1, S)
     allowed = _allowed(
-        dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"], bands=bands
-    )
-    bias = _cast(bias, ct)
-    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
-    return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
+        call, call.offset, i, j, arrays["mask"], arrays["q_segment_ids"],
+        arrays["kv_segment_ids"], bands=call.bands,
+    )  # fmt: skip
+    bias = _cast(arrays["bias"], ct)
+    attended = _attended(allowed, bias, call.scores_shape, call.K)
+    slopes, sinks = _cast(arrays["alibi_slopes"], ct), _cast(arrays["sinks"], ct)
+    return _Prepared(allowed, bias, slopes, sinks, attended)
 
 
 def attention_weights(
@@ -230,27 +255,11 @@ def attention_weights(
 
     Array-likes are converted with ``np.asarray``. Rows with no allowed key are all zeros.
     """
-    query, key, mask, bias = _asarray(query), _asarray(key), _asarray(mask), _asarray(bias)
-    kw = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
-          "alibi_slopes": alibi_slopes}  # fmt: skip
-    kw = {name: _asarray(x) for name, x in kw.items()}
-    dims = check_attention(
-        query,
-        key,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
-    offset, allowed, bias, slopes, sinks, attended = _prepared(
-        query, key, dims, causal_alignment, mask, bias, kw
-    )
-    key = _unattended_zeroed(key, attended)
-    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
+    query, key, kw = _converted(query, key, given=locals())
+    call = check_attention(query, key, **kw)
+    prepared = _prepared(query, call, kw)
+    key = _unattended_zeroed(key, prepared.attended)
+    weights = _weights(query, key, call, prepared)
     return weights.astype(query.dtype, copy=False)
 
 
@@ -283,36 +292,19 @@ def scaled_dot_product_attention(
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output, even when they hold NaN or inf.
     """
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    kw = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
-          "alibi_slopes": alibi_slopes}  # fmt: skip
-    kw = {name: _asarray(x) for name, x in kw.items()}
-    dims = check_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
-    offset, allowed, bias, slopes, sinks, attended = _prepared(
-        query, key, dims, causal_alignment, mask, bias, kw
-    )
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    call = check_attention(query, key, value, **kw)
+    prepared = _prepared(query, call, kw)
+    attended = prepared.attended
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
-    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
-    K, G, L, E = dims.K, dims.G, dims.L, dims.E
+    weights = _weights(query, key, call, prepared)
+    K, G, L, E = call.K, call.G, call.L, call.E
 
     # 6. output = weights @ value, per group (G * L rows per value head), then back to the
     #    input dtype.
-    w = weights.reshape(*weights.shape[:-3], K, G * L, dims.S)  # (..., K, G*L, S)
+    w = weights.reshape(*weights.shape[:-3], K, G * L, call.S)  # (..., K, G*L, S)
     v = value.astype(weights.dtype, copy=False)  # (..., K, S, E)
-    out = (w @ v).reshape(*dims.batch, K * G, L, E)  # (..., H, L, E)
+    out = (w @ v).reshape(*call.batch, K * G, L, E)  # (..., H, L, E)
     return out.astype(query.dtype, copy=False)
 
 
@@ -362,34 +354,15 @@ def scaled_dot_product_attention_vjp(
     sink's share are the forward's own (recomputed here; the tiled ``flash_attention_vjp``
     rebuilds them block by block from the row log-sum-exp instead).
     """
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias, grad_output = _asarray(mask), _asarray(bias), _asarray(grad_output)
-    kw = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
-          "alibi_slopes": alibi_slopes}  # fmt: skip
-    kw = {name: _asarray(x) for name, x in kw.items()}
-    dims = check_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
-    check_grad_output(dims, grad_output)
-    offset, allowed, bias_ct, slopes, sinks_ct, attended = _prepared(
-        query, key, dims, causal_alignment, mask, bias, kw
-    )
+    query, key, value, grad_output, kw = _converted(query, key, value, grad_output, given=locals())
+    call = check_attention(query, key, value, **kw)
+    check_grad_output(call, grad_output)
+    prepared = _prepared(query, call, kw)
+    attended, bias = prepared.attended, kw["bias"]
     key0, value0 = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
-    weights, w_sink = _weights(
-        query, key0, dims, offset, allowed, bias_ct, slopes, sinks_ct, with_sink=True
-    )
+    weights, w_sink = _weights(query, key0, call, prepared, with_sink=True)
     ct = weights.dtype
-    batch, H, K, G, L, S, D, E = dims.batch, dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
+    batch, H, K, G, L, S, D, E = call.batch, call.H, call.K, call.G, call.L, call.S, call.D, call.E
     w = weights.reshape(*batch, K, G, L, S)  # (..., K, G, L, S): W, per group
     q = query.astype(ct, copy=False).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
     k = key0.astype(ct, copy=False)[..., :, None, :, :]  # (..., K, 1, S, D)
@@ -409,7 +382,7 @@ def scaled_dot_product_attention_vjp(
     row_dot = (do * out).sum(axis=-1, keepdims=True)  # (..., K, G, L, 1): dO_i . O_i
     ds = w * (dw - row_dot)  # (..., K, G, L, S)
     dsinks = None
-    if sinks_ct is not None:
+    if prepared.sinks is not None:
         share = w_sink.reshape(*batch, K, G, L, 1)  # (..., K, G, L, 1): w_sink,i
         per_row = -(share * row_dot).reshape(*batch, H, L)  # (..., H, L); L may be 0
         dsinks = per_row.sum(axis=(*range(len(batch)), -1))  # (H,)
@@ -422,15 +395,15 @@ def scaled_dot_product_attention_vjp(
     dbias = None if bias is None else _sum_to(ds, bias.shape)  # the bias's shape
 
     # 2. softcap, s = c tanh(s / c):  dS *= 1 - tanh^2(s / c), at the step-1 scores.
-    if dims.softcap is not None:
-        t = np.tanh((q @ np.swapaxes(k, -1, -2)) * (dims.scale / dims.softcap))  # (..., K, G, L, S)
+    if call.softcap is not None:
+        t = np.tanh((q @ np.swapaxes(k, -1, -2)) * (call.scale / call.softcap))  # (..., K, G, L, S)
         ds = ds * (1.0 - t * t).reshape(*t.shape[:-4], H, L, S)
 
     # 1. scores = (query @ key^T) * scale:  dQ = dS K * scale;  dK = dS^T Q * scale, summed
     #    over the G query heads of each group (key/value head k serves heads k*G .. k*G+G-1).
     ds = ds.reshape(*batch, K, G, L, S)  # (..., K, G, L, S)
-    dq = (ds @ k).reshape(*batch, H, L, D) * dims.scale  # (..., H, L, D)
-    dk = (np.swapaxes(ds, -1, -2) @ q).sum(axis=-3) * dims.scale  # (..., K, S, D)
+    dq = (ds @ k).reshape(*batch, H, L, D) * call.scale  # (..., H, L, D)
+    dk = (np.swapaxes(ds, -1, -2) @ q).sum(axis=-3) * call.scale  # (..., K, S, D)
 
     # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
     return AttentionGrads(

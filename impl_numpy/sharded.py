@@ -69,6 +69,7 @@ from impl_numpy.functional import (
     _attended,
     _cast,
     _compute_dtype,
+    _converted,
     _unattended_zeroed,
     scaled_dot_product_attention,
 )
@@ -206,23 +207,18 @@ def ring_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``unknown_layout``; DimensionMismatchError ``length_not_divisible``.
     """
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
-    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
+    query, key, value, kw = _converted(query, key, value, given=locals())
     check_shard_config(n_shards, layout)
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
-        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
-    )  # fmt: skip
-    ring = check_ring(dims, n_shards, layout)
+    call = check_attention(query, key, value, **kw)
+    mask, bias, sinks, slopes = kw["mask"], kw["bias"], kw["sinks"], kw["alibi_slopes"]
+    q_ids, kv_ids = kw["q_segment_ids"], kw["kv_segment_ids"]
+    ring = check_ring(call, n_shards, layout)
     ct = _compute_dtype(query.dtype)
     n, chunks, Lc, Sc = ring.n, ring.chunks, ring.Lc, ring.Sc
-    H, K, G, L, D, E = dims.H, dims.K, dims.G, dims.L, dims.D, dims.E
-    offset = causal_offset(L, dims.S, causal_alignment)  # query i sees key j iff j <= i + offset
-    if L == 0 or dims.S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
-        return np.zeros((*dims.batch, H, L, E), query.dtype)
+    H, K, G, L, D, E = call.H, call.K, call.G, call.L, call.D, call.E
+    offset = call.offset  # query i sees key j iff j <= i + offset
+    if L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
+        return np.zeros((*call.batch, H, L, E), query.dtype)
 
     # R1. split: device r keeps its query chunks (and their rows of mask, bias and query
     #     segment ids) for the whole call, and starts with its own key/value shard, the key
@@ -244,8 +240,8 @@ def ring_attention(
 
     # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
     #     -inf); n steps, at each of which every device attends to the shard it holds.
-    outs = [[np.zeros((*dims.batch, H, Lc, E), ct) for _ in chunks[r]] for r in range(n)]
-    lses = [[np.full((*dims.batch, H, Lc), -np.inf, ct) for _ in chunks[r]] for r in range(n)]
+    outs = [[np.zeros((*call.batch, H, Lc, E), ct) for _ in chunks[r]] for r in range(n)]
+    lses = [[np.full((*call.batch, H, Lc), -np.inf, ct) for _ in chunks[r]] for r in range(n)]
     for t in range(n):
         arriving = list(held)  # what each device holds at step t + 1
         for r in range(n):  # every device, at the same step
@@ -269,7 +265,7 @@ def ring_attention(
                     cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                     kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
                     if not block_computed(
-                        dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[r][a], kv_ids_blk
+                        call, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[r][a], kv_ids_blk
                     ):
                         continue
                     k_pos = k_chunk * Sc + np.arange(Sc)  # (Sc,) their keys in the sequence
@@ -278,7 +274,7 @@ def ring_attention(
                     out_blk, lse_blk = _attend_block(
                         queries[r][a], k, v, q_pos, k_pos,
                         _block(mask_rows[r][a], -1, *cols), _block(bias_rows[r][a], -1, *cols),
-                        q_ids_rows[r][a], kv_ids_blk, dims=dims, offset=offset, slopes=slopes,
+                        q_ids_rows[r][a], kv_ids_blk, dims=call, offset=offset, slopes=slopes,
                     )  # fmt: skip
 
                     # R5. merge: the block into what this query chunk has seen, by their lse.
@@ -300,7 +296,7 @@ def ring_attention(
                 outs[r][a], _ = _merge(outs[r][a], lses[r][a], 0.0, sink)
 
     # R7. gather: each device's query chunks back to their rows; one rounding to the input dtype.
-    out = np.empty((*dims.batch, H, L, E), ct)  # (..., H, L, E)
+    out = np.empty((*call.batch, H, L, E), ct)  # (..., H, L, E)
     for r in range(n):
         for a, q_chunk in enumerate(chunks[r]):
             out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = outs[r][a]
@@ -342,19 +338,12 @@ def head_parallel_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``;
     DimensionMismatchError ``kv_heads_not_divisible``.
     """
-    query, key, value = _asarray(query), _asarray(key), _asarray(value)
-    mask, bias = _asarray(mask), _asarray(bias)
-    q_ids, kv_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
-    sinks, slopes = _asarray(sinks), _asarray(alibi_slopes)
+    query, key, value, kw = _converted(query, key, value, given=locals())
     check_shard_config(n_shards)
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
-        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
-    )  # fmt: skip
-    check_head_parallel(dims.H, dims.K, n_shards)
+    call = check_attention(query, key, value, **kw)
+    check_head_parallel(call.H, call.K, n_shards)
     n = n_shards
-    Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
+    Hn, Kn = call.H // n, call.K // n  # query and key/value heads per device
 
     # P1. split: device r holds key/value heads r*Kn .. (r+1)*Kn - 1 and the query heads that
     #     read them, r*Hn .. (r+1)*Hn - 1 (query head h reads kv head h // G).
@@ -364,22 +353,13 @@ def head_parallel_attention(
         q, k, v = query[..., heads, :, :], key[..., kv_heads, :, :], value[..., kv_heads, :, :]
         # P2. attend: the unsharded contract on the device's heads (mask, bias, sinks and ALiBi
         #     slopes: its heads; segment ids: whole).
-        out = scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            mask=_block(mask, -3, heads.start, heads.stop),
-            bias=_block(bias, -3, heads.start, heads.stop),
-            is_causal=dims.is_causal,
-            causal_alignment=causal_alignment,
-            scale=dims.scale,
-            softcap=dims.softcap,
-            window=dims.window,
-            q_segment_ids=q_ids,
-            kv_segment_ids=kv_ids,
-            sinks=None if sinks is None else sinks[heads],
-            alibi_slopes=None if slopes is None else slopes[heads],
-        )  # (..., Hn, L, E)
+        on_heads = kw | {
+            "mask": _block(kw["mask"], -3, heads.start, heads.stop),
+            "bias": _block(kw["bias"], -3, heads.start, heads.stop),
+            "sinks": _block(kw["sinks"], -1, heads.start, heads.stop),
+            "alibi_slopes": _block(kw["alibi_slopes"], -1, heads.start, heads.stop),
+        }  # the device's heads of mask, bias, sinks and slopes; every other keyword whole
+        out = scaled_dot_product_attention(q, k, v, **on_heads)  # (..., Hn, L, E)
         outs.append(out)
 
     # P3. gather: the devices' heads, in order, along H.
@@ -406,7 +386,7 @@ def head_parallel_gqa(
     v_proj columns of its key/value heads (column-parallel), attends on its heads, and applies
     the o_proj rows of its heads' features (row-parallel), which gives a partial ``(B, L, M)``;
     the partials are summed (an all-reduce) in the compute dtype, then o_proj's bias is added
-    once and the result cast to the module's dtype. The module's v2 settings (window, softcap,
+    once and the result cast to the module's dtype. The module's settings (window, softcap,
     scale, its ``sinks (H,)`` weight and ALiBi's slopes) apply on every device, the sinks and
     slopes split with the query heads.
 
@@ -428,8 +408,8 @@ def head_parallel_gqa(
     context = x if context is None else context
     w = module.to_canonical()
     ct = _compute_dtype(module.dtype)
-    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
-    sinks, slopes = v2.pop("sinks"), v2.pop("alibi_slopes")
+    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    sinks, slopes = settings.pop("sinks"), settings.pop("alibi_slopes")
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     B, L, _ = x.shape
@@ -470,7 +450,7 @@ def head_parallel_gqa(
             kv_segment_ids=kv_ids,
             sinks=None if sinks is None else sinks[heads],
             alibi_slopes=None if slopes is None else slopes[heads],
-            **v2,
+            **settings,
         )  # (B, Hn, L, E)
 
         # P3. row-parallel output projection: the device's heads' features [r*Hn*E ..) meet

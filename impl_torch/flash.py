@@ -33,15 +33,16 @@ D query/key head dim, E value head dim; ``bq`` and ``bk`` are the rows and keys 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
+from typing import NamedTuple
 
 import torch
 
 from attention_spec import (
     BLOCK_K,
     BLOCK_Q,
-    AttentionDims,
+    AttentionCall,
     AttentionGrads,
-    causal_offset,
     check_attention,
     check_flag,
     tiled_blocks,
@@ -49,10 +50,10 @@ from attention_spec import (
 from attention_spec.rules import alibi, block_rules, key_band
 from impl_torch.functional import (
     _allowed,
-    _as_tensors,
     _attended,
     _cast,
     _compute_dtype,
+    _converted,
     _unattended_zeroed,
     _vjp_by_autograd,
 )
@@ -79,34 +80,28 @@ class _Blocks:
     """The tiling of one call, shared by the forward and the backward: which key blocks each
     block of query rows visits, and each visited block's steps 1-4.
 
-    Built from the validated call in the compute dtype: ``q (..., H, L, D)``,
-    ``k (..., K, S, D)``, ``v (..., K, S, E)``; mask, bias, segment ids and slopes as given
-    (bias and slopes cast to the compute dtype).
+    Built from the validated call and its arrays as :func:`_in_compute_dtype` makes them:
+    ``q (..., H, L, D)``, ``k (..., K, S, D)``, ``v (..., K, S, E)``; mask, bias, segment ids,
+    sinks and slopes (bias, sinks and slopes in the compute dtype).
     """
 
-    def __init__(self, dims: AttentionDims, offset: int, q, k, v, mask, bias, q_ids, kv_ids,
-                 slopes, block_q: int, block_k: int):  # fmt: skip
-        self.dims, self.offset = dims, offset
-        self.q, self.k, self.v = q, k, v
-        self.mask, self.bias, self.q_ids, self.kv_ids, self.slopes = (
-            mask,
-            bias,
-            q_ids,
-            kv_ids,
-            slopes,
-        )
+    def __init__(self, call: AttentionCall, x: _Arrays, block_q: int, block_k: int):
+        self.call = call
+        self.q, self.k, self.v = x.query, x.key, x.value
+        self.mask, self.bias, self.sinks = x.mask, x.bias, x.sinks
+        self.q_ids, self.kv_ids, self.slopes = x.q_ids, x.kv_ids, x.slopes
         self.block_q, self.block_k = block_q, block_k
 
     def query_blocks(self):
         """``(i0, i1)`` of each block of query rows, in order."""
-        for i0 in range(0, self.dims.L, self.block_q):
-            yield i0, min(i0 + self.block_q, self.dims.L)
+        for i0 in range(0, self.call.L, self.block_q):
+            yield i0, min(i0 + self.block_q, self.call.L)
 
     def key_blocks(self, i0: int, i1: int):
         """The key blocks rows ``[i0, i1)`` visit, ``(j0, j1, every)``. ``every``: every
         position of the block is allowed by causal, window and segments (only the mask remains).
         """
-        dims, offset = self.dims, self.offset
+        call, offset = self.call, self.call.offset
         q_ids_rows = _block(self.q_ids, -1, i0, i1)  # (..., bq): this block's rows' segments
         # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows
         #    are masked for every row, so their blocks are never visited (a window of W keys
@@ -114,12 +109,12 @@ class _Blocks:
         #    start at the band's first key, so a band of block_k keys is one block, not two,
         #    and the last one ends at the band's last key (past the diagonal, nothing is
         #    computed): every key of a block is allowed to some row by causal and window.
-        lo, hi = key_band(dims.is_causal, dims.window, offset, i0, i1, dims.S)
+        lo, hi = key_band(call.is_causal, call.window, offset, i0, i1, call.S)
         for j0 in range(lo, hi, self.block_k):
             j1 = min(j0 + self.block_k, hi)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)  # (..., bk)
             some, every = block_rules(
-                dims.is_causal, dims.window, offset, i0, i1, j0, j1, q_ids_rows, kv_ids_blk
+                call.is_causal, call.window, offset, i0, i1, j0, j1, q_ids_rows, kv_ids_blk
             )
             if some:
                 yield j0, j1, bool(every)
@@ -132,8 +127,8 @@ class _Blocks:
         (or None) and, with softcap, ``tanh(s1 / softcap)`` of the step-1 scores ``s1`` (what
         the backward's softcap factor needs; None without softcap).
         """
-        dims, offset = self.dims, self.offset
-        H, K, G, D, bq, bk = dims.H, dims.K, dims.G, dims.D, i1 - i0, j1 - j0
+        call, offset = self.call, self.call.offset
+        H, K, G, D, bq, bk = call.H, call.K, call.G, call.D, i1 - i0, j1 - j0
         device = self.q.device
         i = torch.arange(i0, i1, device=device)[:, None]  # (bq, 1)
         j = torch.arange(j0, j1, device=device)[None, :]  # (1, bk)
@@ -146,12 +141,12 @@ class _Blocks:
         else:
             q_ids_rows = _block(self.q_ids, -1, i0, i1)
             kv_ids_blk = _block(self.kv_ids, -1, j0, j1)
-            allowed = _allowed(dims, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
+            allowed = _allowed(call, offset, i, j, mask_blk, q_ids_rows, kv_ids_blk)
         bias_blk = _block(_block(self.bias, -2, i0, i1), -1, j0, j1)
         #    Which key rows some row of the block attends: inside the band every key is
         #    attended as far as causal and window go, so only mask, segments and bias decide.
         banded = mask_blk is None and self.q_ids is None  # allowed is causal and window only
-        attended = _attended(None if banded else allowed, bias_blk, (*dims.batch, H, bq, bk), K)
+        attended = _attended(None if banded else allowed, bias_blk, (*call.batch, H, bq, bk), K)
         k_blk = _unattended_zeroed(self.k[..., j0:j1, :], attended)  # (..., K, bk, D)
         v_blk = _unattended_zeroed(self.v[..., j0:j1, :], attended)  # (..., K, bk, E)
 
@@ -161,15 +156,15 @@ class _Blocks:
         q_blk = self.q[..., i0:i1, :]  # (..., H, bq, D)
         q_blk = q_blk.reshape(*q_blk.shape[:-3], K, G * bq, D)  # (..., K, G*bq, D)
         s = q_blk @ k_blk.transpose(-2, -1)  # (..., K, G*bq, bk)
-        s = s.view(*s.shape[:-3], H, bq, bk).mul_(dims.scale)  # (..., H, bq, bk)
-        if s.shape[:-3] != dims.batch:  # a value with more batch than query and key
-            s = s.expand(*dims.batch, H, bq, bk).clone()
+        s = s.view(*s.shape[:-3], H, bq, bk).mul_(call.scale)  # (..., H, bq, bk)
+        if s.shape[:-3] != call.batch:  # a value with more batch than query and key
+            s = s.expand(*call.batch, H, bq, bk).clone()
 
         # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
         tanh = None
-        if dims.softcap is not None:
-            tanh = s.div_(dims.softcap).tanh_()
-            s = tanh * dims.softcap
+        if call.softcap is not None:
+            tanh = s.div_(call.softcap).tanh_()
+            s = tanh * call.softcap
 
         # 3. additive terms: this block's slice of the bias, may hold -inf, and ALiBi's
         #    -slope[h] * |i + offset - j| at this block's rows and keys.
@@ -184,17 +179,17 @@ class _Blocks:
         return s, k_blk, v_blk, bias_blk, tanh
 
 
-def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
+def _forward(blocks: _Blocks) -> tuple[torch.Tensor, torch.Tensor]:
     """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
-    dims, q = blocks.dims, blocks.q
-    H, K, G, L, E = dims.H, dims.K, dims.G, dims.L, dims.E
-    out = q.new_empty((*dims.batch, H, L, E))  # (..., H, L, E), one query block at a time
-    lse = q.new_empty((*dims.batch, H, L))  # (..., H, L)
+    call, q, sinks = blocks.call, blocks.q, blocks.sinks
+    H, K, G, L, E = call.H, call.K, call.G, call.L, call.E
+    out = q.new_empty((*call.batch, H, L, E))  # (..., H, L, E), one query block at a time
+    lse = q.new_empty((*call.batch, H, L))  # (..., H, L)
     for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
         bq = i1 - i0
-        m = q.new_full((*dims.batch, H, bq, 1), float("-inf"))  # running row max of the scores
-        l = q.new_zeros((*dims.batch, H, bq, 1))  # running row sum of exp(s - m)
-        acc = q.new_zeros((*dims.batch, H, bq, E))  # running sum of exp(s - m) @ value
+        m = q.new_full((*call.batch, H, bq, 1), float("-inf"))  # running row max of the scores
+        l = q.new_zeros((*call.batch, H, bq, 1))  # running row sum of exp(s - m)
+        acc = q.new_zeros((*call.batch, H, bq, E))  # running sum of exp(s - m) @ value
         for j0, j1, every in blocks.key_blocks(i0, i1):  # one block of keys at a time
             # 1.-4. this block's scores (blocks.scores: the steps written out, as in sdpa)
             s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every)  # (..., H, bq, bk)
@@ -229,7 +224,7 @@ def _forward(blocks: _Blocks, sinks) -> tuple[torch.Tensor, torch.Tensor]:
     return out, lse
 
 
-def _backward(blocks: _Blocks, sinks, out, lse, do):
+def _backward(blocks: _Blocks, out, lse, do):
     """The tiled backward (FlashAttention-2, Algorithm 2, in the forward's loop order):
     ``(dQ, dK, dV, dbias, dsinks)`` in the compute dtype, dQ ``(..., H, L, D)``, dK and dV
     ``(..., K, S, D|E)`` at the call's batch, dbias of the bias's shape (or None), dsinks
@@ -241,19 +236,19 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
     ``P = exp(S - lse)``, and the steps of the plain backward run on the block: ``dV += P^T dO``,
     ``dP = dO V^T``, ``dS = P * (dP - D)``, ``dQ += dS K``, ``dK += dS^T Q``.
     """
-    dims, q = blocks.dims, blocks.q
-    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
-    dq = q.new_zeros((*dims.batch, H, L, D))  # (..., H, L, D), one query block at a time
-    dk = q.new_zeros((*dims.batch, K, S, D))  # (..., K, S, D), accumulated over query blocks
-    dv = q.new_zeros((*dims.batch, K, S, E))  # (..., K, S, E), likewise
+    call, q, sinks = blocks.call, blocks.q, blocks.sinks
+    H, K, G, L, S, D, E = call.H, call.K, call.G, call.L, call.S, call.D, call.E
+    dq = q.new_zeros((*call.batch, H, L, D))  # (..., H, L, D), one query block at a time
+    dk = q.new_zeros((*call.batch, K, S, D))  # (..., K, S, D), accumulated over query blocks
+    dv = q.new_zeros((*call.batch, K, S, E))  # (..., K, S, E), likewise
     dbias = None if blocks.bias is None else torch.zeros_like(blocks.bias)  # the bias's shape
-    dsinks = None if sinks is None else q.new_zeros((*dims.batch, H, L))  # per row, summed last
+    dsinks = None if sinks is None else q.new_zeros((*call.batch, H, L))  # per row, summed last
     for i0, i1 in blocks.query_blocks():  # one block of query rows at a time
         bq = i1 - i0
         #    Grouped as the forward's matmuls are: the G * bq rows of a group's query heads
         #    against their one key/value head, (..., K, G*bq, .).
-        do_blk = do[..., i0:i1, :].reshape(*dims.batch, K, G * bq, E)  # (..., K, G*bq, E)
-        o_blk = out[..., i0:i1, :].reshape(*dims.batch, K, G * bq, E)
+        do_blk = do[..., i0:i1, :].reshape(*call.batch, K, G * bq, E)  # (..., K, G*bq, E)
+        o_blk = out[..., i0:i1, :].reshape(*call.batch, K, G * bq, E)
         delta = (do_blk * o_blk).sum(dim=-1, keepdim=True)  # (..., K, G*bq, 1): dO_i . O_i
         row_lse = lse[..., i0:i1, None]  # (..., H, bq, 1)
         shift = torch.where(row_lse == float("-inf"), 0.0, row_lse)  # a row with no key: P = 0
@@ -271,7 +266,7 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
 
             # 5. the block's weights, rebuilt from the row log-sum-exp: P = exp(S - lse).
             p = s.sub_(shift).clamp_(max=0.0).exp_()  # (..., H, bq, bk); P <= 1
-            p = p.view(*dims.batch, K, G * bq, bk)  # (..., K, G*bq, bk)
+            p = p.view(*call.batch, K, G * bq, bk)  # (..., K, G*bq, bk)
 
             # 6. output:  dV += P^T dO (summed over the group);  dP = dO V^T.
             dv[..., j0:j1, :] += p.transpose(-2, -1) @ do_blk  # (..., K, bk, E): G*bq rows summed
@@ -282,7 +277,7 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
 
             # 3. additive terms:  dbias += dS, summed to the bias block's shape.
             if dbias is not None:
-                ds_h = ds.view(*dims.batch, H, bq, bk)  # (..., H, bq, bk)
+                ds_h = ds.view(*call.batch, H, bq, bk)  # (..., H, bq, bk)
                 _block(_block(dbias, -2, i0, i1), -1, j0, j1).add_(ds_h.sum_to_size(bias_blk.shape))
 
             # 2. softcap:  dS *= 1 - tanh^2(s / softcap).
@@ -290,62 +285,99 @@ def _backward(blocks: _Blocks, sinks, out, lse, do):
                 ds = ds * (1.0 - tanh * tanh).view(*tanh.shape[:-3], K, G * bq, bk)
 
             # 1. scores:  dQ += dS K * scale;  dK += dS^T Q * scale (summed over the group).
-            dq_blk = (ds @ k_blk).mul_(dims.scale)  # (..., K, G*bq, D)
+            dq_blk = (ds @ k_blk).mul_(call.scale)  # (..., K, G*bq, D)
             dq[..., i0:i1, :] += dq_blk.view(*dq_blk.shape[:-3], H, bq, D)  # (..., H, bq, D)
-            dk[..., j0:j1, :] += (ds.transpose(-2, -1) @ q_blk).mul_(dims.scale)  # (..., K, bk, D)
+            dk[..., j0:j1, :] += (ds.transpose(-2, -1) @ q_blk).mul_(call.scale)  # (..., K, bk, D)
             del s, p, dp, ds  # this block's tensors go before the next block's are made
 
     if dsinks is not None:  # (..., H, L) -> (H,); L may be 0
-        dsinks = dsinks.sum(dim=(*range(len(dims.batch)), -1))
+        dsinks = dsinks.sum(dim=(*range(len(call.batch)), -1))
     return dq, dk, dv, dbias, dsinks
+
+
+class _Arrays(NamedTuple):
+    """The arrays of one tiled call (None where not given): ``query (..., H, L, D)``,
+    ``key (..., K, S, D)``, ``value (..., K, S, E)``, ``bias`` (broadcastable to
+    ``(..., H, L, S)``) and ``sinks (H,)``, the differentiated ones; ``mask``, the segment ids
+    ``q_ids (..., L)`` and ``kv_ids (..., S)``, and ALiBi's ``slopes (H,)``."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    bias: torch.Tensor | None
+    sinks: torch.Tensor | None
+    mask: torch.Tensor | None
+    q_ids: torch.Tensor | None
+    kv_ids: torch.Tensor | None
+    slopes: torch.Tensor | None
+
+
+def _arrays(query, key, value, keywords: Mapping[str, torch.Tensor | None]) -> _Arrays:
+    """The :class:`_Arrays` of a call: query, key, value and its array ``keywords`` by name."""
+    return _Arrays(
+        query, key, value, keywords["bias"], keywords["sinks"], keywords["mask"],
+        keywords["q_segment_ids"], keywords["kv_segment_ids"], keywords["alibi_slopes"],
+    )  # fmt: skip
+
+
+def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
+    """``x`` as the loops read it: query, key, value, bias, sinks and slopes in the compute
+    dtype (mask and segment ids as they are)."""
+    ct = _compute_dtype(x.query.dtype)
+    return x._replace(
+        query=x.query.to(ct), key=x.key.to(ct), value=x.value.to(ct), bias=_cast(x.bias, ct),
+        sinks=_cast(x.sinks, ct), slopes=_cast(x.slopes, ct),
+    )  # fmt: skip
+
+
+class _Tiling(NamedTuple):
+    """What the loops need besides the arrays: the validated call (its sizes, causal offset
+    and keywords) and the block sizes."""
+
+    call: AttentionCall
+    block_q: int
+    block_k: int
+
+    @property
+    def blocks(self) -> tuple[int, int]:
+        """``(block_q, block_k)``."""
+        return self.block_q, self.block_k
 
 
 class FlashAttention(torch.autograd.Function):
     """The tiled attention as one autograd node: the forward saves the inputs, the output and
     ``lse`` only; the backward recomputes every block it needs (:func:`_backward`).
 
-    ``apply(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config)`` returns
-    ``(output in the input dtype, lse in the compute dtype)``; ``config`` is ``(dims, offset,
-    block_q, block_k)``. Differentiable: query, key, value, bias, sinks.
+    ``apply(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling)`` (the fields
+    of :class:`_Arrays`, then a :class:`_Tiling`) returns ``(output in the input dtype, lse in
+    the compute dtype)``. Differentiable: query, key, value, bias, sinks.
     """
 
     @staticmethod
-    def forward(ctx, query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config):
-        blocks, sinks_ct = _tiling(
-            query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config
-        )
-        out, lse = _forward(blocks, sinks_ct)  # (..., H, L, E), (..., H, L), compute dtype
-        ctx.save_for_backward(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse)
-        ctx.config = config
+    def forward(ctx, query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, tiling):
+        x = _Arrays(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes)
+        blocks = _Blocks(tiling.call, _in_compute_dtype(x, tiling.call), *tiling.blocks)
+        out, lse = _forward(blocks)  # (..., H, L, E), (..., H, L), compute dtype
+        ctx.save_for_backward(*x, out, lse)
+        ctx.tiling = tiling
         ctx.mark_non_differentiable(lse)
         return out.to(query.dtype), lse
 
     @staticmethod
     def backward(ctx, grad_output, _grad_lse):
-        query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, out, lse = ctx.saved_tensors
-        blocks, sinks_ct = _tiling(
-            query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, ctx.config
-        )
+        *arrays, out, lse = ctx.saved_tensors
+        x, tiling = _Arrays(*arrays), ctx.tiling
+        blocks = _Blocks(tiling.call, _in_compute_dtype(x, tiling.call), *tiling.blocks)
         do = grad_output.to(out.dtype)  # (..., H, L, E) in the compute dtype
-        dq, dk, dv, dbias, dsinks = _backward(blocks, sinks_ct, out, lse, do)
+        dq, dk, dv, dbias, dsinks = _backward(blocks, out, lse, do)
 
         # The gradient of a broadcast input is summed over its broadcast axes; each in its dtype.
         def back(grad, given):
             return None if given is None else grad.sum_to_size(given.shape).to(given.dtype)
 
-        grads = (back(dq, query), back(dk, key), back(dv, value), back(dbias, bias),
-                 back(dsinks, sinks))  # fmt: skip
-        return (*grads, None, None, None, None, None)
-
-
-def _tiling(query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config):
-    """The :class:`_Blocks` of a validated call, in the compute dtype, and its sinks."""
-    dims, offset, block_q, block_k = config
-    ct = _compute_dtype(query.dtype)
-    blocks = _Blocks(dims, offset, query.to(ct), key.to(ct), value.to(ct), mask,
-                     _cast(bias, ct), q_ids, kv_ids, _cast(slopes, ct), block_q,
-                     block_k)  # fmt: skip
-    return blocks, _cast(sinks, ct)
+        grads = (back(dq, x.query), back(dk, x.key), back(dv, x.value), back(dbias, x.bias),
+                 back(dsinks, x.sinks))  # fmt: skip
+        return (*grads, None, None, None, None, None)  # mask, segment ids, slopes, tiling
 
 
 def flash_attention(
@@ -395,34 +427,12 @@ def flash_attention(
 
     Raises the errors of ``scaled_dot_product_attention``, and ConfigError for a block size < 1.
     """
-    query, key, value, mask, bias, q_ids, kv_ids, sinks, slopes = _as_tensors(
-        query, key, value, mask, bias, q_segment_ids, kv_segment_ids, sinks, alibi_slopes
-    )
-    dims = check_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        q_segment_ids=q_ids,
-        kv_segment_ids=kv_ids,
-        sinks=sinks,
-        alibi_slopes=slopes,
-    )
-    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, dims.is_causal, dims.window)
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    call = check_attention(query, key, value, **kw)
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
     return_lse = check_flag("return_lse", return_lse)
-    offset = causal_offset(
-        dims.L, dims.S, causal_alignment
-    )  # query i sees key j iff j <= i + offset
-    config = (dims, offset, block_q, block_k)
-    out, lse = FlashAttention.apply(
-        query, key, value, bias, sinks, mask, q_ids, kv_ids, slopes, config
-    )
+    x = _arrays(query, key, value, kw)
+    out, lse = FlashAttention.apply(*x, _Tiling(call, block_q, block_k))
     return (out, lse) if return_lse else out  # lse: (..., H, L) in the compute dtype
 
 
@@ -455,13 +465,9 @@ def flash_attention_vjp(
     Returns ``AttentionGrads(query, key, value, bias, sinks)`` as
     :func:`impl_torch.functional.scaled_dot_product_attention_vjp` does.
     """
-    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-              alibi_slopes=alibi_slopes)  # fmt: skip
-    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
-                    softcap=softcap, window=window)  # fmt: skip
     tiled = functools.partial(flash_attention, block_q=block_q, block_k=block_k)
     return _vjp_by_autograd(
-        tiled, query, key, value, grad_output, mask, bias, v2, keywords,
-        # the block sizes are checked before grad_output, as NumPy's _validated does
+        tiled, given=locals(),
+        # the block sizes are checked before grad_output, as NumPy's flash_attention_vjp does
         checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
     )  # fmt: skip

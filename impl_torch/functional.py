@@ -20,21 +20,25 @@ D query/key head dim, E value head dim.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 import torch
 
 from attention_spec import (
+    ARRAY_KEYWORDS,
+    AttentionCall,
     AttentionDims,
     AttentionGrads,
     alibi_slope_values,
+    call_keywords,
     causal_offset,
     check_attention,
     check_causal_mask_args,
     check_grad_output,
     check_size,
 )
-from attention_spec.rules import alibi, block_rules, causal, segments, window
+from attention_spec.rules import alibi, causal, segments, window
 
 __all__ = [
     "alibi_slopes",
@@ -93,6 +97,19 @@ def _as_tensors(*arrays: object) -> tuple[torch.Tensor | None, ...]:
     return tuple(_as_tensor(a, device) for a in arrays)
 
 
+def _converted(*arrays: object, given: Mapping[str, object]) -> tuple:
+    """The call's arrays, converted once: ``arrays`` (query, key, value, grad_output: those the
+    function takes) and every array keyword among ``given`` (the function's ``locals()``), with
+    :func:`_as_tensors` (on one device). Returns ``(*arrays, keywords)``, ``keywords`` the
+    contract's keywords by name (:func:`~attention_spec.call_keywords`), as ``check_attention``
+    takes them."""
+    keywords = call_keywords(given)
+    names = [name for name in ARRAY_KEYWORDS if name in keywords]
+    converted = _as_tensors(*arrays, *(keywords[name] for name in names))
+    n = len(arrays)
+    return (*converted[:n], keywords | dict(zip(names, converted[n:])))
+
+
 def _cast(x: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """``x`` in ``dtype`` (a value too large for it becomes +/-inf); None stays None."""
     return None if x is None else x.to(dtype)
@@ -143,10 +160,11 @@ def _unattended_zeroed(x: torch.Tensor, attended) -> torch.Tensor:
     return x if attended is None else torch.where(attended[..., None], x, 0.0)
 
 
-def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes, sinks):
+def _weights(query, key, call: AttentionCall, prepared: _Prepared):
     """Steps 1-5 of the contract; returns the weights ``(..., H, L, S)`` in the compute dtype."""
     ct = _compute_dtype(query.dtype)
-    H, K, G, L, S, D = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D
+    H, K, G, L, S, D = call.H, call.K, call.G, call.L, call.S, call.D
+    allowed, bias, slopes, sinks = prepared.allowed, prepared.bias, prepared.slopes, prepared.sinks
 
     # 1. scores = (query @ key^T) * scale; query head h reads key/value head h // G: the G
     #    query heads of a group are G * L rows against their one key head (a view of the
@@ -155,13 +173,13 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     k = key.to(ct)  # (..., K, S, D)
     s = q @ k.transpose(-2, -1)  # (..., K, G*L, S)
     s = s.view(*s.shape[:-3], H, L, S)  # (..., H, L, S)
-    s.mul_(dims.scale)
-    if s.shape != dims.scores_shape:  # a mask, bias or value with more batch than query and key
-        s = s.expand(dims.scores_shape).clone()  # (..., H, L, S)
+    s.mul_(call.scale)
+    if s.shape != call.scores_shape:  # a mask, bias or value with more batch than query and key
+        s = s.expand(call.scores_shape).clone()  # (..., H, L, S)
 
     # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
-    if dims.softcap is not None:
-        s = dims.softcap * torch.tanh(s / dims.softcap)  # out of place: tanh keeps its output
+    if call.softcap is not None:
+        s = call.softcap * torch.tanh(s / call.softcap)  # out of place: tanh keeps its output
 
     # 3. additive terms: s = s + bias (in the compute dtype; may hold -inf) + ALiBi's
     #    -slope[h] * |i + offset - j|.
@@ -170,7 +188,7 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     if slopes is not None:
         i = torch.arange(L, device=s.device)[:, None]  # (L, 1)
         j = torch.arange(S, device=s.device)[None, :]  # (1, S)
-        s.add_(alibi(slopes[:, None, None], i, j, offset))  # (H, L, S)
+        s.add_(alibi(slopes[:, None, None], i, j, call.offset))  # (H, L, S)
 
     # 4. allowed: s = -inf where allowed(i, j) = mask AND causal AND window AND segment is False.
     if allowed is not None:
@@ -198,25 +216,37 @@ def _weights(query, key, dims: AttentionDims, offset: int, allowed, bias, slopes
     return e / torch.where(row_sum == 0.0, 1.0, row_sum)  # fully masked row: 0 / 1 = 0
 
 
-def _prepared(query, key, dims: AttentionDims, causal_alignment: str, mask, bias, kw):
-    """What steps 1-5 need: the causal offset, the allowed rule, the bias, slopes and sinks in
-    the compute dtype, and the key/value rows no query attends (``kw``: the v2 arrays)."""
+class _Prepared(NamedTuple):
+    """What steps 1-5 need besides query and key (:func:`_prepared`): the allowed rule
+    (broadcastable to ``(..., H, L, S)``, or None), the bias, the ALiBi slopes ``(H,)`` and the
+    sinks ``(H,)`` in the compute dtype (each None when not given), and the key/value rows some
+    query attends, ``attended (..., K, S)`` (None when every row is)."""
+
+    allowed: torch.Tensor | None
+    bias: torch.Tensor | None
+    slopes: torch.Tensor | None
+    sinks: torch.Tensor | None
+    attended: torch.Tensor | None
+
+
+def _prepared(query, call: AttentionCall, arrays: Mapping[str, torch.Tensor | None]) -> _Prepared:
+    """What steps 1-5 need of the validated ``call`` and its array keywords ``arrays`` (by
+    name, converted)."""
     ct = _compute_dtype(query.dtype)
-    offset = causal_offset(dims.L, dims.S, causal_alignment)  # query i sees key j iff ...
     #    The causal and window bands need no elementwise rule when they allow every (i, j) of
-    #    the call (a decode step: one query, bottom-right, sees every key): then nothing is
-    #    masked, no key or value row is zeroed (no copy of a KV cache per step), and no index
-    #    is built.
-    _, every = block_rules(dims.is_causal, dims.window, offset, 0, dims.L, 0, dims.S, None, None)
-    bands = not every and (dims.is_causal or dims.window is not None)
-    i = torch.arange(dims.L, device=query.device)[:, None] if bands else None  # (L, 1)
-    j = torch.arange(dims.S, device=query.device)[None, :] if bands else None  # (1, S)
+    #    the call (``call.bands`` is False; a decode step: one query, bottom-right, sees every
+    #    key): then nothing is masked, no key or value row is zeroed (no copy of a KV cache per
+    #    step), and no index is built.
+    i = torch.arange(call.L, device=query.device)[:, None] if call.bands else None  # (L, 1)
+    j = torch.arange(call.S, device=query.device)[None, :] if call.bands else None  # (1, S)
     allowed = _allowed(
-        dims, offset, i, j, mask, kw["q_segment_ids"], kw["kv_segment_ids"], bands=bands
-    )
-    bias = _cast(bias, ct)
-    attended = _attended(allowed, bias, dims.scores_shape, dims.K)
-    return offset, allowed, bias, _cast(kw["alibi_slopes"], ct), _cast(kw["sinks"], ct), attended
+        call, call.offset, i, j, arrays["mask"], arrays["q_segment_ids"],
+        arrays["kv_segment_ids"], bands=call.bands,
+    )  # fmt: skip
+    bias = _cast(arrays["bias"], ct)
+    attended = _attended(allowed, bias, call.scores_shape, call.K)
+    slopes, sinks = _cast(arrays["alibi_slopes"], ct), _cast(arrays["sinks"], ct)
+    return _Prepared(allowed, bias, slopes, sinks, attended)
 
 
 def attention_weights(
@@ -255,27 +285,11 @@ def attention_weights(
     Array-likes are converted with ``torch.as_tensor`` (on the device of the tensors given).
     Rows with no allowed key are all zeros, with zero gradient.
     """
-    query, key, mask, bias, *v2 = _as_tensors(
-        query, key, mask, bias, q_segment_ids, kv_segment_ids, sinks, alibi_slopes
-    )
-    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
-    dims = check_attention(
-        query,
-        key,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
-    offset, allowed, bias, slopes, sinks, attended = _prepared(
-        query, key, dims, causal_alignment, mask, bias, kw
-    )
-    key = _unattended_zeroed(key, attended)
-    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
+    query, key, kw = _converted(query, key, given=locals())
+    call = check_attention(query, key, **kw)
+    prepared = _prepared(query, call, kw)
+    key = _unattended_zeroed(key, prepared.attended)
+    weights = _weights(query, key, call, prepared)
     return weights.to(query.dtype)
 
 
@@ -308,35 +322,19 @@ def scaled_dot_product_attention(
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output or a gradient, even holding NaN or inf.
     """
-    query, key, value, mask, bias, *v2 = _as_tensors(
-        query, key, value, mask, bias, q_segment_ids, kv_segment_ids, sinks, alibi_slopes
-    )
-    kw = dict(zip(("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"), v2))
-    dims = check_attention(
-        query,
-        key,
-        value,
-        mask=mask,
-        bias=bias,
-        is_causal=is_causal,
-        causal_alignment=causal_alignment,
-        scale=scale,
-        softcap=softcap,
-        window=window,
-        **kw,
-    )
-    offset, allowed, bias, slopes, sinks, attended = _prepared(
-        query, key, dims, causal_alignment, mask, bias, kw
-    )
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    call = check_attention(query, key, value, **kw)
+    prepared = _prepared(query, call, kw)
+    attended = prepared.attended
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
-    weights = _weights(query, key, dims, offset, allowed, bias, slopes, sinks)
+    weights = _weights(query, key, call, prepared)
 
     # 6. output = weights @ value, per group (G * L rows per value head), then back to the
     #    input dtype.
-    K, G, L, E = dims.K, dims.G, dims.L, dims.E
-    w = weights.reshape(*weights.shape[:-3], K, G * L, dims.S)  # (..., K, G*L, S)
+    K, G, L, E = call.K, call.G, call.L, call.E
+    w = weights.reshape(*weights.shape[:-3], K, G * L, call.S)  # (..., K, G*L, S)
     v = value.to(weights.dtype)  # (..., K, S, E)
-    out = (w @ v).reshape(*dims.batch, K * G, L, E)  # (..., H, L, E)
+    out = (w @ v).reshape(*call.batch, K * G, L, E)  # (..., H, L, E)
     return out.to(query.dtype)
 
 
@@ -374,29 +372,13 @@ def scaled_dot_product_attention_vjp(
     exactly zero gradient (the row max is detached; unattended rows are selected away, not
     multiplied by zero). impl_numpy writes the same backward out by hand.
     """
-    v2 = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-              alibi_slopes=alibi_slopes)  # fmt: skip
-    keywords = dict(is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
-                    softcap=softcap, window=window)  # fmt: skip
-    return _vjp_by_autograd(
-        scaled_dot_product_attention, query, key, value, grad_output, mask, bias, v2, keywords
-    )
-
-
-#: The v2 arrays of a call, by keyword (segment ids, sinks, ALiBi slopes).
-_V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
+    return _vjp_by_autograd(scaled_dot_product_attention, given=locals())
 
 
 def _vjp_by_autograd(
     forward: Callable[..., torch.Tensor],
-    query: object,
-    key: object,
-    value: object,
-    grad_output: object,
-    mask: object,
-    bias: object,
-    v2: dict[str, object],
-    keywords: dict[str, object],
+    *,
+    given: Mapping[str, object],
     checks: tuple[Callable[[], None], ...] = (),
 ) -> AttentionGrads:
     """The one body of the ``*_vjp`` functions (here and in ``impl_torch.flash``): the inputs as
@@ -404,28 +386,25 @@ def _vjp_by_autograd(
     function's own, then the cotangent's shape) before any arithmetic, and the gradients of
     ``<forward(...), grad_output>`` by ``torch.autograd.grad``.
 
-    ``forward(query, key, value, mask=, bias=, q_segment_ids=, kv_segment_ids=, sinks=,
-    alibi_slopes=, **keywords)`` is differentiated with respect to query, key, value, bias and
-    sinks (those given); ``v2`` holds the four v2 arrays by name, ``keywords`` the scalar
-    arguments (``is_causal``, ``causal_alignment``, ``scale``, ``softcap``, ``window``).
+    ``given`` is the ``*_vjp`` function's ``locals()`` (query, key, value, grad_output and its
+    keywords); ``forward(query, key, value, **keywords)`` is differentiated with respect to
+    query, key, value, bias and sinks (those given).
     """
-    query, key, value, grad_output, mask, bias, *arrays = _as_tensors(
-        query, key, value, grad_output, mask, bias, *(v2[name] for name in _V2_ARRAYS)
+    query, key, value, grad_output, kw = _converted(
+        given["query"], given["key"], given["value"], given["grad_output"], given=given
     )
-    kw = dict(zip(_V2_ARRAYS, arrays))
-    dims = check_attention(query, key, value, mask=mask, bias=bias, **keywords, **kw)
+    call = check_attention(query, key, value, **kw)
     for check in checks:
         check()
-    check_grad_output(dims, grad_output)
+    check_grad_output(call, grad_output)
 
     # The differentiated inputs as leaves of a new graph (what was not given stays None).
-    given = {"query": query, "key": key, "value": value, "bias": bias, "sinks": kw["sinks"]}
-    leaves = {n: None if x is None else x.detach().requires_grad_() for n, x in given.items()}
+    inputs = {"query": query, "key": key, "value": value, "bias": kw["bias"], "sinks": kw["sinks"]}
+    leaves = {n: None if x is None else x.detach().requires_grad_() for n, x in inputs.items()}
     with torch.enable_grad():
         out = forward(
-            leaves["query"], leaves["key"], leaves["value"], mask=mask, bias=leaves["bias"],
-            q_segment_ids=kw["q_segment_ids"], kv_segment_ids=kw["kv_segment_ids"],
-            sinks=leaves["sinks"], alibi_slopes=kw["alibi_slopes"], **keywords,
+            leaves["query"], leaves["key"], leaves["value"],
+            **(kw | {"bias": leaves["bias"], "sinks": leaves["sinks"]}),
         )  # fmt: skip
     wrt = [x for x in leaves.values() if x is not None]
     grads = torch.autograd.grad(

@@ -124,7 +124,7 @@ def _gpt_oss(config: Any, layer: int) -> dict[str, Any]:
 class Family:
     """How one Hugging Face family's attention layer maps onto our module.
 
-    ``options(config, layer)`` gives the family's module options beyond Llama's (the v2 ones:
+    ``options(config, layer)`` gives the family's module options beyond Llama's (the attention ones:
     ``window``, ``scale``, ``softcap``, ``sinks``); ``extra_weights`` are parameters of the
     layer besides the four projections, copied under the same name into the canonical weights.
     """
@@ -177,7 +177,7 @@ def module_options(config: Any, layer: int = 0) -> dict[str, Any]:
 
     ``config`` is a ``transformers`` config or a ``config.json`` dict. The result holds the
     sizes (``d_model``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``bias``), the RoPE settings
-    (``rope_theta``, ``rope_interleaved=False``) and the family's v2 options (``window``,
+    (``rope_theta``, ``rope_interleaved=False``) and the family's attention options (``window``,
     ``scale``, ``softcap``, ``sinks``), already converted to our semantics.
 
     Raises:

@@ -49,6 +49,7 @@ from impl_torch.functional import (
     _attended,
     _cast,
     _compute_dtype,
+    _converted,
     _unattended_zeroed,
     scaled_dot_product_attention,
 )
@@ -204,22 +205,19 @@ def ring_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``unknown_layout``, ``shard_devices``; DimensionMismatchError ``length_not_divisible``.
     """
-    query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
-    q_ids, kv_ids, sinks, slopes = _as_tensors(q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
+    query, key, value, kw = _converted(query, key, value, given=locals())
     check_shard_config(n_shards, layout)
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
-        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
-    )  # fmt: skip
-    ring = check_ring(dims, n_shards, layout)
+    call = check_attention(query, key, value, **kw)
+    mask, bias, sinks, slopes = kw["mask"], kw["bias"], kw["sinks"], kw["alibi_slopes"]
+    q_ids, kv_ids = kw["q_segment_ids"], kw["kv_segment_ids"]
+    ring = check_ring(call, n_shards, layout)
     r = _rank(n_shards, group)  # this process
     ct = _compute_dtype(query.dtype)
     n, chunks, Lc, Sc = ring.n, ring.chunks, ring.Lc, ring.Sc
-    H, L, E = dims.H, dims.L, dims.E
-    offset = causal_offset(L, dims.S, causal_alignment)  # query i sees key j iff j <= i + offset
-    if L == 0 or dims.S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
-        return query.new_zeros((*dims.batch, H, L, E))
+    H, L, E = call.H, call.L, call.E
+    offset = call.offset  # query i sees key j iff j <= i + offset
+    if L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked): nothing to ring
+        return query.new_zeros((*call.batch, H, L, E))
     device = query.device
 
     # R1. split: this rank keeps its query chunks (and their rows of mask, bias and query
@@ -238,9 +236,9 @@ def ring_attention(
 
     # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
     #     -inf); n steps, at each of which every rank attends to the shard it holds.
-    outs = [torch.zeros((*dims.batch, H, Lc, E), dtype=ct, device=device) for _ in chunks[r]]
+    outs = [torch.zeros((*call.batch, H, Lc, E), dtype=ct, device=device) for _ in chunks[r]]
     lses = [
-        torch.full((*dims.batch, H, Lc), float("-inf"), dtype=ct, device=device) for _ in chunks[r]
+        torch.full((*call.batch, H, Lc), float("-inf"), dtype=ct, device=device) for _ in chunks[r]
     ]
     right, left = _peer(group, (r + 1) % n), _peer(group, (r - 1) % n)
     for t in range(n):
@@ -271,7 +269,7 @@ def ring_attention(
                 cols = (k_chunk * Sc, (k_chunk + 1) * Sc)  # its columns of mask and bias
                 kv_ids_blk = _block(kv_ids, -1, *cols)  # (..., Sc): its keys' segments
                 if not block_computed(
-                    dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[a], kv_ids_blk
+                    call, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows[a], kv_ids_blk
                 ):
                     continue
                 k_pos = k_chunk * Sc + torch.arange(Sc, device=device)  # (Sc,) its keys
@@ -280,7 +278,7 @@ def ring_attention(
                 out_blk, lse_blk = _attend_block(
                     queries[a], k, v, q_pos, k_pos,
                     _block(mask_rows[a], -1, *cols), _block(bias_rows[a], -1, *cols),
-                    q_ids_rows[a], kv_ids_blk, dims=dims, offset=offset, slopes=slopes,
+                    q_ids_rows[a], kv_ids_blk, dims=call, offset=offset, slopes=slopes,
                 )  # fmt: skip
 
                 # R5. merge: the block into what this query chunk has seen, by their lse.
@@ -309,7 +307,7 @@ def ring_attention(
     mine = torch.cat(outs, dim=-2).to(query.dtype)  # (..., H, c*Lc, E)
     pieces = [torch.empty_like(mine) for _ in range(n)]
     dist.all_gather(pieces, mine, group=group)
-    out = query.new_empty((*dims.batch, H, L, E))  # (..., H, L, E)
+    out = query.new_empty((*call.batch, H, L, E))  # (..., H, L, E)
     for rank, piece in enumerate(pieces):
         for a, q_chunk in enumerate(chunks[rank]):
             out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = piece[..., a * Lc : (a + 1) * Lc, :]
@@ -355,17 +353,12 @@ def head_parallel_attention(
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``shard_devices``; DimensionMismatchError ``kv_heads_not_divisible``.
     """
-    query, key, value, mask, bias = _as_tensors(query, key, value, mask, bias)
-    q_ids, kv_ids, sinks, slopes = _as_tensors(q_segment_ids, kv_segment_ids, sinks, alibi_slopes)
+    query, key, value, kw = _converted(query, key, value, given=locals())
     check_shard_config(n_shards)
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
-        q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=slopes,
-    )  # fmt: skip
-    check_head_parallel(dims.H, dims.K, n_shards)
+    call = check_attention(query, key, value, **kw)
+    check_head_parallel(call.H, call.K, n_shards)
     r = _rank(n_shards, group)  # this process
-    Hn, Kn = dims.H // n_shards, dims.K // n_shards  # query and key/value heads per rank
+    Hn, Kn = call.H // n_shards, call.K // n_shards  # query and key/value heads per rank
 
     # P1. split: this rank holds key/value heads r*Kn .. (r+1)*Kn - 1 and the query heads that
     #     read them, r*Hn .. (r+1)*Hn - 1 (query head h reads kv head h // G).
@@ -374,22 +367,13 @@ def head_parallel_attention(
 
     # P2. attend: the unsharded contract on this rank's heads (mask, bias, sinks and ALiBi
     #     slopes: its heads; segment ids: whole).
-    mine = scaled_dot_product_attention(
-        q,
-        k,
-        v,
-        mask=_block(mask, -3, *heads),
-        bias=_block(bias, -3, *heads),
-        is_causal=dims.is_causal,
-        causal_alignment=causal_alignment,
-        scale=dims.scale,
-        softcap=dims.softcap,
-        window=dims.window,
-        q_segment_ids=q_ids,
-        kv_segment_ids=kv_ids,
-        sinks=None if sinks is None else sinks[heads[0] : heads[1]],
-        alibi_slopes=None if slopes is None else slopes[heads[0] : heads[1]],
-    ).contiguous()  # (..., Hn, L, E)
+    on_heads = kw | {
+        "mask": _block(kw["mask"], -3, *heads),
+        "bias": _block(kw["bias"], -3, *heads),
+        "sinks": _block(kw["sinks"], -1, *heads),
+        "alibi_slopes": _block(kw["alibi_slopes"], -1, *heads),
+    }  # this rank's heads of mask, bias, sinks and slopes; every other keyword whole
+    mine = scaled_dot_product_attention(q, k, v, **on_heads).contiguous()  # (..., Hn, L, E)
 
     # P3. gather: the ranks' heads, in order, along H.
     pieces = [torch.empty_like(mine) for _ in range(n_shards)]
@@ -419,7 +403,7 @@ def head_parallel_gqa(
     query heads and the k_proj and v_proj rows of its key/value heads (column-parallel), attends
     on its heads, and applies the o_proj columns of its heads' features (row-parallel), which
     gives a partial ``(B, L, M)``; ``dist.all_reduce`` sums the partials in the compute dtype,
-    then o_proj's bias is added once and the result cast to the module's dtype. The module's v2
+    then o_proj's bias is added once and the result cast to the module's dtype. The module's
     settings (window, softcap, scale, its ``sinks (H,)`` weight and ALiBi's slopes) apply on
     every rank, the sinks and slopes split with the query heads.
 
@@ -442,8 +426,8 @@ def head_parallel_gqa(
     r = _rank(n_shards, group)  # this process
     context = x if context is None else context
     ct = _compute_dtype(module.dtype)
-    v2 = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
-    sinks, slopes = v2.pop("sinks"), v2.pop("alibi_slopes")
+    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    sinks, slopes = settings.pop("sinks"), settings.pop("alibi_slopes")
     D, E = dims.D, dims.E
     Hn, Kn = dims.H // n_shards, dims.K // n_shards  # query and key/value heads per rank
     B, L, _ = x.shape
@@ -480,7 +464,7 @@ def head_parallel_gqa(
         kv_segment_ids=kv_ids,
         sinks=None if sinks is None else sinks[heads[0] : heads[1]],
         alibi_slopes=None if slopes is None else slopes[heads[0] : heads[1]],
-        **v2,
+        **settings,
     )  # (B, Hn, L, E)
 
     # P3. row-parallel output projection: this rank's heads' features [r*Hn*E ..) meet the same

@@ -13,9 +13,9 @@ IDIOMS: dict[str, dict[str, str]] = {
         "1. scores": (
             "NumPy and torch reshape the query heads of a group into `G * L` rows against "
             "their one key head (`reshape(*query.shape[:-3], K, G * L, D)`: no copy of the "
-            "keys) and scale in place (`s *= dims.scale`, `mul_`); JAX contracts the same "
+            "keys) and scale in place (`s *= call.scale`, `mul_`); JAX contracts the same "
             "groups against the unexpanded key in one `jnp.einsum`, the scale on the queries "
-            "(`q * dims.scale`: XLA would fuse a later s * scale into s - max as an FMA)."
+            "(`q * call.scale`: XLA would fuse a later s * scale into s - max as an FMA)."
         ),
         "2. softcap": (
             "NumPy divides, takes `np.tanh(s, out=s)` and multiplies, all in place; torch stays "
@@ -60,7 +60,7 @@ IDIOMS: dict[str, dict[str, str]] = {
             "NumPy and torch build the block's `allowed` only where a boundary crosses it "
             "(`every` is decided in Python); JAX decides it per loop (`if bands:`, False for the "
             "blocks inside the bands), with the keys below `j0` of a block shifted back to keep "
-            "its size static (`j >= j0`). Key and "
+            "its size static (`j >= blk.j0`). Key and "
             "value rows no row of the block attends are zeroed (`_unattended_zeroed`), and only "
             "when a mask, segment ids or a bias can leave one unattended (`banded`)."
         ),
@@ -68,7 +68,7 @@ IDIOMS: dict[str, dict[str, str]] = {
             "The functional step on one block: NumPy and torch multiply the `G * bq` rows of a "
             "group against the block `k_blk` sliced in the Python loop (torch scales with "
             "`mul_` in place), and JAX contracts the groups in one `jnp.einsum` on blocks its "
-            "loops hand it, the scale on the block's queries (`q_blk * dims.scale`: XLA would "
+            "loops hand it, the scale on the block's queries (`blk.q * call.scale`: XLA would "
             "fuse a later s * scale into s - max as an FMA)."
         ),
         "2. softcap": (
@@ -205,7 +205,7 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
         "4. allowed, this block": (
             "The forward's block rules (`_allowed`), the same code; in JAX the keys below `j0` "
-            "of a last block shifted back stay out (`j >= j0`)."
+            "of a last block shifted back stay out (`j >= blk.j0`)."
         ),
         "1. scores": (
             "Recomputed per block rather than kept from the forward (FlashAttention-2's trade: "
@@ -346,7 +346,8 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
         "P2. attend": (
             "Identical in the three: the framework's own `scaled_dot_product_attention` on the "
-            "device's heads, with the call's resolved `dims.scale`."
+            "device's heads, with its heads of the array keywords and every other keyword as "
+            "given (`**on_heads`)."
         ),
         "P3. gather": (
             "NumPy concatenates along H (`np.concatenate`), torch gathers every rank's heads "
