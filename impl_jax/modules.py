@@ -234,7 +234,6 @@ class GroupedQueryAttention(nnx.Module):
         )
 
     # The name sharded.py calls until it calls _option_keywords (a change of that file).
-    _v2_keywords = _option_keywords
 
     def _attend(self, q, k, v, *, return_weights: bool, **keywords):
         """The functional API on the projected heads: output ``(B, H, L, E)``, weights or None.

@@ -494,7 +494,7 @@ def head_parallel_gqa(
     x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)
     q_ids, kv_ids = _asarray(q_ids), _asarray(kv_ids)
     ct = _compute_dtype(module.dtype)
-    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    settings = module._option_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device
     o_bias = module.o_proj.bias

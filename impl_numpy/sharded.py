@@ -408,7 +408,7 @@ def head_parallel_gqa(
     context = x if context is None else context
     w = module.to_canonical()
     ct = _compute_dtype(module.dtype)
-    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    settings = module._option_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
     sinks, slopes = settings.pop("sinks"), settings.pop("alibi_slopes")
     n, D, E = n_shards, dims.D, dims.E
     Hn, Kn = dims.H // n, dims.K // n  # query and key/value heads per device

@@ -426,7 +426,7 @@ def head_parallel_gqa(
     r = _rank(n_shards, group)  # this process
     context = x if context is None else context
     ct = _compute_dtype(module.dtype)
-    settings = module._v2_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
+    settings = module._option_keywords()  # window, softcap, scale, sinks (H,), alibi_slopes (H,)
     sinks, slopes = settings.pop("sinks"), settings.pop("alibi_slopes")
     D, E = dims.D, dims.E
     Hn, Kn = dims.H // n_shards, dims.K // n_shards  # query and key/value heads per rank
