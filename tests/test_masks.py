@@ -8,7 +8,7 @@ one of the three packages (drawn too) with its plain and tiled paths:
 - ``window=(S, S)`` (wider than any sequence) equals no window;
 - ``window=(W, 0)`` without ``is_causal`` equals ``is_causal`` with ``window=(W, None)``;
 - sinks of ``-inf`` equal no sinks;
-- the three packages agree on random v2 keywords.
+- the three packages agree on random window, segment, sink and ALiBi keywords.
 """
 
 from __future__ import annotations
@@ -163,8 +163,9 @@ def test_sinks_of_minus_infinity_are_no_sinks(setup, L, S, masked) -> None:
 
 
 @st.composite
-def v2_problems(draw):
-    """Random shapes with a random subset of the v2 keywords, on top of causal and a mask."""
+def extra_keyword_problems(draw):
+    """Random shapes with a random subset of the window, segment ids, sinks
+    and ALiBi slopes, on top of causal and a mask."""
     L, S = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     K, G = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 3]))
     dtype = draw(st.sampled_from(sorted(AGREE)))
@@ -189,8 +190,8 @@ def v2_problems(draw):
 
 
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(v2_problems())
-def test_the_three_packages_agree_on_v2_keywords_plain_and_tiled(problem) -> None:
+@given(extra_keyword_problems())
+def test_the_three_packages_agree_on_extra_keywords_plain_and_tiled(problem) -> None:
     q, k, v, kw, dtype, blocks = problem
     ref = _run("numpy", "plain", q, k, v, **kw)
     assert not np.isnan(ref).any()

@@ -56,12 +56,12 @@ def _broken_flash(
     value = None if value is None else np.asarray(value)
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
-    v2 = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
+    arrays = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
           "alibi_slopes": alibi_slopes}  # fmt: skip
-    v2 = {name: None if x is None else np.asarray(x) for name, x in v2.items()}
+    arrays = {name: None if x is None else np.asarray(x) for name, x in arrays.items()}
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment, scale=scale,
-        is_causal=is_causal, softcap=softcap, window=window, **v2,
+        is_causal=is_causal, softcap=softcap, window=window, **arrays,
     )  # fmt: skip
     check_block_sizes(block_q, block_k)
     ct = _compute_dtype(query.dtype)
@@ -76,11 +76,11 @@ def _broken_flash(
         rule = rule & rules.causal(i, j, offset)
     if dims.window is not None:
         rule = rule & rules.window(i, j, offset, dims.window)
-    if v2["q_segment_ids"] is not None:
-        rule = rule & rules.segments(v2["q_segment_ids"], v2["kv_segment_ids"])
+    if arrays["q_segment_ids"] is not None:
+        rule = rule & rules.segments(arrays["q_segment_ids"], arrays["kv_segment_ids"])
     bias = None if bias is None else bias.astype(ct)
-    if v2["alibi_slopes"] is not None:
-        slopes = v2["alibi_slopes"].astype(ct)[:, None, None]  # (H, 1, 1)
+    if arrays["alibi_slopes"] is not None:
+        slopes = arrays["alibi_slopes"].astype(ct)[:, None, None]  # (H, 1, 1)
         bias = rules.alibi(slopes, i, j, offset) + (0.0 if bias is None else bias)
     seen = rule if bias is None else rule & (bias != -np.inf)
     seen = np.broadcast_to(seen, (*dims.batch, H, L, S)).any(axis=-2)  # (..., H, S)
@@ -128,8 +128,8 @@ def _broken_flash(
                 acc = alpha * acc + pv
             l, m = l_new, m_new
         empty = l == 0.0
-        if v2["sinks"] is not None and bug != "early_normalize":  # one more logit, no value
-            sink = v2["sinks"].astype(ct)[:, None, None]  # (H, 1, 1)
+        if arrays["sinks"] is not None and bug != "early_normalize":  # one more logit, no value
+            sink = arrays["sinks"].astype(ct)[:, None, None]  # (H, 1, 1)
             m_sink = np.maximum(m, sink)
             alpha = np.exp(m - m_sink)
             l, acc, m = alpha * l + np.exp(sink - m_sink), alpha * acc, m_sink

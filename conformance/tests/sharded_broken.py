@@ -271,15 +271,15 @@ def _head_parallel_gqa(module, x, context=None, *, n_shards, bug=None, **kw):
     real code then splits by heads)."""
     if bug not in ("head_parallel_gqa_settings_dropped", "head_parallel_gqa_sinks_whole"):
         return sharded.head_parallel_gqa(module, x, context, n_shards=n_shards, **kw)
-    v2 = module._v2_keywords()
+    settings = module._v2_keywords()
     if bug == "head_parallel_gqa_settings_dropped":
-        v2 = dict.fromkeys(v2)  # every setting None: the functional defaults
+        settings = dict.fromkeys(settings)  # every setting None: the functional defaults
     else:
         Hn = module.dims.H // n_shards
         for name in ("sinks", "alibi_slopes"):
-            if v2[name] is not None:
-                v2[name] = np.tile(v2[name][:Hn], n_shards)  # (H,): device r reads [:Hn]
-    with mock.patch.object(module, "_v2_keywords", lambda: dict(v2)):
+            if settings[name] is not None:
+                settings[name] = np.tile(settings[name][:Hn], n_shards)  # (H,): r reads [:Hn]
+    with mock.patch.object(module, "_v2_keywords", lambda: dict(settings)):
         return sharded.head_parallel_gqa(module, x, context, n_shards=n_shards, **kw)
 
 
