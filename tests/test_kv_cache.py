@@ -11,8 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_spec import DimensionMismatchError
-from tests.frameworks import NP_DTYPES
+from attention_spec import ConfigError, DimensionMismatchError
+from tests.frameworks import NP_DTYPES, same_error
 from tests.module_frameworks import MODULE_FRAMEWORKS, B, D, E, H, M, random_canonical
 from tests.module_frameworks import reference_forward as reference
 
@@ -131,44 +131,36 @@ def _decode_error(mf, *, x_shape, filled=0, max_len=MAX_LEN):
     module.decode(mf.asarray(np.zeros(x_shape, np.float32)), cache)
 
 
-def _same_error_everywhere(make, cls_name, code, fragment):
-    errors = {}
-    for name, mf in MODULE_FRAMEWORKS.items():
-        with pytest.raises(Exception) as info:
-            make(mf)
-        errors[name] = info.value
-    for name, err in errors.items():
-        assert type(err).__name__ == cls_name and err.code == code, (name, err)
-        assert fragment in str(err), (name, err)
-    assert len({str(err) for err in errors.values()}) == 1, errors
-
-
 def test_writing_past_max_len_raises_everywhere():
-    _same_error_everywhere(
+    same_error(
         lambda mf: _decode_error(mf, x_shape=(B, 3, M), filled=10),
-        "ConfigError", "cache_overflow",
+        ConfigError, "cache_overflow",
         "the KV cache holds 10 of at most 12 tokens; writing 3 more would need 13",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 
 def test_prefill_longer_than_cache_raises_everywhere():
-    _same_error_everywhere(
-        lambda mf: _decode_error(mf, x_shape=(B, 13, M)), "ConfigError",
+    same_error(
+        lambda mf: _decode_error(mf, x_shape=(B, 13, M)), ConfigError,
         "cache_overflow", "writing 13 more would need 13",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 
 def test_decode_batch_must_be_the_caches():
-    _same_error_everywhere(
-        lambda mf: _decode_error(mf, x_shape=(1, 1, M)), DimensionMismatchError.__name__,
+    same_error(
+        lambda mf: _decode_error(mf, x_shape=(1, 1, M)), DimensionMismatchError,
         "batch_not_broadcastable", "x batch (B=1) must be the KV cache's (B=2)",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 
 def test_init_cache_needs_positive_sizes():
-    _same_error_everywhere(
+    same_error(
         lambda mf: mf.build(random_canonical(np.random.default_rng(0)), H, 2).init_cache(B, 0),
-        "ConfigError", "non_positive_size", "max_len must be an integer >= 1; got 0",
+        ConfigError, "non_positive_size", "max_len must be an integer >= 1; got 0",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 

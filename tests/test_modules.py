@@ -18,7 +18,7 @@ import impl_jax.modules as jax_modules
 import impl_numpy.modules as numpy_modules
 import impl_torch.modules as torch_modules
 from attention_spec import ConfigError, DimensionMismatchError, DTypeError, MaskError
-from tests.frameworks import NP_DTYPES
+from tests.frameworks import NP_DTYPES, same_error
 from tests.module_frameworks import (
     MODULE_FRAMEWORKS,
     B,
@@ -240,22 +240,6 @@ def test_init_in_each_dtype(name):
 # -- errors ---------------------------------------------------------------------------------
 
 
-def _raised(fn):
-    with pytest.raises(Exception) as info:
-        fn()
-    return info.value
-
-
-def _same_error_everywhere(make, cls, code, fragment):
-    """``make(mf)`` raises the same class, code and message in all three frameworks."""
-    errors = {name: _raised(lambda mf=mf: make(mf)) for name, mf in MODULE_FRAMEWORKS.items()}
-    for name, err in errors.items():
-        assert type(err) is cls, (name, err)
-        assert err.code == code, (name, err)
-        assert fragment in str(err), (name, err)
-    assert len({str(err) for err in errors.values()}) == 1, errors
-
-
 CONSTRUCTION_ERRORS = {
     "mha_m16_h5": (
         lambda mf: mf.modules.MultiHeadAttention(16, 5), DimensionMismatchError,
@@ -291,7 +275,7 @@ CONSTRUCTION_ERRORS = {
 
 @pytest.mark.parametrize("case", list(CONSTRUCTION_ERRORS))
 def test_construction_errors_are_identical(case):
-    _same_error_everywhere(*CONSTRUCTION_ERRORS[case])
+    same_error(*CONSTRUCTION_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 def test_head_dim_makes_indivisible_width_legal(mf):
@@ -352,7 +336,7 @@ FORWARD_ERRORS = {
 
 @pytest.mark.parametrize("case", list(FORWARD_ERRORS))
 def test_forward_errors_are_identical(case):
-    _same_error_everywhere(*FORWARD_ERRORS[case])
+    same_error(*FORWARD_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 def _without(weights, name):
@@ -399,7 +383,7 @@ LOAD_ERRORS = {
 
 @pytest.mark.parametrize("case", list(LOAD_ERRORS))
 def test_load_errors_are_identical(case):
-    _same_error_everywhere(*LOAD_ERRORS[case])
+    same_error(*LOAD_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 # -- padding_mask ---------------------------------------------------------------------------
@@ -430,7 +414,7 @@ PADDING_ERRORS = {
 
 @pytest.mark.parametrize("case", list(PADDING_ERRORS))
 def test_padding_mask_errors_are_identical(case):
-    _same_error_everywhere(*PADDING_ERRORS[case])
+    same_error(*PADDING_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 # -- weight files ---------------------------------------------------------------------------
@@ -462,9 +446,10 @@ def test_weight_file_without_metadata_is_refused(tmp_path):
 
     path = tmp_path / "bare.safetensors"
     save_file(random_canonical(np.random.default_rng(0)), str(path))
-    _same_error_everywhere(
+    same_error(
         lambda mf: mf.modules.GroupedQueryAttention.load(path), DimensionMismatchError,
         "weight_shape", "a weight file needs the metadata 'rosetta_attention'",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 
