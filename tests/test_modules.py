@@ -1,7 +1,7 @@
 """The NumPy, torch and JAX attention modules: one contract, one weight format, one set of errors.
 
-Expected values come from ``reference_forward`` (float64 loops over batch and heads, from the
-canonical weights), never from a module's own output.
+Expected values come from ``reference_forward`` (the float64 oracle's module, from the canonical
+weights), never from a module's own output.
 """
 
 from __future__ import annotations
