@@ -83,6 +83,12 @@ class Framework:
         return {n: self.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
 
 
+#: How far two of the three implementations (or a package's plain and tiled paths) may differ on
+#: one call: not a tolerance against the oracle (that is ``conformance.oracle.tolerance_bound``).
+#: All three compute in float32 (float64 for float64) and round once at the end, so they may
+#: differ by float32 reassociation plus, for half types, one rounding step of the output.
+AGREE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
 FRAMEWORKS = {
     "numpy": Framework("numpy", impl_numpy, np.asarray, np.asarray),
     "torch": Framework("torch", impl_torch, _torch_from_numpy, _torch_to_numpy),
