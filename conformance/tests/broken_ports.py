@@ -15,7 +15,6 @@ run that must catch it.
 
 from __future__ import annotations
 
-from functools import partial
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -294,10 +293,10 @@ def make_port(
 ) -> SimpleNamespace:
     """A NumPy port of the contract with ``bug`` (a key of :data:`BUGS`) switched on.
 
-    ``flash=True`` (implied by a ``flash_*`` bug) adds a ``flash_attention``: the tiled code of
-    ``flash_broken.py`` with that bug, or with none. ``grad=True`` (implied by a ``grad_*``
-    bug) adds ``scaled_dot_product_attention_vjp`` and ``flash_attention_vjp``: the backward of
-    ``grad_broken.py`` with that bug, or with none.
+    ``flash=True`` (implied by a ``flash_*`` bug) adds a ``flash_attention``: impl_numpy's
+    tiled code with the bug of ``flash_broken.py`` switched in, or with none. ``grad=True``
+    (implied by a ``grad_*`` bug) adds ``scaled_dot_product_attention_vjp`` and
+    ``flash_attention_vjp``: the backward of ``grad_broken.py`` with that bug, or with none.
     """
     if bug is not None and bug not in BUGS:
         raise KeyError(bug)
@@ -528,8 +527,7 @@ def make_port(
         from conformance.tests import flash_broken
 
         flash_bug = bug.removeprefix("flash_") if bug else "none"
-        tiled = flash_broken._quiet(partial(flash_broken._broken_flash, bug=flash_bug))
-        port.flash_attention = flash_broken.BROKEN.get(flash_bug, tiled)
+        port.flash_attention = flash_broken.broken_flash(flash_bug)
     if grad or (bug or "").startswith("grad_"):
         from conformance.tests.grad_broken import vjp_pair
 
