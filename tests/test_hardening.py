@@ -639,10 +639,10 @@ def test_softcap_comes_before_the_bias() -> None:
     """With a bias present, cap(s) + bias differs from cap(s + bias): the order is pinned."""
     q, k, _ = _qkv(seed=5)
     bias = np.full((3, 5), 3.0, np.float32)  # the same for every key: softmax ignores it...
-    s = np.einsum("bhld,bhsd->bhls", q.astype(np.float64), k.astype(np.float64)) * 4.0
-    capped_then_biased = 2.0 * np.tanh(s / 2.0) + 3.0
-    want = np.exp(capped_then_biased - capped_then_biased.max(-1, keepdims=True))
-    want /= want.sum(-1, keepdims=True)
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    want = attention(q64, k64, bias=bias.astype(np.float64), scale=4.0, softcap=2.0).weights
+    # the wrong order, written out: the oracle has only the right one
+    s = np.einsum("bhld,bhsd->bhls", q64, k64) * 4.0
     biased_then_capped = 2.0 * np.tanh((s + 3.0) / 2.0)
     wrong = np.exp(biased_then_capped - biased_then_capped.max(-1, keepdims=True))
     wrong /= wrong.sum(-1, keepdims=True)

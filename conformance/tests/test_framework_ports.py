@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conformance import oracle
 from conformance.runner import (
     FUNCTIONS,
     Outcome,
@@ -293,9 +294,8 @@ def test_mlx_fast_errors_are_plain_value_errors_and_masks_of_numbers_are_added()
     sdpa = mx.fast.scaled_dot_product_attention
     as_int = np.array(sdpa(q, k, v, scale=0.5, mask=mx.array(numbers.astype(np.int32))))
     as_bias = np.array(sdpa(q, k, v, scale=0.5, mask=mx.array(numbers.astype(np.float32))))
-    scores = np.einsum("bhld,bhsd->bhls", np.array(q), np.array(k)) * 0.5 + numbers
-    expected = np.exp(scores - scores.max(-1, keepdims=True))
-    expected /= expected.sum(-1, keepdims=True)
+    q64, k64 = (np.array(x).astype(np.float64) for x in (q, k))
+    expected = oracle.attention(q64, k64, bias=numbers.astype(np.float64), scale=0.5).weights
     np.testing.assert_allclose(as_int, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(as_bias, expected, rtol=1e-5, atol=1e-6)
 
