@@ -268,15 +268,33 @@ def _framework_cases(cases: list[str], jax_cases: list[str]) -> list[tuple[str, 
 # The float64 oracle and the check
 
 
+@dataclass(frozen=True)
+class Expected:
+    """What the check needs of the oracle's answer for one case and dtype."""
+
+    output: np.ndarray  # (..., H, L, E): the batch of query, key and value
+    empty_rows: np.ndarray  # (..., H, L) bool: rows with no allowed key
+    lse: np.ndarray  # (..., H, L): -inf on the empty rows
+    score_scale: float  # max(1, largest |allowed score|): the lse bound's scale
+
+
 @cache
-def _golden(case: Case, dtype_name: str) -> oracle.Golden:
-    """The oracle on ``case``'s inputs in ``dtype_name``, upcast to float64: output ``(..., H,
-    L, E)``, lse ``(..., H, L)``, scores and allowed ``(..., H, L, S)`` (batch of query and key).
-    Cached: one golden serves the three frameworks and the broken ports."""
+def _expected(case: Case, dtype_name: str) -> Expected:
+    """The oracle on ``case``'s inputs in ``dtype_name``, upcast to float64. Cached (only what
+    the check reads, not the oracle's (..., H, L, S) arrays): one answer serves the three
+    frameworks and the broken ports."""
     inp = case.inputs(DTYPES[dtype_name])
     q, k, v = (inp[name].astype(np.float64) for name in ("query", "key", "value"))
     bias = None if inp["bias"] is None else inp["bias"].astype(np.float64)
-    return oracle.attention(q, k, v, mask=inp["mask"], bias=bias, **dict(case.kwargs))
+    golden = oracle.attention(q, k, v, mask=inp["mask"], bias=bias, **dict(case.kwargs))
+    rows = golden.output.shape[:-1]  # (..., H, L)
+    kept = golden.scores[golden.allowed]  # the allowed (finite) scores
+    return Expected(
+        output=golden.output,
+        empty_rows=np.broadcast_to(~golden.allowed.any(axis=-1), rows),
+        lse=np.broadcast_to(golden.lse, rows),
+        score_scale=max(1.0, float(np.abs(kept).max(initial=0.0))),
+    )
 
 
 def _max_err(a: np.ndarray, b: np.ndarray) -> float:
@@ -285,10 +303,10 @@ def _max_err(a: np.ndarray, b: np.ndarray) -> float:
 
 def check_flash(fw: Framework, case: Case, dtype_name: str) -> None:
     """Assert that ``fw.flash`` passes ``case`` in ``dtype_name`` (raises AssertionError): its
-    output against the float64 one and the plain path's, its lse against a float64 lse."""
+    output against the oracle's and the plain path's, its lse against the oracle's."""
     inp = case.inputs(DTYPES[dtype_name])
-    golden = _golden(case, dtype_name)
-    ref = golden.output  # (..., H, L, E): the batch of query, key and value
+    expected = _expected(case, dtype_name)
+    ref = expected.output  # (..., H, L, E)
     native = {k: (None if v is None else fw.native(v)) for k, v in inp.items()}
     block_q, block_k = case.blocks
     out, lse = fw.flash(
@@ -302,8 +320,7 @@ def check_flash(fw: Framework, case: Case, dtype_name: str) -> None:
     # The output: finite, zero where no key is allowed, within the tolerance rule.
     assert got.shape == ref.shape, (got.shape, ref.shape)
     assert np.isfinite(got).all(), "non-finite output"
-    rows = ref.shape[:-1]  # (..., H, L)
-    empty_rows = np.broadcast_to(~golden.allowed.any(axis=-1), rows)  # no allowed key
+    empty_rows = expected.empty_rows  # (..., H, L): no allowed key
     assert not got[empty_rows].any(), "a row with no allowed key is not zero"
     floor = ULP_FLOOR[dtype_name] * max(1.0, float(np.abs(ref).max(initial=0.0)))
     err_plain = _max_err(plain, ref)
@@ -313,14 +330,13 @@ def check_flash(fw: Framework, case: Case, dtype_name: str) -> None:
     assert _max_err(got, plain) <= err_plain + bound, "too far from the plain path"
 
     # The row log-sum-exp: -inf exactly where no key is allowed, else the oracle's.
-    want = np.broadcast_to(golden.lse, rows)  # (..., H, L)
+    want = expected.lse  # (..., H, L)
     assert lse.shape == want.shape, (lse.shape, want.shape)
     np.testing.assert_array_equal(np.isneginf(lse), empty_rows, "lse -inf rows")
     finite = ~empty_rows
     # Scores carry the error of dot products of length D in the compute dtype.
     lse_floor = ULP_FLOOR["float64" if dtype_name == "float64" else "float32"]
-    kept = golden.scores[golden.allowed]  # the allowed (finite) scores
-    lse_tol = lse_floor * max(1.0, float(np.abs(kept).max(initial=0.0)))
+    lse_tol = lse_floor * expected.score_scale
     lse_err = _max_err(lse[finite], want[finite])
     assert lse_err <= lse_tol, f"lse error {lse_err:.3g} > {lse_tol:.3g}"
 
