@@ -73,12 +73,15 @@ class Golden:
              (not -inf) all allow the key.
     lse:     ``(..., H, L)`` float64, the log-sum-exp of each row's allowed scores (the
              normalizer ``flash_attention(return_lse=True)`` returns); -inf for a row with none.
+    scores:  ``(..., H, L, S)`` float64, the scores after softcap, bias and ALiBi (steps 1-3)
+             where ``allowed``, -inf elsewhere.
     """
 
     output: np.ndarray | None
     weights: np.ndarray
     allowed: np.ndarray
     lse: np.ndarray
+    scores: np.ndarray
 
 
 def rounded(x: np.ndarray | float, dtype: str) -> np.ndarray:
@@ -200,6 +203,7 @@ def attention(
     weights = np.zeros(scores_shape, dtype=np.float64)
     allowed = np.zeros(scores_shape, dtype=bool)
     lse = np.full(scores_shape[:-1], -math.inf, dtype=np.float64)
+    kept_scores = np.full(scores_shape, -math.inf, dtype=np.float64)
     for b in np.ndindex(*batch):
         for h in range(H):
             kv = h // G
@@ -219,7 +223,7 @@ def attention(
                     if add is not None:
                         excluded = float(add[(*b, h, i, j)]) == -math.inf
                         s = rnd(s + float(add[(*b, h, i, j)]))
-                    # 3. (v2) ALiBi: -slope of the head times the distance to the diagonal
+                    # 3. ALiBi: -slope of the head times the distance to the diagonal
                     if slopes is not None:
                         s = rnd(s - rnd(slopes[h] * abs(i + offset - j)))
                     # 4. mask, causal, window and segments: a position any of them refuses is out
@@ -228,6 +232,8 @@ def attention(
                     if q_ids is not None:
                         ok = ok and q_ids[b][i] == kv_ids[b][j]
                     scores.append((s, ok))
+                    if ok:
+                        kept_scores[(*b, h, i, j)] = s
                 # 6. softmax over the allowed keys and the head's sink (one more logit, with no
                 #    value); no allowed key -> all-zero weights, sink or not
                 row = [s for s, ok in scores if ok]
@@ -262,7 +268,7 @@ def attention(
                     ]
                     for e_ in range(E):
                         output[(*b, h, i, e_)] = rnd(math.fsum(a * v_rows[e_][j] for a, j in terms))
-    return Golden(output=output, weights=weights, allowed=allowed, lse=lse)
+    return Golden(output=output, weights=weights, allowed=allowed, lse=lse, scores=kept_scores)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -403,7 +409,7 @@ def module_forward(
             after the projections, when ``rope_theta`` is given: query i at position
             ``i + offset``, key j at position ``j``, with ``offset`` the causal alignment's
             (0 for top_left, S - L for bottom_right; 0 for self-attention either way).
-        window, softcap, scale: the module's v2 settings, passed to :func:`attention`; alibi:
+        window, softcap, scale: the module's own settings, passed to :func:`attention`; alibi:
             ALiBi with :func:`alibi_slopes` of H; the weight ``sinks (H,)``, if present, is the
             sink logit of each query head; q_segment_ids, kv_segment_ids: as in
             :func:`attention` (packed sequences).

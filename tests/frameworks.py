@@ -6,7 +6,7 @@ framework exactly; results come back as NumPy arrays.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from types import ModuleType
 from typing import Any
@@ -18,11 +18,13 @@ jax.config.update("jax_enable_x64", True)  # float64 is one of the four dtypes
 import jax.numpy as jnp  # noqa: E402
 import ml_dtypes  # noqa: E402
 import numpy as np  # noqa: E402
+import pytest  # noqa: E402
 import torch  # noqa: E402
 
 import impl_jax  # noqa: E402
 import impl_numpy  # noqa: E402
 import impl_torch  # noqa: E402
+from attention_spec import AttentionError  # noqa: E402
 
 DTYPES = ("float64", "float32", "float16", "bfloat16")
 NP_DTYPES = {
@@ -81,6 +83,12 @@ class Framework:
         return {n: self.asarray(x) if isinstance(x, np.ndarray) else x for n, x in kw.items()}
 
 
+#: How far two of the three implementations (or a package's plain and tiled paths) may differ on
+#: one call: not a tolerance against the oracle (that is ``conformance.oracle.tolerance_bound``).
+#: All three compute in float32 (float64 for float64) and round once at the end, so they may
+#: differ by float32 reassociation plus, for half types, one rounding step of the output.
+AGREE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+
 FRAMEWORKS = {
     "numpy": Framework("numpy", impl_numpy, np.asarray, np.asarray),
     "torch": Framework("torch", impl_torch, _torch_from_numpy, _torch_to_numpy),
@@ -95,3 +103,33 @@ def random_qkv(rng: np.random.Generator, batch, H, K, L, S, D, E, dtype="float64
     k = rng.standard_normal((*batch, K, S, D)).astype(dt)
     v = rng.standard_normal((*batch, K, S, E)).astype(dt)
     return q, k, v
+
+
+def same_error(
+    call: Callable[[Any], object],
+    cls: type[AttentionError] | None = None,
+    code: str | None = None,
+    fragment: str | None = None,
+    *,
+    frameworks: Mapping[str, Any] = FRAMEWORKS,
+) -> AttentionError:
+    """``call(fw)`` raises the same error for each of ``frameworks`` (NumPy, PyTorch and JAX, as
+    :data:`FRAMEWORKS` or ``tests.module_frameworks.MODULE_FRAMEWORKS``): an AttentionError with
+    one class, ``code``, message, ``expected`` and ``actual`` in all of them. The class ``cls``
+    (exactly), the ``code`` and a ``fragment`` of the message, when given, are asserted too.
+    Returns the error."""
+    errors = {}
+    for name, fw in frameworks.items():
+        with pytest.raises(AttentionError) as info:
+            call(fw)
+        errors[name] = info.value
+    fields = {
+        name: (type(err), err.code, str(err), err.expected, err.actual)
+        for name, err in errors.items()
+    }
+    assert len(set(fields.values())) == 1, f"the frameworks raised differently: {fields}"
+    err = next(iter(errors.values()))
+    assert cls is None or type(err) is cls, (cls, err)
+    assert code is None or err.code == code, (code, err)
+    assert fragment is None or fragment in str(err), (fragment, err)
+    return err

@@ -58,7 +58,7 @@ def test_readme_hugging_face_example_is_within_the_float32_bound(tmp_path):
     assert printed <= bound, (printed, bound)
 
 
-def test_the_drawn_v2_grids_are_the_rules():
+def test_the_drawn_rule_grids_are_the_rules():
     """Every grid in docs/SEMANTICS.md's "The v2 rules, drawn" is what attention_spec.rules
     computes for the expression in the comment above it (L = 6 rows, S = 8 keys)."""
     import numpy as np

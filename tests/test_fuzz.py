@@ -35,7 +35,7 @@ from conformance.oracle import attention, attention_vjp, rounded, tolerance_boun
 from tests.frameworks import FRAMEWORKS, NP_DTYPES
 
 EXAMPLES = int(os.environ.get("FUZZ_EXAMPLES", "300"))
-V2_EXAMPLES = int(os.environ.get("FUZZ_V2_EXAMPLES", "150"))
+EXTRA_EXAMPLES = int(os.environ.get("FUZZ_V2_EXAMPLES", "150"))
 
 
 def _seeded(examples: int):
@@ -182,7 +182,7 @@ def test_every_call_is_a_right_answer_or_the_same_error(call) -> None:
 
 
 @st.composite
-def v2_calls(draw) -> tuple[dict, dict | None]:
+def calls_with_extra_keywords(draw) -> tuple[dict, dict | None]:
     """A call of :func:`calls` with a random subset of contract v2's keywords on top, each
     valid or (in a call that may break rules) broken, and the path: None for the plain one, or
     the tiled path's block sizes."""
@@ -232,9 +232,9 @@ def v2_calls(draw) -> tuple[dict, dict | None]:
 
 
 @pytest.mark.slow
-@_seeded(V2_EXAMPLES)
-@given(v2_calls())
-def test_v2_keywords_plain_or_tiled_are_a_right_answer_or_the_same_error(problem) -> None:
+@_seeded(EXTRA_EXAMPLES)
+@given(calls_with_extra_keywords())
+def test_extra_keywords_plain_or_tiled_are_a_right_answer_or_the_same_error(problem) -> None:
     call, blocks = problem
     _check(call, blocks)
 
@@ -256,8 +256,8 @@ def _grads(fw, call: dict, blocks: dict | None):
 
 
 @pytest.mark.slow
-@_seeded(V2_EXAMPLES)
-@given(v2_calls(), st.integers(0, 2**16))
+@_seeded(EXTRA_EXAMPLES)
+@given(calls_with_extra_keywords(), st.integers(0, 2**16))
 def test_gradients_of_every_call_are_right_or_the_same_error(problem, seed) -> None:
     call, blocks = problem
     q, v = call["query"], call["value"]

@@ -24,7 +24,7 @@ import impl_numpy
 import impl_torch
 from attention_spec import AttentionError, ConfigError, DTypeError
 from conformance.oracle import attention, attention_vjp, tolerance_bound
-from tests.frameworks import FRAMEWORKS, NP_DTYPES
+from tests.frameworks import FRAMEWORKS, NP_DTYPES, same_error
 
 REPO = Path(__file__).resolve().parent.parent
 IMPLS = {"numpy": impl_numpy, "torch": impl_torch, "jax": impl_jax}
@@ -41,15 +41,6 @@ def _error(fn) -> AttentionError:
     with pytest.raises(AttentionError) as info:
         fn()
     return info.value
-
-
-def _same_error_in_all_three(call) -> AttentionError:
-    """``call(fw)`` raises the same AttentionError (class, code, message) in all three."""
-    errors = {name: _error(lambda fw=fw: call(fw)) for name, fw in FRAMEWORKS.items()}
-    first = errors["numpy"]
-    for name, err in errors.items():
-        assert (type(err), err.code, str(err)) == (type(first), first.code, str(first)), name
-    return first
 
 
 # -- 1. large finite logits: the shift is exact -----------------------------------------------
@@ -84,7 +75,7 @@ def test_1_jax_large_logits_are_finite_jitted_and_tiled() -> None:
 )
 def test_2_scalars_beyond_the_compute_dtype_are_refused(dtype, keyword, code) -> None:
     q, k, v = _qkv(dtype)
-    err = _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, **{keyword: 1e39}))
+    err = same_error(lambda fw: fw.sdpa(q, k, v, **{keyword: 1e39}))
     assert isinstance(err, ConfigError) and err.code == code and "got 1e+39" in str(err)
 
 
@@ -181,7 +172,7 @@ def test_3_b_a_softcap_outside_the_allowance_is_refused_everywhere(dtype, softca
     for 1e-45 (a subnormal cap read as 0, 0 / 0), and gradients 117 times their bound for
     1e-300 (float64): refused alike by the three, the allowance in the message."""
     q, k, v = _qkv(dtype)
-    err = _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, softcap=softcap))
+    err = same_error(lambda fw: fw.sdpa(q, k, v, softcap=softcap))
     text = "[2**-969, 2**969]" if dtype == "float64" else "[2**-102, 2**102]"
     assert err.code == "softcap_range" and f"got {shown}" in str(err) and text in str(err)
 
@@ -192,15 +183,13 @@ def test_3_c_a_range_never_hides_a_shape_mistake(keyword, value) -> None:
     ``softcap_range``; the ranges are checked after every shape rule, so the shape mistake is
     reported, and with the shapes right the range is."""
     q, k, v = _qkv(q=(2, 2, 3, 4), k=(3, 2, 5, 4))
-    err = _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, **{keyword: value}))
+    err = same_error(lambda fw: fw.sdpa(q, k, v, **{keyword: value}))
     assert err.code == "batch_not_broadcastable"
     mask = np.ones((2, 3, 5), np.float32)  # a float mask: mask_dtype, before the range
     q, k, v = _qkv()
-    assert _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, mask=mask, **{keyword: value})
+    assert same_error(lambda fw: fw.sdpa(q, k, v, mask=mask, **{keyword: value})
                                     ).code == "mask_dtype"  # fmt: skip
-    assert _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, **{keyword: value})).code == (
-        f"{keyword}_range"
-    )
+    assert same_error(lambda fw: fw.sdpa(q, k, v, **{keyword: value})).code == (f"{keyword}_range")
 
 
 # -- 4. sizes are validated without work proportional to them ---------------------------------
@@ -304,9 +293,9 @@ def test_6_a_cache_filled_to_exactly_max_len_is_fine_one_more_overflows(name) ->
 
 def test_7_keyword_scalars_of_every_kind() -> None:
     q, k, v = _qkv()
-    err = _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, scale=10**400))
+    err = same_error(lambda fw: fw.sdpa(q, k, v, scale=10**400))
     assert err.code == "scale_range" and "got 1.000e+400" in str(err)
-    err = _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, softcap=2**103))
+    err = same_error(lambda fw: fw.sdpa(q, k, v, softcap=2**103))
     assert err.code == "softcap_range" and "got 1.014e+31" in str(err)
     want = impl_numpy.scaled_dot_product_attention(q, k, v, softcap=5.0)
     for fw in FRAMEWORKS.values():
@@ -354,7 +343,7 @@ def test_8_none_for_an_array_is_not_an_array(which) -> None:
             *(None if a is None else fw.asarray(a) for a in args.values())
         )
 
-    err = _same_error_in_all_three(call)
+    err = same_error(call)
     assert isinstance(err, DTypeError) and err.code == "not_an_array" and which in str(err)
 
 
@@ -364,10 +353,10 @@ def test_8_none_for_an_array_is_not_an_array(which) -> None:
 def test_9_messages_show_python_numbers_not_the_callers_repr() -> None:
     q, k, v = _qkv()
     for scale, shown in ((np.array(np.inf), "got inf"), (np.float64(np.nan), "got nan")):
-        err = _same_error_in_all_three(lambda fw, s=scale: fw.sdpa(q, k, v, scale=s))
+        err = same_error(lambda fw, s=scale: fw.sdpa(q, k, v, scale=s))
         assert err.code == "scale_not_finite" and shown in str(err), str(err)
         assert "array" not in str(err) and "tensor" not in str(err)
-    err = _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, softcap=torch.tensor(-1.0)))
+    err = same_error(lambda fw: fw.sdpa(q, k, v, softcap=torch.tensor(-1.0)))
     assert "got -1.0" in str(err)
 
 
@@ -400,7 +389,7 @@ def test_10_none_is_float32_and_framework_dtypes_are_accepted(name) -> None:
 @pytest.mark.parametrize("flag", ["False", "no", 0, 1, None])
 def test_11_is_causal_must_be_a_bool(flag) -> None:
     q, k, v = _qkv()
-    err = _same_error_in_all_three(lambda fw: fw.sdpa(q, k, v, is_causal=flag))
+    err = same_error(lambda fw: fw.sdpa(q, k, v, is_causal=flag))
     assert isinstance(err, ConfigError) and err.code == "not_a_bool"
 
 
@@ -423,7 +412,7 @@ def test_12_rank_above_the_scores_is_refused(kind) -> None:
     torch a RuntimeError, and JAX's attention_weights returned a (3, H, L, S) array."""
     q, k, _ = _qkv(q=(2, 3, 4), k=(2, 5, 4))
     extra = np.ones((3, 2, 3, 5), bool if kind == "mask" else np.float32)
-    err = _same_error_in_all_three(lambda fw: fw.weights(q, k, **{kind: extra}))
+    err = same_error(lambda fw: fw.weights(q, k, **{kind: extra}))
     assert err.code == f"{kind}_shape" and "got (3, 2, 3, 5)" in str(err)
 
 
@@ -650,10 +639,10 @@ def test_softcap_comes_before_the_bias() -> None:
     """With a bias present, cap(s) + bias differs from cap(s + bias): the order is pinned."""
     q, k, _ = _qkv(seed=5)
     bias = np.full((3, 5), 3.0, np.float32)  # the same for every key: softmax ignores it...
-    s = np.einsum("bhld,bhsd->bhls", q.astype(np.float64), k.astype(np.float64)) * 4.0
-    capped_then_biased = 2.0 * np.tanh(s / 2.0) + 3.0
-    want = np.exp(capped_then_biased - capped_then_biased.max(-1, keepdims=True))
-    want /= want.sum(-1, keepdims=True)
+    q64, k64 = q.astype(np.float64), k.astype(np.float64)
+    want = attention(q64, k64, bias=bias.astype(np.float64), scale=4.0, softcap=2.0).weights
+    # the wrong order, written out: the oracle has only the right one
+    s = np.einsum("bhld,bhsd->bhls", q64, k64) * 4.0
     biased_then_capped = 2.0 * np.tanh((s + 3.0) / 2.0)
     wrong = np.exp(biased_then_capped - biased_then_capped.max(-1, keepdims=True))
     wrong /= wrong.sum(-1, keepdims=True)

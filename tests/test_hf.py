@@ -392,9 +392,9 @@ def test_family_features_are_converted_right_and_reproduced_by_the_modules(model
     x = _x(3, np.float64)
     hf = _hf_forward(attention64, rotary, x)
     assert np.abs(_functional_reference(weights, options, x) - hf).max() < 1e-6
-    v2 = [k for k in WRONG if k in options]
-    assert v2, options
-    for k in v2:
+    converted = [k for k in WRONG if k in options]
+    assert converted, options
+    for k in converted:
         wrong = _functional_reference(weights, WRONG[k](options), x)
         assert np.abs(wrong - hf).max() > 1e-3, k
     for name, impl in IMPLS.items():  # the modules take every v2 option of the family

@@ -28,12 +28,11 @@ from impl_torch.interop import (
     to_torch_multihead_attention,
 )
 from impl_torch.modules import tensor_from_numpy
-from tests.module_frameworks import MODULE_FRAMEWORKS, B, H, K, L, S, random_canonical
+from tests.module_frameworks import MODULE_FRAMEWORKS, TOLERANCE, B, H, K, L, S, random_canonical
 
 # torch's module needs H*D = M and E = D: M = 18 = 6 x 3. flax's needs only E = D.
 TORCH_M, TORCH_D = 18, 3
 FLAX_M, FLAX_D = 17, 11
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}  # as in test_modules.py
 
 
 def _x(seed, M, dtype="float64", length=L):

@@ -11,9 +11,19 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from attention_spec import DimensionMismatchError
-from tests.frameworks import NP_DTYPES
-from tests.module_frameworks import MODULE_FRAMEWORKS, B, D, E, H, M, random_canonical
+from attention_spec import ConfigError, DimensionMismatchError
+from tests.frameworks import NP_DTYPES, same_error
+from tests.module_frameworks import (
+    MODULE_FRAMEWORKS,
+    TOLERANCE,
+    B,
+    D,
+    E,
+    H,
+    M,
+    random_canonical,
+    reference_bounds,
+)
 from tests.module_frameworks import reference_forward as reference
 
 T, MAX_LEN = 10, 12  # sequence length and cache capacity (distinct from every other size)
@@ -25,7 +35,6 @@ HEADS = {"mha": H, "gqa_h6_k2": 2, "mqa": 1}
 # float64/float32: the bounds of test_modules.py. float16/bfloat16: decode and the full forward
 # compute the same values in float32 and may round them to the output dtype differently; allow
 # two steps of the output dtype's spacing at the output's magnitude.
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 EPS = {"float16": 2.0**-10, "bfloat16": 2.0**-7}
 
 
@@ -71,8 +80,10 @@ def test_decoding_matches_one_causal_forward(name, chunking, heads, dtype):
 
     assert decoded.dtype == NP_DTYPES[dtype] and decoded.shape == (B, T, M)
     if dtype in TOLERANCE:
-        want, _ = reference(weights, x, None, n_heads=H, n_kv_heads=K, is_causal=True)
-        np.testing.assert_allclose(decoded, want, rtol=0, atol=TOLERANCE[dtype])
+        call = dict(n_heads=H, n_kv_heads=K, is_causal=True)
+        want, _ = reference(weights, x, None, **call)
+        bound, _ = reference_bounds(weights, x, None, **call)
+        np.testing.assert_allclose(decoded, want, rtol=0, atol=bound)
         np.testing.assert_allclose(decoded, full, rtol=0, atol=TOLERANCE[dtype])
     else:
         full64 = full.astype(np.float64)
@@ -131,44 +142,36 @@ def _decode_error(mf, *, x_shape, filled=0, max_len=MAX_LEN):
     module.decode(mf.asarray(np.zeros(x_shape, np.float32)), cache)
 
 
-def _same_error_everywhere(make, cls_name, code, fragment):
-    errors = {}
-    for name, mf in MODULE_FRAMEWORKS.items():
-        with pytest.raises(Exception) as info:
-            make(mf)
-        errors[name] = info.value
-    for name, err in errors.items():
-        assert type(err).__name__ == cls_name and err.code == code, (name, err)
-        assert fragment in str(err), (name, err)
-    assert len({str(err) for err in errors.values()}) == 1, errors
-
-
 def test_writing_past_max_len_raises_everywhere():
-    _same_error_everywhere(
+    same_error(
         lambda mf: _decode_error(mf, x_shape=(B, 3, M), filled=10),
-        "ConfigError", "cache_overflow",
+        ConfigError, "cache_overflow",
         "the KV cache holds 10 of at most 12 tokens; writing 3 more would need 13",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 
 def test_prefill_longer_than_cache_raises_everywhere():
-    _same_error_everywhere(
-        lambda mf: _decode_error(mf, x_shape=(B, 13, M)), "ConfigError",
+    same_error(
+        lambda mf: _decode_error(mf, x_shape=(B, 13, M)), ConfigError,
         "cache_overflow", "writing 13 more would need 13",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 
 def test_decode_batch_must_be_the_caches():
-    _same_error_everywhere(
-        lambda mf: _decode_error(mf, x_shape=(1, 1, M)), DimensionMismatchError.__name__,
+    same_error(
+        lambda mf: _decode_error(mf, x_shape=(1, 1, M)), DimensionMismatchError,
         "batch_not_broadcastable", "x batch (B=1) must be the KV cache's (B=2)",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 
 def test_init_cache_needs_positive_sizes():
-    _same_error_everywhere(
+    same_error(
         lambda mf: mf.build(random_canonical(np.random.default_rng(0)), H, 2).init_cache(B, 0),
-        "ConfigError", "non_positive_size", "max_len must be an integer >= 1; got 0",
+        ConfigError, "non_positive_size", "max_len must be an integer >= 1; got 0",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 

@@ -1,7 +1,7 @@
 """The NumPy, torch and JAX attention modules: one contract, one weight format, one set of errors.
 
-Expected values come from ``reference_forward`` (float64 loops over batch and heads, from the
-canonical weights), never from a module's own output.
+Expected values come from ``reference_forward`` (the float64 oracle's module, from the canonical
+weights), never from a module's own output.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import impl_jax.modules as jax_modules
 import impl_numpy.modules as numpy_modules
 import impl_torch.modules as torch_modules
 from attention_spec import ConfigError, DimensionMismatchError, DTypeError, MaskError
-from tests.frameworks import NP_DTYPES
+from tests.frameworks import NP_DTYPES, same_error
 from tests.module_frameworks import (
     MODULE_FRAMEWORKS,
     B,
@@ -30,12 +30,9 @@ from tests.module_frameworks import (
     M,
     S,
     random_canonical,
+    reference_bounds,
     reference_forward,
 )
-
-# Bounds fixed before the first run: float64 agrees to rounding; float32 to about 1e-6 of
-# order-one values (SEMANTICS.md), with room for the three projections around the attention.
-TOLERANCE = {"float64": 1e-12, "float32": 1e-5}
 
 
 @pytest.fixture(params=list(MODULE_FRAMEWORKS), ids=list(MODULE_FRAMEWORKS))
@@ -90,14 +87,17 @@ def test_module_matches_reference(mf, case, dtype):
     want_y, want_w = reference_forward(
         weights, x, ctx, n_heads=n_heads, n_kv_heads=n_kv_heads, **kw
     )
+    bound_y, bound_w = reference_bounds(
+        weights, x, ctx, n_heads=n_heads, n_kv_heads=n_kv_heads, **kw
+    )
 
     module = mf.build(weights, n_heads, n_kv_heads)
     y, w = mf.forward(module, x, ctx, return_weights=True, **kw)
 
     assert y.dtype == NP_DTYPES[dtype] and w.dtype == NP_DTYPES[dtype]
     assert y.shape == (B, q_len, M) and w.shape == (B, n_heads, q_len, kv_len)
-    np.testing.assert_allclose(y, want_y, rtol=0, atol=TOLERANCE[dtype])
-    np.testing.assert_allclose(w, want_w, rtol=0, atol=TOLERANCE[dtype])
+    np.testing.assert_allclose(y, want_y, rtol=0, atol=bound_y)
+    np.testing.assert_allclose(w, want_w, rtol=0, atol=bound_w)
     # the same call without return_weights gives the same output
     np.testing.assert_array_equal(mf.forward(module, x, ctx, **kw), y)
 
@@ -265,22 +265,6 @@ def test_init_in_each_dtype(name):
 # -- errors ---------------------------------------------------------------------------------
 
 
-def _raised(fn):
-    with pytest.raises(Exception) as info:
-        fn()
-    return info.value
-
-
-def _same_error_everywhere(make, cls, code, fragment):
-    """``make(mf)`` raises the same class, code and message in all three frameworks."""
-    errors = {name: _raised(lambda mf=mf: make(mf)) for name, mf in MODULE_FRAMEWORKS.items()}
-    for name, err in errors.items():
-        assert type(err) is cls, (name, err)
-        assert err.code == code, (name, err)
-        assert fragment in str(err), (name, err)
-    assert len({str(err) for err in errors.values()}) == 1, errors
-
-
 CONSTRUCTION_ERRORS = {
     "mha_m16_h5": (
         lambda mf: mf.modules.MultiHeadAttention(16, 5), DimensionMismatchError,
@@ -316,7 +300,7 @@ CONSTRUCTION_ERRORS = {
 
 @pytest.mark.parametrize("case", list(CONSTRUCTION_ERRORS))
 def test_construction_errors_are_identical(case):
-    _same_error_everywhere(*CONSTRUCTION_ERRORS[case])
+    same_error(*CONSTRUCTION_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 def test_head_dim_makes_indivisible_width_legal(mf):
@@ -377,7 +361,7 @@ FORWARD_ERRORS = {
 
 @pytest.mark.parametrize("case", list(FORWARD_ERRORS))
 def test_forward_errors_are_identical(case):
-    _same_error_everywhere(*FORWARD_ERRORS[case])
+    same_error(*FORWARD_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 def _without(weights, name):
@@ -424,7 +408,7 @@ LOAD_ERRORS = {
 
 @pytest.mark.parametrize("case", list(LOAD_ERRORS))
 def test_load_errors_are_identical(case):
-    _same_error_everywhere(*LOAD_ERRORS[case])
+    same_error(*LOAD_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 # -- padding_mask ---------------------------------------------------------------------------
@@ -455,7 +439,7 @@ PADDING_ERRORS = {
 
 @pytest.mark.parametrize("case", list(PADDING_ERRORS))
 def test_padding_mask_errors_are_identical(case):
-    _same_error_everywhere(*PADDING_ERRORS[case])
+    same_error(*PADDING_ERRORS[case], frameworks=MODULE_FRAMEWORKS)
 
 
 # -- weight files ---------------------------------------------------------------------------
@@ -476,10 +460,12 @@ def test_one_weight_file_loads_into_all_three(tmp_path, dtype):
         module.save(tmp_path / f"{name}.safetensors")
         assert (tmp_path / f"{name}.safetensors").read_bytes() == path.read_bytes(), name
     if dtype == "float32":
-        want_y, _ = reference_forward(weights, x, ctx, n_heads=H, n_kv_heads=K, is_causal=True)
+        call = dict(n_heads=H, n_kv_heads=K, is_causal=True)
+        want_y, _ = reference_forward(weights, x, ctx, **call)
+        bound_y, _ = reference_bounds(weights, x, ctx, **call)
         for mf in MODULE_FRAMEWORKS.values():
             y = mf.forward(mf.modules.GroupedQueryAttention.load(path), x, ctx, is_causal=True)
-            np.testing.assert_allclose(y, want_y, rtol=0, atol=TOLERANCE["float32"])
+            np.testing.assert_allclose(y, want_y, rtol=0, atol=bound_y)
 
 
 def test_weight_file_without_metadata_is_refused(tmp_path):
@@ -487,9 +473,10 @@ def test_weight_file_without_metadata_is_refused(tmp_path):
 
     path = tmp_path / "bare.safetensors"
     save_file(random_canonical(np.random.default_rng(0)), str(path))
-    _same_error_everywhere(
+    same_error(
         lambda mf: mf.modules.GroupedQueryAttention.load(path), DimensionMismatchError,
         "weight_shape", "a weight file needs the metadata 'rosetta_attention'",
+        frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
 
 

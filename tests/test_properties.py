@@ -8,11 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tests.frameworks import FRAMEWORKS, NP_DTYPES
-
-# All three compute in float32 (float64 for float64) and round once at the end, so they may
-# differ by float32 reassociation plus, for half types, one rounding step of the output.
-AGREE = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}
+from tests.frameworks import AGREE, FRAMEWORKS, NP_DTYPES
 
 
 @st.composite

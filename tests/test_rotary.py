@@ -16,13 +16,12 @@ import numpy as np
 import pytest
 
 from attention_spec import (
-    AttentionError,
     ConfigError,
     DimensionMismatchError,
     DTypeError,
     rotary_frequencies,
 )
-from tests.frameworks import FRAMEWORKS
+from tests.frameworks import FRAMEWORKS, same_error
 from tests.module_frameworks import MODULE_FRAMEWORKS, random_canonical
 
 
@@ -141,13 +140,10 @@ ERRORS = {
 def test_every_rotary_error_is_identical_in_all_three(case):
     x_shape, x_dtype, p_shape, p_dtype, kw, cls, code, fragment = ERRORS[case]
     x, positions = np.zeros(x_shape, x_dtype), np.zeros(p_shape, p_dtype)
-    raised = {}
-    for name, fw in FRAMEWORKS.items():
-        with pytest.raises(cls) as info:
-            fw.module.apply_rotary(fw.asarray(x), fw.asarray(positions), **kw)
-        assert info.value.code == code and fragment in str(info.value), (name, str(info.value))
-        raised[name] = (type(info.value), str(info.value))
-    assert raised["numpy"] == raised["torch"] == raised["jax"]
+    same_error(
+        lambda fw: fw.module.apply_rotary(fw.asarray(x), fw.asarray(positions), **kw),
+        cls, code, fragment,
+    )  # fmt: skip
 
 
 def test_jax_apply_rotary_runs_eagerly_too():
@@ -191,13 +187,10 @@ def test_module_rope_settings_are_refused_the_same_way_in_all_three():
                      ({"rope_theta": 1e4, "rotary_dim": 10}, "rotary_dim"),
                      ({"rope_theta": -1.0}, "rope_theta"),
                      ({"rope_theta": 1e4, "rope_interleaved": 1}, "not_a_bool")):  # fmt: skip
-        messages = set()
-        for mf in MODULE_FRAMEWORKS.values():
-            with pytest.raises(AttentionError) as info:
-                mf.modules.GroupedQueryAttention(24, 6, 2, **kw)  # D = 4
-            assert info.value.code == code, (mf.name, kw)
-            messages.add(str(info.value))
-        assert len(messages) == 1, messages
+        same_error(
+            lambda mf, kw=kw: mf.modules.GroupedQueryAttention(24, 6, 2, **kw),  # D = 4
+            code=code, frameworks=MODULE_FRAMEWORKS,
+        )  # fmt: skip
 
 
 @pytest.mark.parametrize("name", list(MODULE_FRAMEWORKS))

@@ -45,7 +45,7 @@ from attention_spec.sharded import (
 )
 from conformance.oracle import attention_vjp, tolerance_bound
 from conformance.runner import SHARDED_ALIASES, Run, run_suite
-from tests.frameworks import FRAMEWORKS
+from tests.frameworks import FRAMEWORKS, same_error
 from tests.sharded_runs import (
     JAX_DEVICES,
     JAX_GRAD_RUNS,
@@ -501,15 +501,13 @@ def test_sharded_errors_are_identical_in_all_three(name: str) -> None:
     """Validation happens before any device or process is asked for, so it runs here: no
     process group, one JAX device."""
     which, (q, k, v), kw, code, fragment = ERROR_CASES[name]
-    raised = {}
-    for fw_name, fw in FRAMEWORKS.items():
-        module = {"numpy": impl_numpy, "torch": impl_torch, "jax": impl_jax}[fw_name].sharded
+
+    def call(fw):
+        module = fw.module.sharded
         fn = module.ring_attention if which == "ring" else module.head_parallel_attention
-        with pytest.raises(AttentionError) as info:
-            fn(*(fw.asarray(x) for x in (q, k, v)), **kw)
-        assert info.value.code == code and fragment in str(info.value), (fw_name, info.value)
-        raised[fw_name] = (type(info.value), str(info.value))
-    assert raised["numpy"] == raised["torch"] == raised["jax"]
+        return fn(*(fw.asarray(x) for x in (q, k, v)), **kw)
+
+    same_error(call, code=code, fragment=fragment)
 
 
 def test_every_sharded_code_is_raised_somewhere() -> None:

@@ -157,7 +157,7 @@ def cases(op: str | None = None, kind: str | None = None) -> list[CaseDef]:
 
 #: The array arguments of contract v2 (stored in the fixture like mask and bias): segment ids
 #: as int32, sinks and ALiBi slopes in the case's dtype.
-V2_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
+SEGMENT_SINK_SLOPE_ARRAYS = ("q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
 
 
 @dataclass
@@ -165,7 +165,8 @@ class Call:
     """The arguments of one ``scaled_dot_product_attention`` call (float64 or bool arrays, or
     :class:`Zeros` for an error case). ``bias_dtype`` stores the bias in a dtype of its own
     (the contract allows a float32 bias with float16 queries); None: the case's dtype.
-    ``arrays`` holds the v2 arrays given (:data:`V2_ARRAYS`)."""
+    ``arrays`` holds the segment ids, sinks and slopes given
+    (:data:`SEGMENT_SINK_SLOPE_ARRAYS`)."""
 
     query: Any
     key: Any
@@ -178,9 +179,13 @@ class Call:
 
 
 def call(query, key, value, *, mask=None, bias=None, bias_dtype=None, **keywords) -> Call:
-    """A :class:`Call`; the v2 arrays (segment ids, sinks, ALiBi slopes) go among its arrays,
+    """A :class:`Call`; the segment ids, sinks and ALiBi slopes go among its arrays,
     every other keyword (window included) among its keywords."""
-    arrays = {name: keywords.pop(name) for name in V2_ARRAYS if keywords.get(name) is not None}
+    arrays = {
+        name: keywords.pop(name)
+        for name in SEGMENT_SINK_SLOPE_ARRAYS
+        if keywords.get(name) is not None
+    }
     return Call(query, key, value, mask, bias, keywords, bias_dtype, arrays)
 
 

@@ -127,12 +127,12 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    **v2: Any,
+    **extra: Any,  # window, segment ids, sinks, ALiBi slopes
 ) -> jax.Array:
     """The weights (..., H, L, S) from flax's attention: value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
     identity = jnp.broadcast_to(jnp.eye(S, dtype=query.dtype), (*key.shape[:-3], K, S, S))
     return scaled_dot_product_attention(
         query, key, identity, mask=mask, bias=bias, is_causal=is_causal,
-        causal_alignment=causal_alignment, scale=scale, softcap=softcap, **v2,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, **extra,
     )  # fmt: skip

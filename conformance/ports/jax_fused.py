@@ -191,7 +191,7 @@ def attention_weights(
     scale: float | None = None,
     softcap: float | None = None,
     implementation: str | None = None,
-    **v2: Any,
+    **extra: Any,  # window, segment ids, sinks, ALiBi slopes
 ) -> jax.Array:
     """The weights (..., H, L, S) from JAX's kernel: attention with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -207,7 +207,7 @@ def attention_weights(
         scale=scale,
         softcap=softcap,
         implementation=implementation,
-        **v2,
+        **extra,
     )
 
 

@@ -86,7 +86,7 @@ def scaled_dot_product_attention(
     if is_causal and causal_alignment == "bottom_right":
         raise NotImplementedError("keras.ops.dot_product_attention's is_causal is top-left only")
     D, E = query.shape[-1], value.shape[-1]
-    mask, bias = _v2_as_mask_and_bias(
+    mask, bias = _extra_as_mask_and_bias(
         mask, bias, query.shape[-2], key.shape[-2], causal_alignment, window, q_segment_ids,
         kv_segment_ids, alibi_slopes,
     )  # fmt: skip
@@ -113,7 +113,7 @@ def scaled_dot_product_attention(
     return ops.swapaxes(out, -3, -2)[..., :E]  # (..., H, L, E)
 
 
-def _v2_as_mask_and_bias(mask, bias, L, S, alignment, window, q_ids, kv_ids, slopes):
+def _extra_as_mask_and_bias(mask, bias, L, S, alignment, window, q_ids, kv_ids, slopes):
     """The window and segments folded into the boolean mask, ALiBi into the bias."""
     offset = 0 if alignment == "top_left" else S - L
     rows = ops.expand_dims(ops.arange(L), 1) + offset  # (L, 1): each row's diagonal key
@@ -146,7 +146,7 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    **v2: Any,
+    **extra: Any,  # window, segment ids, sinks, ALiBi slopes
 ) -> Any:
     """The weights (..., H, L, S) from keras's kernel: attention with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -162,5 +162,5 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
-        **v2,
+        **extra,
     )

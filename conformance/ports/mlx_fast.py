@@ -103,7 +103,7 @@ def scaled_dot_product_attention(
     if scale is None:  # 1/sqrt(D), and inf for D = 0 (what the kernel then does is measured)
         scale = 1.0 / math.sqrt(D) if D > 0 else math.inf
 
-    mask, bias = _v2_as_mask_and_bias(
+    mask, bias = _extra_as_mask_and_bias(
         mask, bias, L, S, causal_alignment, window, q_segment_ids, kv_segment_ids, alibi_slopes
     )
 
@@ -129,7 +129,7 @@ def scaled_dot_product_attention(
     return out
 
 
-def _v2_as_mask_and_bias(mask, bias, L, S, alignment, window, q_ids, kv_ids, slopes):
+def _extra_as_mask_and_bias(mask, bias, L, S, alignment, window, q_ids, kv_ids, slopes):
     """The window and segments folded into the boolean mask, ALiBi into the bias."""
     offset = 0 if alignment == "top_left" else S - L
     rows = mx.arange(L)[:, None] + offset  # (L, 1): each row's diagonal key
@@ -162,7 +162,7 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    **v2: Any,
+    **extra: Any,  # window, segment ids, sinks, ALiBi slopes
 ) -> mx.array:
     """The weights (B, H, L, S) from MLX's kernel: SDPA with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -177,5 +177,5 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
-        **v2,
+        **extra,
     )

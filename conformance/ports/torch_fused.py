@@ -102,7 +102,7 @@ def scaled_dot_product_attention(
         raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no sinks")
     H, L = query.shape[-3], query.shape[-2]
     K, S = key.shape[-3], key.shape[-2]
-    mask, bias = _v2_as_mask_and_bias(
+    mask, bias = _extra_as_mask_and_bias(
         mask, bias, query.device, L, S, causal_alignment, window, q_segment_ids,
         kv_segment_ids, alibi_slopes,
     )  # fmt: skip
@@ -169,7 +169,7 @@ def scaled_dot_product_attention_vjp(
     return AttentionGrads(grads[0], grads[1], grads[2], dbias, None)
 
 
-def _v2_as_mask_and_bias(mask, bias, device, L, S, alignment, window, q_ids, kv_ids, slopes):
+def _extra_as_mask_and_bias(mask, bias, device, L, S, alignment, window, q_ids, kv_ids, slopes):
     """The window and segments folded into the boolean mask, ALiBi into the bias."""
     offset = 0 if alignment == "top_left" else S - L
     rows = torch.arange(L, device=device)[:, None] + offset  # (L, 1): each row's diagonal key
@@ -202,7 +202,7 @@ def attention_weights(
     causal_alignment: str = "top_left",
     scale: float | None = None,
     softcap: float | None = None,
-    **v2: Any,
+    **extra: Any,  # window, segment ids, sinks, ALiBi slopes
 ) -> torch.Tensor:
     """The weights (..., H, L, S) from torch's kernel: SDPA with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]
@@ -218,7 +218,7 @@ def attention_weights(
         causal_alignment=causal_alignment,
         scale=scale,
         softcap=softcap,
-        **v2,
+        **extra,
     )
 
 

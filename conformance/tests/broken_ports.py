@@ -15,7 +15,6 @@ run that must catch it.
 
 from __future__ import annotations
 
-from functools import partial
 from types import SimpleNamespace
 from typing import NamedTuple
 
@@ -294,21 +293,21 @@ def make_port(
 ) -> SimpleNamespace:
     """A NumPy port of the contract with ``bug`` (a key of :data:`BUGS`) switched on.
 
-    ``flash=True`` (implied by a ``flash_*`` bug) adds a ``flash_attention``: the tiled code of
-    ``flash_broken.py`` with that bug, or with none. ``grad=True`` (implied by a ``grad_*``
-    bug) adds ``scaled_dot_product_attention_vjp`` and ``flash_attention_vjp``: the backward of
-    ``grad_broken.py`` with that bug, or with none.
+    ``flash=True`` (implied by a ``flash_*`` bug) adds a ``flash_attention``: impl_numpy's
+    tiled code with the bug of ``flash_broken.py`` switched in, or with none. ``grad=True``
+    (implied by a ``grad_*`` bug) adds ``scaled_dot_product_attention_vjp`` and
+    ``flash_attention_vjp``: the backward of ``grad_broken.py`` with that bug, or with none.
     """
     if bug is not None and bug not in BUGS:
         raise KeyError(bug)
 
-    def validate(query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2):
+    def validate(query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra):
         if bug == "no_validation":
             H, L, D = query.shape[-3:]
             K, S = key.shape[-3], key.shape[-2]
             return SimpleNamespace(
                 H=H, K=K, L=L, S=S, D=D, G=H // K, scale=D**-0.5 if scale is None else scale,
-                window=v2.get("window"),
+                window=extra.get("window"),
             )  # fmt: skip
         try:
             dims = check_attention(
@@ -321,7 +320,7 @@ def make_port(
                 causal_alignment=causal_alignment,
                 scale=scale,
                 softcap=softcap,
-                **v2,
+                **extra,
             )
         except AttentionError as exc:
             if bug == "wrong_error_class":
@@ -430,17 +429,17 @@ def make_port(
             z = np.where(z == 0, 1, z)
         return e / z, (None if w_sink is None else w_sink / z)
 
-    def prepared(query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2):
-        v2 = {name: x for name, x in v2.items() if x is not None}
+    def prepared(query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra):
+        extra = {name: x for name, x in extra.items() if x is not None}
         dims = validate(
-            query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2
+            query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra
         )
         allowed, offset = allowed_positions(
-            dims, mask, bias, is_causal, causal_alignment, v2.get("q_segment_ids"),
-            v2.get("kv_segment_ids"),
+            dims, mask, bias, is_causal, causal_alignment, extra.get("q_segment_ids"),
+            extra.get("kv_segment_ids"),
         )  # fmt: skip
-        w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, v2.get("sinks"),
-                            v2.get("alibi_slopes"))  # fmt: skip
+        w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, extra.get("sinks"),
+                            extra.get("alibi_slopes"))  # fmt: skip
         return dims, allowed, w, w_sink
 
     def attention_weights(
@@ -453,11 +452,11 @@ def make_port(
         causal_alignment="top_left",
         scale=None,
         softcap=None,
-        **v2,
+        **extra,  # window, segment ids, sinks, ALiBi slopes
     ):
         with np.errstate(all="ignore"):  # the bugs make NaN and inf; the values must show it
             _, _, w, _ = prepared(
-                query, key, NO_VALUE, mask, bias, is_causal, causal_alignment, scale, softcap, v2
+                query, key, NO_VALUE, mask, bias, is_causal, causal_alignment, scale, softcap, extra
             )
         return w if bug == "output_not_cast" else w.astype(query.dtype)
 
@@ -472,11 +471,11 @@ def make_port(
         causal_alignment="top_left",
         scale=None,
         softcap=None,
-        **v2,
+        **extra,  # window, segment ids, sinks, ALiBi slopes
     ):
         with np.errstate(all="ignore"):
             dims, allowed, w, w_sink = prepared(
-                query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, v2
+                query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra
             )
             K, H = value.shape[-3], dims.H
             heads = np.arange(H) % K if bug == "gqa_tiling" else np.arange(H) // (H // K)
@@ -528,8 +527,7 @@ def make_port(
         from conformance.tests import flash_broken
 
         flash_bug = bug.removeprefix("flash_") if bug else "none"
-        tiled = flash_broken._quiet(partial(flash_broken._broken_flash, bug=flash_bug))
-        port.flash_attention = flash_broken.BROKEN.get(flash_bug, tiled)
+        port.flash_attention = flash_broken.broken_flash(flash_bug)
     if grad or (bug or "").startswith("grad_"):
         from conformance.tests.grad_broken import vjp_pair
 

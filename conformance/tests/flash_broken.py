@@ -1,7 +1,8 @@
 """Deliberately broken tiled attention: the classic bugs of the online softmax, one per port.
 
-Each function has the signature of ``impl_numpy.flash.flash_attention``, validates like it and is
-right except for one bug, the kind that passes a test with one block or no masking:
+Each port is ``impl_numpy.flash.flash_attention`` itself, in a copy of its module with one step
+replaced, so it validates, tiles and scores exactly like it and is right except for one bug, the
+kind that passes a test with one block or no masking:
 
 - ``no_rescale``: the accumulator and the running sum are not rescaled by ``exp(m_old - m_new)``
   when a new key block raises the row max; blocks summed under different maxima are mixed.
@@ -12,105 +13,51 @@ right except for one bug, the kind that passes a test with one block or no maski
 - ``unguarded_max``: the row max of a row with nothing allowed yet (-inf) is used as the shift,
   so ``exp(-inf - -inf)`` is NaN in fully masked rows and blocks.
 
+The first, second and fourth replace ``_forward`` (the loop over key blocks, steps 5-6) by
+:func:`_forward` below, which is impl_numpy's with the bug switched in; the third replaces
+``_Blocks`` by a subclass whose ``key_blocks`` drops the blocks the diagonal crosses.
+
 tests/test_flash.py proves that its checks catch every one of them; the conformance suite's
 broken ports (``broken_ports.py``) reuse :data:`BROKEN`.
 """
 
 from __future__ import annotations
 
+import importlib.util
 from collections.abc import Callable
 from functools import partial
+from types import ModuleType
 
 import numpy as np
-
-from attention_spec import causal_offset, check_attention, check_block_sizes, rules
-from impl_numpy.flash import BLOCK_K, BLOCK_Q, _block
-from impl_numpy.functional import _compute_dtype
 
 __all__ = ["BROKEN"]
 
 
-def _broken_flash(
-    query,
-    key,
-    value,
-    *,
-    mask=None,
-    bias=None,
-    is_causal=False,
-    causal_alignment="top_left",
-    scale=None,
-    softcap=None,
-    block_q=BLOCK_Q,
-    block_k=BLOCK_K,
-    return_lse=False,
-    window=None,
-    q_segment_ids=None,
-    kv_segment_ids=None,
-    sinks=None,
-    alibi_slopes=None,
-    bug: str,
-):
-    """impl_numpy.flash.flash_attention, compressed, with the one ``bug`` switched in."""
-    query, key = np.asarray(query), np.asarray(key)
-    value = None if value is None else np.asarray(value)
-    mask = None if mask is None else np.asarray(mask)
-    bias = None if bias is None else np.asarray(bias)
-    v2 = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
-          "alibi_slopes": alibi_slopes}  # fmt: skip
-    v2 = {name: None if x is None else np.asarray(x) for name, x in v2.items()}
-    dims = check_attention(
-        query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment, scale=scale,
-        is_causal=is_causal, softcap=softcap, window=window, **v2,
-    )  # fmt: skip
-    check_block_sizes(block_q, block_k)
-    ct = _compute_dtype(query.dtype)
-    H, K, G, L, S, D, E = dims.H, dims.K, dims.G, dims.L, dims.S, dims.D, dims.E
-    offset = causal_offset(L, S, causal_alignment)
-    # The v2 rules and the mask as one dense (..., H|1, L, S) rule, ALiBi folded into the bias,
-    # and key/value rows that no query of their group attends zeroed (garbage never leaks).
-    i, j = np.arange(L)[:, None], np.arange(S)[None, :]
-    rule = np.ones((L, S), bool) if mask is None else mask
-    is_causal = dims.is_causal
-    if is_causal:
-        rule = rule & rules.causal(i, j, offset)
-    if dims.window is not None:
-        rule = rule & rules.window(i, j, offset, dims.window)
-    if v2["q_segment_ids"] is not None:
-        rule = rule & rules.segments(v2["q_segment_ids"], v2["kv_segment_ids"])
-    bias = None if bias is None else bias.astype(ct)
-    if v2["alibi_slopes"] is not None:
-        slopes = v2["alibi_slopes"].astype(ct)[:, None, None]  # (H, 1, 1)
-        bias = rules.alibi(slopes, i, j, offset) + (0.0 if bias is None else bias)
-    seen = rule if bias is None else rule & (bias != -np.inf)
-    seen = np.broadcast_to(seen, (*dims.batch, H, L, S)).any(axis=-2)  # (..., H, S)
-    seen = seen.reshape(*dims.batch, K, G, S).any(axis=-2)[..., None, :, None]  # (..., K,1,S,1)
-    q = query.astype(ct).reshape(*query.shape[:-3], K, G, L, D)  # (..., K, G, L, D)
-    k = np.where(seen, key.astype(ct)[..., :, None, :, :], 0.0)  # (..., K, 1, S, D)
-    v = np.where(seen, value.astype(ct)[..., :, None, :, :], 0.0)  # (..., K, 1, S, E)
+def _flash_module() -> ModuleType:
+    """A fresh copy of ``impl_numpy.flash`` (not the one in ``sys.modules``): replacing one of
+    its steps changes nothing for the real package."""
+    spec = importlib.util.find_spec("impl_numpy.flash")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _forward(blocks, sinks, *, bug: str) -> tuple[np.ndarray, np.ndarray]:
+    """``impl_numpy.flash._forward`` with ``bug`` (``no_rescale``, ``early_normalize`` or
+    ``unguarded_max``): ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
+    dims, ct = blocks.dims, blocks.q.dtype
+    H, K, G, L, E = dims.H, dims.K, dims.G, dims.L, dims.E
     out = np.empty((*dims.batch, H, L, E), ct)
     lse = np.empty((*dims.batch, H, L), ct)
-    for i0 in range(0, L, block_q):
-        i1 = min(i0 + block_q, L)
+    for i0, i1 in blocks.query_blocks():
         bq = i1 - i0
         m = np.full((*dims.batch, H, bq, 1), -np.inf, ct)
         l = np.zeros((*dims.batch, H, bq, 1), ct)
         acc = np.zeros((*dims.batch, H, bq, E), ct)
-        j_end = min(S, max(0, i1 + offset)) if is_causal else S
-        if is_causal and bug == "skip_partial_block":  # BUG: only blocks all rows see in full
-            seen = max(0, min(S, i0 + offset + 1))  # keys that the block's first row sees
-            j_end = seen if seen == S else seen // block_k * block_k
-        for j0 in range(0, j_end, block_k):
-            j1 = min(j0 + block_k, S)
+        for j0, j1, every in blocks.key_blocks(i0, i1):
+            s, _, v_blk, _, _ = blocks.scores(i0, i1, j0, j1, every)  # (..., H, bq, bk)
             bk = j1 - j0
-            s = q[..., i0:i1, :] @ np.swapaxes(k[..., j0:j1, :], -1, -2)
-            s = np.broadcast_to(s.reshape(*s.shape[:-4], H, bq, bk), (*dims.batch, H, bq, bk))
-            s = s * dims.scale
-            if softcap is not None:
-                s = softcap * np.tanh(s / softcap)
-            if bias is not None:
-                s = s + _block(_block(bias, -2, i0, i1), -1, j0, j1)
-            s = np.where(_block(_block(rule, -2, i0, i1), -1, j0, j1), s, -np.inf)
+            # 5. online softmax
             m_new = np.maximum(m, s.max(axis=-1, keepdims=True))
             if bug == "unguarded_max":  # BUG: -inf - -inf = NaN in a row with nothing allowed
                 shift = m_new
@@ -119,40 +66,59 @@ def _broken_flash(
             alpha = np.exp(m - shift)
             if bug == "no_rescale":  # BUG: what was summed under the old max is kept as it was
                 alpha = np.where(np.isfinite(m), 1.0, 0.0)
-            p = np.exp(s - shift)
-            pv = (p.reshape(*dims.batch, K, G, bq, bk) @ v[..., j0:j1, :]).reshape(acc.shape)
+            p = np.exp(np.minimum(s - shift, 0.0))
             l_new = alpha * l + p.sum(axis=-1, keepdims=True)
+            # 6. output, accumulated
+            pv = p.reshape(*dims.batch, K, G, bq, bk) @ v_blk  # (..., K, G, bq, E)
+            acc = alpha * acc + pv.reshape(*dims.batch, H, bq, E)
             if bug == "early_normalize":  # BUG: divides now, and forgets l_old next time
-                acc = (alpha * acc + pv) / np.where(l_new == 0.0, 1.0, l_new)
-            else:
-                acc = alpha * acc + pv
+                acc = acc / np.where(l_new == 0.0, 1.0, l_new)
             l, m = l_new, m_new
         empty = l == 0.0
-        if v2["sinks"] is not None and bug != "early_normalize":  # one more logit, no value
-            sink = v2["sinks"].astype(ct)[:, None, None]  # (H, 1, 1)
-            m_sink = np.maximum(m, sink)
-            alpha = np.exp(m - m_sink)
-            l, acc, m = alpha * l + np.exp(sink - m_sink), alpha * acc, m_sink
+        if sinks is not None and bug != "early_normalize":  # one more logit, no value
+            m_sink = np.maximum(m, sinks[:, None, None])
+            shift = np.where(m_sink == -np.inf, 0.0, m_sink)
+            alpha = np.exp(m - shift)
+            l = alpha * l + np.exp(np.minimum(sinks[:, None, None] - shift, 0.0))
+            acc, m = alpha * acc, m_sink
         l = np.where(empty, 1.0, l)
         out[..., i0:i1, :] = acc if bug == "early_normalize" else acc / l
         lse[..., i0:i1] = np.where(empty, -np.inf, m + np.log(l))[..., 0]
-    out = out.astype(query.dtype)
-    return (out, lse) if return_lse else out
+    return out, lse
 
 
-def _quiet(fn: Callable) -> Callable:
-    """A broken port gives NaN where it gives NaN, without NumPy's warnings."""
+def _skipping_partial_blocks(blocks_class: type) -> type:
+    """``_Blocks`` whose ``key_blocks`` also skips, under causal masking, every block the
+    diagonal crosses (``every`` False: some of its positions are masked by the rule)."""
 
-    def wrapped(*args, **kwargs):
+    class SkippingPartialBlocks(blocks_class):
+        def key_blocks(self, i0: int, i1: int):
+            for j0, j1, every in super().key_blocks(i0, i1):
+                if every or not self.dims.is_causal:  # BUG: a partly masked block is skipped
+                    yield j0, j1, every
+
+    return SkippingPartialBlocks
+
+
+def broken_flash(bug: str) -> Callable:
+    """``impl_numpy.flash.flash_attention`` with ``bug`` (a key of :data:`BROKEN`, or ``none``
+    for none), quiet about the NaN it makes."""
+    module = _flash_module()
+    if bug == "skip_partial_block":
+        module._Blocks = _skipping_partial_blocks(module._Blocks)
+    elif bug != "none":
+        module._forward = partial(_forward, bug=bug)
+
+    def flash_attention(*args, **kwargs):
         with np.errstate(invalid="ignore", divide="ignore"):
-            return fn(*args, **kwargs)
+            return module.flash_attention(*args, **kwargs)
 
-    wrapped.__name__ = wrapped.__qualname__ = f"{fn.func.__name__}.{fn.keywords['bug']}"
-    return wrapped
+    flash_attention.__name__ = flash_attention.__qualname__ = f"flash_attention.{bug}"
+    return flash_attention
 
 
 #: name -> a flash_attention with that bug.
 BROKEN: dict[str, Callable] = {
-    bug: _quiet(partial(_broken_flash, bug=bug))
+    bug: broken_flash(bug)
     for bug in ("no_rescale", "early_normalize", "skip_partial_block", "unguarded_max")
 }

@@ -92,12 +92,12 @@ def broken_vjp(
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
-    v2 = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
+    arrays = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
           "alibi_slopes": alibi_slopes}  # fmt: skip
-    v2 = {name: None if x is None else np.asarray(x) for name, x in v2.items()}
+    arrays = {name: None if x is None else np.asarray(x) for name, x in arrays.items()}
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment, scale=scale,
-        is_causal=is_causal, softcap=softcap, window=window, **v2,
+        is_causal=is_causal, softcap=softcap, window=window, **arrays,
     )  # fmt: skip
     if block_q is not None or block_k is not None:
         check_block_sizes(block_q, block_k)
@@ -114,11 +114,11 @@ def broken_vjp(
         rule = rule & rules.causal(i, j, offset)
     if dims.window is not None:
         rule = rule & rules.window(i, j, offset, dims.window)
-    if v2["q_segment_ids"] is not None:
-        rule = rule & rules.segments(v2["q_segment_ids"], v2["kv_segment_ids"])
+    if arrays["q_segment_ids"] is not None:
+        rule = rule & rules.segments(arrays["q_segment_ids"], arrays["kv_segment_ids"])
     add = None if bias is None else bias.astype(f64)
-    if v2["alibi_slopes"] is not None:
-        slopes = v2["alibi_slopes"].astype(f64)[:, None, None]  # (H, 1, 1)
+    if arrays["alibi_slopes"] is not None:
+        slopes = arrays["alibi_slopes"].astype(f64)[:, None, None]  # (H, 1, 1)
         add = rules.alibi(slopes, i, j, offset) + (0.0 if add is None else add)
     allowed = np.broadcast_to(rule if bias is None else rule & (bias != -np.inf),
                               (*dims.batch, H, L, S))  # fmt: skip
@@ -137,7 +137,8 @@ def broken_vjp(
         s = s + add
     s = np.where(allowed, s, -np.inf)
     m = s.max(axis=-1, keepdims=True, initial=-np.inf)
-    sink = None if v2["sinks"] is None else v2["sinks"].astype(f64)[:, None, None]  # (H, 1, 1)
+    sinks = arrays["sinks"]
+    sink = None if sinks is None else sinks.astype(f64)[:, None, None]  # (H, 1, 1)
     if sink is not None:
         m = np.maximum(m, sink)
     m = np.where(m == -np.inf, 0.0, m)
@@ -203,7 +204,7 @@ def broken_vjp(
         key=_sum_to(group_sum(dkh), key.shape).astype(key.dtype),
         value=_sum_to(group_sum(dvh), value.shape).astype(value.dtype),
         bias=None if dbias is None else dbias.astype(bias.dtype),
-        sinks=None if dsinks is None else dsinks.astype(v2["sinks"].dtype),
+        sinks=None if dsinks is None else dsinks.astype(arrays["sinks"].dtype),
     )
 
 

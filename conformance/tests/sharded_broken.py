@@ -1,12 +1,14 @@
 """Deliberately broken sharded attention: the mistakes of ring and head-parallel code, one each.
 
 :func:`make_port` returns a port with ``ring_attention``, ``head_parallel_attention`` and
-``head_parallel_gqa`` (the signatures of ``impl_numpy/sharded.py``): a compressed copy of the
-NumPy simulation with one bug switched on. With no bug it passes every sharded run of the
-conformance runner (a test asserts that), so a run it fails is failed because of the bug. The
-block computation is the real one (``impl_numpy.sharded._attend_block``): the bugs are in what
-is sharded around it, but for one, which switches off the block's zeroing of key and value rows
-no row of the block attends.
+``head_parallel_gqa`` (the signatures of ``impl_numpy/sharded.py``) with one bug switched on.
+A bug that is one step of the ring (the merge by lse, the decision to skip a block:
+:data:`RING_STEP_BUGS`) is the real ``ring_attention`` in a copy of ``impl_numpy.sharded`` with
+that step replaced; the others run a compressed copy of the NumPy simulation. With no bug it
+passes every sharded run of the conformance runner (a test asserts that), so a run it fails is
+failed because of the bug. The block computation is the real one
+(``impl_numpy.sharded._attend_block``): the bugs are in what is sharded around it, but for one,
+which switches off the block's zeroing of key and value rows no row of the block attends.
 
 conformance/tests/test_broken_ports.py proves that the runner's sharded runs catch every one of
 them (:data:`BUGS` names one run each must fail).
@@ -14,8 +16,9 @@ them (:data:`BUGS` names one run each must fail).
 
 from __future__ import annotations
 
+import importlib.util
 from contextlib import nullcontext
-from types import SimpleNamespace
+from types import ModuleType, SimpleNamespace
 from unittest import mock
 
 import numpy as np
@@ -284,12 +287,34 @@ def _head_parallel_gqa(module, x, context=None, *, n_shards, bug=None, **kw):
         return sharded.head_parallel_gqa(module, x, context, n_shards=n_shards, **kw)
 
 
+#: The ring bugs that replace one step of ``impl_numpy.sharded`` (R5's ``_merge``, or
+#: ``block_computed``), in a copy of the module: the real ring runs around the broken step.
+RING_STEP_BUGS = ("merge_without_lse", "merge_unstable", "merge_unguarded", "window_skip_first_row")
+
+
+def _ring_with_broken_step(bug: str) -> ModuleType:
+    """A fresh copy of ``impl_numpy.sharded`` (not the one in ``sys.modules``) whose merge or
+    block-skip decision is :func:`_merge`'s or :func:`_computed`'s with ``bug``."""
+    spec = importlib.util.find_spec("impl_numpy.sharded")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    if bug.startswith("merge_"):
+        module._merge = lambda out, lse, out_blk, lse_blk: _merge(out, lse, out_blk, lse_blk, bug)
+    else:
+        module.block_computed = lambda *args: _computed(*args, bug)
+    return module
+
+
 def make_port(bug: str | None) -> SimpleNamespace:
     """The sharded functions with ``bug`` (a key of :data:`BUGS`, or None for none), as a port
     the conformance runner takes (``functions=SHARDED_ALIASES``)."""
 
     def ring_attention(query, key, value, *, n_shards, **kw):
+        if bug in RING_STEP_BUGS:
+            return stepped.ring_attention(query, key, value, n_shards=n_shards, **kw)
         return _ring(query, key, value, n_shards=n_shards, bug=bug, **kw)
+
+    stepped = _ring_with_broken_step(bug) if bug in RING_STEP_BUGS else None
 
     def head_parallel_attention(query, key, value, *, n_shards, **kw):
         return _head_parallel(query, key, value, n_shards=n_shards, bug=bug, **kw)

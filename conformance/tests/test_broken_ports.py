@@ -18,8 +18,9 @@ from conformance.tests.broken_ports import BUGS, make_port
 _REPORTS: dict[str | None, Report] = {}
 MODULE_BUGS = [b for b in BUGS if BUGS[b][1].startswith(("module.", "decode."))]
 FLASH_BUGS = [b for b in BUGS if b.startswith("flash_")]
-V2_FAMILIES = ("window", "segments", "sinks", "alibi")
-V2_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in V2_FAMILIES]
+#: The families of the keywords contract v2 added: window, segment ids, sinks, ALiBi slopes.
+EXTRA_FAMILIES = ("window", "segments", "sinks", "alibi")
+EXTRA_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in EXTRA_FAMILIES]
 
 
 GRAD_BUGS = [b for b in BUGS if b.startswith("grad_")]
@@ -66,7 +67,7 @@ def test_every_broken_port_is_caught_and_counted(capsys: pytest.CaptureFixture) 
         for bug, n in caught.items():
             print(f"  {bug:<26} {n:>4} failing runs  ({BUGS[bug][0]})")
     assert len(BUGS) >= 12 + 12 + 5 + 4  # functional v1 and v2, module and decode, flash
-    assert len(MODULE_BUGS) >= 5 and len(FLASH_BUGS) == 4 and len(V2_BUGS) >= 12
+    assert len(MODULE_BUGS) >= 5 and len(FLASH_BUGS) == 4 and len(EXTRA_BUGS) >= 12
     assert len(GRAD_BUGS) >= 9
     assert all(n > 0 for n in caught.values())
 
@@ -110,13 +111,13 @@ def test_top_left_decoding_is_caught_token_by_token_and_in_chunks() -> None:
     assert not any(r.startswith("module.") for r in failures)  # the forward itself is right
 
 
-@pytest.mark.parametrize("bug", V2_BUGS)
-def test_v2_bugs_fail_only_the_v2_families(bug: str) -> None:
+@pytest.mark.parametrize("bug", EXTRA_BUGS)
+def test_extra_keyword_bugs_fail_only_their_families(bug: str) -> None:
     """A window, segment, sink or ALiBi bug changes nothing a v1 case asks (those cases give no
     window, segments, sinks or slopes), so a port with one still passes all of v1."""
     families = {o.run_id.split(".")[1] for o in _report(bug).failures}
     # module.v2.* and decode.v2.*: the modules' own v2 settings (window, sinks, ALiBi, ...)
-    assert families and families <= {*V2_FAMILIES, "v2"}, f"{bug} failed {families}"
+    assert families and families <= {*EXTRA_FAMILIES, "v2"}, f"{bug} failed {families}"
 
 
 @pytest.mark.parametrize("bug", FLASH_BUGS)

@@ -16,6 +16,7 @@ from attention_spec import (
     SHARDED_ERROR_CODES,
 )
 from conformance import cases as C
+from conformance import oracle
 from conformance.fixtures import FIXTURES_DIR, load_manifest, sha256_of
 from conformance.generate import check
 
@@ -338,26 +339,38 @@ def test_padding_and_causal_module_goldens_hold_their_zeros() -> None:
     assert np.all(w[..., 4, :] > 0) and np.all(np.triu(w[0, 0], k=3) == 0)
 
 
-def test_module_goldens_agree_with_a_second_float64_reference() -> None:
-    """module_reference.py's reference (numpy matmuls per head, written separately from the
-    oracle's element loops) gives the same goldens."""
-    from conformance.tests.module_reference import reference_forward
-
+def test_module_goldens_are_the_oracles_attention_between_matmul_projections() -> None:
+    """The module goldens, rebuilt from the oracle's attention alone: projections as NumPy
+    matmuls (``x @ kernel + bias``), heads split and merged by reshapes (head h owns features
+    ``[h*D:(h+1)*D]``), written here apart from the oracle's element loops of
+    :func:`oracle.module_forward`."""
     for case_id in ("module.mha.self.float64", "module.mqa.h6_k1.bfloat16",
                     "module.causal.bottom_right.l5_s7.float16", "module.padding.b11s.float32",
                     "module.shapes.d5_e3_m17.float32", "module.bias.full.float32"):  # fmt: skip
         case = BY_ID[case_id]
         t, spec = case.tensors(), case.entry["module"]
-        weights = {n: a for n, a in t.items() if n.endswith((".kernel", ".bias"))}
+        w = {n: a.astype(np.float64) for n, a in t.items() if n.endswith((".kernel", ".bias"))}
+        H, K = spec["n_heads"], spec.get("n_kv_heads", spec["n_heads"])
+        x = t["x"].astype(np.float64)  # (B, L, M)
+        context = x if "context" not in t else t["context"].astype(np.float64)  # (B, S, M)
+
+        def project(name, inp, n_heads, w=w):  # (B, T, M) -> (B, n, T, X)
+            y = inp @ w[f"{name}.kernel"] + w.get(f"{name}.bias", 0.0)  # (B, T, n*X)
+            return y.reshape(*y.shape[:2], n_heads, -1).transpose(0, 2, 1, 3)
+
         kw = {k: v for k, v in case.keywords.items() if k != "return_weights"}
-        out, probs = reference_forward(
-            weights, t["x"], t.get("context"), n_heads=spec["n_heads"],
-            n_kv_heads=spec.get("n_kv_heads", spec["n_heads"]), mask=t.get("mask"),
-            bias=None if "bias" not in t else t["bias"].astype(np.float64), **kw,
+        bias = None if "bias" not in t else t["bias"].astype(np.float64)
+        golden = oracle.attention(
+            project("q_proj", x, H), project("k_proj", context, K),
+            project("v_proj", context, K), mask=t.get("mask"), bias=bias, **kw,
         )  # fmt: skip
+        B, _, L, E = golden.output.shape
+        merged = golden.output.transpose(0, 2, 1, 3).reshape(B, L, H * E)  # (B, L, H*E)
+        out = merged @ w["o_proj.kernel"] + w.get("o_proj.bias", 0.0)  # (B, L, M)
         np.testing.assert_allclose(t["output"], out, rtol=0, atol=1e-12, err_msg=case_id)
         if "weights" in t:
-            np.testing.assert_allclose(t["weights"], probs, rtol=0, atol=1e-14, err_msg=case_id)
+            np.testing.assert_allclose(t["weights"], golden.weights, rtol=0, atol=1e-14,
+                                       err_msg=case_id)  # fmt: skip
 
 
 def test_decode_goldens_are_one_causal_forward_fed_in_chunks_that_fit() -> None:

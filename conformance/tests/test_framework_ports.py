@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conformance import oracle
 from conformance.runner import (
     FUNCTIONS,
     Outcome,
@@ -293,9 +294,8 @@ def test_mlx_fast_errors_are_plain_value_errors_and_masks_of_numbers_are_added()
     sdpa = mx.fast.scaled_dot_product_attention
     as_int = np.array(sdpa(q, k, v, scale=0.5, mask=mx.array(numbers.astype(np.int32))))
     as_bias = np.array(sdpa(q, k, v, scale=0.5, mask=mx.array(numbers.astype(np.float32))))
-    scores = np.einsum("bhld,bhsd->bhls", np.array(q), np.array(k)) * 0.5 + numbers
-    expected = np.exp(scores - scores.max(-1, keepdims=True))
-    expected /= expected.sum(-1, keepdims=True)
+    q64, k64 = (np.array(x).astype(np.float64) for x in (q, k))
+    expected = oracle.attention(q64, k64, bias=numbers.astype(np.float64), scale=0.5).weights
     np.testing.assert_allclose(as_int, expected, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(as_bias, expected, rtol=1e-5, atol=1e-6)
 
@@ -432,7 +432,7 @@ def test_keras_on_torch_masks_by_a_large_negative_bias_and_refuses_mask_with_bia
 #: The built-in ports of the v2 table, in its column order, and the functions each is run on
 #: (the kernel ports also have flash_attention). Module and decode runs are left out: none of
 #: these ports is a module.
-_V2_PORTS: dict[str, tuple[str, ...]] = {
+_FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "torch_fused": ("sdpa", "weights"),
     "jax_fused": ("sdpa", "weights"),
     "flax_nnx": ("sdpa", "weights"),
@@ -443,25 +443,25 @@ _V2_PORTS: dict[str, tuple[str, ...]] = {
     "triton_flash": ("sdpa", "weights", "flash"),
     "pallas_flash": ("sdpa", "weights", "flash"),
 }
-_V2_FAMILIES = ("window", "segments", "sinks", "alibi", "garbage")
+_FAMILY_TABLE_FAMILIES = ("window", "segments", "sinks", "alibi", "garbage")
 _PORTS_DIR = Path(__file__).resolve().parents[1] / "ports"
 _DOCS = Path(__file__).resolve().parents[2] / "docs" / "CONFORMANCE.md"
 
 
-def v2_table() -> str:
+def port_family_table() -> str:
     """The built-in ports (rows) against the v2 families (columns): per cell, how many of the
     family's runs on CPU pass and which xfails globs list the others, with how many runs each
     (the reasons are in the port's ``.xfails`` file). A v2 rule inside another family's case
     (``flash.tiling.window_causal``) counts in that family, not here."""
     lines = [
-        "| port | " + " | ".join(f"`{family}`" for family in _V2_FAMILIES) + " |",
-        "| --- |" + " --- |" * len(_V2_FAMILIES),
+        "| port | " + " | ".join(f"`{family}`" for family in _FAMILY_TABLE_FAMILIES) + " |",
+        "| --- |" + " --- |" * len(_FAMILY_TABLE_FAMILIES),
     ]
-    for port, functions in _V2_PORTS.items():
+    for port, functions in _FAMILY_TABLE_PORTS.items():
         runs = runs_for(functions=functions)
         xfails = Xfails.from_file(_PORTS_DIR / f"{port}.xfails")
         cells = []
-        for family in _V2_FAMILIES:
+        for family in _FAMILY_TABLE_FAMILIES:
             mine = [r for r in runs if r.case.feature == family]
             listed: dict[str, int] = {}
             for run in mine:
@@ -476,8 +476,8 @@ def v2_table() -> str:
     return "\n".join(lines)
 
 
-def test_conformance_md_shows_the_v2_table_of_the_xfails() -> None:
-    """The table in docs/CONFORMANCE.md is :func:`v2_table` of today's xfails files (which the
-    strict tests above and test_kernel_ports.py hold to the measured failures)."""
-    table = v2_table()
+def test_conformance_md_shows_the_port_family_table_of_the_xfails() -> None:
+    """The table in docs/CONFORMANCE.md is :func:`port_family_table` of the xfails files (which
+    the strict tests above and test_kernel_ports.py hold to the measured failures)."""
+    table = port_family_table()
     assert table in _DOCS.read_text(), f"paste this table into docs/CONFORMANCE.md:\n{table}"
