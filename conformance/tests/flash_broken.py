@@ -42,10 +42,10 @@ def _flash_module() -> ModuleType:
     return module
 
 
-def _forward(blocks, sinks, *, bug: str) -> tuple[np.ndarray, np.ndarray]:
+def _forward(blocks, *, bug: str) -> tuple[np.ndarray, np.ndarray]:
     """``impl_numpy.flash._forward`` with ``bug`` (``no_rescale``, ``early_normalize`` or
     ``unguarded_max``): ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype."""
-    dims, ct = blocks.dims, blocks.q.dtype
+    dims, sinks, ct = blocks.call, blocks.sinks, blocks.q.dtype
     H, K, G, L, E = dims.H, dims.K, dims.G, dims.L, dims.E
     out = np.empty((*dims.batch, H, L, E), ct)
     lse = np.empty((*dims.batch, H, L), ct)
@@ -94,7 +94,7 @@ def _skipping_partial_blocks(blocks_class: type) -> type:
     class SkippingPartialBlocks(blocks_class):
         def key_blocks(self, i0: int, i1: int):
             for j0, j1, every in super().key_blocks(i0, i1):
-                if every or not self.dims.is_causal:  # BUG: a partly masked block is skipped
+                if every or not self.call.is_causal:  # BUG: a partly masked block is skipped
                     yield j0, j1, every
 
     return SkippingPartialBlocks
