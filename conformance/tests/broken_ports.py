@@ -1,13 +1,14 @@
 """Deliberately broken ports: the suite must catch every one of them.
 
 :func:`make_port` builds a small, self-contained NumPy port of the contract (validation through
-``attention_spec``, the same as any port would), functions and modules with a KV cache (the modules in
-``module_broken.py``), with one named bug switched on. With no bug it passes the whole suite (a test asserts that), so every
-failure of a broken port is the bug's. The ``flash_*`` bugs give the port a ``flash_attention``:
-the broken tiled versions of ``flash_broken.py`` (the classic online-softmax bugs); its
-unbroken version (the same code with no bug) passes every flash run. The ``grad_*`` bugs give
-it the two ``*_vjp`` functions of ``grad_broken.py`` (the backward pass's bugs), whose unbroken
-version passes every grad and flash_grad run.
+``attention_spec``, the same as any port would), functions and modules with a KV cache (the
+modules in ``module_broken.py``), with one named bug switched on. With no bug it passes the
+whole suite (a test asserts that), so every failure of a broken port is the bug's. The
+``flash_*`` bugs give the port a ``flash_attention``: the broken tiled versions of
+``flash_broken.py`` (the classic online-softmax bugs); its unbroken version (the same code with
+no bug) passes every flash run. The ``grad_*`` bugs give it the two ``*_vjp`` functions of
+``grad_broken.py`` (the backward pass's bugs), whose unbroken version passes every grad and
+flash_grad run.
 
 Each bug is a mistake seen in real attention code; :data:`BUGS` says what it does and names one
 run that must catch it.
