@@ -445,13 +445,36 @@ def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
     )  # fmt: skip
 
 
+def _row_blocks(x: _Arrays, q_blk, i, i0, bq: int):
+    """One block of query rows, ``q_blk (..., K, G, bq, D)`` at rows ``i (bq, 1)`` from ``i0``:
+    ``(blk_of, q_ids_rows)``. ``blk_of(j_start, size, j, j0, kv_ids_blk)`` is the
+    :class:`_Block` of these rows and the ``size`` keys from ``j_start`` (bk or bn keys), the
+    same in the forward and the backward; ``q_ids_rows (..., bq)``: these rows' segments."""
+    bias_rows = _block(x.bias, -2, i0, bq)  # this block's rows of bias and mask
+    mask_rows = _block(x.mask, -2, i0, bq)
+    q_ids_rows = _block(x.q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
+    k, v = x.key, x.value
+
+    def blk_of(j_start, size, j, j0, kv_ids_blk):
+        return _Block(
+            q=q_blk,
+            k=jax.lax.dynamic_slice_in_dim(k, j_start, size, k.ndim - 2),  # (..., K, bk, D)
+            v=jax.lax.dynamic_slice_in_dim(v, j_start, size, v.ndim - 2),  # (..., K, bk, E)
+            bias=_block(bias_rows, -1, j_start, size),
+            mask=_block(mask_rows, -1, j_start, size),
+            q_ids=q_ids_rows, kv_ids=kv_ids_blk, slopes=x.slopes, i=i, j=j, j0=j0,
+        )  # fmt: skip
+
+    return blk_of, q_ids_rows
+
+
 def _forward(x: _Arrays, tiling: _Tiling):
     """The tiled forward: ``(output (..., H, L, E), lse (..., H, L))`` in the compute dtype.
     ``x``: :func:`_in_compute_dtype`'s, ``x.query (..., K, G, L, D)``, ``x.key (..., K, S, D)``,
     ``x.value (..., K, S, E)``."""
     call, bq = tiling.call, tiling.bq
     H, L, E = call.H, call.L, call.E
-    q, k, v, sinks = x.query, x.key, x.value, x.sinks
+    q, sinks = x.query, x.sinks
     ct = q.dtype
     step = functools.partial(_attend_block, call=call)
 
@@ -460,19 +483,7 @@ def _forward(x: _Arrays, tiling: _Tiling):
         i0 = jnp.minimum(t * bq, L - bq)  # first row
         q_blk = jax.lax.dynamic_slice_in_dim(q, i0, bq, axis=q.ndim - 2)  # (..., K, G, bq, D)
         i = (i0 + jnp.arange(bq))[:, None]  # (bq, 1)
-        bias_rows = _block(x.bias, -2, i0, bq)  # this block's rows of bias and mask
-        mask_rows = _block(x.mask, -2, i0, bq)
-        q_ids_rows = _block(x.q_ids, -1, i0, bq)  # (..., bq): this block's rows' segments
-
-        def blk_of(j_start, size, j, j0, kv_ids_blk):  # size: bk or bn keys
-            return _Block(
-                q=q_blk,
-                k=jax.lax.dynamic_slice_in_dim(k, j_start, size, k.ndim - 2),  # (..., K, bk, D)
-                v=jax.lax.dynamic_slice_in_dim(v, j_start, size, v.ndim - 2),  # (..., K, bk, E)
-                bias=_block(bias_rows, -1, j_start, size),
-                mask=_block(mask_rows, -1, j_start, size),
-                q_ids=q_ids_rows, kv_ids=kv_ids_blk, slopes=x.slopes, i=i, j=j, j0=j0,
-            )  # fmt: skip
+        blk_of, q_ids_rows = _row_blocks(x, q_blk, i, i0, bq)
 
         m = jnp.full((*call.batch, H, bq, 1), -jnp.inf, ct)  # running row max of the scores
         l = jnp.zeros((*call.batch, H, bq, 1), ct)  # running row sum of exp(s - m)
@@ -508,7 +519,7 @@ def _backward(x: _Arrays, out, lse, do, tiling: _Tiling):
     ``dQ += dS K``, ``dK += dS^T Q`` (:func:`_grad_block`)."""
     call, bq = tiling.call, tiling.bq
     H, K, G, L, S, D, E = call.H, call.K, call.G, call.L, call.S, call.D, call.E
-    q, k, v, sinks = x.query, x.key, x.value, x.sinks
+    q, sinks = x.query, x.sinks
     ct = q.dtype
 
     def query_block(carry, t):
@@ -526,25 +537,13 @@ def _backward(x: _Arrays, out, lse, do, tiling: _Tiling):
         delta = jnp.sum(do_blk * o_blk, axis=-1, keepdims=True)  # (..., K, G, bq, 1)
         row_lse = jax.lax.dynamic_slice_in_dim(lse, i0, bq, axis=lse.ndim - 1)  # (..., H, bq)
         shift = jnp.where(row_lse == -jnp.inf, 0.0, row_lse)[..., None]  # no key: P = 0
-        bias_rows = _block(x.bias, -2, i0, bq)  # this block's rows of bias and mask
-        mask_rows = _block(x.mask, -2, i0, bq)
-        q_ids_rows = _block(x.q_ids, -1, i0, bq)  # (..., bq)
+        blk_of, q_ids_rows = _row_blocks(x, q_blk, i, i0, bq)
 
         # 5. (end) the sink: dsink_h = -sum_i w_sink,i (dO_i . O_i), w_sink,i = exp(sink - lse_i).
         if sinks is not None:
             w_sink = jnp.exp(jnp.minimum(sinks[:, None, None] - shift, 0.0))  # (..., H, bq, 1)
             per_row = -(w_sink * delta.reshape(w_sink.shape))[..., 0]  # (..., H, bq)
             dsinks = dsinks + per_row.sum(axis=(*range(per_row.ndim - 2), -1))  # (H,)
-
-        def blk_of(j_start, size, j, j0, kv_ids_blk):  # size: bk or bn keys
-            return _Block(
-                q=q_blk,
-                k=jax.lax.dynamic_slice_in_dim(k, j_start, size, k.ndim - 2),  # (..., K, bk, D)
-                v=jax.lax.dynamic_slice_in_dim(v, j_start, size, v.ndim - 2),  # (..., K, bk, E)
-                bias=_block(bias_rows, -1, j_start, size),
-                mask=_block(mask_rows, -1, j_start, size),
-                q_ids=q_ids_rows, kv_ids=kv_ids_blk, slopes=x.slopes, i=i, j=j, j0=j0,
-            )  # fmt: skip
 
         rows = _RowGrads(do_blk, delta, shift.reshape(*call.batch, K, G, bq, 1))
         step = functools.partial(_grad_block, rows=rows, call=call)
