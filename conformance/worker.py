@@ -31,12 +31,12 @@ from dataclasses import asdict
 from conformance.runner import Xfails, check, load_port, plan_runs
 
 #: Runs between two calls of :func:`release_compiled_programs`. XLA's CPU backend keeps each
-#: program it compiles in three memory mappings of its own (code, read-only data, data) for as
-#: long as JAX caches the program, and JAX caches every operation it dispatches, per shape and
-#: dtype: impl_jax adds about 20 mappings per run, 60 in a sharded run on 4 devices. Linux gives
-#: a process at most ``vm.max_map_count`` (65,530 by default); once they are used up XLA's
-#: compiler gets ENOMEM from mmap and dies of SIGSEGV, here at run 1,106 of 1,410. 100 runs
-#: add at most some 6,000 mappings.
+#: program it compiles in memory mappings of its own (code, read-only data, data) for as long as
+#: JAX caches the program, and JAX caches every operation it dispatches, per shape, dtype and
+#: sharding: impl_jax adds from 2 mappings per run (``causal_mask``) to 185 (``flash_grad``).
+#: Linux gives a process at most ``vm.max_map_count`` (65,530 by default); once they are used
+#: up XLA's compiler gets ENOMEM from mmap and dies of SIGSEGV, as it did at run 1,106 of 1,410.
+#: 100 runs add at most some 19,000.
 RELEASE_EVERY = 100
 
 
