@@ -108,6 +108,7 @@ from conformance.runner.functions import (
 from conformance.runner.isolation import _child_env as _child_env  # the child's environment
 from conformance.runner.outcomes import STATUSES, Outcome, Report, Run, write_report
 from conformance.runner.port import Port, load_port
+from conformance.runner.release import RELEASE_EVERY, release_compiled_programs
 from conformance.runner.suite import (
     DEFAULT_SHARDS,
     QuickCheckResult,
@@ -125,6 +126,7 @@ __all__ = [
     "FLASH_BLOCKS",
     "FUNCTIONS",
     "GRADS",
+    "RELEASE_EVERY",
     "SHARDED_ALIASES",
     "STATUSES",
     "Comparison",
@@ -142,6 +144,7 @@ __all__ = [
     "module_forward",
     "plan_runs",
     "quick_check",
+    "release_compiled_programs",
     "run_suite",
     "runs_for",
     "select_functions",

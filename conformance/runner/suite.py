@@ -22,6 +22,7 @@ from conformance.runner.functions import FUNCTIONS
 from conformance.runner.isolation import _run_isolated
 from conformance.runner.outcomes import Outcome, Report, Run
 from conformance.runner.port import Port, load_port
+from conformance.runner.release import RELEASE_EVERY, release_compiled_programs
 from conformance.runner.xfails import Xfails
 
 #: The shard counts the sharded aliases run with, unless told (``--shards``).
@@ -221,8 +222,10 @@ def run_suite(
     )  # fmt: skip
     host_port = loaded.numpy_native and device != "cpu"
     report = Report(loaded.name, device, [], host_port=host_port, complete=False)
-    for run in runs:
+    for made, run in enumerate(runs, 1):
         report.outcomes.append(check(loaded, run, device))
+        if made % RELEASE_EVERY == 0:
+            release_compiled_programs()
         report.seconds = time.perf_counter() - start
         if on_outcome is not None:
             on_outcome(report, report.outcomes[-1])

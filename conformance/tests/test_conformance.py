@@ -31,11 +31,13 @@ import fnmatch
 import pytest
 
 from conformance.runner import (
+    RELEASE_EVERY,
     SHARDED_ALIASES,
     Port,
     Run,
     check,
     load_port,
+    release_compiled_programs,
     runs_for,
     select_functions,
 )
@@ -66,9 +68,17 @@ def _params():
                 yield pytest.param(short, run, id=f"{short}-{run.id}")
 
 
+#: Runs made in this process: the JAX programs they compiled are dropped every RELEASE_EVERY
+#: (conformance/runner/release.py), as the command line's child process does.
+_MADE = [0]
+
+
 @pytest.mark.parametrize(("impl", "run"), list(_params()))
 def test_conformance(impl: str, run: Run) -> None:
     outcome = check(_PORTS[impl], run, "cpu")
+    _MADE[0] += 1
+    if _MADE[0] % RELEASE_EVERY == 0:
+        release_compiled_programs()
     if outcome.status == "xfail":
         pytest.xfail(outcome.message)
     if outcome.status == "skip":

@@ -46,6 +46,21 @@ def test_the_worker_releases_compiled_programs_every_release_every_runs(monkeypa
     assert 0 < worker.RELEASE_EVERY <= 100  # the default: see its comment for the arithmetic
 
 
+def test_run_suite_in_process_releases_every_release_every_runs(monkeypatch) -> None:
+    """``run_suite`` without a child (``--in-process``) releases on the same schedule."""
+    from conformance.runner import run_suite, suite
+
+    releases: list[int] = []
+    made: list[str] = []
+    monkeypatch.setattr(suite, "RELEASE_EVERY", 4)
+    monkeypatch.setattr(suite, "release_compiled_programs", lambda: releases.append(len(made)))
+    report = run_suite(
+        "impl_numpy", pattern="sdpa.gqa.*", on_outcome=lambda _, o: made.append(o.run_id)
+    )
+    assert len(report.outcomes) == 11 and report.ok
+    assert releases == [3, 7]  # the release comes after the 4th and 8th run, before its report
+
+
 #: The child of the slow test: JAX started (its threads made), then all but HEADROOM of the
 #: kernel's memory mappings taken (every other page of one block made read-only: one mapping
 #: per page), then the worker.
