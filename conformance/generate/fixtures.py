@@ -48,7 +48,7 @@ def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, *
 
 #: The names that make a case contract v2: the functional keywords and array arguments of v2
 #: (SEMANTICS.md), wherever a case gives them (keywords, inputs, canonical weights, a module's
-#: settings or constructor arguments), and the module settings v2 added.
+#: settings or constructor arguments), and the module settings v2 added (and its rolling cache).
 V2_NAMES = frozenset(("window", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"))
 V2_MODULE_SETTINGS = frozenset(("window", "sinks", "alibi", "softcap", "scale"))
 
@@ -60,7 +60,8 @@ def _contract(fields: dict[str, Any]) -> str:
     settings = set(module) | set(module.get("arguments", {}))
     names = set(fields.get("keywords", {})) | set(fields.get("shapes", {}))
     names |= set(fields.get("inputs", {})) | set(fields.get("weights", {})) | settings
-    return "v2" if names & V2_NAMES or settings & V2_MODULE_SETTINGS else "v1"
+    rolling = bool(fields.get("decode", {}).get("rolling"))  # the rolling KV cache is v2's
+    return "v2" if names & V2_NAMES or settings & V2_MODULE_SETTINGS or rolling else "v1"
 
 
 def _values_fields(
@@ -314,8 +315,7 @@ def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
                               "keywords": encode_keywords(c.keywords)}  # fmt: skip
     if c.weights:
         fields["weights"] = {name: _spec(w) for name, w in c.weights.items()}
-    if c.inputs:
-        fields["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}
+    fields["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}  # {} for construct, load
     if c.decode:
         fields["decode"] = dict(c.decode)
     fields["expected_error"] = _expected(case)
