@@ -1,15 +1,17 @@
 #!/usr/bin/env node
 // The attention contract (docs/SEMANTICS.md, v1 and v2) in plain JavaScript for node, no
-// packages: scaled_dot_product_attention, attention_weights and causal_mask for float32 and
-// float64, with the same numbered steps as impl_numpy/functional.py. Checked by
+// packages: scaled_dot_product_attention, attention_weights and causal_mask for float64, float32,
+// float16 and bfloat16, with the same numbered steps as impl_numpy/functional.py. Checked by
 //
 //     python -m conformance --exec "node conformance/ports/js/port.js"
 //
 // over the line protocol of conformance/PORTING.md ("Any language: --exec"): one JSON request
 // per run on stdin, one JSON answer on stdout; arrays in safetensors files (conformance/
 // FORMAT.md, "Dtypes" and "safetensors"), read and written here by hand. What it does not do is
-// in port.xfails, next to it. Everything is computed in float64 (a JavaScript number) and
-// rounded once to the input dtype at the end.
+// in port.xfails, next to it. Everything is computed in float64 (a JavaScript number: at least
+// the contract's compute dtype, float32 for float32, float16 and bfloat16 inputs) and rounded
+// once to the input dtype at the end; bias, sinks and slopes are first rounded to the compute
+// dtype, as the contract says.
 "use strict";
 
 const fs = require("fs");
@@ -91,8 +93,37 @@ function readTensors(path) { // name -> {dtype, shape, data}
   return tensors;
 }
 
+// A number rounded to nearest-even with p significant bits, exponents down to emin (below:
+// subnormal), beyond maxFinite: infinite. float16: (11, -14, 65504); bfloat16: (8, -126, ...).
+function roundTo(x, p, emin, maxFinite) {
+  if (!Number.isFinite(x) || x === 0) return x;
+  const a = Math.abs(x);
+  let e = Math.floor(Math.log2(a));
+  if (2 ** e > a) e--;
+  if (2 ** (e + 1) <= a) e++;
+  const quantum = 2 ** (Math.max(e, emin) - p + 1), y = a / quantum, n = Math.floor(y);
+  const r = (y - n > 0.5 || (y - n === 0.5 && n % 2 === 1) ? n + 1 : n) * quantum;
+  return Math.sign(x) * (r > maxFinite ? Infinity : r);
+}
+
+function halfBits(x) { // a number -> IEEE binary16 bits, rounded to nearest-even
+  const r = roundTo(x, 11, -14, 65504), sign = r < 0 || Object.is(r, -0) ? 0x8000 : 0;
+  const a = Math.abs(r);
+  if (Number.isNaN(r)) return 0x7e00;
+  if (a === Infinity) return sign | 0x7c00;
+  if (a < 2 ** -14) return sign | (a / 2 ** -24); // subnormal (or zero)
+  const e = Math.floor(Math.log2(a));
+  return sign | ((e + 15) << 10) | ((a / 2 ** e - 1) * 1024);
+}
+
+function bfloat16Bits(x) { // a number -> bfloat16 bits (the upper half of a float32)
+  const f32 = new DataView(new ArrayBuffer(4));
+  f32.setFloat32(0, Number.isNaN(x) ? NaN : roundTo(x, 8, -126, 3.3895313892515355e38));
+  return f32.getUint32(0) >>> 16;
+}
+
 function writeTensors(path, tensors) { // tensors: name -> {dtype, shape, data}
-  const size = { float64: 8, float32: 4, bool: 1 };
+  const size = { float64: 8, float32: 4, float16: 2, bfloat16: 2, bool: 1 };
   const header = {}, parts = [];
   let offset = 0;
   for (const [name, t] of Object.entries(tensors)) {
@@ -100,6 +131,8 @@ function writeTensors(path, tensors) { // tensors: name -> {dtype, shape, data}
     t.data.forEach((x, i) => {
       if (t.dtype === "float64") bytes.writeDoubleLE(x, 8 * i);
       else if (t.dtype === "float32") bytes.writeFloatLE(x, 4 * i); // rounds to nearest
+      else if (t.dtype === "float16") bytes.writeUInt16LE(halfBits(x), 2 * i);
+      else if (t.dtype === "bfloat16") bytes.writeUInt16LE(bfloat16Bits(x), 2 * i);
       else bytes.writeUInt8(x ? 1 : 0, i);
     });
     header[name] = { dtype: TAG_OF[t.dtype], shape: t.shape, data_offsets: [offset, offset + bytes.length] };
@@ -354,7 +387,7 @@ function causalMask(kw) {
 // The protocol loop
 // ---------------------------------------------------------------------------------------------
 
-const COMPUTED = ["float32", "float64"]; // float16 and bfloat16 inputs: unsupported (port.xfails)
+const COMPUTED = ["float64", "float32", "float16", "bfloat16"]; // every dtype of the contract
 
 function answer(request) {
   const arrays = request.inputs ? readTensors(request.inputs) : {};
