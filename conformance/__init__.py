@@ -6,9 +6,12 @@
 - :mod:`conformance.generate`: ``python -m conformance.generate --out|--check DIR``;
 - :mod:`conformance.runner`: applies the fixtures to a port; ``python -m conformance --impl M``
   (each port in a child process, :mod:`conformance.worker`, so a crash is one failed case);
-- :mod:`conformance.ports`: adapters for non-NumPy ports and the frameworks' own kernels.
+  ``python -m conformance --exec CMD`` checks an executable in any language the same way;
+- :mod:`conformance.ports`: adapters for non-NumPy ports and the frameworks' own kernels, and
+  ``conformance/ports/js/``, an example port in JavaScript for ``--exec``.
 
-See conformance/PORTING.md to check a port of your own, and docs/CONFORMANCE.md.
+See conformance/PORTING.md to check a port of your own, conformance/FORMAT.md for the fixture
+format, and docs/CONFORMANCE.md.
 """
 
 from conformance.fixtures import FIXTURES_DIR, load_manifest

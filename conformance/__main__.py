@@ -7,12 +7,14 @@ they happen; at the end, a compact table per port and family (runs passed, worst
 fraction of its bound). ``--report FILE`` is rewritten after every run, so an interrupted run
 leaves what it had. Exits non-zero when any port has an unexpected failure, a crash, an XPASS,
 or cannot be imported (a retried run does not). ``--list`` prints the run ids that would run,
-and runs nothing.
+and runs nothing. ``--exec "CMD ARGS"`` checks a port in any language, an executable driven over
+the line protocol of conformance/PORTING.md ("Any language: --exec").
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from conformance.runner import (
@@ -26,6 +28,7 @@ from conformance.runner import (
     run_suite,
     write_report,
 )
+from conformance.runner.exec_port import DEFAULT_TIMEOUT, EXEC_PREFIX
 
 
 def _xfails_for(impl: str, items: list[str]) -> Xfails:
@@ -43,9 +46,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--impl",
         action="append",
-        required=True,
+        default=[],
         metavar="MODULE",
         help="importable port module (repeatable), e.g. impl_numpy, torch_fused",
+    )
+    parser.add_argument(
+        "--exec",
+        action="append",
+        default=[],
+        dest="commands",
+        metavar="CMD",
+        help="a port in any language: an executable driven over the line protocol of "
+        "conformance/PORTING.md (repeatable), e.g. --exec 'node conformance/ports/js/port.js'",
+    )
+    parser.add_argument(
+        "--exec-timeout",
+        type=float,
+        metavar="SECONDS",
+        help=f"seconds an --exec port may take per run (default {DEFAULT_TIMEOUT:g})",
     )
     parser.add_argument("--device", default="cpu", help="cpu | cuda | tpu (default cpu)")
     parser.add_argument("--report", metavar="FILE", help="write every outcome as JSON")
@@ -81,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     args.shards = tuple(args.shards or DEFAULT_SHARDS)
+    args.impl = args.impl + [EXEC_PREFIX + command for command in args.commands]
+    if not args.impl:
+        parser.error("give a port: --impl MODULE or --exec CMD")
+    if args.exec_timeout is not None:  # read by each --exec port, in the workers too
+        os.environ["ROSETTA_EXEC_TIMEOUT"] = str(args.exec_timeout)
 
     if args.list:
         return _list(args)

@@ -130,8 +130,10 @@ def decode_keywords(keywords: dict[str, Any]) -> dict[str, Any]:
 class Case:
     """One manifest entry.
 
-    ``kind`` is ``"values"`` (tensors in ``file``: inputs and goldens) or ``"error"`` (the
-    inputs are shapes and dtypes in ``inputs``; ``expected_error`` is the class name and code).
+    ``kind`` is ``"values"`` (tensors in ``file``: the inputs ``inputs`` names, a module's
+    canonical ``weights``, and the goldens) or ``"error"`` (the inputs are shapes and dtypes in
+    ``inputs``; ``expected_error`` is the class name and code). conformance/FORMAT.md describes
+    every field.
     ``functions`` lists the port functions the case is run against, by short name
     (``sdpa``, ``weights``, ``flash``, ``causal_mask``).
     """
@@ -159,6 +161,11 @@ class Case:
     @property
     def dtype(self) -> str:
         return self.entry["dtype"]
+
+    @property
+    def contract(self) -> str:
+        """The contract version the case pins: ``"v1"`` or ``"v2"`` (conformance/FORMAT.md)."""
+        return self.entry["contract"]
 
     @property
     def functions(self) -> list[str]:

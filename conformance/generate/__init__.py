@@ -47,7 +47,7 @@ from conformance.oracle import NOISE_FLOOR
 
 __all__ = ["BUILDERS", "GENERATOR_VERSION", "KNOWN_DEVIATIONS", "check", "generate", "main"]
 
-GENERATOR_VERSION = "1.0.0"
+GENERATOR_VERSION = "1.1.0"  # 1.1: inputs of value cases, contract per case
 TOLERANCE_RULE = (
     "bound = 2 * max|plain - golden| + noise_floor[dtype] * max(1, max|golden|), rounded up "
     "to two significant digits; 'plain' is the same computation rounded to the case's dtype "

@@ -4,7 +4,7 @@ needs, built by one builder per (op, kind) in :data:`BUILDERS`, in the manifest'
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,19 +40,51 @@ def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, *
         "kind": case.kind,
         "functions": list(case.functions),
         "dtype": dtype,
+        "contract": _contract(fields),
         "seed": case.seed if case.kind == "values" and case.op != "causal_mask" else None,
         **fields,
     }
 
 
+#: The names that make a case contract v2: the functional keywords and array arguments of v2
+#: (SEMANTICS.md), wherever a case gives them (keywords, inputs, canonical weights, a module's
+#: settings or constructor arguments), and the module settings v2 added (and its rolling cache).
+V2_NAMES = frozenset(("window", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"))
+V2_MODULE_SETTINGS = frozenset(("window", "sinks", "alibi", "softcap", "scale"))
+
+
+def _contract(fields: dict[str, Any]) -> str:
+    """The contract version a case pins, ``"v1"`` or ``"v2"`` (FORMAT.md, "contract"): v2 when
+    it uses any of :data:`V2_NAMES` or a module setting of :data:`V2_MODULE_SETTINGS`."""
+    module = fields.get("module") or {}
+    settings = set(module) | set(module.get("arguments", {}))
+    names = set(fields.get("keywords", {})) | set(fields.get("shapes", {}))
+    names |= set(fields.get("inputs", {})) | set(fields.get("weights", {})) | settings
+    rolling = bool(fields.get("decode", {}).get("rolling"))  # the rolling KV cache is v2's
+    return "v2" if names & V2_NAMES or settings & V2_MODULE_SETTINGS or rolling else "v1"
+
+
 def _values_fields(
-    case_id: str, case: C.CaseDef, keywords: dict, tensors: dict[str, np.ndarray], bounds: dict
+    case_id: str,
+    case: C.CaseDef,
+    keywords: dict,
+    tensors: dict[str, np.ndarray],
+    bounds: dict,
+    inputs: Iterable[str],
+    weights: Iterable[str] = (),
 ) -> tuple[dict, bytes]:
-    """The fields of a value entry (keywords, shapes, dtypes, file, sha256, tolerance, doc) and
-    its file's bytes."""
+    """The fields of a value entry (keywords, inputs, weights, shapes, dtypes, file, sha256,
+    tolerance, doc) and its file's bytes. ``inputs`` names the stored tensors that are the
+    call's array arguments and ``weights`` a module's canonical weights: each listed with its
+    shape and dtype, as an error case lists its inputs; the other tensors are the goldens."""
     data = tensor_bytes(tensors, case_id)
-    fields = {
+    fields: dict[str, Any] = {
         "keywords": encode_keywords(keywords),
+        "inputs": {name: _stored(tensors[name]) for name in inputs},
+    }
+    if weights:
+        fields["weights"] = {name: _stored(tensors[name]) for name in weights}
+    fields |= {
         "shapes": {k: list(v.shape) for k, v in tensors.items()},
         "dtypes": {k: v.dtype.name for k, v in tensors.items()},
         "file": f"{case_id}.safetensors",
@@ -62,6 +94,11 @@ def _values_fields(
         fields["tolerance"] = bounds
     fields["doc"] = case.doc
     return fields, data
+
+
+def _stored(array: np.ndarray) -> dict[str, Any]:
+    """A stored tensor's ``{"shape", "dtype"}``, the form of an error case's input spec."""
+    return {"shape": list(array.shape), "dtype": array.dtype.name}
 
 
 @dataclass
@@ -107,7 +144,7 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         tensors["lse"] = golden.lse
         stored = {"output": bounds["output"], "lse": tolerance_bound(golden.lse, plain_lse.lse, ct)}
     case_id = f"{case.op}.{case.name}.{dtype}"
-    fields, data = _values_fields(case_id, case, c.keywords, tensors, stored)
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, stored, inputs)
     entry = _entry(case_id, case, dtype, **fields, **extra)
     return [Fixture(entry, data, (inputs, semantics, golden, bounds))]
 
@@ -170,7 +207,7 @@ def _module_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         tensors["weights"] = golden.weights
         bounds["weights"] = tolerance_bound(golden.weights, plain.weights, dtype)
     case_id = f"module.{case.name}.{dtype}"
-    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds)
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, inputs, weights)
     return [Fixture(_entry(case_id, case, dtype, **fields, module=_module_spec(c)), data)]
 
 
@@ -193,7 +230,7 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
             tensors["weights"] = golden.weights
             bounds["weights"] = tolerance_bound(golden.weights, plain.weights, dtype)
         case_id = f"decode.{case.name}.{chunking}.{dtype}"
-        fields, data = _values_fields(case_id, case, keywords, tensors, bounds)
+        fields, data = _values_fields(case_id, case, keywords, tensors, bounds, ["x"], weights)
         decode = {"max_len": plan["max_len"], "chunks": list(plan["chunks"])}
         if plan.get("rolling"):
             decode["rolling"] = True
@@ -214,7 +251,7 @@ def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     bounds = {"output": tolerance_bound(golden, plain, dtype)}
     case_id = f"rope.{case.name}.{dtype}"
     tensors = {"x": x, "positions": positions, "output": golden}
-    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds)
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, ["x", "positions"])
     return [Fixture(_entry(case_id, case, dtype, **fields), data)]
 
 
@@ -232,7 +269,7 @@ def _causal_mask_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     keywords = case.build()
     mask = causal_mask(keywords["q_len"], keywords["kv_len"], keywords["alignment"])
     case_id = f"causal_mask.{case.name}.bool"
-    fields, data = _values_fields(case_id, case, keywords, {"mask": mask}, {})
+    fields, data = _values_fields(case_id, case, keywords, {"mask": mask}, {}, [])
     return [Fixture(_entry(case_id, case, dtype, **fields), data)]
 
 
@@ -278,8 +315,7 @@ def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
                               "keywords": encode_keywords(c.keywords)}  # fmt: skip
     if c.weights:
         fields["weights"] = {name: _spec(w) for name, w in c.weights.items()}
-    if c.inputs:
-        fields["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}
+    fields["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}  # {} for construct, load
     if c.decode:
         fields["decode"] = dict(c.decode)
     fields["expected_error"] = _expected(case)
@@ -327,7 +363,7 @@ def _grad_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
             tensors[name] = want
             bounds[name] = tolerance_bound(want, getattr(plain, field), dtype)
     case_id = f"{case.op}.{case.name}.{dtype}"
-    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds)
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, inputs)
 
     def verify(kernels: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
         return grad_cross_check(kernels, case_id, case.seed, as64, semantics, golden, bounds)

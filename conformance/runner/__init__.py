@@ -88,7 +88,9 @@ with), :mod:`~conformance.runner.arguments` (what each alias is called with, one
 value and error cases), :mod:`~conformance.runner.comparison` (the bound, NaN and inf rules),
 :mod:`~conformance.runner.failures` (how a run fails, and where),
 :mod:`~conformance.runner.outcomes` (:class:`Outcome`, :class:`Report`),
-:mod:`~conformance.runner.isolation` (the child processes, the retry) and
+:mod:`~conformance.runner.exec_port` (``--exec``: a port in any language, an executable driven
+over a line protocol, as a port object), :mod:`~conformance.runner.isolation` (the child
+processes, the retry) and
 :mod:`~conformance.runner.suite` (:func:`plan_runs`, :func:`check`, :func:`run_suite`,
 :func:`quick_check`).
 """

@@ -46,6 +46,8 @@ def _raised(exc: BaseException, prefix: str = "") -> _Failed:
     """The failure of a port function that raised ``exc``: its class, message and line (a
     sharded function's ``shard_devices``: the machine lacks the devices, and the run is
     skipped)."""
+    if isinstance(exc, _Failed):  # the runner's own verdict from inside the call (--exec)
+        return exc
     if getattr(exc, "code", None) == "shard_devices":
         return _NoDevices(f"skipped: too few devices here: {_first_line(exc, 400)}")
     return _Failed(f"{prefix}raised {type(exc).__name__}: {_first_line(exc)}{_where_raised(exc)}")

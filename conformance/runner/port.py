@@ -20,6 +20,7 @@ import numpy as np
 
 from conformance.fixtures import NP_DTYPES
 from conformance.ports import BUILTIN_ADAPTERS, SHORT_NAMES
+from conformance.runner.exec_port import EXEC_PREFIX, ExecPort
 from conformance.runner.failures import _AdapterFailed, _first_line, _frame
 from conformance.runner.functions import FUNCTIONS
 from conformance.runner.xfails import Xfails
@@ -131,13 +132,16 @@ def _xfails_file_of(module: Any) -> Path | None:
 
 def load_port(port: str | ModuleType | Any, *, xfails: str | Path | Xfails | None = None) -> Port:
     """Resolve ``port`` (a module, an object, or an importable name such as ``impl_numpy`` or
-    ``package.module:object``) into a :class:`Port`.
+    ``package.module:object``, or ``exec:CMD ARGS``, an executable driven over the protocol of
+    :mod:`conformance.runner.exec_port`) into a :class:`Port`.
 
     The adapters are the port's own ``from_numpy``/``to_numpy`` when it defines them, else the
     built-in ones for ``impl_torch``/``impl_jax``, else NumPy in and out. The xfails are the
     port's own file (``<module>.xfails`` next to its source, if any) plus ``xfails``.
     """
-    if isinstance(port, str):
+    if isinstance(port, str) and port.startswith(EXEC_PREFIX):  # --exec CMD: any language
+        module, name = ExecPort(port.removeprefix(EXEC_PREFIX)), port
+    elif isinstance(port, str):
         name = SHORT_NAMES.get(port, port)
         module_name, _, attribute = name.partition(":")  # "package.module:object" also works
         module = importlib.import_module(module_name)

@@ -115,6 +115,9 @@ def check(port: Port, run: Run, device: str = "cpu") -> Outcome:
     base = dict(run_id=run.id, family=run.family, dtype=run.case.dtype, device=device)
     if listed is not None and listed.skip:
         return Outcome(**base, status="skip", message=f"skipped: {reason}", xfail_reason=reason)
+    begin_run = getattr(port.module, "begin_run", None)  # an --exec port sends the run id
+    if callable(begin_run):
+        begin_run(run.id)
     try:
         message, error, bound = _check(port, run, device)
     except _NoDevices as skipped:

@@ -1,0 +1,303 @@
+"""A port in any language: an executable the runner drives over a line protocol
+(``python -m conformance --exec "CMD ARGS"``; the protocol is in conformance/PORTING.md, "Any
+language: --exec").
+
+:class:`ExecPort` is the port object: for each function alias the process declares, an attribute
+named as SEMANTICS.md names the function, which writes its array arguments to a safetensors
+file, sends one JSON line, reads one back, and returns the result as NumPy, raises the error the
+process answered (an exception of that class name with its ``.code``), or fails the run as not
+implemented. So the rest of the runner (xfails, ``--list``, ``-k``, ``--function``, the tables,
+``--report``) treats it as any Python port.
+
+A process that dies in a run ends the worker process the same way (the same signal, or the same
+exit status), so the isolation reports that run as ``crash`` and carries on in a fresh worker,
+with a fresh process, retrying the run once as for any port (in ``--in-process`` mode the run
+fails instead). A process that answers nothing within the timeout (``--exec-timeout``, default
+:data:`DEFAULT_TIMEOUT` seconds per run) is stopped, the run fails as timed out, and the next run
+starts a fresh process.
+"""
+
+from __future__ import annotations
+
+import atexit
+import faulthandler
+import json
+import os
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from conformance.fixtures import encode_keywords, read_tensors, tensor_bytes
+from conformance.runner.failures import _Failed
+
+__all__ = ["DEFAULT_TIMEOUT", "EXEC_ALIASES", "EXEC_PREFIX", "PROTOCOL", "ExecPort"]
+
+#: The protocol's version: the first line a process writes names it.
+PROTOCOL = 1
+#: ``--exec CMD`` is the port named ``exec:CMD`` (what ``load_port`` and the reports see).
+EXEC_PREFIX = "exec:"
+#: Seconds a process may take to answer one request (or to say hello), unless
+#: ``ROSETTA_EXEC_TIMEOUT`` (set by ``--exec-timeout``) says otherwise.
+DEFAULT_TIMEOUT = 60.0
+
+#: The aliases the protocol carries: alias -> (the port attribute, the positional array
+#: arguments in order, the result tensors the process writes, in the order they are returned).
+EXEC_ALIASES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
+    "sdpa": ("scaled_dot_product_attention", ("query", "key", "value"), ("output",)),
+    "weights": ("attention_weights", ("query", "key"), ("weights",)),
+    "causal_mask": ("causal_mask", ("q_len", "kv_len"), ("mask",)),
+    "flash": ("flash_attention", ("query", "key", "value"), ("output",)),
+    "rope": ("apply_rotary", ("x", "positions"), ("output",)),
+    "grad": (
+        "scaled_dot_product_attention_vjp",
+        ("query", "key", "value", "grad_output"),
+        ("dq", "dk", "dv", "dbias", "dsinks"),
+    ),
+    "flash_grad": (
+        "flash_attention_vjp",
+        ("query", "key", "value", "grad_output"),
+        ("dq", "dk", "dv", "dbias", "dsinks"),
+    ),
+}
+#: Aliases whose positional arguments are numbers (sent among the keywords), not arrays.
+_SCALAR_ARGUMENTS = {"causal_mask"}
+
+
+class ExecError(Exception):
+    """The base of the errors a process answers: one subclass per class name it gives (so the
+    runner's check of the class name and ``.code`` applies as to a Python port's error)."""
+
+    code: str | None = None
+
+
+_ERROR_CLASSES: dict[str, type[ExecError]] = {}
+
+
+def _error(answer: Any) -> ExecError:
+    """The exception of an ``{"error": {"class", "code", "message"}}`` answer."""
+    if not isinstance(answer, dict) or not isinstance(answer.get("class"), str):
+        raise _Failed(f"the port answered a malformed error {answer!r} (want class and code)")
+    name = answer["class"]
+    if not name.isidentifier():
+        raise _Failed(f"the port answered an error class {name!r} that is not a name")
+    if name not in _ERROR_CLASSES:
+        _ERROR_CLASSES[name] = type(name, (ExecError,), {"__module__": "port"})
+    exc = _ERROR_CLASSES[name](str(answer.get("message", "")))
+    exc.code = answer.get("code")
+    return exc
+
+
+class _Died(Exception):
+    def __init__(self, returncode: int) -> None:
+        super().__init__(returncode)
+        self.returncode = returncode
+
+
+class _TimedOut(Exception):
+    pass
+
+
+def _died_how(returncode: int) -> str:
+    if returncode < 0:
+        try:
+            return signal.Signals(-returncode).name
+        except ValueError:
+            return f"signal {-returncode}"
+    return f"exit status {returncode}"
+
+
+def _in_worker() -> bool:
+    """Whether this is the runner's isolated child (conformance/worker.py), which may die."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    return getattr(spec, "name", None) == "conformance.worker"
+
+
+class _Process:
+    """One running port process: requests in on its stdin, answers on its stdout (one JSON line
+    each); its stderr is this process's."""
+
+    def __init__(self, argv: list[str], timeout: float) -> None:
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, bufsize=0)
+        self.buffer = b""
+        self.hello = self.read(timeout)
+
+    def read(self, timeout: float) -> dict[str, Any]:
+        """The next line, as JSON; raises _Died at EOF and _TimedOut after ``timeout``."""
+        deadline = time.monotonic() + timeout
+        fd = self.proc.stdout.fileno()
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([fd], [], [], left)[0]:
+                raise _TimedOut()
+            chunk = os.read(fd, 1 << 16)
+            if not chunk:
+                raise _Died(self.proc.wait())
+            self.buffer += chunk
+        line, _, self.buffer = self.buffer.partition(b"\n")
+        try:
+            message = json.loads(line)
+        except ValueError:
+            raise _Failed(f"the port wrote a line that is not JSON: {line[:200]!r}") from None
+        if not isinstance(message, dict):
+            raise _Failed(f"the port wrote {line[:200]!r}, not a JSON object")
+        return message
+
+    def request(self, message: dict[str, Any], timeout: float) -> dict[str, Any]:
+        try:
+            self.proc.stdin.write((json.dumps(message) + "\n").encode())
+            self.proc.stdin.flush()
+        except BrokenPipeError:
+            raise _Died(self.proc.wait()) from None
+        return self.read(timeout)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.proc.stdin.close()  # end of requests: a port exits
+                self.proc.wait(timeout=2)
+            except (OSError, subprocess.TimeoutExpired):
+                self.proc.kill()
+                self.proc.wait()
+
+
+class ExecPort:
+    """The port object of ``--exec CMD``: the functions the process declares in its hello line
+    (``{"protocol": 1, "functions": [aliases]}``), each sending one request per call."""
+
+    def __init__(self, command: str, timeout: float | None = None) -> None:
+        self.command = command
+        self.argv = shlex.split(command)
+        if not self.argv:
+            raise ValueError("--exec needs a command")
+        self.__name__ = EXEC_PREFIX + command
+        script = next((a for a in self.argv[1:] if Path(a).is_file()), None)
+        if script is None and Path(self.argv[0]).is_file():
+            script = self.argv[0]
+        if script is not None:  # the xfails file is <script>.xfails, next to it
+            self.__file__ = str(Path(script).resolve())
+        if timeout is None:
+            timeout = float(os.environ.get("ROSETTA_EXEC_TIMEOUT", DEFAULT_TIMEOUT))
+        self.timeout = timeout
+        self.run_id: str | None = None
+        self._process: _Process | None = None
+        self._folder = tempfile.mkdtemp(prefix="conformance-exec-")
+        self._count = 0
+        atexit.register(self.close)
+        hello = self._started().hello
+        if hello.get("protocol") != PROTOCOL:
+            raise RuntimeError(f"{command}: the first line must be {{'protocol': {PROTOCOL}, ...}}")
+        unknown = sorted(set(hello.get("functions", [])) - set(EXEC_ALIASES))
+        if unknown:
+            raise RuntimeError(f"{command}: declares functions the protocol lacks: {unknown}")
+        for alias in hello.get("functions", []):
+            setattr(self, EXEC_ALIASES[alias][0], self._function(alias))
+
+    def begin_run(self, run_id: str) -> None:
+        """Called by the runner before each run: the id goes into the requests."""
+        self.run_id = run_id
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+            self._process = None
+        shutil.rmtree(self._folder, ignore_errors=True)
+
+    def _started(self) -> _Process:
+        if self._process is None:
+            try:
+                self._process = _Process(self.argv, self.timeout)
+            except _TimedOut:
+                raise RuntimeError(f"{self.command}: no hello line in {self.timeout:g} s") from None
+            except _Died as died:
+                raise RuntimeError(
+                    f"{self.command}: ended before its hello line ({_died_how(died.returncode)})"
+                ) from None
+        return self._process
+
+    def _function(self, alias: str):
+        attribute, positional, results = EXEC_ALIASES[alias]
+
+        def call(*args: Any, **keywords: Any) -> Any:
+            named = dict(zip(positional, args)) | keywords
+            return self._call(alias, named, results)
+
+        call.__name__ = attribute
+        return call
+
+    def _call(self, alias: str, named: dict[str, Any], results: tuple[str, ...]) -> Any:
+        self._count += 1
+        stem = os.path.join(self._folder, f"{self._count}")
+        arrays = {k: v for k, v in named.items() if isinstance(v, np.ndarray)}
+        null = [k for k, v in named.items() if v is None and k in EXEC_ALIASES[alias][1]]
+        keywords = {k: v for k, v in named.items() if k not in arrays and k not in null}
+        request: dict[str, Any] = {"run": self.run_id, "function": alias}
+        if arrays or alias not in _SCALAR_ARGUMENTS:
+            request["inputs"] = stem + ".in.safetensors"
+            Path(request["inputs"]).write_bytes(tensor_bytes(arrays, self.run_id or alias))
+        request["null_inputs"] = null
+        request["keywords"] = encode_keywords(keywords)
+        request["output"] = stem + ".out.safetensors"
+        try:
+            answer = self._exchange(request)
+        finally:
+            Path(stem + ".in.safetensors").unlink(missing_ok=True)
+        if "error" in answer:
+            raise _error(answer["error"])
+        if "unsupported" in answer:
+            raise _Failed(f"not implemented by the port: {answer['unsupported']}")
+        if "output" not in answer:
+            raise _Failed(f"the port answered {json.dumps(answer)[:200]}: no output, error or "
+                          "unsupported")  # fmt: skip
+        path = Path(answer["output"])
+        try:
+            tensors = read_tensors(path.read_bytes())
+        except Exception as exc:
+            raise _Failed(f"the port's output file {path} cannot be read: {exc}") from None
+        finally:
+            path.unlink(missing_ok=True)
+        if len(results) == 1:
+            if results[0] not in tensors:
+                raise _Failed(f"the port's output file has no tensor {results[0]!r}")
+            return tensors[results[0]]
+        return tuple(tensors.get(name) for name in results)  # gradients: None where absent
+
+    def _exchange(self, request: dict[str, Any]) -> dict[str, Any]:
+        process = self._started()
+        try:
+            return process.request(request, self.timeout)
+        except _TimedOut:
+            process.proc.kill()
+            process.proc.wait()
+            self._process = None
+            raise _Failed(
+                f"timed out after {self.timeout:g} s: the port's process was stopped, and the "
+                "next run starts a fresh one"
+            ) from None
+        except _Died as died:
+            self._process = None
+            how = _died_how(died.returncode)
+            if not _in_worker():
+                raise _Failed(f"crashed ({how}): the port's process died; the next run starts "
+                              "a fresh one") from None  # fmt: skip
+            self._die_as(died.returncode, how)
+
+    def _die_as(self, returncode: int, how: str) -> None:
+        """End this worker as the port's process ended, so the isolation blames the run."""
+        print(f"conformance --exec: the port's process died ({how}) in {self.run_id}",
+              file=sys.stderr, flush=True)  # fmt: skip
+        sys.stdout.flush()
+        faulthandler.disable()  # no Python stack: the crash is the port's, not the runner's
+        shutil.rmtree(self._folder, ignore_errors=True)
+        if returncode < 0:
+            signal.signal(-returncode, signal.SIG_DFL)
+            os.kill(os.getpid(), -returncode)
+        os._exit(returncode if returncode > 0 else 1)
