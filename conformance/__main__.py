@@ -102,9 +102,23 @@ def main(argv: list[str] | None = None) -> int:
     args.impl = args.impl + [EXEC_PREFIX + command for command in args.commands]
     if not args.impl:
         parser.error("give a port: --impl MODULE or --exec CMD")
-    if args.exec_timeout is not None:  # read by each --exec port, in the workers too
-        os.environ["ROSETTA_EXEC_TIMEOUT"] = str(args.exec_timeout)
+    if args.exec_timeout is None:
+        return _run(args)
+    #  --exec-timeout is read by each --exec port, in the workers too: in this process's
+    #  environment for this call only (a caller's next call, a test's, does not inherit it).
+    before = os.environ.get("ROSETTA_EXEC_TIMEOUT")
+    os.environ["ROSETTA_EXEC_TIMEOUT"] = str(args.exec_timeout)
+    try:
+        return _run(args)
+    finally:
+        if before is None:
+            del os.environ["ROSETTA_EXEC_TIMEOUT"]
+        else:
+            os.environ["ROSETTA_EXEC_TIMEOUT"] = before
 
+
+def _run(args: argparse.Namespace) -> int:
+    """Every port of ``args`` through the suite, printed as it goes; 0 when all pass."""
     if args.list:
         return _list(args)
 

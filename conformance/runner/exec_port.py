@@ -39,15 +39,26 @@ import numpy as np
 from conformance.fixtures import encode_keywords, read_tensors, tensor_bytes
 from conformance.runner.failures import _Failed
 
-__all__ = ["DEFAULT_TIMEOUT", "EXEC_ALIASES", "EXEC_PREFIX", "PROTOCOL", "ExecPort"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "EXEC_ALIASES",
+    "EXEC_PREFIX",
+    "HELLO_TIMEOUT",
+    "PROTOCOL",
+    "ExecPort",
+]
 
 #: The protocol's version: the first line a process writes names it.
 PROTOCOL = 1
 #: ``--exec CMD`` is the port named ``exec:CMD`` (what ``load_port`` and the reports see).
 EXEC_PREFIX = "exec:"
-#: Seconds a process may take to answer one request (or to say hello), unless
-#: ``ROSETTA_EXEC_TIMEOUT`` (set by ``--exec-timeout``) says otherwise.
+#: Seconds a process may take to answer one request, unless ``ROSETTA_EXEC_TIMEOUT`` (set by
+#: ``--exec-timeout``) says otherwise.
 DEFAULT_TIMEOUT = 60.0
+#: Seconds a process may take to start and say hello, whatever the request timeout: starting an
+#: interpreter and importing its arrays on a loaded machine is not a request (a 1.5 s request
+#: timeout made a Python port's start time out under a parallel test run).
+HELLO_TIMEOUT = 60.0
 
 #: The aliases the protocol carries: alias -> (the port attribute, the positional array
 #: arguments in order, the result tensors the process writes, in the order they are returned).
@@ -214,9 +225,10 @@ class ExecPort:
     def _started(self) -> _Process:
         if self._process is None:
             try:
-                self._process = _Process(self.argv, self.timeout)
+                self._process = _Process(self.argv, max(self.timeout, HELLO_TIMEOUT))
             except _TimedOut:
-                raise RuntimeError(f"{self.command}: no hello line in {self.timeout:g} s") from None
+                wait = max(self.timeout, HELLO_TIMEOUT)
+                raise RuntimeError(f"{self.command}: no hello line in {wait:g} s") from None
             except _Died as died:
                 raise RuntimeError(
                     f"{self.command}: ended before its hello line ({_died_how(died.returncode)})"

@@ -5,6 +5,7 @@ here is impl_numpy behind the protocol (exec_numpy_port.py), so any failure is t
 from __future__ import annotations
 
 import json
+import os
 import shlex
 import sys
 from collections import Counter
@@ -36,6 +37,7 @@ def test_every_sdpa_weights_and_causal_mask_run_passes_over_the_protocol(tmp_pat
 def test_a_crash_and_a_hang_are_one_run_each_and_the_rest_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("EXEC_TEST_CRASH", "sdpa.gqa.h6_k2.float32")
     monkeypatch.setenv("EXEC_TEST_HANG", "weights.gqa.h6_k2.float64")
+    monkeypatch.delenv("ROSETTA_EXEC_TIMEOUT", raising=False)
     code, outcomes = _run(
         tmp_path, "-k", "gqa.h6", "--function=sdpa", "--function=weights", "--exec-timeout", "1.5"
     )
@@ -46,6 +48,8 @@ def test_a_crash_and_a_hang_are_one_run_each_and_the_rest_runs(tmp_path, monkeyp
     hung = by_id.pop("weights.gqa.h6_k2.float64")
     assert hung["status"] == "fail" and "timed out after 1.5 s" in hung["message"]
     assert len(by_id) == 12 and {o["status"] for o in by_id.values()} == {"pass"}
+    # the 1.5 s was this call's: the next one (the next test's) waits the default again
+    assert "ROSETTA_EXEC_TIMEOUT" not in os.environ
 
 
 def test_xfails_skip_and_list_apply_unchanged(tmp_path, capsys):
