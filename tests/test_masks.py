@@ -193,6 +193,9 @@ def extra_keyword_problems(draw):
     return q, k, v, kw, dtype, blocks
 
 
+# slow: 10 random problems through six paths, JAX compiling each (32 s of a cold `make test`);
+# `make test-slow` runs it, beside test_properties' property test of the same kind.
+@pytest.mark.slow
 @settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(extra_keyword_problems())
 def test_the_three_packages_agree_on_extra_keywords_plain_and_tiled(problem) -> None:

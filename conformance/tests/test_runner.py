@@ -205,7 +205,9 @@ def test_builtin_adapters_keep_the_implementations_clean() -> None:
 
 def test_cli_table_report_and_exit_code(tmp_path, capsys) -> None:
     report_file = tmp_path / "out.json"
-    assert main(["--impl", "impl_numpy", "--report", str(report_file)]) == 0
+    # the sdpa runs only (208): the table, report and exit code are the same for every alias,
+    # and the whole of impl_numpy runs in test_conformance (and the CLI's in `make conformance`)
+    assert main(["--impl", "impl_numpy", "-k", "sdpa.*", "--report", str(report_file)]) == 0
     out = capsys.readouterr().out
     assert "impl_numpy on cpu" in out and "sdpa.gqa" in out and "all ports pass" in out
     data = json.loads(report_file.read_text())
