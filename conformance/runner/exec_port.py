@@ -42,6 +42,8 @@ from conformance.runner.failures import _Failed
 __all__ = [
     "DEFAULT_TIMEOUT",
     "EXEC_ALIASES",
+    "EXEC_MODULE_ALIASES",
+    "EXEC_MODULE_CLASSES",
     "EXEC_PREFIX",
     "HELLO_TIMEOUT",
     "PROTOCOL",
@@ -81,6 +83,12 @@ EXEC_ALIASES: dict[str, tuple[str, tuple[str, ...], tuple[str, ...]]] = {
 }
 #: Aliases whose positional arguments are numbers (sent among the keywords), not arrays.
 _SCALAR_ARGUMENTS = {"causal_mask"}
+#: The module aliases: the process holds modules and caches between requests, by handle.
+#: ``module`` gives the classes (``construct``, ``load``, ``forward``); ``decode`` adds
+#: ``init_cache`` and ``step`` (and needs ``module``: its modules are loaded the same way).
+EXEC_MODULE_ALIASES: tuple[str, ...] = ("module", "decode")
+#: The module classes a case may name (``module.class`` in the manifest).
+EXEC_MODULE_CLASSES: tuple[str, ...] = ("MultiHeadAttention", "GroupedQueryAttention")
 
 
 class ExecError(Exception):
@@ -206,11 +214,18 @@ class ExecPort:
         hello = self._started().hello
         if hello.get("protocol") != PROTOCOL:
             raise RuntimeError(f"{command}: the first line must be {{'protocol': {PROTOCOL}, ...}}")
-        unknown = sorted(set(hello.get("functions", [])) - set(EXEC_ALIASES))
+        functions = set(hello.get("functions", []))
+        unknown = sorted(functions - set(EXEC_ALIASES) - set(EXEC_MODULE_ALIASES))
         if unknown:
             raise RuntimeError(f"{command}: declares functions the protocol lacks: {unknown}")
-        for alias in hello.get("functions", []):
+        if "decode" in functions and "module" not in functions:
+            raise RuntimeError(f"{command}: declares decode without module (decode's modules "
+                               "are loaded through module's requests)")  # fmt: skip
+        for alias in functions & set(EXEC_ALIASES):
             setattr(self, EXEC_ALIASES[alias][0], self._function(alias))
+        if "module" in functions:
+            for name in EXEC_MODULE_CLASSES:
+                setattr(self, name, _module_class(self, name, decode="decode" in functions))
 
     def begin_run(self, run_id: str) -> None:
         """Called by the runner before each run: the id goes into the requests."""
@@ -246,18 +261,35 @@ class ExecPort:
         return call
 
     def _call(self, alias: str, named: dict[str, Any], results: tuple[str, ...]) -> Any:
+        """One function alias's request: ``named`` are its arguments, by name."""
+        positional = EXEC_ALIASES[alias][1]
+        null = [k for k, v in named.items() if v is None and k in positional]
+        answer = self._send({"function": alias}, named, null, inputs=alias not in _SCALAR_ARGUMENTS)
+        return self._results(answer, results[0], results)
+
+    def _send(
+        self,
+        request: dict[str, Any],
+        named: dict[str, Any],
+        null: list[str],
+        inputs: bool = True,
+        output: bool = True,
+    ) -> dict[str, Any]:
+        """Send ``request`` with ``named``'s arrays in an inputs file (when ``inputs`` or when
+        there are any), the names in ``null`` as null inputs, and the rest as its keywords; the
+        answer, once it is neither an error (raised as the port's) nor "unsupported"."""
         self._count += 1
         stem = os.path.join(self._folder, f"{self._count}")
         arrays = {k: v for k, v in named.items() if isinstance(v, np.ndarray)}
-        null = [k for k, v in named.items() if v is None and k in EXEC_ALIASES[alias][1]]
         keywords = {k: v for k, v in named.items() if k not in arrays and k not in null}
-        request: dict[str, Any] = {"run": self.run_id, "function": alias}
-        if arrays or alias not in _SCALAR_ARGUMENTS:
+        request = {"run": self.run_id, **request}
+        if arrays or inputs:
             request["inputs"] = stem + ".in.safetensors"
-            Path(request["inputs"]).write_bytes(tensor_bytes(arrays, self.run_id or alias))
+            Path(request["inputs"]).write_bytes(tensor_bytes(arrays, self.run_id or "inputs"))
         request["null_inputs"] = null
         request["keywords"] = encode_keywords(keywords)
-        request["output"] = stem + ".out.safetensors"
+        if output:
+            request["output"] = stem + ".out.safetensors"
         try:
             answer = self._exchange(request)
         finally:
@@ -266,6 +298,22 @@ class ExecPort:
             raise _error(answer["error"])
         if "unsupported" in answer:
             raise _Failed(f"not implemented by the port: {answer['unsupported']}")
+        return answer
+
+    def _handle(self, request: dict[str, Any], named: dict[str, Any]) -> int:
+        """A request that makes a module or a cache: the handle the process answers."""
+        return self._handle_of(self._send(request, named, [], inputs=False, output=False))
+
+    def _handle_of(self, answer: dict[str, Any]) -> int:
+        handle = answer.get("handle")
+        if not isinstance(handle, int) or isinstance(handle, bool):
+            raise _Failed(f"the port answered {json.dumps(answer)[:200]}: no integer handle, "
+                          "error or unsupported")  # fmt: skip
+        return handle
+
+    def _results(self, answer: dict[str, Any], first: str, results: tuple[str, ...]) -> Any:
+        """The tensors ``results`` of an ``{"output": PATH}`` answer: one array when there is
+        one name, else a tuple with None where the file lacks one (but ``first`` is needed)."""
         if "output" not in answer:
             raise _Failed(f"the port answered {json.dumps(answer)[:200]}: no output, error or "
                           "unsupported")  # fmt: skip
@@ -276,10 +324,10 @@ class ExecPort:
             raise _Failed(f"the port's output file {path} cannot be read: {exc}") from None
         finally:
             path.unlink(missing_ok=True)
+        if first not in tensors:
+            raise _Failed(f"the port's output file has no tensor {first!r}")
         if len(results) == 1:
-            if results[0] not in tensors:
-                raise _Failed(f"the port's output file has no tensor {results[0]!r}")
-            return tensors[results[0]]
+            return tensors[first]
         return tuple(tensors.get(name) for name in results)  # gradients: None where absent
 
     def _exchange(self, request: dict[str, Any]) -> dict[str, Any]:
@@ -313,3 +361,77 @@ class ExecPort:
             signal.signal(-returncode, signal.SIG_DFL)
             os.kill(os.getpid(), -returncode)
         os._exit(returncode if returncode > 0 else 1)
+
+
+def _module_class(port: ExecPort, name: str, decode: bool) -> type:
+    """The port's class ``name``: a stand-in whose instances are handles to modules in the
+    process, with ``from_canonical`` and ``__call__`` (and ``init_cache`` and ``decode`` when
+    the process declares ``decode``), each one request."""
+
+    def __init__(self: Any, **arguments: Any) -> None:
+        """``cls(**arguments)``: the ``construct`` request (the module error cases' call)."""
+        request = {"function": "module", "method": "construct", "class": name}
+        self.handle = port._handle(request, arguments)
+
+    def from_canonical(cls: type, weights: dict[str, np.ndarray], **keywords: Any) -> Any:
+        """``cls.from_canonical(weights, n_heads=, ...)``: the ``load`` request, the canonical
+        weights in its inputs file."""
+        module = cls.__new__(cls)
+        request = {"function": "module", "method": "load", "class": name}
+        answer = port._send(request, dict(weights) | keywords, [], output=False)
+        module.handle = port._handle_of(answer)
+        return module
+
+    def __call__(self: Any, x: np.ndarray, context: np.ndarray | None = None, **keywords: Any):
+        """``module(x, context, **keywords)``: the ``forward`` request; ``(output, weights)``
+        when ``return_weights``."""
+        request = {"function": "module", "method": "forward", "module": self.handle}
+        named = {"x": x, "context": context} | keywords
+        answer = port._send(request, named, ["context"] if context is None else [])
+        return _module_result(port, answer, keywords)
+
+    def init_cache(self: Any, batch_size: int, max_len: int, **keywords: Any) -> _ExecCache:
+        """``module.init_cache(batch_size, max_len, **keywords)``: the ``init_cache`` request;
+        the cache is a handle too."""
+        request = {"function": "decode", "method": "init_cache", "module": self.handle}
+        named = {"batch_size": batch_size, "max_len": max_len} | keywords
+        return _ExecCache(port._handle(request, named))
+
+    def decode_step(self: Any, x: np.ndarray, cache: Any, **keywords: Any) -> tuple:
+        """``module.decode(x, cache, **keywords)``: the ``step`` request; the process updates
+        the cache it holds, so the same handle comes back: ``(y, cache)`` or ``(y, weights,
+        cache)``."""
+        if not isinstance(cache, _ExecCache):
+            raise _Failed(f"decode was given {type(cache).__name__}, not this port's cache")
+        request = {"function": "decode", "method": "step", "module": self.handle}
+        request["cache"] = cache.handle
+        answer = port._send(request, {"x": x} | keywords, [])
+        result = _module_result(port, answer, keywords)
+        return (*result, cache) if isinstance(result, tuple) else (result, cache)
+
+    methods: dict[str, Any] = {
+        "__init__": __init__,
+        "from_canonical": classmethod(from_canonical),
+        "__call__": __call__,
+        "__module__": "port",
+    }
+    if decode:
+        methods |= {"init_cache": init_cache, "decode": decode_step}
+    return type(name, (), methods)
+
+
+def _module_result(port: ExecPort, answer: dict[str, Any], keywords: dict[str, Any]) -> Any:
+    """``output``, or ``(output, weights)`` when the call asked for ``return_weights``."""
+    if keywords.get("return_weights"):
+        output, weights = port._results(answer, "output", ("output", "weights"))
+        if weights is None:
+            raise _Failed("return_weights=True, but the port's output file has no 'weights'")
+        return output, weights
+    return port._results(answer, "output", ("output",))
+
+
+class _ExecCache:
+    """A key/value cache held by the port's process: its handle."""
+
+    def __init__(self, handle: int) -> None:
+        self.handle = handle

@@ -34,6 +34,40 @@ def test_every_sdpa_weights_and_causal_mask_run_passes_over_the_protocol(tmp_pat
     assert want == {"sdpa": 208, "weights": 204, "causal_mask": 17}
 
 
+def test_every_module_and_decode_run_passes_over_the_protocol(tmp_path):
+    """Modules and caches live in the process, as handles (PORTING.md, "Modules and caches
+    over --exec"): every construct, load, forward, init_cache and decode of the suite."""
+    code, outcomes = _run(tmp_path, "--function=module", "--function=decode")
+    assert code == 0
+    assert Counter(o["status"] for o in outcomes) == {"pass": len(outcomes)}
+    want = Counter(r.function for r in runs_for(functions=("module", "decode")))
+    assert Counter(o["run_id"].split(".")[0] for o in outcomes) == want
+    assert want["module"] > 80 and want["decode"] > 40
+
+
+def test_a_decode_that_forgets_its_cache_fails_every_run_of_two_steps_or_more(
+    tmp_path, monkeypatch
+):
+    monkeypatch.setenv("EXEC_TEST_FORGET_CACHE", "1")
+    code, outcomes = _run(tmp_path, "--function=decode")
+    assert code == 1
+    failed = {o["run_id"] for o in outcomes if o["status"] == "fail"}
+    plans = {r.id: (r.case.kind, r.case.entry["decode"]) for r in runs_for(functions=("decode",))}
+    several = {
+        i for i, (kind, plan) in plans.items() if kind == "values" and len(plan["chunks"]) > 1
+    }
+    # and the overflow errors that only the earlier steps' tokens make (each chunk fits alone)
+    overflow = {
+        i
+        for i, (kind, plan) in plans.items()
+        if kind == "error" and max(plan["chunks"]) <= plan["max_len"] < sum(plan["chunks"])
+    }
+    assert "decode.gqa.h6_k2.chunks_2_1_2.float32" in several
+    assert overflow == {"decode.error.cache_overflow.float32",
+                        "decode.error.cache_overflow_one_token.float32"}  # fmt: skip
+    assert failed == several | overflow
+
+
 def test_a_crash_and_a_hang_are_one_run_each_and_the_rest_runs(tmp_path, monkeypatch):
     monkeypatch.setenv("EXEC_TEST_CRASH", "sdpa.gqa.h6_k2.float32")
     monkeypatch.setenv("EXEC_TEST_HANG", "weights.gqa.h6_k2.float64")
