@@ -248,3 +248,161 @@ def test_every_fp8_code_has_a_case() -> None:
     from attention_spec import FP8_ERROR_CODES
 
     assert {code for _, _, code, _ in ERRORS.values()} >= FP8_ERROR_CODES
+
+
+# -- broken ports: each fp8 bug, and the named run that catches it -----------------------------
+
+#: The runs the broken ports are tried on: (format, query dtype or None for all-fp8, option).
+RUNS = {
+    "e4m3.plain": ("float8_e4m3fn", None, "plain"),
+    "e5m2.window_softcap": ("float8_e5m2", None, "window_softcap"),
+    "e4m3.bf16_query.causal_sinks": ("float8_e4m3fn", "bfloat16", "causal_sinks"),
+}
+
+
+def _run(name: str):
+    """One named run: its inputs, keywords, options, golden, output dtype and two bounds
+    (``bound``: the kernels' practice, the weights of an all-fp8 call rounded to the value's
+    format before the value product; ``strict``: a correct float32 dequantized computation)."""
+    fmt, q_dtype, option = RUNS[name]
+    query, key, value, kw = _fp8_call(np.random.default_rng(len(name)), fmt, q_dtype)
+    if q_dtype is not None:
+        kw = {"k_descale": kw["k_descale"], "v_descale": kw["v_descale"]}
+    opts = OPTIONS[option]
+    q64, k64, v64 = _dequantized64(query, key, value, {"q_descale": None, **kw})
+    out = "bfloat16" if q_dtype is None else q_dtype
+    golden = oracle.attention(q64, k64, v64, **opts)
+    plain = oracle.attention(q64, k64, v64, **opts, round_to="float32")
+    weights = plain.weights
+    if q_dtype is None:  # FlashAttention 3 keeps P in the value's fp8 format
+        weights = weights.astype(np.float32).astype(getattr(ml_dtypes, fmt)).astype(np.float64)
+    v_h = np.repeat(v64, H // K, axis=-3).astype(np.float32)  # (B, H, S, E)
+    kernel = (weights.astype(np.float32) @ v_h).astype(np.float64)
+    bound = oracle.tolerance_bound(golden.output, oracle.rounded(kernel, out).astype(float), out)
+    strict = _strict_bound(golden.output, plain.output, out)
+    return query, key, value, kw, opts, golden.output, out, bound, strict
+
+
+def _as_e5m2(x):
+    return x.astype(np.float32).astype(ml_dtypes.float8_e5m2).astype(np.float32)
+
+
+def _k_by_query_head(query, key, value, kw, opts):
+    """k_descale read at the query head's index (h % K) instead of its key/value head's."""
+    kd = np.broadcast_to(np.asarray(kw["k_descale"], np.float32), (B, K))
+    key_h = np.repeat(key.astype(np.float32), H // K, axis=-3)  # (B, H, S, D)
+    key_h = key_h * kd[:, np.arange(H) % K][..., None, None]
+    value_h = np.repeat(value.astype(np.float32) * kw["v_descale"], H // K, axis=-3)
+    q = query.astype(np.float32)
+    if kw.get("q_descale") is not None:
+        q = q * kw["q_descale"][..., None, None]
+    out = FRAMEWORKS["numpy"].module.scaled_dot_product_attention(q, key_h, value_h, **opts)
+    return out.astype(ml_dtypes.bfloat16 if query.dtype.name.startswith("float8") else query.dtype)
+
+
+def _sdpa(query, key, value, kw, opts):
+    return FRAMEWORKS["numpy"].module.scaled_dot_product_attention(query, key, value, **kw, **opts)
+
+
+#: Each broken port as a function of one run's (query, key, value, keywords, options).
+BROKEN = {
+    "drop_q_descale": lambda q, k, v, kw, o: _sdpa(q, k, v, {**kw, "q_descale": None}, o),
+    "drop_k_descale": lambda q, k, v, kw, o: _sdpa(q, k, v, {**kw, "k_descale": None}, o),
+    "drop_v_descale": lambda q, k, v, kw, o: _sdpa(q, k, v, {**kw, "v_descale": None}, o),
+    "k_descale_twice": lambda q, k, v, kw, o: _sdpa(
+        q, k, v, {**kw, "k_descale": kw["k_descale"] ** 2}, o
+    ),
+    "k_descale_by_query_head": _k_by_query_head,
+    "e5m2_for_e4m3": lambda q, k, v, kw, o: _sdpa_e5m2(q, k, v, kw, o),
+    "output_in_fp8": lambda q, k, v, kw, o: _sdpa(q, k, v, kw, o).astype(ml_dtypes.float8_e4m3fn),
+    "sink_times_k_descale": lambda q, k, v, kw, o: _sdpa(
+        q, k, v, kw, {**o, "sinks": o["sinks"] * np.float32(kw["k_descale"][0, 0])}
+    ),
+}
+
+
+def _sdpa_e5m2(query, key, value, kw, opts):
+    """The fp8 inputs' values taken through e5m2 (its rounding), then the correct call."""
+    deq = [_as_e5m2(x) if x.dtype.name == "float8_e4m3fn" else x for x in (query, key, value)]
+    q64, k64, v64 = _dequantized64(*deq, {"q_descale": None, **kw})
+    out = "bfloat16" if query.dtype.name.startswith("float8") else query.dtype.name
+    got = FRAMEWORKS["numpy"].module.scaled_dot_product_attention(
+        q64.astype(np.float32), k64.astype(np.float32), v64.astype(np.float32), **opts
+    )
+    return oracle.rounded(got, out)
+
+
+#: The run that catches each broken port (a run where the bug changes the answer).
+CAUGHT_BY = {
+    "drop_q_descale": "e4m3.plain",
+    "drop_k_descale": "e4m3.plain",
+    "drop_v_descale": "e4m3.bf16_query.causal_sinks",
+    "k_descale_twice": "e5m2.window_softcap",
+    "k_descale_by_query_head": "e4m3.plain",
+    "e5m2_for_e4m3": "e4m3.bf16_query.causal_sinks",
+    "output_in_fp8": "e4m3.plain",
+    "sink_times_k_descale": "e4m3.bf16_query.causal_sinks",
+}
+
+
+def _caught(got: np.ndarray, golden: np.ndarray, out: str, strict: float) -> bool:
+    return got.dtype.name != out or not np.abs(got.astype(np.float64) - golden).max() <= strict
+
+
+@pytest.mark.parametrize("broken", list(BROKEN))
+def test_every_fp8_broken_port_is_caught_by_its_named_run(broken: str) -> None:
+    query, key, value, kw, opts, golden, out, bound, strict = _run(CAUGHT_BY[broken])
+    assert bound >= strict  # the kernels' practice is the looser one
+    got = BROKEN[broken](query, key, value, kw, opts)
+    assert _caught(np.asarray(got), golden, out, strict), broken
+    right = _sdpa(query, key, value, kw, opts)
+    assert not _caught(right, golden, out, strict)
+
+
+@pytest.mark.parametrize("broken", ["no_saturation", "toward_zero", "e5m2_rounding"])
+def test_every_quantize_broken_port_is_caught(broken: str) -> None:
+    x = _inputs(np.random.default_rng(5))
+    want, _ = FRAMEWORKS["numpy"].module.quantize_fp8(x, descale=1.0)
+    quotient = x / np.float32(1.0)
+    fake = {
+        "no_saturation": lambda: quotient.astype(ml_dtypes.float8_e4m3fn),  # 500 -> NaN
+        "toward_zero": lambda: (
+            np.vectorize(lambda v: _toward_zero(float(v)))(quotient)
+            .astype(np.float32)
+            .astype(ml_dtypes.float8_e4m3fn)
+        ),
+        "e5m2_rounding": lambda: np.clip(_as_e5m2(quotient), -448, 448).astype(
+            ml_dtypes.float8_e4m3fn
+        ),
+    }[broken]()
+    assert not np.array_equal(_bytes(fake), _bytes(want))
+
+
+def _toward_zero(v: float) -> float:
+    """v truncated (toward zero) to e4m3fn, saturating."""
+    mant, emin = FORMAT["float8_e4m3fn"]
+    v = max(-448.0, min(448.0, v))
+    if v == 0.0:
+        return 0.0
+    _, e = math.frexp(abs(v))
+    step = 2.0 ** (max(e - 1, emin) - mant)
+    return math.copysign(math.floor(abs(v) / step) * step, v)
+
+
+def test_fp8_bounds_table() -> None:
+    """The figures of docs/SEMANTICS.md's fp8 table: both bounds and four broken ports' errors
+    on three runs (printed with -s); the strict bound catches each of the four on every run."""
+    for name in RUNS:
+        query, key, value, kw, opts, golden, _, bound, strict = _run(name)
+        errors = {}
+        for broken in ("drop_v_descale", "k_descale_twice", "e5m2_for_e4m3",
+                       "k_descale_by_query_head"):  # fmt: skip
+            got = np.asarray(BROKEN[broken](query, key, value, kw, opts), np.float64)
+            errors[broken] = float(np.abs(got - golden).max())
+            if broken != "e5m2_for_e4m3" or RUNS[name][0] == "float8_e4m3fn":
+                assert errors[broken] > strict, (name, broken)
+        print(
+            name,
+            f"bound={bound:.3g} strict={strict:.3g}",
+            {k: f"{v:.3g}" for k, v in errors.items()},
+        )
