@@ -2,8 +2,8 @@
 
 The same steps, names and comments as ``impl_numpy/fp8.py`` and ``impl_torch/fp8.py``; the three
 agree bit for bit. XLA rewrites ``x / broadcast(d)`` as ``x * (1 / d)`` (one reciprocal, then
-multiplies), which is an ulp off for about half of the quotients and so rounds some of them to
-the neighbouring fp8 value: the two divisions here take their operands through
+multiplies), which is an ulp off for a quarter to a half of the quotients, and a quotient an ulp
+off a tie rounds to the other fp8 neighbour: the two divisions here take their operands through
 ``jax.lax.optimization_barrier``, so XLA sees no broadcast divisor and divides.
 """
 
