@@ -8,6 +8,7 @@ Sizes are pairwise distinct: B=2, H=6, K=2 (G=3), L=5, S=7, D=11, E=13.
 
 from __future__ import annotations
 
+import importlib
 import math
 
 import ml_dtypes
@@ -218,6 +219,15 @@ ERRORS = {
     "vjp_refuses": (lambda fw: fw.module.scaled_dot_product_attention_vjp(
         Q32, K8, V8, np.ones((B, H, L, E), np.float32)),
         DTypeError, "unsupported_dtype", "*_vjp"),
+    "flash_vjp_refuses": (lambda fw: fw.module.flash_attention_vjp(
+        Q8, K8, V8, np.ones((B, H, L, E), np.float32)),
+        DTypeError, "unsupported_dtype", "sharded functions"),
+    "ring_refuses": (lambda fw: importlib.import_module(f"{fw.module.__name__}.sharded")
+                     .ring_attention(Q8, K8, V8, n_shards=1),
+                     DTypeError, "unsupported_dtype", "sharded functions"),
+    "head_parallel_refuses": (lambda fw: importlib.import_module(f"{fw.module.__name__}.sharded")
+                              .head_parallel_attention(Q8, K8, V8, n_shards=1),
+                              DTypeError, "unsupported_dtype", "sharded functions"),
     "quantize_axes": (lambda fw: fw.module.quantize_fp8(Q32, axes=(1, -3)),
                       ConfigError, "axes_value", "(1, -3)"),
     "quantize_axis_rank": (lambda fw: fw.module.quantize_fp8(Q32, axes=4),
