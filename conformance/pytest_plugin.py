@@ -180,7 +180,7 @@ class _Suite:
     def plan(self) -> list[Run]:
         """Load the port here (as ``--list`` does) and plan its runs; an ``--exec`` port's
         process is stopped again unless the runs are made in this process."""
-        from conformance.runner import FUNCTIONS, DEFAULT_SHARDS, Xfails, load_port, plan_runs
+        from conformance.runner import DEFAULT_SHARDS, FUNCTIONS, Xfails, load_port, plan_runs
 
         unknown = sorted(set(self.functions or ()) - set(FUNCTIONS))
         if unknown:

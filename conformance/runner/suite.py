@@ -197,8 +197,8 @@ def run_suite(
     ``select`` (a predicate) and ``pattern`` (a glob over run ids) filter the runs; ``shards``
     are the shard counts of the sharded aliases; ``only`` (run ids) keeps just those runs, in
     the plan's order (the pytest plugin's selected items). A port that cannot be imported gives
-    a report with ``error``. ``on_outcome(report, outcome)`` is called after every run, with the report
-    so far (the CLI prints and saves it as it goes).
+    a report with ``error``. ``on_outcome(report, outcome)`` is called after every run, with the
+    report so far (the CLI prints and saves it as it goes).
 
     ``isolate=True`` runs the port in child processes (``port`` must then be an importable
     name, and ``select`` is not available: use ``pattern``): a run that kills its process is
