@@ -122,3 +122,35 @@ def test_without_a_port_the_plugin_collects_nothing(pytester: pytest.Pytester) -
     assert result.ret == pytest.ExitCode.NO_TESTS_COLLECTED
     pytester.makepyfile(test_own="def test_one():\n    pass\n\ndef test_two():\n    pass\n")
     pytester.runpytest_subprocess(*PLUGIN, "test_own.py").assert_outcomes(passed=2)  # unchanged
+
+
+CRASHY = """
+import os
+import signal
+
+import impl_numpy
+
+
+def causal_mask(q_len, kv_len, *, alignment="top_left"):
+    if (q_len, kv_len, alignment) == (5, 7, "top_left"):
+        os.kill(os.getpid(), signal.SIGSEGV)
+    return impl_numpy.causal_mask(q_len, kv_len, alignment=alignment)
+"""
+
+
+@pytest.mark.slow  # four child processes, two of them crashing: about 10 s
+def test_a_crash_fails_its_item_and_the_rest_still_run(pytester: pytest.Pytester) -> None:
+    pytester.makepyfile(crashy=CRASHY)
+    pytester.syspathinsert()
+    # the runner underneath, on the selected runs only: the retry after the crash keeps to them
+    every = _ids("crashy", functions=["causal_mask"])
+    only = [i for i in every if ".top_left." in i]
+    report = run_suite("crashy", functions=["causal_mask"], isolate=True, only=only)
+    assert [o.run_id for o in report.outcomes] == only
+    assert [o.run_id for o in report.failures] == ["causal_mask.top_left.l5_s7.bool"]
+
+    result = pytester.runpytest_subprocess(
+        *PLUGIN, *SUITE, "--port", "crashy", "--port-function", "causal_mask", "-k", "top_left"
+    )
+    result.assert_outcomes(failed=1, passed=len(only) - 1, deselected=len(every) - len(only))
+    result.stdout.fnmatch_lines(["CRASH causal_mask.top_left.l5_s7.bool *SIGSEGV*again on retry*"])
