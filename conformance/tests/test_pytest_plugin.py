@@ -18,7 +18,9 @@ from conformance.runner import load_port, plan_runs, run_suite
 
 pytest_plugins = ["pytester"]
 
-PLUGIN = ("-p", "conformance.pytest_plugin", "-p", "no:cacheprovider")
+#: The plugin, and none of the dev environment's other plugins (a second apiece at startup).
+OTHERS = ("-pno:benchmark", "-pno:xdist", "-pno:hypothesispytest", "-pno:anyio")
+PLUGIN = ("-p", "conformance.pytest_plugin", "-p", "no:cacheprovider", *OTHERS)
 #: The suite without the package's own tests folder (whose conftest imports torch, in a clone).
 SUITE = ("--pyargs", "conformance.pytest_plugin")
 EXEC_PORT = Path(__file__).with_name("exec_numpy_port.py")
@@ -78,10 +80,12 @@ def test_a_broken_port_fails_exactly_the_runs_the_runner_fails(pytester: pytest.
     # the message is the runner's line: the bound, the worst element, both values
     result.stdout.fnmatch_lines(["FAIL causal_mask.top_left.l5_s7.bool *max error 1 > bound 0*"])
 
-    stopped = pytester.runpytest_subprocess(
-        *PLUGIN, *SUITE, "--port", "brokenmod:port", "--port-function", "causal_mask", "-x"
-    )
+    stopped = pytester.runpytest_subprocess(  # item by item in pytest's process, up to one
+        *PLUGIN, *SUITE, "--port", "brokenmod:port", "--port-function", "causal_mask", "-x",
+        "--port-in-process",
+    )  # fmt: skip
     assert stopped.parseoutcomes()["failed"] == 1
+    stopped.stdout.fnmatch_lines(["FAIL causal_mask.top_left.l5_s7.bool *max error 1 > bound 0*"])
 
 
 def test_xfails_become_strict_xfail_and_skip(pytester: pytest.Pytester) -> None:
