@@ -10,6 +10,13 @@ from __future__ import annotations
 
 IDIOMS: dict[str, dict[str, str]] = {
     "functional": {
+        "0. dequantize": (
+            "Identical in the three: `_dequantized(query, \"q_descale\", call, kw)` turns an fp8 "
+            "input into float32 times its descale (the same few lines in each helper: none of "
+            "the three has an fp8 matmul on a CPU) and passes any other input through, so the "
+            "steps below run in float32; `_output_dtype(query.dtype)` is bfloat16 for an fp8 "
+            "query, the query's own dtype otherwise."
+        ),
         "1. scores": (
             "NumPy and torch reshape the query heads of a group into `G * L` rows against "
             "their one key head (`reshape(*query.shape[:-3], K, G * L, D)`: no copy of the "
