@@ -11,7 +11,7 @@ from __future__ import annotations
 IDIOMS: dict[str, dict[str, str]] = {
     "functional": {
         "0. dequantize": (
-            "Identical in the three: `_dequantized(query, \"q_descale\", call, kw)` turns an fp8 "
+            'Identical in the three: `_dequantized(query, "q_descale", call, kw)` turns an fp8 '
             "input into float32 times its descale (the same few lines in each helper: none of "
             "the three has an fp8 matmul on a CPU) and passes any other input through, so the "
             "steps below run in float32; `_output_dtype(query.dtype)` is bfloat16 for an fp8 "
