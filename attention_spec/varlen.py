@@ -54,7 +54,8 @@ class VarlenCall:
     are the packed call's, not a sequence's: an implementation computes each sequence's
     diagonal from its own ``L_n`` and ``S_n``.
 
-    ``cu_q`` and ``cu_k``: the boundaries as Python ints where they were concrete, else None
+    ``dtype``: the query's dtype name (the compute dtype follows it). ``cu_q`` and ``cu_k``:
+    the boundaries as Python ints where they were concrete, else None
     (under ``jax.jit``: unchecked)."""
 
     N: int
@@ -64,6 +65,7 @@ class VarlenCall:
     K: int
     D: int
     E: int
+    dtype: str
     call: AttentionCall
     cu_q: tuple[int, ...] | None = None
     cu_k: tuple[int, ...] | None = None
@@ -238,7 +240,7 @@ def check_varlen(
         ArraySpec((K, Tk, E), dtype), **keywords,
     )  # fmt: skip
     return VarlenCall(
-        N, Tq, Tk, H, K, D, E, call,
+        N, Tq, Tk, H, K, D, E, dtype, call,
         None if cu_q is None else tuple(cu_q), None if cu_k is None else tuple(cu_k),
     )  # fmt: skip
 
