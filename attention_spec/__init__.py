@@ -9,7 +9,8 @@ One module per concern: ``arrays`` (the adapter), ``keywords`` (flags, scalars, 
 causal alignment), ``validate`` (the keyword table and :func:`check_attention`), ``call`` (what it
 returns, :class:`AttentionCall`), ``tiling`` (block sizes), ``rules`` (the allowed-position
 rules), ``modules`` (a module's sizes, settings and inputs), ``weights`` (the canonical
-weights), ``cache`` (the KV cache), ``rotary``, ``grads``, ``sharded``, ``errors``.
+weights), ``cache`` (the KV cache), ``rotary``, ``grads``, ``sharded``, ``varlen`` (packed
+variable-length calls), ``errors``.
 
 **The stable API** for ports (conformance/PORTING.md, "The attention_spec API") is
 :data:`PUBLIC_API`, at version :data:`API_VERSION`: a change to one of these names keeps the
@@ -41,6 +42,7 @@ from attention_spec.errors import (
     MODULE_ERROR_CODES,
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
+    VARLEN_ERROR_CODES,
     AttentionError,
     ConfigError,
     DimensionMismatchError,
@@ -95,6 +97,7 @@ from attention_spec.validate import (
     call_keywords,
     check_attention,
 )
+from attention_spec.varlen import VarlenCall, check_varlen, check_varlen_grad_output
 from attention_spec.weights import check_canonical
 
 #: The version of :data:`PUBLIC_API`. 1.0: PORTING.md of 2026-11-30 (the checks took shapes and
@@ -164,6 +167,7 @@ __all__ = [
     "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
     "SUPPORTED_DTYPES",
+    "VARLEN_ERROR_CODES",
     "ArraySpec",
     "AttentionCall",
     "AttentionDims",
@@ -179,6 +183,7 @@ __all__ = [
     "QuantizeCall",
     "RopeConfig",
     "RotaryDims",
+    "VarlenCall",
     "alibi_slope_values",
     "broadcast_shapes",
     "call_keywords",
@@ -204,6 +209,8 @@ __all__ = [
     "check_rope_config",
     "check_rotary",
     "check_size",
+    "check_varlen",
+    "check_varlen_grad_output",
     "check_window",
     "compute_dtype",
     "describe",

@@ -14,6 +14,7 @@ __all__ = [
     "MODULE_ERROR_CODES",
     "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
+    "VARLEN_ERROR_CODES",
     "AttentionError",
     "ConfigError",
     "DTypeError",
@@ -154,6 +155,16 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "axes_value": (ConfigError, "quantize_fp8 axes outside x's rank or repeated"),
     "fp8_combination": (DTypeError, "an fp8 combination of dtypes outside the two allowed"),
     "fp8_nonfinite": (ConfigError, "quantize_fp8 of an x that is not finite in float32"),
+    # -- variable-length batches (Contract v3; attention_spec/varlen.py) ----------------------
+    "cu_seqlens_dtype": (DTypeError, "cu_seqlens_q / cu_seqlens_k is not integer"),
+    "cu_seqlens_value": (
+        ConfigError,
+        "cu_seqlens not starting at 0, decreasing, or not ending at the packed tokens T",
+    ),
+    "cu_seqlens_count": (
+        DimensionMismatchError,
+        "cu_seqlens not one axis of N + 1 >= 1 entries, or q and k disagree on N",
+    ),
 }
 
 
@@ -183,6 +194,13 @@ FP8_ERROR_CODES: frozenset[str] = frozenset(
     {"descale_shape", "descale_dtype", "descale_not_fp8", "descale_value", "axes_value",
      "fp8_combination", "fp8_nonfinite"}
 )  # fmt: skip
+
+
+#: The codes of variable-length batches: raised by varlen_attention and varlen_attention_vjp
+#: (attention_spec/varlen.py), with every functional code of their arrays and keywords.
+VARLEN_ERROR_CODES: frozenset[str] = frozenset(
+    {"cu_seqlens_dtype", "cu_seqlens_value", "cu_seqlens_count"}
+)
 
 
 def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:

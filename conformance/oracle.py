@@ -52,6 +52,8 @@ __all__ = [
     "rounded",
     "rounding",
     "tolerance_bound",
+    "varlen_attention",
+    "varlen_attention_vjp",
 ]
 
 #: Noise floor per dtype, added to 2 x the plain implementation's error, and multiplied by
@@ -690,3 +692,137 @@ def tolerance_bound(golden: np.ndarray, plain: np.ndarray, dtype: str) -> float:
     err = float(np.max(np.abs(plain[finite] - golden[finite])))
     scale = max(1.0, float(np.max(np.abs(golden[finite]))))
     return _round_up_2_digits(2.0 * err + NOISE_FLOOR[dtype] * scale)
+
+
+# ---------------------------------------------------------------------------------------------
+# Variable-length (packed) batches (Contract v3)
+# ---------------------------------------------------------------------------------------------
+
+
+def varlen_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    cu_seqlens_k: np.ndarray,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    round_to: str | None = None,
+) -> np.ndarray:
+    """Packed attention by the book, ``(Tq, H, E)`` float64: one sequence, one query head and
+    one query row at a time, written out here (not through :func:`attention`, which the
+    fixture generator compares it with, sequence by sequence).
+
+    query ``(Tq, H, D)``, key ``(Tk, K, D)``, value ``(Tk, K, E)``; sequence n is query rows
+    ``cu_seqlens_q[n] .. cu_seqlens_q[n+1] - 1`` (L_n) against key rows ``cu_seqlens_k[n] ..
+    cu_seqlens_k[n+1] - 1`` (S_n). Within a sequence, query i (from 0) and key j (from 0) are
+    positions of that sequence: the causal rule ``j <= i + offset_n``, the window and ALiBi
+    use ``offset_n = 0`` (top_left) or ``S_n - L_n`` (bottom_right). A row with no allowed key
+    (S_n = 0, or everything masked) is zeros; keys of other sequences are never terms.
+    ``round_to``: the plain same-dtype computation, rounding after every step.
+    """
+    rnd = rounding(round_to)
+    q = np.asarray(query, dtype=np.float64)
+    k = np.asarray(key, dtype=np.float64)
+    v = np.asarray(value, dtype=np.float64)
+    Tq, H, D = q.shape
+    K, E = k.shape[1], v.shape[2]
+    G = H // K
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    slopes = None if alibi_slopes is None else [float(x) for x in alibi_slopes]  # (H,)
+    sink = None if sinks is None else [float(x) for x in sinks]  # (H,)
+    cu_q = [int(x) for x in cu_seqlens_q]
+    cu_k = [int(x) for x in cu_seqlens_k]
+    out = np.zeros((Tq, H, E), dtype=np.float64)
+    for n in range(len(cu_q) - 1):
+        q0, k0 = cu_q[n], cu_k[n]
+        L_n, S_n = cu_q[n + 1] - q0, cu_k[n + 1] - k0
+        offset = 0 if causal_alignment == "top_left" else S_n - L_n
+        for h in range(H):
+            kv = h // G
+            for i in range(L_n):
+                q_row = q[q0 + i, h].tolist()  # D numbers
+                kept = []  # (j, score) of the allowed keys of this sequence
+                for j in range(S_n):
+                    if is_causal and j > i + offset:
+                        continue
+                    if not in_window(i, j, offset, window):
+                        continue
+                    # 1. score = (query . key) * scale; 2. softcap; 3. ALiBi
+                    s = rnd(math.fsum(a * c for a, c in zip(q_row, k[k0 + j, kv].tolist())))
+                    s = rnd(s * scale)
+                    if softcap is not None:
+                        s = rnd(softcap * rnd(math.tanh(rnd(s / softcap))))
+                    if slopes is not None:
+                        s = rnd(s - rnd(slopes[h] * abs(i + offset - j)))
+                    kept.append((j, s))
+                if not kept:  # no allowed key: zeros, sink or not
+                    continue
+                # 5. softmax over the allowed keys and the head's sink
+                m = max(s for _, s in kept) if sink is None else max(*(s for _, s in kept), sink[h])
+                e = [rnd(math.exp(rnd(s - m))) for _, s in kept]
+                sink_share = 0.0 if sink is None else rnd(math.exp(rnd(sink[h] - m)))
+                total = rnd(math.fsum([*e, sink_share]))
+                w = [rnd(x / total) for x in e]
+                # 6. output = weights @ value of this sequence's allowed keys
+                for c in range(E):
+                    terms = (a * float(v[k0 + j, kv, c]) for a, (j, _) in zip(w, kept))
+                    out[q0 + i, h, c] = rnd(math.fsum(terms))
+    return out
+
+
+def varlen_attention_vjp(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    cu_seqlens_k: np.ndarray,
+    grad_output: np.ndarray,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    round_to: str | None = None,
+) -> GoldenGrads:
+    """The gradients of ``sum(varlen_attention(...) * grad_output)``: per sequence, as the
+    contract defines them, :func:`attention_vjp` of its own rows (heads-first), placed back at
+    its packed rows; ``dsinks`` is the sum over the sequences. Query ``(Tq, H, D)``, key
+    ``(Tk, K, D)``, value ``(Tk, K, E)``, sinks ``(H,)`` (None without sinks); bias None."""
+    rnd = rounding(round_to)
+    q = np.asarray(query, dtype=np.float64)
+    k = np.asarray(key, dtype=np.float64)
+    v = np.asarray(value, dtype=np.float64)
+    do = np.asarray(grad_output, dtype=np.float64)
+    H = q.shape[1]
+    cu_q = [int(x) for x in cu_seqlens_q]
+    cu_k = [int(x) for x in cu_seqlens_k]
+    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)
+    dsinks: list[list[float]] = [[] for _ in range(H)]
+    for n in range(len(cu_q) - 1):
+        rows, keys = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
+        grads = attention_vjp(
+            q[rows].transpose(1, 0, 2), k[keys].transpose(1, 0, 2), v[keys].transpose(1, 0, 2),
+            do[rows].transpose(1, 0, 2), is_causal=is_causal, causal_alignment=causal_alignment,
+            scale=scale, softcap=softcap, window=window, sinks=sinks, alibi_slopes=alibi_slopes,
+            round_to=round_to,
+        )  # fmt: skip
+        dq[rows] = grads.query.transpose(1, 0, 2)  # (L_n, H, D)
+        dk[keys] = grads.key.transpose(1, 0, 2)  # (S_n, K, D)
+        dv[keys] = grads.value.transpose(1, 0, 2)  # (S_n, K, E)
+        if grads.sinks is not None:
+            for h in range(H):
+                dsinks[h].append(float(grads.sinks[h]))
+    return GoldenGrads(
+        query=dq, key=dk, value=dv,
+        sinks=None if sinks is None else np.array([rnd(math.fsum(t)) for t in dsinks]),
+    )  # fmt: skip

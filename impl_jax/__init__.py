@@ -13,11 +13,13 @@ from impl_jax.functional import (
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
+from impl_jax.varlen import VARLEN_STATIC_ARGNAMES, varlen_attention, varlen_attention_vjp
 
 __all__ = [
     "FLASH_STATIC_ARGNAMES",
     "ROTARY_STATIC_ARGNAMES",
     "STATIC_ARGNAMES",
+    "VARLEN_STATIC_ARGNAMES",
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
@@ -31,4 +33,6 @@ __all__ = [
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
+    "varlen_attention",
+    "varlen_attention_vjp",
 ]

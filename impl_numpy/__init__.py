@@ -11,6 +11,7 @@ from impl_numpy.functional import (
 )
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_numpy.rotary import apply_rotary
+from impl_numpy.varlen import varlen_attention, varlen_attention_vjp
 
 __all__ = [
     "GroupedQueryAttention",
@@ -26,4 +27,6 @@ __all__ = [
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
+    "varlen_attention",
+    "varlen_attention_vjp",
 ]

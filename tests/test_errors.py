@@ -11,6 +11,7 @@ from attention_spec import (
     MODULE_ERROR_CODES,
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
+    VARLEN_ERROR_CODES,
     AttentionError,
     ConfigError,
     DimensionMismatchError,
@@ -190,6 +191,7 @@ def test_every_functional_code_has_a_case():
     functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
     functional -= {"grad_output_shape"}
     functional -= FP8_ERROR_CODES  # fp8's: tests/test_fp8.py, in all three (no fixtures yet)
+    functional -= VARLEN_ERROR_CODES  # varlen's: VARLEN_CASES below
     assert functional - covered == set()
     for code, (cls, _) in ERROR_CODES.items():
         assert issubclass(cls, AttentionError), code
@@ -199,3 +201,90 @@ def test_every_functional_code_has_a_case():
 def test_causal_mask_arguments(fw, args, kw):
     with pytest.raises(ConfigError):
         fw.module.causal_mask(*args, **kw)
+
+
+# -- variable-length batches (varlen_attention; attention_spec/varlen.py) ------------------------
+
+
+def _packed(q=(9, 6, 4), k=(11, 2, 4), v=(11, 2, 5), dtype="float32"):
+    """Token-major query (Tq, H, D), key (Tk, K, D), value (Tk, K, E): Tq=9, Tk=11, H=6, K=2."""
+    return tuple(np.zeros(s, NP_DTYPES.get(dtype, dtype)) for s in (q, k, v))
+
+
+_CU_Q, _CU_K = np.array([0, 4, 4, 9]), np.array([0, 3, 8, 11])  # N = 3, sequence 1 has L_n = 0
+
+# id: (arrays, cu_seqlens_q, cu_seqlens_k, keywords, class, code, a distinctive part)
+VARLEN_CASES = {
+    "cu_float": (
+        _packed(), _CU_Q.astype(np.float32), _CU_K, {}, DTypeError, "cu_seqlens_dtype",
+        "cu_seqlens_q must be integers",
+    ),
+    "cu_bool": (
+        _packed(), _CU_Q, np.ones(4, bool), {}, DTypeError, "cu_seqlens_dtype",
+        "cu_seqlens_k must be integers (the cumulative sequence lengths, (N + 1,)); got bool",
+    ),
+    "cu_not_zero": (
+        _packed(), np.array([1, 4, 4, 9]), _CU_K, {}, ConfigError, "cu_seqlens_value",
+        "got cu_seqlens_q[0] = 1, not 0",
+    ),
+    "cu_decreasing": (
+        _packed(), _CU_Q, np.array([0, 8, 3, 11]), {}, ConfigError, "cu_seqlens_value",
+        "cu_seqlens_k[2] = 3 < cu_seqlens_k[1] = 8 (decreasing)",
+    ),
+    "cu_short_of_total": (
+        _packed(), np.array([0, 4, 4, 8]), _CU_K, {}, ConfigError, "cu_seqlens_value",
+        "cu_seqlens_q[N] = 8, not Tq=9 (the packed tokens)",
+    ),
+    "cu_past_total": (
+        _packed(), _CU_Q, np.array([0, 3, 8, 12]), {}, ConfigError, "cu_seqlens_value",
+        "cu_seqlens_k[N] = 12, not Tk=11",
+    ),
+    "cu_count": (
+        _packed(), _CU_Q, np.array([0, 11]), {}, DimensionMismatchError, "cu_seqlens_count",
+        "the same N sequences (N + 1 entries each); got 4 and 2 entries",
+    ),
+    "cu_2d": (
+        _packed(), _CU_Q[None], _CU_K, {}, DimensionMismatchError, "cu_seqlens_count",
+        "one axis of N + 1 >= 1 entries (0, then each sequence's end); got shape (1, 4)",
+    ),
+    "cu_empty": (
+        _packed(), np.zeros(0, np.int32), _CU_K, {}, DimensionMismatchError, "cu_seqlens_count",
+        "got shape (0,)",
+    ),
+    "varlen_rank": (
+        _packed(q=(1, 9, 6, 4)), _CU_Q, _CU_K, {}, DimensionMismatchError, "rank",
+        "query of varlen_attention must have exactly 3 dims (Tq, H, D), token-major",
+    ),
+    "varlen_kv_tokens": (
+        _packed(v=(10, 2, 5)), _CU_Q, _CU_K, {}, DimensionMismatchError, "kv_length_mismatch",
+        "key tokens (Tk=11) must equal value tokens (Tk=10)",
+    ),
+    "varlen_gqa": (
+        _packed(k=(11, 4, 4), v=(11, 4, 5)), _CU_Q, _CU_K, {}, DimensionMismatchError,
+        "heads_not_divisible", "key heads (K=4) must divide query heads (H=6)",
+    ),
+    "varlen_sinks": (
+        _packed(), _CU_Q, _CU_K, {"sinks": np.zeros(2, np.float32)}, DimensionMismatchError,
+        "sinks_shape", "shape (H=6,); got (2,)",
+    ),
+    "varlen_window_before_arrays": (  # step 1 (a keyword alone) before step 3 (cu_seqlens)
+        _packed(), np.array([1, 9]), _CU_K, {"window": (-1, 0)}, ConfigError, "window_value",
+        "",
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(VARLEN_CASES))
+def test_varlen_error_row(case):
+    from attention_spec import check_varlen
+
+    (q, k, v), cu_q, cu_k, kw, cls, code, fragment = VARLEN_CASES[case]
+    with pytest.raises(cls) as info:
+        check_varlen(q, k, v, cu_q, cu_k, **kw)
+    assert type(info.value) is cls and info.value.code == code
+    assert fragment in str(info.value)
+
+
+def test_every_varlen_code_has_a_case():
+    assert VARLEN_ERROR_CODES - {c[5] for c in VARLEN_CASES.values()} == set()
+    assert VARLEN_ERROR_CODES <= set(ERROR_CODES)

@@ -19,7 +19,9 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.ring`: sharded attention, ring and head-parallel (``ring.*``), and
   the sharded rules of the taxonomy (``ring.error.*``);
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
-  and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``).
+  and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``);
+- :mod:`~conformance.cases.varlen`: contract v3's packed variable-length batches
+  (``varlen.*``, ``varlen_grad.*`` and their errors).
 
 ``conformance/generate/`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
@@ -37,6 +39,7 @@ from conformance.cases import (  # noqa: F401
     ring,
     rope,
     sdpa,
+    varlen,
 )
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
 from conformance.cases.decode import DECODE_CHUNKINGS, ROLLING_CHUNKINGS

@@ -40,7 +40,7 @@ def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, *
         "kind": case.kind,
         "functions": list(case.functions),
         "dtype": dtype,
-        "contract": _contract(fields),
+        "contract": "v3" if case.op in V3_OPS else _contract(fields),
         "seed": case.seed if case.kind == "values" and case.op != "causal_mask" else None,
         **fields,
     }
@@ -51,6 +51,8 @@ def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, *
 #: settings or constructor arguments), and the module settings v2 added (and its rolling cache).
 V2_NAMES = frozenset(("window", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"))
 V2_MODULE_SETTINGS = frozenset(("window", "sinks", "alibi", "softcap", "scale"))
+#: The ops of contract v3: every case of theirs pins "v3".
+V3_OPS = frozenset(("varlen", "varlen_grad"))
 
 
 def _contract(fields: dict[str, Any]) -> str:
@@ -420,3 +422,9 @@ GROUPS: list[tuple[tuple[str, str], ...]] = [
     (("rope", "values"),),
     (("rope", "error"),),
 ]
+
+# Variable-length batches (contract v3): their builders live in conformance/generate/varlen.py.
+from conformance.generate.varlen import VARLEN_BUILDERS, VARLEN_GROUPS  # noqa: E402
+
+BUILDERS |= VARLEN_BUILDERS
+GROUPS += VARLEN_GROUPS

@@ -31,6 +31,12 @@ head_       ``head_parallel_gqa``            a module fixture's golden output (o
 parallel_                                    sharded: ``head_parallel_gqa(module, x,
 gqa                                          context, n_shards=n, **keywords)``)
 rope        ``apply_rotary``                 the golden rotated x (optional)
+varlen      ``varlen_attention``             the golden output of ``fn(q, k, v,
+                                             cu_seqlens_q, cu_seqlens_k, **kw)``, token-
+                                             major (optional; contract v3)
+varlen_grad ``varlen_attention_vjp``         the golden dq, dk, dv (dsinks) of
+                                             ``fn(..., cu_seqlens_k, grad_output, **kw)``
+                                             (optional; contract v3)
 =========== ================================ ============================================
 
 One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<variant>].
@@ -46,8 +52,9 @@ the adapter.
 
 A missing required function (or module class, or module method) makes each of its runs fail
 as "not implemented", one line each, and so does an optional one that is asked for
-(``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope`` and the
-sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``: the rows of
+(``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope``,
+``varlen``, ``varlen_grad`` and the sharded ``ring``, ``ring_zigzag``, ``head_parallel``,
+``head_parallel_gqa``: the rows of
 :data:`FUNCTIONS` with ``required=False``) are run only when the port has them or when they are
 asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``, ``module`` and
 ``decode``.

@@ -264,6 +264,8 @@ class Function:
 #: The error case of the attention aliases and their ``*_vjp``: the value case's call, on zeros.
 _attention_error = _call(_attention_arguments)
 _GRAD_INPUTS = ("query", "key", "value", "grad_output")
+#: varlen_attention's positional arrays (contract v3).
+_VARLEN_INPUTS = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k")
 
 #: Alias -> port function. A new op adds a row here (and its case file and fixture builder).
 FUNCTIONS: dict[str, Function] = {
@@ -349,6 +351,17 @@ FUNCTIONS: dict[str, Function] = {
         fits=_heads_fit,
     ),
     "rope": Function("apply_rotary", False, _rope_values, _call(_rope_arguments)),
+    # -- variable-length batches (contract v3): token-major arrays and the boundaries --------
+    "varlen": Function(
+        "varlen_attention", False, _attention_values, _attention_error, inputs=_VARLEN_INPUTS
+    ),
+    "varlen_grad": Function(
+        "varlen_attention_vjp",
+        False,
+        _grad_values,
+        _attention_error,
+        inputs=(*_VARLEN_INPUTS, "grad_output"),
+    ),
 }
 
 #: The aliases run once per shard count.

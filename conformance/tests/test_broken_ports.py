@@ -4,7 +4,8 @@ The unbroken version of the same small port passes every run (with its tiled ``f
 too), so each failure below is caused by its bug; each bug also fails the one run named for it in
 ``broken_ports.BUGS``: functional bugs, module and KV-cache bugs, and the classic online-softmax
 bugs of ``flash_broken.py``. The sharded ports of ``sharded_broken.py`` (ring and head-parallel
-mistakes around the real block) are run through the runner's sharded aliases the same way.
+mistakes around the real block) are run through the runner's sharded aliases the same way, and
+the packed variable-length ports of ``varlen_broken.py`` through ``varlen`` and ``varlen_grad``.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from conformance.runner import SHARDED_ALIASES, Report, run_suite
-from conformance.tests import sharded_broken
+from conformance.tests import sharded_broken, varlen_broken
 from conformance.tests.broken_ports import BUGS, make_port
 
 _REPORTS: dict[str | None, Report] = {}
@@ -215,3 +216,34 @@ def test_tiled_backward_bugs_fail_only_the_tiled_runs(bug: str) -> None:
     """With one block the key block's offset is the query block's: only flash_grad sees it."""
     failed = {o.run_id.split(".")[0] for o in _report(bug).failures}
     assert failed == {"flash_grad"}
+
+
+# ---------------------------------------------------------------------------------------------
+# Variable-length batches (contract v3): varlen_broken.py
+# ---------------------------------------------------------------------------------------------
+
+VARLEN_FUNCTIONS = ("varlen", "varlen_grad")
+_VARLEN_REPORTS: dict[str | None, Report] = {}
+
+
+def _varlen_report(bug: str | None) -> Report:
+    if bug not in _VARLEN_REPORTS:
+        port = varlen_broken.make_port(bug)
+        _VARLEN_REPORTS[bug] = run_suite(port, functions=VARLEN_FUNCTIONS)
+    return _VARLEN_REPORTS[bug]
+
+
+def test_the_unbroken_varlen_port_passes_every_varlen_run() -> None:
+    report = _varlen_report(None)
+    assert report.ok, "\n".join(o.line() for o in report.failures)
+    assert {o.run_id.split(".")[0] for o in report.outcomes} == set(VARLEN_FUNCTIONS)
+    assert len(report.outcomes) >= 30
+
+
+@pytest.mark.parametrize("bug", list(varlen_broken.BUGS))
+def test_broken_varlen_port_is_caught(bug: str) -> None:
+    what, must_fail = varlen_broken.BUGS[bug]
+    failed = {o.run_id for o in _varlen_report(bug).failures}
+    assert must_fail in failed, f"{bug} ({what}) passed {must_fail}"
+    if bug.startswith("grad_"):  # a backward bug leaves every forward run alone
+        assert all(r.startswith("varlen_grad.") for r in failed)

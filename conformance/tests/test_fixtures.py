@@ -15,6 +15,7 @@ from attention_spec import (
     MODULE_ERROR_CODES,
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
+    VARLEN_ERROR_CODES,
 )
 from conformance import cases as C
 from conformance import oracle
@@ -87,6 +88,7 @@ def test_error_cases_cover_every_functional_rule_of_the_taxonomy() -> None:
     # SHARDED_ERROR_CODES: no ring fixtures yet (conformance/ring_cases.py); tests/test_sharded.py
     functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
     functional -= FP8_ERROR_CODES  # no fp8 fixtures yet: tests/test_fp8.py, in all three
+    functional -= VARLEN_ERROR_CODES  # varlen.error.*: below
     assert _codes(("sdpa", "causal_mask", "grad")) == functional  # grad: grad_output_shape
     assert _codes(("rope",)) >= ROTARY_ERROR_CODES  # and rank, not_a_bool, ... of x and keywords
     for case in MANIFEST.cases:
@@ -386,3 +388,25 @@ def test_decode_goldens_are_one_causal_forward_fed_in_chunks_that_fit() -> None:
     assert tokens.entry["decode"] == {"max_len": 5, "chunks": [1, 1, 1, 1, 1]}  # fills it exactly
     chunks = BY_ID["decode.gqa.h6_k2.chunks_2_1_2.float16"].tensors()
     assert np.array_equal(chunks["output"], tokens.tensors()["output"])
+
+
+def test_varlen_cases_cover_the_codes_and_the_contract_points() -> None:
+    """Contract v3's varlen: every new code has an error fixture; N = 1, 3, 5, empty sequences,
+    both alignments, windows, sinks, ALiBi, softcap, GQA 8:1 and the gradients exist; each
+    case pins contract v3."""
+    assert _codes(("varlen", "varlen_grad")) >= VARLEN_ERROR_CODES | {"grad_output_shape"}
+    for name in ("n1.l6_s6", "n3.mixed", "n3.causal_bottom_right", "n5.empty_sequences",
+                 "n5.window_across_boundaries", "n3.sink_logits", "n3.linear_biases",
+                 "n3.softcap_scale", "n3.gqa_h8_k1", "n3.garbage_in_unread_rows"):  # fmt: skip
+        assert f"varlen.{name}.float32" in BY_ID, name
+    assert any(i.startswith("varlen_grad.") for i in BY_ID)
+    for case in MANIFEST.cases:
+        assert (case.op in ("varlen", "varlen_grad")) == (case.contract == "v3"), case.id
+
+
+def test_varlen_goldens_hold_the_zero_rows_of_sequences_without_keys() -> None:
+    """Sequence 2 of n5.empty_sequences has S_n = 0: its 4 query rows are exactly zero."""
+    t = BY_ID["varlen.n5.empty_sequences.float64"].tensors()
+    cu_q = t["cu_seqlens_q"].tolist()
+    assert cu_q == [0, 2, 2, 6, 9, 9]
+    assert not t["output"][2:6].any() and t["output"][:2].all()
