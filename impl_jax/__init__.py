@@ -12,6 +12,7 @@ from impl_jax.functional import (
     scaled_dot_product_attention_vjp,
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_jax.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
 
 __all__ = [
@@ -28,6 +29,8 @@ __all__ = [
     "flash_attention",
     "flash_attention_vjp",
     "padding_mask",
+    "paged_attention",
+    "paged_cache_write",
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",

@@ -10,6 +10,7 @@ from impl_numpy.functional import (
     scaled_dot_product_attention_vjp,
 )
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_numpy.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_numpy.rotary import apply_rotary
 
 __all__ = [
@@ -23,6 +24,8 @@ __all__ = [
     "flash_attention",
     "flash_attention_vjp",
     "padding_mask",
+    "paged_attention",
+    "paged_cache_write",
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",

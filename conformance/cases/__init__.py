@@ -20,6 +20,8 @@ Read these files as documentation. Each case is a function registered by
   the sharded rules of the taxonomy (``ring.error.*``);
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
   and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``).
+- :mod:`~conformance.cases.paged`: contract v3's paged key/value caches, ``paged_attention``
+  (``paged.*``) and ``paged_cache_write`` (``paged_write.*``), their errors too.
 
 ``conformance/generate/`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
@@ -34,6 +36,7 @@ from conformance.cases import (  # noqa: F401
     masks,
     module_masks,
     modules,
+    paged,
     ring,
     rope,
     sdpa,

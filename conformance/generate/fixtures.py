@@ -420,3 +420,9 @@ GROUPS: list[tuple[tuple[str, str], ...]] = [
     (("rope", "values"),),
     (("rope", "error"),),
 ]
+
+# -- paged key/value caches (Contract v3): their builders live in conformance/generate/paged.py
+from conformance.generate.paged import PAGED_BUILDERS, PAGED_GROUPS  # noqa: E402
+
+BUILDERS.update(PAGED_BUILDERS)
+GROUPS += PAGED_GROUPS

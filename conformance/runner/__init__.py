@@ -31,6 +31,10 @@ head_       ``head_parallel_gqa``            a module fixture's golden output (o
 parallel_                                    sharded: ``head_parallel_gqa(module, x,
 gqa                                          context, n_shards=n, **keywords)``)
 rope        ``apply_rotary``                 the golden rotated x (optional)
+paged       ``paged_attention``              the golden output (T, H, E) (optional;
+                                             contract v3, conformance/runner/paged.py)
+paged_      ``paged_cache_write``            the two caches it returns, exactly (optional)
+write
 =========== ================================ ============================================
 
 One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<variant>].
@@ -46,8 +50,9 @@ the adapter.
 
 A missing required function (or module class, or module method) makes each of its runs fail
 as "not implemented", one line each, and so does an optional one that is asked for
-(``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope`` and the
-sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``: the rows of
+(``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope``, the
+paged ``paged`` and ``paged_write``, and the sharded ``ring``, ``ring_zigzag``,
+``head_parallel``, ``head_parallel_gqa``: the rows of
 :data:`FUNCTIONS` with ``required=False``) are run only when the port has them or when they are
 asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``, ``module`` and
 ``decode``.

@@ -27,6 +27,12 @@ from conformance.runner.arguments import (
 )
 from conformance.runner.comparison import Comparison
 from conformance.runner.failures import _Failed, _raised
+from conformance.runner.paged import (  # paged key/value caches (Contract v3)
+    _paged_arguments,
+    _paged_values,
+    _paged_write_arguments,
+    _paged_write_values,
+)
 
 if TYPE_CHECKING:
     from conformance.runner.port import Port
@@ -349,6 +355,11 @@ FUNCTIONS: dict[str, Function] = {
         fits=_heads_fit,
     ),
     "rope": Function("apply_rotary", False, _rope_values, _call(_rope_arguments)),
+    # -- paged key/value caches (Contract v3): conformance/runner/paged.py --------------------
+    "paged": Function("paged_attention", False, _paged_values, _call(_paged_arguments)),
+    "paged_write": Function(
+        "paged_cache_write", False, _paged_write_values, _call(_paged_write_arguments)
+    ),
 }
 
 #: The aliases run once per shard count.
