@@ -145,7 +145,8 @@ def _check_caches(k: ArraySpec, v: ArraySpec, *, fp8: bool) -> None:
             expected=f"value_cache ({k.shape[0]}, {k.shape[1]}, {k.shape[2]}, E)",
             actual=str(v.shape),
         )
-    for what, n in (("page_size", k.shape[1]), ("key/value heads K", k.shape[2]),
+    for what, n in (("pages P", k.shape[0]), ("page_size", k.shape[1]),
+                    ("key/value heads K", k.shape[2]),
                     ("head dim D", k.shape[3]), ("value head dim E", v.shape[3])):  # fmt: skip
         if n < 1:
             raise make_error(

@@ -1,7 +1,7 @@
 """JAX reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
-from impl_jax.flash import flash_attention, flash_attention_vjp
+from impl_jax.flash import flash_attention, flash_attention_vjp, paged_flash_attention
 from impl_jax.fp8 import quantize_fp8
 from impl_jax.functional import (
     STATIC_ARGNAMES,
@@ -31,6 +31,7 @@ __all__ = [
     "padding_mask",
     "paged_attention",
     "paged_cache_write",
+    "paged_flash_attention",
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",

@@ -1,6 +1,6 @@
 """PyTorch reference implementation of the attention contract (SEMANTICS.md)."""
 
-from impl_torch.flash import flash_attention, flash_attention_vjp
+from impl_torch.flash import flash_attention, flash_attention_vjp, paged_flash_attention
 from impl_torch.fp8 import quantize_fp8
 from impl_torch.functional import (
     alibi_slopes,
@@ -26,6 +26,7 @@ __all__ = [
     "padding_mask",
     "paged_attention",
     "paged_cache_write",
+    "paged_flash_attention",
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",

@@ -23,14 +23,16 @@ from tests.frameworks import same_error
 ARGS = ("query", "key_cache", "value_cache", "block_table", "seq_lens", "cu_seqlens_q")
 
 
-def _paged(fw, c, dtype="float64", **keywords):
-    """``fw.module.paged_attention`` on the problem ``c`` (floats rounded to ``dtype``)."""
+def _paged(fw, c, dtype="float64", function="paged_attention", **keywords):
+    """``fw.module.<function>`` (``paged_attention`` or the tiled ``paged_flash_attention``) on
+    the problem ``c`` (floats rounded to ``dtype``)."""
     cast = {"float64": np.float64, "float32": np.float32}[dtype]
     args = [getattr(c, name) for name in ARGS]
     args = [a.astype(cast) if a.dtype.kind == "f" else a.astype(np.int32) for a in args]
     arrays = {n: np.asarray(a, cast) for n, a in c.arrays.items()}
     kw = {**c.keywords, **{n: fw.asarray(a) for n, a in arrays.items()}, **keywords}
-    return fw.to_numpy(fw.module.paged_attention(*(fw.asarray(a) for a in args), **kw))
+    fn = getattr(fw.module, function)
+    return fw.to_numpy(fn(*(fw.asarray(a) for a in args), **kw))
 
 
 def _golden(c):
@@ -52,13 +54,17 @@ PROBLEMS = {
 }  # fmt: skip
 
 
+FUNCTIONS = ("paged_attention", "paged_flash_attention")
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
 @pytest.mark.parametrize("name", list(PROBLEMS))
-def test_paged_attention_equals_the_oracle(fw, name):
+def test_paged_attention_equals_the_oracle(fw, name, function):
     """NaN in every slot no sequence holds, -1 past the pages, shuffled pages: float64 exact
-    to rounding, and no NaN anywhere."""
+    to rounding, and no NaN anywhere; the plain path and the tiled page-by-page read."""
     c = paged_problem(np.random.default_rng(len(name)), **PROBLEMS[name])
     want = _golden(c)
-    got = _paged(fw, c)
+    got = _paged(fw, c, function=function)
     assert got.shape == want.shape and not np.isnan(got).any()
     np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
 
@@ -79,19 +85,22 @@ def test_the_oracle_equals_the_contiguous_oracle_on_gathered_keys():
         np.testing.assert_allclose(got.transpose(1, 0, 2), want[cu[n] : cu[n + 1]], atol=1e-13)
 
 
-def test_float32_within_a_float32_distance(fw):
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_float32_within_a_float32_distance(fw, function):
     c = paged_problem(np.random.default_rng(1), **PROBLEMS["page3_mixed_causal"])
-    got = _paged(fw, c, "float32")
+    got = _paged(fw, c, "float32", function)
     assert got.dtype == np.float32
     np.testing.assert_allclose(got, _golden(c), atol=2e-6)
 
 
-def test_jax_under_jit_equals_eager():
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_jax_under_jit_equals_the_oracle(function):
     c = paged_problem(np.random.default_rng(2), **PROBLEMS["window_sinks"])
     args = [jnp.asarray(getattr(c, n)) for n in ARGS]
     sinks = jnp.asarray(c.arrays["sinks"])
     kw = dict(c.keywords)
-    jitted = jax.jit(lambda *a: impl_jax.paged_attention(*a, **kw, sinks=sinks))
+    fn = getattr(impl_jax, function)
+    jitted = jax.jit(lambda *a: fn(*a, **kw, sinks=sinks))
     np.testing.assert_allclose(np.asarray(jitted(*args)), _golden(c), atol=1e-12)
 
 
@@ -165,6 +174,8 @@ ERRORS = {
                         "got -1"),
     "page_shape": (_call(vc=(4, 2, 2, 5)), DimensionMismatchError, "page_shape",
                    "must agree on P, page_size and K"),
+    "no_pages": (_call(kc=(0, 3, 2, 4), vc=(0, 3, 2, 5)), ConfigError, "non_positive_size",
+                 "pages P must be >= 1; got 0"),
     "rank": (_call(query=(3, 6)), DimensionMismatchError, "rank",
              "query must have shape (T, H, D); got shape (3, 6)"),
     "heads": (_call(kc=(4, 3, 4, 4), vc=(4, 3, 4, 5)), DimensionMismatchError,
@@ -199,6 +210,19 @@ def test_paged_errors_are_identical_in_all_three(case):
     call, cls, code, fragment = ERRORS[case]
     err = same_error(call, cls, code, fragment)
     assert not isinstance(err, MaskError)
+
+
+@pytest.mark.parametrize("case", [c for c in ERRORS if not c.startswith(("slot", "write"))])
+def test_the_tiled_read_raises_the_same(case):
+    """``paged_flash_attention`` validates as ``paged_attention`` does, in all three."""
+    call, cls, code, fragment = ERRORS[case]
+
+    class Tiled:  # the framework, with paged_attention standing for the tiled read
+        def __init__(self, fw):
+            self.module = type("M", (), {"paged_attention": fw.module.paged_flash_attention})
+            self.asarray = fw.asarray
+
+    same_error(lambda fw: call(Tiled(fw)), cls, code, fragment)
 
 
 def test_a_mixed_dtype_cache_is_refused_in_all_three():

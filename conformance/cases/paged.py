@@ -117,7 +117,9 @@ def paged_problem(
                      keywords, arrays)  # fmt: skip
 
 
-paged_case = partial(case, "paged", functions=("paged",))
+#: The aliases a paged_attention case is run against: the plain path and the tiled read.
+PAGED_FUNCTIONS = ("paged", "paged_flash")
+paged_case = partial(case, "paged", functions=PAGED_FUNCTIONS)
 paged_write_case = partial(case, "paged_write", functions=("paged_write",))
 
 
@@ -278,7 +280,7 @@ def paged_error(T=3, P=4, page_size=3, k=K, d=D, e=E, h=H, *, block_table=None, 
 
 def paged_error_case(name: str, error_class: str, code: str):
     """Register ``fn() -> PagedCall`` as ``paged.error.<name>.float32``."""
-    return case("paged", name, F32, functions=("paged",), error=(error_class, code))
+    return case("paged", name, F32, functions=PAGED_FUNCTIONS, error=(error_class, code))
 
 
 def paged_write_error_case(name: str, error_class: str, code: str):

@@ -97,7 +97,7 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
 #: The paged key/value cache aliases (Contract v3): their integer arrays' values (block table,
 #: lengths, offsets, slots) are tracers under jit, which validation cannot read (SEMANTICS.md:
 #: unchecked under jit); :func:`_values_checked_first` checks them on the concrete arrays first.
-_VALUES_CHECKED_FIRST = ("paged", "paged_write")
+_VALUES_CHECKED_FIRST = ("paged", "paged_flash", "paged_write")
 
 
 def _values_checked_first(alias: str, jitted: Callable[..., Any]) -> Callable[..., Any]:
@@ -106,7 +106,7 @@ def _values_checked_first(alias: str, jitted: Callable[..., Any]) -> Callable[..
     come from JAX ports too."""
     from attention_spec import check_paged_attention, check_paged_cache_write
 
-    check = check_paged_attention if alias == "paged" else check_paged_cache_write
+    check = check_paged_cache_write if alias == "paged_write" else check_paged_attention
 
     def call(*args: Any, **kwargs: Any) -> Any:
         check(*args, **kwargs)

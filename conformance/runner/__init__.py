@@ -33,6 +33,8 @@ gqa                                          context, n_shards=n, **keywords)``)
 rope        ``apply_rotary``                 the golden rotated x (optional)
 paged       ``paged_attention``              the golden output (T, H, E) (optional;
                                              contract v3, conformance/runner/paged.py)
+paged_      ``paged_flash_attention``        the same, the tiled read (optional)
+flash
 paged_      ``paged_cache_write``            the two caches it returns, exactly (optional)
 write
 =========== ================================ ============================================
@@ -51,7 +53,7 @@ the adapter.
 A missing required function (or module class, or module method) makes each of its runs fail
 as "not implemented", one line each, and so does an optional one that is asked for
 (``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope``, the
-paged ``paged`` and ``paged_write``, and the sharded ``ring``, ``ring_zigzag``,
+paged ``paged``, ``paged_flash`` and ``paged_write``, and the sharded ``ring``, ``ring_zigzag``,
 ``head_parallel``, ``head_parallel_gqa``: the rows of
 :data:`FUNCTIONS` with ``required=False``) are run only when the port has them or when they are
 asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``, ``module`` and

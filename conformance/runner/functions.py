@@ -357,6 +357,7 @@ FUNCTIONS: dict[str, Function] = {
     "rope": Function("apply_rotary", False, _rope_values, _call(_rope_arguments)),
     # -- paged key/value caches (Contract v3): conformance/runner/paged.py --------------------
     "paged": Function("paged_attention", False, _paged_values, _call(_paged_arguments)),
+    "paged_flash": Function("paged_flash_attention", False, _paged_values, _call(_paged_arguments)),
     "paged_write": Function(
         "paged_cache_write", False, _paged_write_values, _call(_paged_write_arguments)
     ),
