@@ -248,3 +248,41 @@ def test_values_are_unchecked_under_jit_and_checked_outside():
     out = jax.jit(impl_jax.paged_attention)(*args, table, jnp.asarray(_ints(4, 5)),
                                             jnp.asarray(_ints(0, 1, 3)))  # fmt: skip
     assert out.shape == (3, 6, 5)
+
+
+def _peak(fn, *args, **kw) -> int:
+    """Bytes NumPy allocated at the peak of ``fn(*args, **kw)``, above what was live before
+    (tracemalloc, as tests/test_flash_memory.py measures)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        out = fn(*args, **kw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del out
+    return peak - before
+
+
+def test_the_tiled_read_memory_does_not_grow_with_the_pool_or_the_table():
+    """A decode step of 4 sequences (page 16, up to 300 keys) in a pool of 64 and of 1024 pages,
+    block tables 20 and 320 entries wide: the tiled read's peak stays one page per token (it
+    never gathers a row of the table); the plain path's grows with the table's width."""
+    import impl_numpy
+
+    peaks = {}
+    for width, spare in ((20, 31), (320, 991)):  # 33 pages needed
+        c = paged_problem(np.random.default_rng(6), [300, 17, 120, 64], [1, 1, 1, 1], h=8, k=2,
+                          page_size=16, max_pages=width, spare=spare, d=64, e=64)  # fmt: skip
+        args = [getattr(c, n) for n in ARGS]
+        args = [a.astype(np.float32 if a.dtype.kind == "f" else np.int32) for a in args]
+        assert args[1].shape[0] in (64, 1024)
+        peaks[width] = (_peak(impl_numpy.paged_flash_attention, *args),
+                        _peak(impl_numpy.paged_attention, *args))  # fmt: skip
+    (tiled_small, plain_small), (tiled_wide, plain_wide) = peaks[20], peaks[320]
+    page_per_token = 4 * 16 * 2 * (64 + 64) * 4  # T * page_size * K * (D + E) float32 bytes
+    assert tiled_wide < 8 * page_per_token and tiled_wide < 1.5 * tiled_small
+    assert plain_wide > 10 * plain_small and plain_wide > 10 * tiled_wide
