@@ -286,3 +286,31 @@ def test_the_tiled_read_memory_does_not_grow_with_the_pool_or_the_table():
     page_per_token = 4 * 16 * 2 * (64 + 64) * 4  # T * page_size * K * (D + E) float32 bytes
     assert tiled_wide < 8 * page_per_token and tiled_wide < 1.5 * tiled_small
     assert plain_wide > 10 * plain_small and plain_wide > 10 * tiled_wide
+
+
+def test_the_drawn_block_table_of_semantics_md(fw):
+    """docs/SEMANTICS.md's drawing: pages 4 then 1 hold sequence 0's keys a0..a4, page 0
+    sequence 1's b0, b1; sequence 1's next key goes to slot 0 * 3 + 2 = 2. Every other slot is
+    NaN; the answer is attention over the keys read in that order, bottom-right."""
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((5, 1, 4)), rng.standard_normal((3, 1, 4))  # keys (j, K=1, D=4)
+    key_cache = np.full((6, 3, 1, 4), np.nan)
+    key_cache[4], key_cache[1, :2], key_cache[0, :2] = a[:3], a[3:], b[:2]
+    value_cache = key_cache.copy()  # values equal to keys: (6, 3, 1, E=4)
+    table = _ints([4, 1, -1], [0, -1, -1])
+    key_cache, value_cache = (
+        fw.to_numpy(x)
+        for x in fw.module.paged_cache_write(
+            fw.asarray(key_cache), fw.asarray(value_cache), fw.asarray(b[2:]),
+            fw.asarray(b[2:]), fw.asarray(_ints(2)),
+        )
+    )  # fmt: skip
+    np.testing.assert_array_equal(key_cache[0, 2], b[2])
+    query = rng.standard_normal((3, 2, 4))  # (T=3, H=2, D=4): 2 queries of 0, 1 of 1
+    args = (query, key_cache, value_cache, table, _ints(5, 3), _ints(0, 2, 3))
+    got = fw.to_numpy(fw.module.paged_attention(*(fw.asarray(x) for x in args), is_causal=True))
+    for rows, keys in ((slice(0, 2), a), (slice(2, 3), b)):
+        k = keys.transpose(1, 0, 2)  # (K, S, D)
+        want = oracle.attention(query[rows].transpose(1, 0, 2), k, k, is_causal=True,
+                                causal_alignment="bottom_right").output  # fmt: skip
+        np.testing.assert_allclose(got[rows], want.transpose(1, 0, 2), atol=1e-12)
