@@ -40,6 +40,7 @@ from attention_spec.errors import (
     ERROR_CODES,
     FP8_ERROR_CODES,
     MODULE_ERROR_CODES,
+    PAGED_ERROR_CODES,  # paged key/value caches (Contract v3)
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
     VARLEN_ERROR_CODES,
@@ -79,6 +80,12 @@ from attention_spec.modules import (
     check_module_config,
     check_module_inputs,
     module_dtype,
+)
+from attention_spec.paged import (
+    PagedCall,
+    check_paged_attention,
+    check_paged_cache_write,
+    pages_needed,
 )
 from attention_spec.rotary import (
     RopeConfig,
@@ -163,6 +170,8 @@ __all__ = [
     "MIN_DESCALE",
     "MODULE_ERROR_CODES",
     "NO_VALUE",
+    # paged key/value caches (Contract v3)
+    "PAGED_ERROR_CODES",
     "PUBLIC_API",
     "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
@@ -180,6 +189,7 @@ __all__ = [
     "Keywords",
     "MaskError",
     "ModuleDims",
+    "PagedCall",
     "QuantizeCall",
     "RopeConfig",
     "RotaryDims",
@@ -205,6 +215,8 @@ __all__ = [
     "check_grad_output",
     "check_module_config",
     "check_module_inputs",
+    "check_paged_attention",
+    "check_paged_cache_write",
     "check_quantize_fp8",
     "check_rope_config",
     "check_rotary",
@@ -220,6 +232,7 @@ __all__ = [
     "make_error",
     "module_dtype",
     "output_dtype",
+    "pages_needed",
     "real_keyword",
     "rotary_frequencies",
     "tiled_blocks",

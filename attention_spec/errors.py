@@ -12,6 +12,7 @@ __all__ = [
     "ERROR_CODES",
     "FP8_ERROR_CODES",
     "MODULE_ERROR_CODES",
+    "PAGED_ERROR_CODES",
     "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
     "VARLEN_ERROR_CODES",
@@ -155,7 +156,8 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "axes_value": (ConfigError, "quantize_fp8 axes outside x's rank or repeated"),
     "fp8_combination": (DTypeError, "an fp8 combination of dtypes outside the two allowed"),
     "fp8_nonfinite": (ConfigError, "quantize_fp8 of an x that is not finite in float32"),
-    # -- variable-length batches (Contract v3; attention_spec/varlen.py) ----------------------
+    # -- variable-length batches (Contract v3; attention_spec/varlen.py); paged_attention's
+    #    cu_seqlens_q raises them too
     "cu_seqlens_dtype": (DTypeError, "cu_seqlens_q / cu_seqlens_k is not integer"),
     "cu_seqlens_value": (
         ConfigError,
@@ -163,7 +165,29 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     ),
     "cu_seqlens_count": (
         DimensionMismatchError,
-        "cu_seqlens not one axis of N + 1 >= 1 entries, or q and k disagree on N",
+        "cu_seqlens not one axis of N + 1 >= 1 entries, or q and k (or block_table, seq_lens) "
+        "disagree on N",
+    ),
+    # -- paged key/value caches (Contract v3; attention_spec/paged.py)
+    "block_table_dtype": (DTypeError, "block_table is not integer"),
+    "seq_lens_dtype": (DTypeError, "seq_lens is not integer"),
+    "slot_mapping_dtype": (DTypeError, "slot_mapping is not integer"),
+    "seq_lens_value": (
+        ConfigError,
+        "seq_lens negative, L_n > seq_lens[n], or seq_lens[n] > max_pages * page_size",
+    ),
+    "block_table_value": (ConfigError, "a page a sequence needs is outside [0, P)"),
+    "page_shape": (
+        DimensionMismatchError,
+        "key and value caches disagree on P, page_size or K",
+    ),
+    "cache_write_shape": (
+        DimensionMismatchError,
+        "key/value to write disagree with the cache (K, D, E, dtype) or with slot_mapping's T",
+    ),
+    "slot_mapping_value": (
+        ConfigError,
+        "a slot outside [-1, P * page_size), or two tokens in one slot >= 0",
     ),
 }
 
@@ -201,6 +225,13 @@ FP8_ERROR_CODES: frozenset[str] = frozenset(
 VARLEN_ERROR_CODES: frozenset[str] = frozenset(
     {"cu_seqlens_dtype", "cu_seqlens_value", "cu_seqlens_count"}
 )
+#: The codes of the paged key/value caches (``paged_attention``, ``paged_cache_write``);
+#: the cu_seqlens codes are ``varlen_attention``'s too.
+PAGED_ERROR_CODES: frozenset[str] = frozenset(
+    {"cu_seqlens_dtype", "cu_seqlens_value", "cu_seqlens_count", "block_table_dtype",
+     "seq_lens_dtype", "slot_mapping_dtype", "seq_lens_value", "block_table_value",
+     "page_shape", "cache_write_shape", "slot_mapping_value"}
+)  # fmt: skip
 
 
 def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:

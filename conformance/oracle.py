@@ -47,6 +47,9 @@ __all__ = [
     "fp8_rounded",
     "linear",
     "module_forward",
+    "paged_attention",
+    "paged_cache_write",
+    "paged_key_rows",
     "quantize_fp8",
     "rotary",
     "rounded",
@@ -826,3 +829,119 @@ def varlen_attention_vjp(
         query=dq, key=dk, value=dv,
         sinks=None if sinks is None else np.array([rnd(math.fsum(t)) for t in dsinks]),
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged key/value caches (Contract v3): one token, one head, one key at a time
+# ---------------------------------------------------------------------------------------------
+
+
+def paged_key_rows(cache: np.ndarray, block_table: np.ndarray, seq_len: int, n: int) -> list:
+    """Sequence n's ``seq_len`` key (or value) rows of a paged ``cache (P, page_size, K, X)``,
+    one at a time: key j is slot ``j % page_size`` of page ``block_table[n, j // page_size]``.
+    A list of ``seq_len`` arrays ``(K, X)``; nothing past ``seq_len`` is looked at."""
+    page_size = cache.shape[1]
+    rows = []
+    for j in range(seq_len):
+        page = int(block_table[n][j // page_size])
+        rows.append(np.asarray(cache[page][j % page_size], dtype=np.float64))
+    return rows
+
+
+def paged_attention(
+    query: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_table: np.ndarray,
+    seq_lens: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    *,
+    is_causal: bool = False,
+    window: tuple | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    round_to: str | None = None,
+) -> np.ndarray:
+    """Attention over a paged cache by the book, one query token, head and key at a time, in
+    float64: ``(T, H, E)``.
+
+    query ``(T, H, D)``; caches ``(P, page_size, K, D|E)``; ``block_table (N, max_pages)``,
+    ``seq_lens (N,)``, ``cu_seqlens_q (N + 1,)`` (SEMANTICS.md, "Paged key/value caches").
+    Query row i of sequence n sits at position ``p = seq_lens[n] - L_n + i`` and sees key j
+    when ``j < seq_lens[n]``, ``j <= p`` if causal, and ``p - left <= j <= p + right`` for a
+    window; ALiBi adds ``-slope[h] * |p - j|``. ``round_to``: the plain same-dtype computation
+    (rounded after every step), as :func:`attention`'s.
+    """
+    rnd = rounding(round_to)
+    q = np.asarray(query, dtype=np.float64)
+    T, H, D = q.shape
+    K, E = key_cache.shape[2], value_cache.shape[3]
+    G = H // K  # query head h reads key/value head h // G
+    scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+    slopes = None if alibi_slopes is None else [float(x) for x in alibi_slopes]
+    sink = None if sinks is None else [float(x) for x in sinks]
+    out = np.zeros((T, H, E), dtype=np.float64)
+    for n in range(len(seq_lens)):
+        S_n = int(seq_lens[n])
+        first, last = int(cu_seqlens_q[n]), int(cu_seqlens_q[n + 1])
+        L_n = last - first
+        keys = paged_key_rows(key_cache, block_table, S_n, n)  # S_n rows (K, D)
+        values = paged_key_rows(value_cache, block_table, S_n, n)  # S_n rows (K, E)
+        for i in range(L_n):
+            t, p = first + i, S_n - L_n + i  # the token and its position in the sequence
+            for h in range(H):
+                kv = h // G
+                q_row = q[t, h].tolist()
+                scores = []  # (j, s_j) of the allowed keys
+                for j in range(S_n):
+                    if is_causal and j > p:
+                        continue
+                    if window is not None:
+                        left, right = window
+                        if (left is not None and j < p - left) or (
+                            right is not None and j > p + right
+                        ):
+                            continue
+                    # 1. score; 2. softcap; 3. ALiBi
+                    s = rnd(math.fsum(a * c for a, c in zip(q_row, keys[j][kv].tolist())))
+                    s = rnd(s * scale)
+                    if softcap is not None:
+                        s = rnd(softcap * rnd(math.tanh(rnd(s / softcap))))
+                    if slopes is not None:
+                        s = rnd(s - rnd(slopes[h] * abs(p - j)))
+                    scores.append((j, s))
+                if not scores:
+                    continue  # no key: a zero row, sink or not
+                # 5. softmax with the head's sink; 6. weights @ value
+                m = max(s for _, s in scores)
+                if sink is not None:
+                    m = max(m, sink[h])
+                e = [rnd(math.exp(rnd(s - m))) for _, s in scores]
+                extra = 0.0 if sink is None else rnd(math.exp(rnd(sink[h] - m)))
+                total = rnd(math.fsum([*e, extra]))
+                w = [rnd(x / total) for x in e]
+                for c in range(E):
+                    terms = (a * float(values[j][kv][c]) for a, (j, _) in zip(w, scores))
+                    out[t, h, c] = rnd(math.fsum(terms))
+    return out
+
+
+def paged_cache_write(
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    slot_mapping: np.ndarray,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The caches after writing token t into slot ``slot_mapping[t] = page * page_size +
+    offset`` (-1: skipped), one token at a time, on copies."""
+    key_cache, value_cache = np.array(key_cache), np.array(value_cache)
+    page_size = key_cache.shape[1]
+    for t, slot in enumerate(int(s) for s in slot_mapping):
+        if slot == -1:
+            continue
+        key_cache[slot // page_size][slot % page_size] = key[t]
+        value_cache[slot // page_size][slot % page_size] = value[t]
+    return key_cache, value_cache

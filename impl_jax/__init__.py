@@ -1,7 +1,7 @@
 """JAX reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
-from impl_jax.flash import flash_attention, flash_attention_vjp
+from impl_jax.flash import flash_attention, flash_attention_vjp, paged_flash_attention
 from impl_jax.fp8 import quantize_fp8
 from impl_jax.functional import (
     STATIC_ARGNAMES,
@@ -12,6 +12,7 @@ from impl_jax.functional import (
     scaled_dot_product_attention_vjp,
 )
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_jax.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
 from impl_jax.varlen import VARLEN_STATIC_ARGNAMES, varlen_attention, varlen_attention_vjp
 
@@ -30,6 +31,9 @@ __all__ = [
     "flash_attention",
     "flash_attention_vjp",
     "padding_mask",
+    "paged_attention",
+    "paged_cache_write",
+    "paged_flash_attention",
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",

@@ -53,12 +53,16 @@ from attention_spec import (
     AttentionGrads,
     check_attention,
     check_flag,
+    check_paged_attention,
     tiled_blocks,
 )
-from attention_spec.rules import alibi, block_rules
+from attention_spec.rules import alibi, block_rules, causal
+from attention_spec.rules import window as window_rule
 from impl_jax.functional import (
     _PRECISION,
     _allowed,
+    _as_given,
+    _asarray,
     _attended,
     _cast,
     _check_x64,
@@ -70,7 +74,14 @@ from impl_jax.functional import (
 )
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "STATIC_ARGNAMES", "flash_attention", "flash_attention_vjp"]
+__all__ = [
+    "BLOCK_K",
+    "BLOCK_Q",
+    "STATIC_ARGNAMES",
+    "flash_attention",
+    "flash_attention_vjp",
+    "paged_flash_attention",
+]
 
 #: The keywords to mark static under ``jax.jit``: those of ``scaled_dot_product_attention`` and
 #: the block sizes and ``return_lse``, which decide the shapes and loops XLA compiles.
@@ -697,3 +708,116 @@ def flash_attention_vjp(
         # the block sizes are checked before grad_output, as NumPy's flash_attention_vjp does
         checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged key/value caches (Contract v3): the tiled read, page by page
+# ---------------------------------------------------------------------------------------------
+
+
+def paged_flash_attention(
+    query: jax.Array,
+    key_cache: jax.Array,
+    value_cache: jax.Array,
+    block_table: jax.Array,
+    seq_lens: jax.Array,
+    cu_seqlens_q: jax.Array,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+) -> jax.Array:
+    """:func:`impl_jax.paged.paged_attention`, read page by page: ``(T, H, E)``.
+
+    The key block is a page. Step p reads, for every query token, page ``block_table[n_t, p]``
+    of its sequence n_t (``(T, page_size, K, D|E)``, a token-major gather of one page each) and
+    folds it into the token's running max, sum and accumulator (the online softmax of
+    :func:`flash_attention`); a page past a sequence's keys, or a -1 entry, is read as page 0
+    and masked. No contiguous copy of a sequence's keys, or of the pool, is ever made: the
+    memory beyond inputs and output is one page per token, O(T * page_size * K * (D + E)),
+    whatever P and max_pages are. Same arguments, validation and errors as ``paged_attention``;
+    the pages are a ``lax.fori_loop`` (jit it with the scalar keywords static).
+    """
+    query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
+        _as_given(x)
+        for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
+                  alibi_slopes)
+    )  # fmt: skip
+    call = check_paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
+        window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    _check_x64(query.dtype)
+    query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
+        _asarray(x)
+        for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
+                  alibi_slopes)
+    )  # fmt: skip
+    ct = _compute_dtype(query.dtype)
+    T, H, K, G, E, page_size = call.T, call.H, call.K, call.G, call.E, call.page_size
+    cu, lens = cu_seqlens_q.astype(jnp.int32), seq_lens.astype(jnp.int32)
+
+    # Each query token's sequence n_t and position seq_lens[n] - L_n + i (the plain path's 1.).
+    t = jnp.arange(T)  # (T,)
+    seq = jnp.searchsorted(cu, t, side="right") - 1  # (T,)
+    pos = lens[seq] - (cu[1:] - cu[:-1])[seq] + (t - cu[seq])  # (T,)
+    q = query.astype(ct).reshape(T, K, G, call.D)  # (T, K, G, D): a group per key/value head
+    slopes = None if alibi_slopes is None else alibi_slopes.astype(ct).reshape(K, G, 1)
+    m = jnp.full((T, K, G, 1), -jnp.inf, ct)  # running row max of the scores
+    l = jnp.zeros((T, K, G, 1), ct)  # running row sum of exp(s - m)
+    acc = jnp.zeros((T, K, G, E), ct)  # running sum of exp(s - m) @ value
+
+    def page_step(p, carry):  # one page of every token's sequence at a time
+        m, l, acc = carry
+        # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
+        #    (masked below); its keys j = p * page_size + offset.
+        j = p * page_size + jnp.arange(page_size)  # (page_size,)
+        exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
+        page = jnp.where(exists[:, 0], block_table[seq, p], 0)  # (T,)
+        k = key_cache[page].astype(ct)  # (T, page_size, K, D)
+        v = jnp.where(exists[:, :, None, None], value_cache[page], 0.0).astype(ct)  # never 0*NaN
+
+        # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
+        s = jnp.einsum("tkgd,tjkd->tkgj", q, k, precision=_PRECISION) * call.scale
+        # 2. softcap
+        if call.softcap is not None:
+            s = call.softcap * jnp.tanh(s / call.softcap)
+        # 3. ALiBi, -slope[h] * |pos_t - j|
+        if slopes is not None:
+            s = s + alibi(slopes, pos[:, None, None, None], j[None, None, None, :], 0)
+        # 4. allowed: the key exists (j < seq_lens[n_t]), causal and window on pos_t
+        i = pos[:, None]  # (T, 1)
+        allowed = exists
+        if call.is_causal:
+            allowed = allowed & causal(i, j[None, :], 0)
+        if call.window is not None:
+            allowed = allowed & window_rule(i, j[None, :], 0, call.window)
+        s = jnp.where(allowed[:, None, None, :], s, -jnp.inf)  # (T, K, G, page_size)
+
+        # 5. online softmax, as flash_attention's: raise the max, rescale, add exp(s - m_new).
+        m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))  # (T, K, G, 1)
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: not NaN
+        alpha = jnp.exp(m - shift)
+        e = jnp.exp(jnp.minimum(s - shift, 0.0))  # (T, K, G, page_size); 0 where not allowed
+        l = alpha * l + e.sum(axis=-1, keepdims=True)
+
+        # 6. output, accumulated: acc = alpha * acc + e @ value, per group.
+        acc = alpha * acc + jnp.einsum("tkgj,tjke->tkge", e, v, precision=_PRECISION)
+        return m_new, l, acc
+
+    m, l, acc = jax.lax.fori_loop(0, call.max_pages, page_step, (m, l, acc))
+
+    # 5. (end) the sink joins the denominator once; a row with no key is 0 / 1 = 0.
+    empty = l == 0.0
+    if sinks is not None:
+        sink = sinks.astype(ct).reshape(K, G, 1)
+        m_sink = jnp.maximum(m, sink)
+        shift = jnp.where(m_sink == -jnp.inf, 0.0, m_sink)
+        alpha = jnp.exp(m - shift)
+        l = alpha * l + jnp.exp(jnp.minimum(sink - shift, 0.0))
+        acc = alpha * acc
+    out = acc / jnp.where(empty, 1.0, l)  # (T, K, G, E)
+    return out.reshape(T, H, E).astype(query.dtype)

@@ -1,6 +1,6 @@
 """NumPy reference implementation of the attention contract (SEMANTICS.md)."""
 
-from impl_numpy.flash import flash_attention, flash_attention_vjp
+from impl_numpy.flash import flash_attention, flash_attention_vjp, paged_flash_attention
 from impl_numpy.fp8 import quantize_fp8
 from impl_numpy.functional import (
     alibi_slopes,
@@ -10,6 +10,7 @@ from impl_numpy.functional import (
     scaled_dot_product_attention_vjp,
 )
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
+from impl_numpy.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_numpy.rotary import apply_rotary
 from impl_numpy.varlen import varlen_attention, varlen_attention_vjp
 
@@ -24,6 +25,9 @@ __all__ = [
     "flash_attention",
     "flash_attention_vjp",
     "padding_mask",
+    "paged_attention",
+    "paged_cache_write",
+    "paged_flash_attention",
     "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",

@@ -44,9 +44,11 @@ from attention_spec import (
     check_attention,
     check_flag,
     check_grad_output,
+    check_paged_attention,
     tiled_blocks,
 )
-from attention_spec.rules import alibi, block_rules, key_band
+from attention_spec.rules import alibi, block_rules, causal, key_band
+from attention_spec.rules import window as window_rule
 from impl_numpy.functional import (
     _allowed,
     _attended,
@@ -56,8 +58,9 @@ from impl_numpy.functional import (
     _sum_to,
     _unattended_zeroed,
 )
+from impl_numpy.paged import _asarray
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention", "flash_attention_vjp"]
+__all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention", "flash_attention_vjp", "paged_flash_attention"]
 
 #: The blocks of a narrow band, ``(rows, widest)``, for ``attention_spec.tiled_blocks``: a call
 #: whose causal and window bands leave each query row at most ``left + 1 + right`` keys, with
@@ -444,3 +447,106 @@ def flash_attention_vjp(
         bias=None if dbias is None else dbias.astype(x.bias.dtype, copy=False),
         sinks=None if dsinks is None else dsinks.astype(x.sinks.dtype, copy=False),
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged key/value caches (Contract v3): the tiled read, page by page
+# ---------------------------------------------------------------------------------------------
+
+
+@np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
+def paged_flash_attention(
+    query: np.ndarray,
+    key_cache: np.ndarray,
+    value_cache: np.ndarray,
+    block_table: np.ndarray,
+    seq_lens: np.ndarray,
+    cu_seqlens_q: np.ndarray,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+) -> np.ndarray:
+    """:func:`impl_numpy.paged.paged_attention`, read page by page: ``(T, H, E)``.
+
+    The key block is a page. Step p reads, for every query token, page ``block_table[n_t, p]``
+    of its sequence n_t (``(T, page_size, K, D|E)``, a token-major gather of one page each) and
+    folds it into the token's running max, sum and accumulator (the online softmax of
+    :func:`flash_attention`); a page past a sequence's keys, or a -1 entry, is read as page 0
+    and masked. No contiguous copy of a sequence's keys, or of the pool, is ever made: the
+    memory beyond inputs and output is one page per token, O(T * page_size * K * (D + E)),
+    whatever P and max_pages are. Same arguments, validation and errors as ``paged_attention``.
+    """
+    query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
+        _asarray(x)
+        for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
+                  alibi_slopes)
+    )  # fmt: skip
+    call = check_paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
+        window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    ct = _compute_dtype(query.dtype)
+    T, H, K, G, E, page_size = call.T, call.H, call.K, call.G, call.E, call.page_size
+    cu, lens = cu_seqlens_q.astype(np.int64), seq_lens.astype(np.int64)
+
+    # Each query token's sequence n_t and position seq_lens[n] - L_n + i (the plain path's 1.).
+    t = np.arange(T)  # (T,)
+    seq = np.searchsorted(cu, t, side="right") - 1  # (T,)
+    pos = lens[seq] - (cu[1:] - cu[:-1])[seq] + (t - cu[seq])  # (T,)
+    q = query.astype(ct).reshape(T, K, G, call.D)  # (T, K, G, D): a group per key/value head
+    slopes = None if alibi_slopes is None else alibi_slopes.astype(ct).reshape(K, G, 1)
+    m = np.full((T, K, G, 1), -np.inf, ct)  # running row max of the scores
+    l = np.zeros((T, K, G, 1), ct)  # running row sum of exp(s - m)
+    acc = np.zeros((T, K, G, E), ct)  # running sum of exp(s - m) @ value
+    for p in range(call.max_pages):  # one page of every token's sequence at a time
+        # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
+        #    (masked below); its keys j = p * page_size + offset.
+        j = p * page_size + np.arange(page_size)  # (page_size,)
+        exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
+        page = np.where(exists[:, 0], block_table[seq, p], 0)  # (T,)
+        k = key_cache[page].astype(ct)  # (T, page_size, K, D)
+        v = np.where(exists[:, :, None, None], value_cache[page], 0.0).astype(ct)  # never 0*NaN
+
+        # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
+        s = np.einsum("tkgd,tjkd->tkgj", q, k) * call.scale  # (T, K, G, page_size)
+        # 2. softcap
+        if call.softcap is not None:
+            s = call.softcap * np.tanh(s / call.softcap)
+        # 3. ALiBi, -slope[h] * |pos_t - j|
+        if slopes is not None:
+            s = s + alibi(slopes, pos[:, None, None, None], j[None, None, None, :], 0)
+        # 4. allowed: the key exists (j < seq_lens[n_t]), causal and window on pos_t
+        i = pos[:, None]  # (T, 1)
+        allowed = exists
+        if call.is_causal:
+            allowed = allowed & causal(i, j[None, :], 0)
+        if call.window is not None:
+            allowed = allowed & window_rule(i, j[None, :], 0, call.window)
+        s = np.where(allowed[:, None, None, :], s, -np.inf)  # (T, K, G, page_size)
+
+        # 5. online softmax, as flash_attention's: raise the max, rescale, add exp(s - m_new).
+        m_new = np.maximum(m, s.max(axis=-1, keepdims=True))  # (T, K, G, 1)
+        shift = np.where(m_new == -np.inf, 0.0, m_new)  # nothing allowed yet: not NaN
+        alpha = np.exp(m - shift)
+        e = np.exp(np.minimum(s - shift, 0.0))  # (T, K, G, page_size); 0 where not allowed
+        l = alpha * l + e.sum(axis=-1, keepdims=True)
+
+        # 6. output, accumulated: acc = alpha * acc + e @ value, per group.
+        acc = alpha * acc + np.einsum("tkgj,tjke->tkge", e, v)  # (T, K, G, E)
+        m = m_new
+
+    # 5. (end) the sink joins the denominator once; a row with no key is 0 / 1 = 0.
+    empty = l == 0.0
+    if sinks is not None:
+        sink = sinks.astype(ct).reshape(K, G, 1)
+        m_sink = np.maximum(m, sink)
+        shift = np.where(m_sink == -np.inf, 0.0, m_sink)
+        alpha = np.exp(m - shift)
+        l = alpha * l + np.exp(np.minimum(sink - shift, 0.0))
+        acc = alpha * acc
+    out = acc / np.where(empty, 1.0, l)  # (T, K, G, E)
+    return out.reshape(T, H, E).astype(query.dtype)

@@ -45,11 +45,14 @@ from attention_spec import (
     AttentionGrads,
     check_attention,
     check_flag,
+    check_paged_attention,
     tiled_blocks,
 )
-from attention_spec.rules import alibi, block_rules, key_band
+from attention_spec.rules import alibi, block_rules, causal, key_band
+from attention_spec.rules import window as window_rule
 from impl_torch.functional import (
     _allowed,
+    _as_tensors,
     _attended,
     _cast,
     _compute_dtype,
@@ -58,7 +61,14 @@ from impl_torch.functional import (
     _vjp_by_autograd,
 )
 
-__all__ = ["BLOCK_K", "BLOCK_Q", "FlashAttention", "flash_attention", "flash_attention_vjp"]
+__all__ = [
+    "BLOCK_K",
+    "BLOCK_Q",
+    "FlashAttention",
+    "flash_attention",
+    "flash_attention_vjp",
+    "paged_flash_attention",
+]
 
 #: The blocks of a narrow band, ``(rows, widest)``, for ``attention_spec.tiled_blocks``: a call
 #: whose causal and window bands leave each query row at most ``left + 1 + right`` keys, with
@@ -471,3 +481,106 @@ def flash_attention_vjp(
         # the block sizes are checked before grad_output, as NumPy's flash_attention_vjp does
         checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Paged key/value caches (Contract v3): the tiled read, page by page
+# ---------------------------------------------------------------------------------------------
+
+
+def paged_flash_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """:func:`impl_torch.paged.paged_attention`, read page by page: ``(T, H, E)``.
+
+    The key block is a page. Step p reads, for every query token, page ``block_table[n_t, p]``
+    of its sequence n_t (``(T, page_size, K, D|E)``, a token-major gather of one page each) and
+    folds it into the token's running max, sum and accumulator (the online softmax of
+    :func:`flash_attention`); a page past a sequence's keys, or a -1 entry, is read as page 0
+    and masked. No contiguous copy of a sequence's keys, or of the pool, is ever made: the
+    memory beyond inputs and output is one page per token, O(T * page_size * K * (D + E)),
+    whatever P and max_pages are. Same arguments, validation and errors as ``paged_attention``.
+    """
+    query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
+        _as_tensors(query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
+                    alibi_slopes)
+    )  # fmt: skip
+    call = check_paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
+        window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    ct = _compute_dtype(query.dtype)
+    T, H, K, G, E, page_size = call.T, call.H, call.K, call.G, call.E, call.page_size
+    cu, lens = cu_seqlens_q.long(), seq_lens.long()
+
+    # Each query token's sequence n_t and position seq_lens[n] - L_n + i (the plain path's 1.).
+    t = torch.arange(T, device=query.device)  # (T,)
+    seq = torch.searchsorted(cu, t, right=True) - 1  # (T,)
+    pos = lens[seq] - (cu[1:] - cu[:-1])[seq] + (t - cu[seq])  # (T,)
+    q = query.to(ct).reshape(T, K, G, call.D)  # (T, K, G, D): a group per key/value head
+    slopes = None if alibi_slopes is None else alibi_slopes.to(ct).reshape(K, G, 1)
+    like = dict(dtype=ct, device=query.device)
+    m = torch.full((T, K, G, 1), -torch.inf, **like)  # running row max of the scores
+    l = torch.zeros((T, K, G, 1), **like)  # running row sum of exp(s - m)
+    acc = torch.zeros((T, K, G, E), **like)  # running sum of exp(s - m) @ value
+    table = block_table.long()
+    for p in range(call.max_pages):  # one page of every token's sequence at a time
+        # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
+        #    (masked below); its keys j = p * page_size + offset.
+        j = p * page_size + torch.arange(page_size, device=query.device)  # (page_size,)
+        exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
+        page = torch.where(exists[:, 0], table[seq, p], 0)  # (T,)
+        k = key_cache[page].to(ct)  # (T, page_size, K, D)
+        v = torch.where(exists[:, :, None, None], value_cache[page].to(ct), 0.0)  # never 0*NaN
+
+        # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
+        s = torch.einsum("tkgd,tjkd->tkgj", q, k) * call.scale  # (T, K, G, page_size)
+        # 2. softcap
+        if call.softcap is not None:
+            s = call.softcap * torch.tanh(s / call.softcap)
+        # 3. ALiBi, -slope[h] * |pos_t - j|
+        if slopes is not None:
+            s = s + alibi(slopes, pos[:, None, None, None], j[None, None, None, :], 0)
+        # 4. allowed: the key exists (j < seq_lens[n_t]), causal and window on pos_t
+        i = pos[:, None]  # (T, 1)
+        allowed = exists
+        if call.is_causal:
+            allowed = allowed & causal(i, j[None, :], 0)
+        if call.window is not None:
+            allowed = allowed & window_rule(i, j[None, :], 0, call.window)
+        s = torch.where(allowed[:, None, None, :], s, -torch.inf)  # (T, K, G, page_size)
+
+        # 5. online softmax, as flash_attention's: raise the max, rescale, add exp(s - m_new).
+        m_new = torch.maximum(m, s.amax(dim=-1, keepdim=True))  # (T, K, G, 1)
+        shift = torch.where(m_new == -torch.inf, 0.0, m_new)  # nothing allowed yet: not NaN
+        alpha = torch.exp(m - shift)
+        e = torch.exp((s - shift).clamp(max=0.0))  # (T, K, G, page_size); 0 where not allowed
+        l = alpha * l + e.sum(dim=-1, keepdim=True)
+
+        # 6. output, accumulated: acc = alpha * acc + e @ value, per group.
+        acc = alpha * acc + torch.einsum("tkgj,tjke->tkge", e, v)  # (T, K, G, E)
+        m = m_new
+
+    # 5. (end) the sink joins the denominator once; a row with no key is 0 / 1 = 0.
+    empty = l == 0.0
+    if sinks is not None:
+        sink = sinks.to(ct).reshape(K, G, 1)
+        m_sink = torch.maximum(m, sink)
+        shift = torch.where(m_sink == -torch.inf, 0.0, m_sink)
+        alpha = torch.exp(m - shift)
+        l = alpha * l + torch.exp((sink - shift).clamp(max=0.0))
+        acc = alpha * acc
+    out = acc / torch.where(empty, 1.0, l)  # (T, K, G, E)
+    return out.reshape(T, H, E).to(query.dtype)

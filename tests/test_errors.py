@@ -9,6 +9,7 @@ from attention_spec import (
     ERROR_CODES,
     FP8_ERROR_CODES,
     MODULE_ERROR_CODES,
+    PAGED_ERROR_CODES,
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
     VARLEN_ERROR_CODES,
@@ -192,6 +193,7 @@ def test_every_functional_code_has_a_case():
     functional -= {"grad_output_shape"}
     functional -= FP8_ERROR_CODES  # fp8's: tests/test_fp8.py, in all three (no fixtures yet)
     functional -= VARLEN_ERROR_CODES  # varlen's: VARLEN_CASES below
+    functional -= PAGED_ERROR_CODES  # the paged cache's: tests/test_paged.py, in all three
     assert functional - covered == set()
     for code, (cls, _) in ERROR_CODES.items():
         assert issubclass(cls, AttentionError), code

@@ -21,7 +21,9 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
   and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``);
 - :mod:`~conformance.cases.varlen`: contract v3's packed variable-length batches
-  (``varlen.*``, ``varlen_grad.*`` and their errors).
+  (``varlen.*``, ``varlen_grad.*`` and their errors);
+- :mod:`~conformance.cases.paged`: contract v3's paged key/value caches, ``paged_attention``
+  (``paged.*``) and ``paged_cache_write`` (``paged_write.*``), their errors too.
 
 ``conformance/generate/`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
@@ -36,6 +38,7 @@ from conformance.cases import (  # noqa: F401
     masks,
     module_masks,
     modules,
+    paged,
     ring,
     rope,
     sdpa,

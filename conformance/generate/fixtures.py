@@ -428,3 +428,9 @@ from conformance.generate.varlen import VARLEN_BUILDERS, VARLEN_GROUPS  # noqa: 
 
 BUILDERS |= VARLEN_BUILDERS
 GROUPS += VARLEN_GROUPS
+
+# Paged key/value caches (contract v3): their builders live in conformance/generate/paged.py.
+from conformance.generate.paged import PAGED_BUILDERS, PAGED_GROUPS  # noqa: E402
+
+BUILDERS |= PAGED_BUILDERS
+GROUPS += PAGED_GROUPS

@@ -88,7 +88,31 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
     params = inspect.signature(function).parameters
     if "n_shards" in params:
         return _on_mesh(function, params)
-    return jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])
+    jitted = jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])
+    if alias in _VALUES_CHECKED_FIRST:
+        return _values_checked_first(alias, jitted)
+    return jitted
+
+
+#: The paged key/value cache aliases (Contract v3): their integer arrays' values (block table,
+#: lengths, offsets, slots) are tracers under jit, which validation cannot read (SEMANTICS.md:
+#: unchecked under jit); :func:`_values_checked_first` checks them on the concrete arrays first.
+_VALUES_CHECKED_FIRST = ("paged", "paged_flash", "paged_write")
+
+
+def _values_checked_first(alias: str, jitted: Callable[..., Any]) -> Callable[..., Any]:
+    """``jitted`` after attention_spec's check of the call on its concrete arrays, as a serving
+    loop validates a batch before its compiled step: the value errors of the paged calls then
+    come from JAX ports too."""
+    from attention_spec import check_paged_attention, check_paged_cache_write
+
+    check = check_paged_cache_write if alias == "paged_write" else check_paged_attention
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        check(*args, **kwargs)
+        return jitted(*args, **kwargs)
+
+    return call
 
 
 def _on_mesh(function: Callable[..., Any], params) -> Callable[..., Any]:

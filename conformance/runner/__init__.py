@@ -37,6 +37,12 @@ varlen      ``varlen_attention``             the golden output of ``fn(q, k, v,
 varlen_grad ``varlen_attention_vjp``         the golden dq, dk, dv (dsinks) of
                                              ``fn(..., cu_seqlens_k, grad_output, **kw)``
                                              (optional; contract v3)
+paged       ``paged_attention``              the golden output (T, H, E) (optional;
+                                             contract v3, conformance/runner/paged.py)
+paged_      ``paged_flash_attention``        the same, the tiled read (optional)
+flash
+paged_      ``paged_cache_write``            the two caches it returns, exactly (optional)
+write
 =========== ================================ ============================================
 
 One fixture and one function make one *run*, with the id ``<alias>.<feature>[.<variant>].
@@ -53,8 +59,8 @@ the adapter.
 A missing required function (or module class, or module method) makes each of its runs fail
 as "not implemented", one line each, and so does an optional one that is asked for
 (``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope``,
-``varlen``, ``varlen_grad`` and the sharded ``ring``, ``ring_zigzag``, ``head_parallel``,
-``head_parallel_gqa``: the rows of
+``varlen``, ``varlen_grad``, the paged ``paged``, ``paged_flash`` and ``paged_write``, and the
+sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``: the rows of
 :data:`FUNCTIONS` with ``required=False``) are run only when the port has them or when they are
 asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``, ``module`` and
 ``decode``.

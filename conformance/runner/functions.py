@@ -27,6 +27,12 @@ from conformance.runner.arguments import (
 )
 from conformance.runner.comparison import Comparison
 from conformance.runner.failures import _Failed, _raised
+from conformance.runner.paged import (  # paged key/value caches (Contract v3)
+    _paged_arguments,
+    _paged_values,
+    _paged_write_arguments,
+    _paged_write_values,
+)
 
 if TYPE_CHECKING:
     from conformance.runner.port import Port
@@ -361,6 +367,12 @@ FUNCTIONS: dict[str, Function] = {
         _grad_values,
         _attention_error,
         inputs=(*_VARLEN_INPUTS, "grad_output"),
+    ),
+    # -- paged key/value caches (Contract v3): conformance/runner/paged.py --------------------
+    "paged": Function("paged_attention", False, _paged_values, _call(_paged_arguments)),
+    "paged_flash": Function("paged_flash_attention", False, _paged_values, _call(_paged_arguments)),
+    "paged_write": Function(
+        "paged_cache_write", False, _paged_write_values, _call(_paged_write_arguments)
     ),
 }
 

@@ -263,11 +263,42 @@ BUGS: dict[str, tuple[str, str]] = {
         "grad, tiled: under causal masking, the key blocks the diagonal crosses are skipped",
         "flash_grad.tiling.blocks_7.causal.l113_s203.float32",
     ),
+    # -- paged key/value caches (Contract v3): paged_broken.py ---------------------------
+    "paged_causal_top_left": (
+        "paged: causal aligned top-left (query row i at position i, not seq_lens[n] - L_n + i)",
+        "paged.page3.decode_and_prefill.causal.float32",
+    ),
+    "paged_offset_from_block_start": (
+        "paged: the page offset taken from the key block's start j0, (j - j0) % page_size",
+        "paged.page3.decode_and_prefill.causal.float32",
+    ),
+    "paged_previous_row": (
+        "paged: sequence n reads sequence n-1's block-table row (sequence 0 the last one)",
+        "paged.page3.decode_and_prefill.causal.float32",
+    ),
+    "paged_reads_max_len": (
+        "paged: keys read and attended up to max_pages * page_size, not seq_lens[n]: NaN leaks "
+        "(causal alone hides it: every key past seq_lens[n] is after the last query)",
+        "paged.in_order.not_causal.float32",
+    ),
+    "paged_minus_one_last_page": (
+        "paged: every block-table entry read, -1 as the last page, and the keys past seq_lens "
+        "masked in the scores only: 0 * NaN leaks from the pages and slots no sequence holds",
+        "paged.in_order.not_causal.float32",
+    ),
+    "paged_gqa_tiling": (
+        "paged: query head h reads key/value head h % K (tiling)",
+        "paged.page3.decode_and_prefill.causal.float32",
+    ),
+    "paged_write_minus_one_last_slot": (
+        "paged_cache_write: a slot of -1 written as an index, to the pool's last slot",
+        "paged_write.padding_slots.float32",
+    ),
 }
 
 
 def make_port(
-    bug: str | None = None, *, flash: bool = False, grad: bool = False
+    bug: str | None = None, *, flash: bool = False, grad: bool = False, paged: bool = False
 ) -> SimpleNamespace:
     """A NumPy port of the contract with ``bug`` (a key of :data:`BUGS`) switched on.
 
@@ -275,6 +306,8 @@ def make_port(
     tiled code with the bug of ``flash_broken.py`` switched in, or with none. ``grad=True``
     (implied by a ``grad_*`` bug) adds ``scaled_dot_product_attention_vjp`` and
     ``flash_attention_vjp``: the backward of ``grad_broken.py`` with that bug, or with none.
+    ``paged=True`` (implied by a ``paged_*`` bug) adds ``paged_attention`` and
+    ``paged_cache_write``: ``paged_broken.py`` with that bug, or with none.
     """
     if bug is not None and bug not in BUGS:
         raise KeyError(bug)
@@ -511,6 +544,11 @@ def make_port(
 
         grad_bug = bug.removeprefix("grad_") if bug else "none"
         port.scaled_dot_product_attention_vjp, port.flash_attention_vjp = vjp_pair(grad_bug)
+    if paged or (bug or "").startswith("paged_"):
+        from conformance.tests.paged_broken import paged_pair
+
+        paged_bug = bug.removeprefix("paged_") if bug else "none"
+        port.paged_attention, port.paged_cache_write = paged_pair(paged_bug)
     return port
 
 

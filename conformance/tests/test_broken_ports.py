@@ -26,6 +26,9 @@ EXTRA_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in EXTRA_FAMILIES]
 
 GRAD_BUGS = [b for b in BUGS if b.startswith("grad_")]
 GRAD_FUNCTIONS = ("grad", "flash_grad")
+#: The paged key/value cache bugs (paged_broken.py) and the aliases they are run on.
+PAGED_BUGS = [b for b in BUGS if b.startswith("paged_")]
+PAGED_FUNCTIONS = ("paged", "paged_write")
 
 
 def _report(bug: str | None) -> Report:
@@ -33,7 +36,9 @@ def _report(bug: str | None) -> Report:
     the unbroken port's, which the first test proves)."""
     if bug not in _REPORTS:
         grad = bug is not None and bug.startswith("grad_")
-        _REPORTS[bug] = run_suite(make_port(bug), functions=GRAD_FUNCTIONS if grad else None)
+        paged = bug is not None and bug.startswith("paged_")  # the paged runs alone, likewise
+        functions = GRAD_FUNCTIONS if grad else PAGED_FUNCTIONS if paged else None
+        _REPORTS[bug] = run_suite(make_port(bug), functions=functions)
     return _REPORTS[bug]
 
 
@@ -247,3 +252,20 @@ def test_broken_varlen_port_is_caught(bug: str) -> None:
     assert must_fail in failed, f"{bug} ({what}) passed {must_fail}"
     if bug.startswith("grad_"):  # a backward bug leaves every forward run alone
         assert all(r.startswith("varlen_grad.") for r in failed)
+def test_the_unbroken_paged_port_passes_every_paged_run() -> None:
+    report = run_suite(make_port(None, paged=True), functions=PAGED_FUNCTIONS)
+    assert report.ok, "\n".join(o.line() for o in report.failures)
+    assert report.counts()["pass"] == len(report.outcomes) > 40
+    assert {o.run_id.split(".")[0] for o in report.outcomes} == set(PAGED_FUNCTIONS)
+
+
+@pytest.mark.parametrize("bug", PAGED_BUGS)
+def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
+    """A paged bug fails paged runs (the rest of the port is the unbroken one); every value
+    bug of paged_attention fails in every dtype of the mixed decode and prefill case."""
+    failed = {o.run_id for o in _report(bug).failures}
+    assert {r.split(".")[0] for r in failed} <= set(PAGED_FUNCTIONS)
+    if bug not in ("paged_write_minus_one_last_slot", "paged_minus_one_last_page",
+                   "paged_reads_max_len"):  # fmt: skip
+        for dtype in ("float64", "float32", "float16", "bfloat16"):
+            assert f"paged.page3.decode_and_prefill.causal.{dtype}" in failed, (bug, dtype)

@@ -13,6 +13,7 @@ from attention_spec import (
     ERROR_CODES,
     FP8_ERROR_CODES,
     MODULE_ERROR_CODES,
+    PAGED_ERROR_CODES,
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
     VARLEN_ERROR_CODES,
@@ -89,12 +90,22 @@ def test_error_cases_cover_every_functional_rule_of_the_taxonomy() -> None:
     functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
     functional -= FP8_ERROR_CODES  # no fp8 fixtures yet: tests/test_fp8.py, in all three
     functional -= VARLEN_ERROR_CODES  # varlen.error.*: below
+    functional -= PAGED_ERROR_CODES  # the paged.error.* and paged_write.error.* fixtures
     assert _codes(("sdpa", "causal_mask", "grad")) == functional  # grad: grad_output_shape
     assert _codes(("rope",)) >= ROTARY_ERROR_CODES  # and rank, not_a_bool, ... of x and keywords
     for case in MANIFEST.cases:
         if case.kind == "error":
             want = case.entry["expected_error"]
             assert ERROR_CODES[want["code"]][0].__name__ == want["class"], case.id
+
+
+def test_paged_error_cases_cover_every_paged_rule_of_the_taxonomy() -> None:
+    """Every paged code has a fixture, its integer inputs with their values (FORMAT.md)."""
+    assert _codes(("paged", "paged_write")) >= PAGED_ERROR_CODES
+    entry = BY_ID["paged.error.block_table_past_the_pool.float32"].entry
+    assert entry["inputs"]["block_table"] == {"shape": [2, 2], "dtype": "int32",
+                                              "values": [0, 1, 2, 4]}  # fmt: skip
+    assert entry["inputs"]["query"] == {"shape": [3, 6, 11], "dtype": "float32"}
 
 
 def test_module_error_cases_cover_every_module_rule_of_the_taxonomy() -> None:

@@ -1,0 +1,316 @@
+"""Paged key/value caches (Contract v3): ``paged_attention`` and ``paged_cache_write`` in all
+three, against the float64 oracle, and their errors, identical in all three."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import impl_jax
+from attention_spec import (
+    PAGED_ERROR_CODES,
+    ConfigError,
+    DimensionMismatchError,
+    DTypeError,
+    MaskError,
+)
+from conformance import oracle
+from conformance.cases.paged import paged_problem, write_problem
+from tests.frameworks import same_error
+
+ARGS = ("query", "key_cache", "value_cache", "block_table", "seq_lens", "cu_seqlens_q")
+
+
+def _paged(fw, c, dtype="float64", function="paged_attention", **keywords):
+    """``fw.module.<function>`` (``paged_attention`` or the tiled ``paged_flash_attention``) on
+    the problem ``c`` (floats rounded to ``dtype``)."""
+    cast = {"float64": np.float64, "float32": np.float32}[dtype]
+    args = [getattr(c, name) for name in ARGS]
+    args = [a.astype(cast) if a.dtype.kind == "f" else a.astype(np.int32) for a in args]
+    arrays = {n: np.asarray(a, cast) for n, a in c.arrays.items()}
+    kw = {**c.keywords, **{n: fw.asarray(a) for n, a in arrays.items()}, **keywords}
+    fn = getattr(fw.module, function)
+    return fw.to_numpy(fn(*(fw.asarray(a) for a in args), **kw))
+
+
+def _golden(c):
+    return oracle.paged_attention(*(getattr(c, n) for n in ARGS), **c.keywords, **c.arrays)
+
+
+PROBLEMS = {
+    "page3_mixed_causal": dict(seq_lens=[7, 1, 0, 12, 5], q_lens=[1, 1, 0, 4, 2], page_size=3,
+                               is_causal=True),
+    "page1": dict(seq_lens=[5, 3, 8], q_lens=[1, 3, 2], page_size=1, is_causal=True),
+    "page16": dict(seq_lens=[20, 33, 5], q_lens=[1, 5, 5], page_size=16, is_causal=True),
+    "page_larger": dict(seq_lens=[9, 30, 1], q_lens=[2, 1, 1], page_size=64, is_causal=True),
+    "not_causal_wide_table": dict(seq_lens=[4, 10], q_lens=[2, 3], page_size=4, max_pages=5),
+    "window_sinks": dict(seq_lens=[13, 4], q_lens=[3, 2], page_size=4, is_causal=True,
+                         window=(3, 1), sinks=np.linspace(-1, 1, 6)),
+    "alibi_softcap": dict(seq_lens=[9, 5], q_lens=[3, 1], page_size=2, is_causal=True,
+                          alibi_slopes=np.linspace(0.1, 0.8, 6), softcap=3.0, scale=0.7),
+    "mqa": dict(seq_lens=[7, 3], q_lens=[2, 1], page_size=3, h=8, k=1, is_causal=True),
+}  # fmt: skip
+
+
+FUNCTIONS = ("paged_attention", "paged_flash_attention")
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_paged_attention_equals_the_oracle(fw, name, function):
+    """NaN in every slot no sequence holds, -1 past the pages, shuffled pages: float64 exact
+    to rounding, and no NaN anywhere; the plain path and the tiled page-by-page read."""
+    c = paged_problem(np.random.default_rng(len(name)), **PROBLEMS[name])
+    want = _golden(c)
+    got = _paged(fw, c, function=function)
+    assert got.shape == want.shape and not np.isnan(got).any()
+    np.testing.assert_allclose(got, want, rtol=0, atol=1e-12)
+
+
+def test_the_oracle_equals_the_contiguous_oracle_on_gathered_keys():
+    """The paged oracle's own loop against :func:`oracle.attention` per sequence over keys
+    gathered here (bottom-right, as every cache is)."""
+    c = paged_problem(np.random.default_rng(5), **PROBLEMS["window_sinks"])
+    want = _golden(c)
+    cu, ps = c.cu_seqlens_q, c.key_cache.shape[1]
+    for n, s in enumerate(c.seq_lens):
+        j = np.arange(s)
+        keys = c.key_cache[c.block_table[n, j // ps], j % ps].transpose(1, 0, 2)  # (K, S, D)
+        values = c.value_cache[c.block_table[n, j // ps], j % ps].transpose(1, 0, 2)
+        q = c.query[cu[n] : cu[n + 1]].transpose(1, 0, 2)  # (H, L, D)
+        got = oracle.attention(q, keys, values, causal_alignment="bottom_right", **c.keywords,
+                               **c.arrays).output  # fmt: skip
+        np.testing.assert_allclose(got.transpose(1, 0, 2), want[cu[n] : cu[n + 1]], atol=1e-13)
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_float32_within_a_float32_distance(fw, function):
+    c = paged_problem(np.random.default_rng(1), **PROBLEMS["page3_mixed_causal"])
+    got = _paged(fw, c, "float32", function)
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, _golden(c), atol=2e-6)
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+def test_jax_under_jit_equals_the_oracle(function):
+    c = paged_problem(np.random.default_rng(2), **PROBLEMS["window_sinks"])
+    args = [jnp.asarray(getattr(c, n)) for n in ARGS]
+    sinks = jnp.asarray(c.arrays["sinks"])
+    kw = dict(c.keywords)
+    fn = getattr(impl_jax, function)
+    jitted = jax.jit(lambda *a: fn(*a, **kw, sinks=sinks))
+    np.testing.assert_allclose(np.asarray(jitted(*args)), _golden(c), atol=1e-12)
+
+
+def test_paged_cache_write(fw):
+    """-1 slots skipped (the pool's last slot keeps its number); NumPy and torch write in place
+    and return the arrays given, JAX returns new arrays."""
+    c = write_problem(np.random.default_rng(3), [4, -1, 0, -1, 10])
+    want_k, want_v = oracle.paged_cache_write(c.key_cache, c.value_cache, c.key, c.value,
+                                              c.slot_mapping)  # fmt: skip
+    kc, vc = fw.asarray(c.key_cache.copy()), fw.asarray(c.value_cache.copy())
+    out_k, out_v = fw.module.paged_cache_write(kc, vc, fw.asarray(c.key), fw.asarray(c.value),
+                                               fw.asarray(c.slot_mapping))  # fmt: skip
+    np.testing.assert_array_equal(fw.to_numpy(out_k), want_k)
+    np.testing.assert_array_equal(fw.to_numpy(out_v), want_v)
+    assert fw.to_numpy(out_k)[-1, -1].tolist() == c.key_cache[-1, -1].tolist()
+    if fw.name in ("numpy", "torch"):
+        assert out_k is kc and out_v is vc
+    else:
+        np.testing.assert_array_equal(np.asarray(kc), c.key_cache)  # the input is unchanged
+
+
+def _ints(*v):
+    return np.asarray(v, np.int32)
+
+
+def _call(query=(3, 6, 4), kc=(4, 3, 2, 4), vc=(4, 3, 2, 5), table=None, lens=None, cu=None,
+          dtype=np.float32, **kw):  # fmt: skip
+    """A paged_attention call of two sequences (4 and 5 keys; 1 and 2 queries) but for what is
+    given, as a function of the framework."""
+    table = _ints([0, 1], [2, 3]) if table is None else table
+    lens = _ints(4, 5) if lens is None else lens
+    cu = _ints(0, 1, 3) if cu is None else cu
+    arrays = [np.zeros(query, dtype), np.zeros(kc, dtype), np.zeros(vc, dtype), table, lens, cu]
+
+    def call(fw):
+        return fw.module.paged_attention(
+            *(fw.asarray(a) for a in arrays),
+            **{k: fw.asarray(v) if isinstance(v, np.ndarray) else v for k, v in kw.items()},
+        )
+
+    return call
+
+
+def _write(kc=(4, 3, 2, 4), vc=(4, 3, 2, 5), key=(2, 2, 4), value=(2, 2, 5), slots=None,
+           dtype=np.float32, key_dtype=None):  # fmt: skip
+    slots = _ints(0, 1) if slots is None else slots
+    arrays = [np.zeros(kc, dtype), np.zeros(vc, dtype), np.zeros(key, key_dtype or dtype),
+              np.zeros(value, dtype), slots]  # fmt: skip
+    return lambda fw: fw.module.paged_cache_write(*(fw.asarray(a) for a in arrays))
+
+
+# id: (call, class, code, a distinctive part of the message)
+ERRORS = {
+    "cu_float": (_call(cu=np.zeros(3, np.float32)), DTypeError, "cu_seqlens_dtype",
+                 "cu_seqlens_q must be integers (query offsets); got float32"),
+    "table_float": (_call(table=np.zeros((2, 2), np.float32)), DTypeError, "block_table_dtype",
+                    "block_table must be integers"),
+    "lens_float": (_call(lens=np.zeros(2, np.float32)), DTypeError, "seq_lens_dtype",
+                   "seq_lens must be integers"),
+    "cu_end": (_call(cu=_ints(0, 1, 2)), ConfigError, "cu_seqlens_value", "end at T=3"),
+    "cu_decreasing": (_call(cu=_ints(0, 2, 1, 3), table=_ints([0], [1], [2]), lens=_ints(2, 2, 2)),
+                      ConfigError, "cu_seqlens_value", "got [0, 2, 1, 3]"),
+    "count": (_call(lens=_ints(4, 5, 1)), DimensionMismatchError, "cu_seqlens_count",
+              "must agree on the number of sequences N"),
+    "lens_past_row": (_call(lens=_ints(7, 5)), ConfigError, "seq_lens_value",
+                      "seq_lens[0] must be in [L_n=1, max_pages * page_size = 2 * 3 = 6]"),
+    "lens_below_queries": (_call(lens=_ints(4, 1)), ConfigError, "seq_lens_value", "got 1"),
+    "table_past_pool": (_call(table=_ints([0, 1], [2, 4])), ConfigError, "block_table_value",
+                        "block_table[1, 1] must be a page in [0, P=4)"),
+    "table_minus_one": (_call(table=_ints([0, -1], [2, 3])), ConfigError, "block_table_value",
+                        "got -1"),
+    "page_shape": (_call(vc=(4, 2, 2, 5)), DimensionMismatchError, "page_shape",
+                   "must agree on P, page_size and K"),
+    "no_pages": (_call(kc=(0, 3, 2, 4), vc=(0, 3, 2, 5)), ConfigError, "non_positive_size",
+                 "pages P must be >= 1; got 0"),
+    "rank": (_call(query=(3, 6)), DimensionMismatchError, "rank",
+             "query must have shape (T, H, D); got shape (3, 6)"),
+    "heads": (_call(kc=(4, 3, 4, 4), vc=(4, 3, 4, 5)), DimensionMismatchError,
+              "heads_not_divisible", "key heads (K=4) must divide query heads (H=6)"),
+    "head_dim": (_call(kc=(4, 3, 2, 3)), DimensionMismatchError, "qk_head_dim_mismatch",
+                 "query head dim (D=4)"),
+    "sinks": (_call(sinks=np.zeros(2, np.float32)), DimensionMismatchError, "sinks_shape",
+              "shape (H=6,); got (2,)"),
+    "alibi_dtype": (_call(alibi_slopes=np.zeros(6, np.int32)), DTypeError, "alibi_dtype",
+                    "got int32"),
+    "window": (_call(window=(-1, 0)), ConfigError, "window_value", None),
+    "causal_flag": (_call(is_causal="yes"), ConfigError, "not_a_bool", None),
+    "scale_range": (_call(scale=1e39), ConfigError, "scale_range", None),
+    "slot_past_pool": (_write(slots=_ints(0, 12)), ConfigError, "slot_mapping_value",
+                       "slot_mapping[1] must be -1 (skip) or a slot in [0, P * page_size"),
+    "slot_twice": (_write(key=(3, 2, 4), value=(3, 2, 5), slots=_ints(5, -1, 5)), ConfigError,
+                   "slot_mapping_value", "tokens 0 and 2 are both written to slot 5"),
+    "slot_float": (_write(slots=np.zeros(2, np.float32)), DTypeError, "slot_mapping_dtype",
+                   "slot_mapping must be integers"),
+    "write_heads": (_write(key=(2, 3, 4)), DimensionMismatchError, "cache_write_shape",
+                    "key must be (T, K=2, D=4) float32"),
+    "write_dtype": (_write(key_dtype=np.float64), DimensionMismatchError, "cache_write_shape",
+                    "got (2, 2, 4) float64"),
+    "write_tokens": (_write(slots=_ints(0, 1, 2)), DimensionMismatchError, "cache_write_shape",
+                     "must agree on the tokens T"),
+    "write_page_shape": (_write(vc=(4, 3, 1, 5)), DimensionMismatchError, "page_shape", None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(ERRORS))
+def test_paged_errors_are_identical_in_all_three(case):
+    call, cls, code, fragment = ERRORS[case]
+    err = same_error(call, cls, code, fragment)
+    assert not isinstance(err, MaskError)
+
+
+@pytest.mark.parametrize("case", [c for c in ERRORS if not c.startswith(("slot", "write"))])
+def test_the_tiled_read_raises_the_same(case):
+    """``paged_flash_attention`` validates as ``paged_attention`` does, in all three."""
+    call, cls, code, fragment = ERRORS[case]
+
+    class Tiled:  # the framework, with paged_attention standing for the tiled read
+        def __init__(self, fw):
+            self.module = type("M", (), {"paged_attention": fw.module.paged_flash_attention})
+            self.asarray = fw.asarray
+
+    same_error(lambda fw: call(Tiled(fw)), cls, code, fragment)
+
+
+def test_a_mixed_dtype_cache_is_refused_in_all_three():
+    arrays = [np.zeros((3, 6, 4), np.float32), np.zeros((4, 3, 2, 4), np.float64),
+              np.zeros((4, 3, 2, 5), np.float64), _ints([0, 1], [2, 3]), _ints(4, 5),
+              _ints(0, 1, 3)]  # fmt: skip
+    same_error(lambda fw: fw.module.paged_attention(*(fw.asarray(a) for a in arrays)),
+               DTypeError, "dtype_mismatch", "query=float32, key_cache=float64")  # fmt: skip
+
+
+def test_every_paged_code_has_a_case():
+    assert {ERRORS[c][2] for c in ERRORS} >= PAGED_ERROR_CODES
+
+
+def test_values_are_unchecked_under_jit_and_checked_outside():
+    """Under jax.jit the integer arrays are tracers: their values cannot raise (SEMANTICS.md)."""
+    table = jnp.asarray(_ints([0, 1], [2, 9]))  # page 9 of 4: refused when concrete
+    args = [jnp.zeros((3, 6, 4)), jnp.zeros((4, 3, 2, 4)), jnp.zeros((4, 3, 2, 5))]
+    with pytest.raises(ConfigError):
+        impl_jax.paged_attention(
+            *args, table, jnp.asarray(_ints(4, 5)), jnp.asarray(_ints(0, 1, 3))
+        )
+    out = jax.jit(impl_jax.paged_attention)(*args, table, jnp.asarray(_ints(4, 5)),
+                                            jnp.asarray(_ints(0, 1, 3)))  # fmt: skip
+    assert out.shape == (3, 6, 5)
+
+
+def _peak(fn, *args, **kw) -> int:
+    """Bytes NumPy allocated at the peak of ``fn(*args, **kw)``, above what was live before
+    (tracemalloc, as tests/test_flash_memory.py measures)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        before, _ = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        out = fn(*args, **kw)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    del out
+    return peak - before
+
+
+def test_the_tiled_read_memory_does_not_grow_with_the_pool_or_the_table():
+    """A decode step of 4 sequences (page 16, up to 300 keys) in a pool of 64 and of 1024 pages,
+    block tables 20 and 320 entries wide: the tiled read's peak stays one page per token (it
+    never gathers a row of the table); the plain path's grows with the table's width."""
+    import impl_numpy
+
+    peaks = {}
+    for width, spare in ((20, 31), (320, 991)):  # 33 pages needed
+        c = paged_problem(np.random.default_rng(6), [300, 17, 120, 64], [1, 1, 1, 1], h=8, k=2,
+                          page_size=16, max_pages=width, spare=spare, d=64, e=64)  # fmt: skip
+        args = [getattr(c, n) for n in ARGS]
+        args = [a.astype(np.float32 if a.dtype.kind == "f" else np.int32) for a in args]
+        assert args[1].shape[0] in (64, 1024)
+        peaks[width] = (_peak(impl_numpy.paged_flash_attention, *args),
+                        _peak(impl_numpy.paged_attention, *args))  # fmt: skip
+    (tiled_small, plain_small), (tiled_wide, plain_wide) = peaks[20], peaks[320]
+    page_per_token = 4 * 16 * 2 * (64 + 64) * 4  # T * page_size * K * (D + E) float32 bytes
+    assert tiled_wide < 8 * page_per_token and tiled_wide < 1.5 * tiled_small
+    assert plain_wide > 10 * plain_small and plain_wide > 10 * tiled_wide
+
+
+def test_the_drawn_block_table_of_semantics_md(fw):
+    """docs/SEMANTICS.md's drawing: pages 4 then 1 hold sequence 0's keys a0..a4, page 0
+    sequence 1's b0, b1; sequence 1's next key goes to slot 0 * 3 + 2 = 2. Every other slot is
+    NaN; the answer is attention over the keys read in that order, bottom-right."""
+    rng = np.random.default_rng(7)
+    a, b = rng.standard_normal((5, 1, 4)), rng.standard_normal((3, 1, 4))  # keys (j, K=1, D=4)
+    key_cache = np.full((6, 3, 1, 4), np.nan)
+    key_cache[4], key_cache[1, :2], key_cache[0, :2] = a[:3], a[3:], b[:2]
+    value_cache = key_cache.copy()  # values equal to keys: (6, 3, 1, E=4)
+    table = _ints([4, 1, -1], [0, -1, -1])
+    key_cache, value_cache = (
+        fw.to_numpy(x)
+        for x in fw.module.paged_cache_write(
+            fw.asarray(key_cache), fw.asarray(value_cache), fw.asarray(b[2:]),
+            fw.asarray(b[2:]), fw.asarray(_ints(2)),
+        )
+    )  # fmt: skip
+    np.testing.assert_array_equal(key_cache[0, 2], b[2])
+    query = rng.standard_normal((3, 2, 4))  # (T=3, H=2, D=4): 2 queries of 0, 1 of 1
+    args = (query, key_cache, value_cache, table, _ints(5, 3), _ints(0, 2, 3))
+    got = fw.to_numpy(fw.module.paged_attention(*(fw.asarray(x) for x in args), is_causal=True))
+    for rows, keys in ((slice(0, 2), a), (slice(2, 3), b)):
+        k = keys.transpose(1, 0, 2)  # (K, S, D)
+        want = oracle.attention(query[rows].transpose(1, 0, 2), k, k, is_causal=True,
+                                causal_alignment="bottom_right").output  # fmt: skip
+        np.testing.assert_allclose(got[rows], want.transpose(1, 0, 2), atol=1e-12)
