@@ -252,6 +252,8 @@ def test_broken_varlen_port_is_caught(bug: str) -> None:
     assert must_fail in failed, f"{bug} ({what}) passed {must_fail}"
     if bug.startswith("grad_"):  # a backward bug leaves every forward run alone
         assert all(r.startswith("varlen_grad.") for r in failed)
+
+
 def test_the_unbroken_paged_port_passes_every_paged_run() -> None:
     report = run_suite(make_port(None, paged=True), functions=PAGED_FUNCTIONS)
     assert report.ok, "\n".join(o.line() for o in report.failures)
