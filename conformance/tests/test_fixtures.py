@@ -412,7 +412,8 @@ def test_varlen_cases_cover_the_codes_and_the_contract_points() -> None:
         assert f"varlen.{name}.float32" in BY_ID, name
     assert any(i.startswith("varlen_grad.") for i in BY_ID)
     for case in MANIFEST.cases:
-        assert (case.op in ("varlen", "varlen_grad")) == (case.contract == "v3"), case.id
+        if case.op in ("varlen", "varlen_grad"):
+            assert case.contract == "v3", case.id
 
 
 def test_varlen_goldens_hold_the_zero_rows_of_sequences_without_keys() -> None:
