@@ -422,3 +422,20 @@ def test_varlen_goldens_hold_the_zero_rows_of_sequences_without_keys() -> None:
     cu_q = t["cu_seqlens_q"].tolist()
     assert cu_q == [0, 2, 2, 6, 9, 9]
     assert not t["output"][2:6].any() and t["output"][:2].all()
+
+
+def test_the_varlen_flex_cross_check_refuses_a_wrong_golden() -> None:
+    """The generator's FlexAttention check (conformance/generate/varlen.py) agrees with the
+    golden of a bottom-right, windowed case and refuses it shifted by twice its bound."""
+    pytest.importorskip("torch")
+    from conformance.generate.varlen import _flex_verify
+
+    case = BY_ID["varlen.n5.window_across_boundaries.float32"]
+    t = case.tensors()
+    as64 = {n: t[n] if t[n].dtype.kind == "i" else t[n].astype(np.float64) for n in
+            ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k")}  # fmt: skip
+    keywords, bound = case.keywords, case.tolerance["output"]
+    said, bad = _flex_verify(as64, keywords, t["output"], bound)({"torch": None})
+    assert said["torch"].startswith("agree") and not bad
+    _, bad = _flex_verify(as64, keywords, t["output"] + 2 * bound, bound)({"torch": None})
+    assert bad
