@@ -780,7 +780,8 @@ def paged_flash_attention(
     def page_step(p, carry):  # one page of every token's sequence at a time
         m, l, acc = carry
         # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
-        #    (masked below); its keys j = p * page_size + offset.
+        #    (masked below); its keys j = p * page_size + offset. An fp8 page is dequantized
+        #    as it is read: float32 times the k_descale / v_descale of the token's sequence.
         j = p * page_size + jnp.arange(page_size)  # (page_size,)
         exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
         page = jnp.where(exists[:, 0], block_table[seq, p], 0)  # (T,)
