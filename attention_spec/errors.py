@@ -155,17 +155,19 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "axes_value": (ConfigError, "quantize_fp8 axes outside x's rank or repeated"),
     "fp8_combination": (DTypeError, "an fp8 combination of dtypes outside the two allowed"),
     "fp8_nonfinite": (ConfigError, "quantize_fp8 of an x that is not finite in float32"),
-    # -- paged key/value caches (Contract v3; attention_spec/paged.py). The cu_seqlens codes
-    #    are varlen_attention's too.
-    "cu_seqlens_dtype": (DTypeError, "cu_seqlens is not integer"),
+    # -- variable-length batches (Contract v3; attention_spec/varlen.py) ----------------------
+    "cu_seqlens_dtype": (DTypeError, "cu_seqlens_q / cu_seqlens_k is not integer"),
     "cu_seqlens_value": (
         ConfigError,
-        "cu_seqlens not starting at 0, decreasing, or not ending at T",
+        "cu_seqlens not starting at 0, decreasing, or not ending at the packed tokens T",
     ),
     "cu_seqlens_count": (
         DimensionMismatchError,
-        "cu_seqlens_q and cu_seqlens_k (or block_table, seq_lens) disagree on N",
+        "cu_seqlens not one axis of N + 1 >= 1 entries, or q and k disagree on N",
     ),
+    # -- paged key/value caches (Contract v3; attention_spec/paged.py; the cu_seqlens codes
+    #    above too, for cu_seqlens_q, and cu_seqlens_count when block_table or seq_lens
+    #    disagree with it on N) -------------------------------------------------------------
     "block_table_dtype": (DTypeError, "block_table is not integer"),
     "seq_lens_dtype": (DTypeError, "seq_lens is not integer"),
     "slot_mapping_dtype": (DTypeError, "slot_mapping is not integer"),

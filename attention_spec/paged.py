@@ -330,7 +330,14 @@ def check_paged_attention(
     _check_integer("cu_seqlens_q", "cu_seqlens_dtype", cu, "query offsets")
     _check_rank("block_table", table.shape, "N, max_pages")
     _check_rank("seq_lens", lens.shape, "N")
-    _check_rank("cu_seqlens_q", cu.shape, "N + 1")
+    if len(cu.shape) != 1 or cu.shape[0] < 1:  # as varlen_attention's cu_seqlens
+        raise make_error(
+            "cu_seqlens_count",
+            "cu_seqlens_q must have one axis of N + 1 >= 1 entries (0, then each sequence's "
+            f"end); got shape {cu.shape}",
+            expected="(N + 1,)",
+            actual=str(cu.shape),
+        )
     N, max_pages = table.shape
     if lens.shape[0] != N or cu.shape[0] != N + 1:
         listing = f"block_table {table.shape}, seq_lens {lens.shape}, cu_seqlens_q {cu.shape}"
