@@ -862,6 +862,9 @@ def paged_attention(
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
     round_to: str | None = None,
 ) -> np.ndarray:
     """Attention over a paged cache by the book, one query token, head and key at a time, in
@@ -872,7 +875,9 @@ def paged_attention(
     Query row i of sequence n sits at position ``p = seq_lens[n] - L_n + i`` and sees key j
     when ``j < seq_lens[n]``, ``j <= p`` if causal, and ``p - left <= j <= p + right`` for a
     window; ALiBi adds ``-slope[h] * |p - j|``. ``round_to``: the plain same-dtype computation
-    (rounded after every step), as :func:`attention`'s.
+    (rounded after every step), as :func:`attention`'s. An fp8 input stands for ``float(x) *
+    descale``: the descales (None: 1.0; a number, ``(H|K,)`` or ``(N, H|K)``) multiply each
+    query row, key row and value row as it is read, in float64.
     """
     rnd = rounding(round_to)
     q = np.asarray(query, dtype=np.float64)
@@ -882,6 +887,13 @@ def paged_attention(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     slopes = None if alibi_slopes is None else [float(x) for x in alibi_slopes]
     sink = None if sinks is None else [float(x) for x in sinks]
+    N = len(seq_lens)
+
+    def per_sequence(d, heads: int) -> list:  # a descale as N rows of one number per head
+        d = np.ones(()) if d is None else np.asarray(d, dtype=np.float64)
+        return np.broadcast_to(d, (N, heads)).tolist()  # (), (heads,) or (N, heads)
+
+    qd, kd, vd = per_sequence(q_descale, H), per_sequence(k_descale, K), per_sequence(v_descale, K)
     out = np.zeros((T, H, E), dtype=np.float64)
     for n in range(len(seq_lens)):
         S_n = int(seq_lens[n])
@@ -893,7 +905,7 @@ def paged_attention(
             t, p = first + i, S_n - L_n + i  # the token and its position in the sequence
             for h in range(H):
                 kv = h // G
-                q_row = q[t, h].tolist()
+                q_row = [x * qd[n][h] for x in q[t, h].tolist()]
                 scores = []  # (j, s_j) of the allowed keys
                 for j in range(S_n):
                     if is_causal and j > p:
@@ -905,7 +917,8 @@ def paged_attention(
                         ):
                             continue
                     # 1. score; 2. softcap; 3. ALiBi
-                    s = rnd(math.fsum(a * c for a, c in zip(q_row, keys[j][kv].tolist())))
+                    k_row = [x * kd[n][kv] for x in keys[j][kv].tolist()]
+                    s = rnd(math.fsum(a * c for a, c in zip(q_row, k_row)))
                     s = rnd(s * scale)
                     if softcap is not None:
                         s = rnd(softcap * rnd(math.tanh(rnd(s / softcap))))
@@ -923,7 +936,9 @@ def paged_attention(
                 total = rnd(math.fsum([*e, extra]))
                 w = [rnd(x / total) for x in e]
                 for c in range(E):
-                    terms = (a * float(values[j][kv][c]) for a, (j, _) in zip(w, scores))
+                    terms = (
+                        a * float(values[j][kv][c]) * vd[n][kv] for a, (j, _) in zip(w, scores)
+                    )
                     out[t, h, c] = rnd(math.fsum(terms))
     return out
 
