@@ -142,6 +142,10 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         ConfigError,
         "fewer JAX devices, or another number of torch ranks, than n_shards",
     ),
+    # -- scaled rotary frequencies (apply_rotary's inv_freq= and attention_factor=) ----------
+    "inv_freq_shape": (DimensionMismatchError, "rotary inv_freq is not (rotary_dim/2,)"),
+    "inv_freq_dtype": (DTypeError, "rotary inv_freq is not floating"),
+    "attention_factor": (ConfigError, "rotary attention_factor not a finite number > 0"),
 }
 
 
@@ -155,8 +159,9 @@ MODULE_ERROR_CODES: frozenset[str] = frozenset(
 #: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,
 #: ``rope_theta`` a module built with ``rope_theta``); the attention functions never do.
 ROTARY_ERROR_CODES: frozenset[str] = frozenset(
-    {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape"}
-)
+    {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape",
+     "inv_freq_shape", "inv_freq_dtype", "attention_factor"}
+)  # fmt: skip
 
 #: The codes only the sharded functions raise (``ring_attention``, ``head_parallel_attention``,
 #: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.

@@ -283,6 +283,8 @@ def rotary(
     theta: float = 10000.0,
     rotary_dim: int | None = None,
     interleaved: bool = False,
+    inv_freq: np.ndarray | None = None,
+    attention_factor: float = 1.0,
     round_to: str | None = None,
 ) -> np.ndarray:
     """RoPE by the book, one pair of one token of one head at a time, in float64.
@@ -291,6 +293,8 @@ def rotary(
         x: ``(..., heads, L, D)``; positions: integers broadcastable to ``(..., L)`` (x's batch
             dims without the heads axis: every head of token t sits at ``positions[..., t]``).
         theta, rotary_dim (default D), interleaved: as in SEMANTICS.md.
+        inv_freq: ``(R/2,)`` frequencies replacing ``theta ** (-2p / R)`` (Contract v3).
+        attention_factor: multiplies cos and sin (Contract v3).
         round_to: None for the oracle; a dtype name for the plain same-dtype computation. Its
             angle, cos and sin are rounded to the *compute* dtype (float32 for float32, float16
             and bfloat16; SEMANTICS.md says where angles are computed), the products and sums of
@@ -311,9 +315,11 @@ def rotary(
         for t in range(L):
             position = angle_rnd(float(pos[(*b, t)]))
             for p in range(R // 2):
-                frequency = angle_rnd(theta ** (-2 * p / R))
+                given = theta ** (-2 * p / R) if inv_freq is None else float(inv_freq[p])
+                frequency = angle_rnd(given)
                 angle = angle_rnd(position * frequency)
-                c, s = angle_rnd(math.cos(angle)), angle_rnd(math.sin(angle))
+                c = angle_rnd(angle_rnd(math.cos(angle)) * attention_factor)
+                s = angle_rnd(angle_rnd(math.sin(angle)) * attention_factor)
                 i, j = (2 * p, 2 * p + 1) if interleaved else (p, p + R // 2)
                 for h in range(heads):
                     a, bb = float(x[(*b, h, t, i)]), float(x[(*b, h, t, j)])

@@ -246,12 +246,15 @@ def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     c = case.build(np.random.default_rng(case.seed), dtype)
     x = rounded(c.x, dtype)
     positions = np.asarray(c.positions).astype(np.int64)
-    golden = rotary(x.astype(np.float64), positions, **c.keywords)
-    plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, round_to=dtype)
+    scaled = {} if c.inv_freq is None else {"inv_freq": np.asarray(c.inv_freq, np.float64)}
+    golden = rotary(x.astype(np.float64), positions, **c.keywords, **scaled)
+    plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, **scaled,
+                                                     round_to=dtype)  # fmt: skip
     bounds = {"output": tolerance_bound(golden, plain, dtype)}
     case_id = f"rope.{case.name}.{dtype}"
-    tensors = {"x": x, "positions": positions, "output": golden}
-    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, ["x", "positions"])
+    tensors = {"x": x, "positions": positions, **scaled, "output": golden}
+    inputs = ["x", "positions", *scaled]
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, inputs)
     return [Fixture(_entry(case_id, case, dtype, **fields), data)]
 
 
@@ -260,7 +263,8 @@ def _rope_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     c = case.build()
     entry = _entry(f"rope.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords),
-                   inputs={"x": _spec(c.x), "positions": _spec(c.positions)},
+                   inputs={"x": _spec(c.x), "positions": _spec(c.positions),
+                           **({} if c.inv_freq is None else {"inv_freq": _spec(c.inv_freq)})},
                    expected_error=_expected(case), doc=case.doc)  # fmt: skip
     return [Fixture(entry)]
 

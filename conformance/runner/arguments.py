@@ -117,10 +117,11 @@ def _causal_mask_arguments(
 
 
 def _rope_arguments(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Arguments:
-    """``apply_rotary(x, positions, **keywords)``."""
+    """``apply_rotary(x, positions, **keywords)``, with ``inv_freq=`` when the case has it."""
     arrays = _case_arrays(case)
     x, positions = _in(port, arrays["x"], device), _in(port, arrays["positions"], device)
-    return [x, positions], dict(case.keywords)
+    scaled = {"inv_freq": _in(port, arrays["inv_freq"], device)} if "inv_freq" in arrays else {}
+    return [x, positions], dict(case.keywords) | scaled
 
 
 def _module_keywords(port: Port, case: Case, device: str, spec: Function) -> dict[str, Any]:
