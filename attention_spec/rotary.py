@@ -22,7 +22,14 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from attention_spec.arrays import FLOAT_DTYPES, broadcast_shapes, check_dtype, check_given, describe, format_dims
+from attention_spec.arrays import (
+    FLOAT_DTYPES,
+    broadcast_shapes,
+    check_dtype,
+    check_given,
+    describe,
+    format_dims,
+)
 from attention_spec.errors import make_error
 from attention_spec.keywords import check_flag, real_keyword
 

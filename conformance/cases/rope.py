@@ -53,10 +53,13 @@ class RopeCall:
     positions: Any
     keywords: dict[str, Any] = field(default_factory=dict)
     inv_freq: Any = None  # (R/2,) float64 frequencies (stored as a tensor), or Zeros, or None
+    #: Hugging Face's ``rope_parameters`` that should give ``inv_freq`` and the attention factor
+    #: (the generator's cross-check against transformers' ``ROPE_INIT_FUNCTIONS``), or None.
+    hf_rope_parameters: dict[str, Any] | None = None
 
 
-def rope(x, positions, *, inv_freq=None, **keywords) -> RopeCall:
-    return RopeCall(x, positions, keywords, inv_freq)
+def rope(x, positions, *, inv_freq=None, hf_rope_parameters=None, **keywords) -> RopeCall:
+    return RopeCall(x, positions, keywords, inv_freq, hf_rope_parameters)
 
 
 rope_case = partial(case, "rope", functions=("rope",))
@@ -223,6 +226,10 @@ def yarn_inv_freq(
     return base / factor * (1 - keep) + base * keep, 0.1 * float(np.log(factor)) + 1.0
 
 
+#: Hugging Face's rope_parameters of the YaRN cases (rotary_dim 8 is the config's head_dim there).
+YARN_HF = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+           "original_max_position_embeddings": 2048}  # fmt: skip
+
 #: Positions spread over a long context, so the scaled low frequencies turn visibly.
 LONG_POSITIONS = np.array([[0, 7, 300, 5000, 12000], [9000, 1, 2047, 64, 30000]])
 
@@ -233,7 +240,9 @@ def rope_inv_freq_llama3(rng, dtype):
     pairs 0..2 kept, pair 3 blended, pairs 4, 5 divided by 8. theta is given too and unused
     (inv_freq wins): a port that ignores inv_freq, or blends it with theta, fails."""
     inv_freq = llama3_inv_freq(500000.0, RD, 8.0, 1.0, 4.0, 8192)
-    return rope(_x(rng), LONG_POSITIONS, theta=500000.0, inv_freq=inv_freq)
+    hf = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    return rope(_x(rng), LONG_POSITIONS, theta=500000.0, inv_freq=inv_freq, hf_rope_parameters=hf)
 
 
 @rope_case("inv_freq.yarn.interleaved.r8_d12", ALL_DTYPES)
@@ -243,7 +252,7 @@ def rope_inv_freq_yarn_interleaved(rng, dtype):
     half-way, pair 3 divided by 4; features 8..11 pass through unscaled."""
     inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
     return rope(_x(rng), LONG_POSITIONS, rotary_dim=8, interleaved=True, inv_freq=inv_freq,
-                attention_factor=factor)  # fmt: skip
+                attention_factor=factor, hf_rope_parameters=YARN_HF)  # fmt: skip
 
 
 @rope_case("inv_freq.yarn.half.r8_d12", ("float64", "float32"))
@@ -251,7 +260,7 @@ def rope_inv_freq_yarn_half(rng, dtype):
     """The same YaRN frequencies and factor with half-split pairs (x[p], x[p + 4])."""
     inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
     return rope(_x(rng), LONG_POSITIONS, rotary_dim=8, inv_freq=inv_freq,
-                attention_factor=factor)  # fmt: skip
+                attention_factor=factor, hf_rope_parameters=YARN_HF)  # fmt: skip
 
 
 @rope_case("attention_factor.d12", ("float64", "float32"))

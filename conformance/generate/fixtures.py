@@ -12,7 +12,7 @@ import numpy as np
 
 from conformance import cases as C
 from conformance.fixtures import encode_keywords, sha256_of, tensor_bytes
-from conformance.generate.cross_check import GRAD_NAMES, grad_cross_check
+from conformance.generate.cross_check import GRAD_NAMES, grad_cross_check, hf_rope_cross_check
 from conformance.oracle import (
     attention,
     attention_vjp,
@@ -51,15 +51,21 @@ def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, *
 #: settings or constructor arguments), and the module settings v2 added (and its rolling cache).
 V2_NAMES = frozenset(("window", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"))
 V2_MODULE_SETTINGS = frozenset(("window", "sinks", "alibi", "softcap", "scale"))
+#: Contract v3's names (scaled rotary frequencies), and its module class (latent attention).
+V3_NAMES = frozenset(("inv_freq", "attention_factor", "rope_inv_freq", "rope_attention_factor"))
+V3_MODULES = frozenset(("MultiHeadLatentAttention",))
 
 
 def _contract(fields: dict[str, Any]) -> str:
-    """The contract version a case pins, ``"v1"`` or ``"v2"`` (FORMAT.md, "contract"): v2 when
-    it uses any of :data:`V2_NAMES` or a module setting of :data:`V2_MODULE_SETTINGS`."""
+    """The contract version a case pins, ``"v1"``, ``"v2"`` or ``"v3"`` (FORMAT.md,
+    "contract"): v3 when it uses any of :data:`V3_NAMES` or a module of :data:`V3_MODULES`; else
+    v2 when it uses any of :data:`V2_NAMES` or a module setting of :data:`V2_MODULE_SETTINGS`."""
     module = fields.get("module") or {}
     settings = set(module) | set(module.get("arguments", {}))
     names = set(fields.get("keywords", {})) | set(fields.get("shapes", {}))
     names |= set(fields.get("inputs", {})) | set(fields.get("weights", {})) | settings
+    if names & V3_NAMES or module.get("class") in V3_MODULES:
+        return "v3"
     rolling = bool(fields.get("decode", {}).get("rolling"))  # the rolling KV cache is v2's
     return "v2" if names & V2_NAMES or settings & V2_MODULE_SETTINGS or rolling else "v1"
 
@@ -255,7 +261,15 @@ def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     tensors = {"x": x, "positions": positions, **scaled, "output": golden}
     inputs = ["x", "positions", *scaled]
     fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, inputs)
-    return [Fixture(_entry(case_id, case, dtype, **fields), data)]
+    if c.hf_rope_parameters is None:
+        return [Fixture(_entry(case_id, case, dtype, **fields), data)]
+
+    def verify(kernels: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+        rotary_dim = c.keywords.get("rotary_dim", x.shape[-1])
+        factor = c.keywords.get("attention_factor", 1.0)
+        return hf_rope_cross_check(c.hf_rope_parameters, rotary_dim, scaled["inv_freq"], factor)
+
+    return [Fixture(_entry(case_id, case, dtype, **fields), data, verify=verify)]
 
 
 def _rope_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:

@@ -384,3 +384,25 @@ def test_decode_goldens_are_one_causal_forward_fed_in_chunks_that_fit() -> None:
     assert tokens.entry["decode"] == {"max_len": 5, "chunks": [1, 1, 1, 1, 1]}  # fills it exactly
     chunks = BY_ID["decode.gqa.h6_k2.chunks_2_1_2.float16"].tensors()
     assert np.array_equal(chunks["output"], tokens.tensors()["output"])
+
+
+def test_the_rope_cross_check_against_transformers_can_fail() -> None:
+    """The generator's check of the scaled frequencies against transformers'
+    ``ROPE_INIT_FUNCTIONS`` agrees on the cases' formulas and catches the two classic slips:
+    llama3's band boundaries swapped, and YaRN's attention factor squared."""
+    pytest.importorskip("transformers")
+    from conformance.cases.rope import YARN_HF, llama3_inv_freq, yarn_inv_freq
+    from conformance.generate.cross_check import hf_rope_cross_check
+
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}  # fmt: skip
+    right = llama3_inv_freq(500000.0, 12, 8.0, 1.0, 4.0, 8192)
+    swapped = llama3_inv_freq(500000.0, 12, 8.0, 4.0, 1.0, 8192)
+    assert hf_rope_cross_check(llama3, 12, right, 1.0) == ({"transformers": "agree"}, [])
+    said, bad = hf_rope_cross_check(llama3, 12, swapped, 1.0)
+    assert said == {"transformers": "disagree"} and "inv_freq relative error" in bad[0]
+    inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
+    assert hf_rope_cross_check(YARN_HF, 8, inv_freq, factor)[1] == []
+    said, bad = hf_rope_cross_check(YARN_HF, 8, inv_freq, factor**2)
+    assert said == {"transformers": "disagree"} and "attention_factor" in bad[0]
