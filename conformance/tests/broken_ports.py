@@ -183,6 +183,26 @@ BUGS: dict[str, tuple[str, str]] = {
         "rope: angles, cos and sin computed in the input dtype (bfloat16), not float32",
         "rope.positions.large_1e5.bfloat16",
     ),
+    # -- scaled rotary frequencies (Contract v3) ------------------------------------------
+    "rope_inv_freq_ignored": (
+        "rope: inv_freq= accepted but theta's frequencies used (a llama3-scaled model run as "
+        "plain RoPE)",
+        "rope.inv_freq.llama3.half.d12.float32",
+    ),
+    "rope_attention_factor_cos_only": (
+        "rope: attention_factor multiplies cos but not sin",
+        "rope.attention_factor.d12.float32",
+    ),
+    "rope_attention_factor_squared": (
+        "rope: YaRN's attention factor applied squared on cos and sin (the mscale ratio of the "
+        "softmax scale, mscale ** 2, taken for the rotary's)",
+        "rope.inv_freq.yarn.interleaved.r8_d12.float32",
+    ),
+    "rope_interleave_over_d": (
+        "rope: interleaved pairs reshaped over all D features, not the first rotary_dim (a "
+        "partial rotary head run as a full one)",
+        "rope.inv_freq.yarn.interleaved.r8_d12.float64",
+    ),
     "rolling_cache_drops_key": (
         "rolling KV cache: a chunk attends the last left - 1 kept tokens, not left (the ring's "
         "oldest key of the window is dropped)",
@@ -465,21 +485,32 @@ def make_port(
                 out = out + w_sink * v[..., :1, :]  # the first key's value row
         return out if bug == "output_not_cast" else out.astype(query.dtype)
 
-    def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False):
+    def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False,
+                     inv_freq=None, attention_factor=1.0):  # fmt: skip
         dims = check_rotary(
-            x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved
-        )
+            x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
+            inv_freq=inv_freq, attention_factor=attention_factor,
+        )  # fmt: skip
         low = bug == "rope_angles_low_precision" and x.dtype != np.float64
         ct = np.float64 if x.dtype == np.float64 else np.float32
         R, P = dims.rotary_dim, dims.rotary_dim // 2
+        if bug == "rope_interleave_over_d" and dims.interleaved:
+            R, P = dims.D, dims.D // 2  # the pairs reshaped over all of D, not rotary_dim
         p = np.arange(P)
         exponent = -p / R if bug == "rope_exponent_halved" else -2 * p / R
         angle_dtype = x.dtype if low else ct
+        scaled = inv_freq is not None and bug != "rope_inv_freq_ignored"
         with np.errstate(all="ignore"):  # float16 angles overflow at 1e5: the bug shows as NaN
-            inv_freq = (dims.theta**exponent).astype(angle_dtype)  # (P,)
+            base = np.asarray(inv_freq, np.float64) if scaled else dims.theta**exponent
+            inv_freq = np.resize(base, P).astype(angle_dtype)  # (P,)
             pos = np.broadcast_to(positions, dims.positions_shape).astype(angle_dtype)  # (.., L)
             angle = (pos[..., None, :, None] * inv_freq).astype(angle_dtype)  # (..., 1, L, P)
             cos, sin = np.cos(angle).astype(ct), np.sin(angle).astype(ct)
+        factor = dims.attention_factor
+        if bug == "rope_attention_factor_squared":
+            factor = factor * factor  # the softmax scale's mscale ** 2 taken for the rotary's
+        cos = cos * factor
+        sin = sin * (1.0 if bug == "rope_attention_factor_cos_only" else factor)
         interleaved = dims.interleaved != (bug == "rope_pairs_swapped")
         idx1 = 2 * p if interleaved else p  # the features of each pair
         idx2 = 2 * p + 1 if interleaved else p + P

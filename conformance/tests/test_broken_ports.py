@@ -215,3 +215,15 @@ def test_tiled_backward_bugs_fail_only_the_tiled_runs(bug: str) -> None:
     """With one block the key block's offset is the query block's: only flash_grad sees it."""
     failed = {o.run_id.split(".")[0] for o in _report(bug).failures}
     assert failed == {"flash_grad"}
+
+
+@pytest.mark.parametrize(
+    "bug",
+    ["rope_inv_freq_ignored", "rope_attention_factor_cos_only", "rope_attention_factor_squared"],
+)
+def test_scaled_rotary_bugs_fail_only_contract_v3_runs(bug: str) -> None:
+    """A port that mishandles inv_freq or attention_factor still passes every v1 and v2 run
+    (none gives them): the suite says the bug is in the scaled frequencies."""
+    failed = _report(bug).failures
+    assert failed and all(o.run_id.startswith("rope.") for o in failed)
+    assert all(("inv_freq" in o.run_id) or ("attention_factor" in o.run_id) for o in failed)
