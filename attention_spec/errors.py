@@ -158,6 +158,8 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "inv_freq_shape": (DimensionMismatchError, "rotary inv_freq is not (rotary_dim/2,)"),
     "inv_freq_dtype": (DTypeError, "rotary inv_freq is not floating"),
     "attention_factor": (ConfigError, "rotary attention_factor not a finite number > 0"),
+    # -- multi-head latent attention (attention_spec/mla.py) ---------------------------------
+    "mla_dims": (ConfigError, "an MLA size <= 0, an odd qk_rope_head_dim, or a bad rms_norm_eps"),
 }
 
 
@@ -165,7 +167,7 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
 #: other code belongs to the functional API.
 MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
-     "cache_mismatch", "rolling_cache"}
+     "cache_mismatch", "rolling_cache", "mla_dims"}
 )  # fmt: skip
 
 #: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,
