@@ -32,6 +32,7 @@ from conformance.cases import (  # noqa: F401
     flash,
     grads,
     masks,
+    mla,
     module_masks,
     modules,
     ring,

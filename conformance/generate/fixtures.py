@@ -17,6 +17,7 @@ from conformance.oracle import (
     attention,
     attention_vjp,
     causal_mask,
+    mla_forward,
     module_forward,
     rotary,
     rounded,
@@ -177,6 +178,13 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
     as64 = {k: (v if v.dtype.kind in "bi" else v.astype(np.float64)) for k, v in inputs.items()}
     w64 = {k: v.astype(np.float64) for k, v in weights.items()}
     semantics = {k: v for k, v in c.keywords.items() if k != "return_weights"}
+    if c.cls == "MultiHeadLatentAttention":  # the oracle's own MLA (self-attention)
+        args = dict(n_heads=c.n_heads, mask=as64.get("mask"), bias=as64.get("bias"),
+                    **semantics, **c.options)  # fmt: skip
+        golden = mla_forward(w64, as64["x"], **args)
+        plain = golden if dtype == "float64" else mla_forward(w64, as64["x"], **args,
+                                                              round_to=dtype)  # fmt: skip
+        return golden, plain
     args = dict(
         n_heads=c.n_heads,
         n_kv_heads=c.n_kv_heads,
@@ -198,7 +206,7 @@ def _module_spec(c: C.base.ModuleCall) -> dict[str, Any]:
     """How a port loads the module: class name, then the keywords of ``from_canonical``: the
     head counts and the module's settings (``rope_theta``, ...)."""
     spec: dict[str, Any] = {"class": c.cls, "n_heads": c.n_heads}
-    if c.cls != "MultiHeadAttention":
+    if c.cls not in ("MultiHeadAttention", "MultiHeadLatentAttention"):  # MLA: no K
         spec["n_kv_heads"] = c.n_kv_heads
     return spec | c.options
 
@@ -329,6 +337,7 @@ def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         module = {"class": c.cls, "n_heads": c.n_heads}
         if c.n_kv_heads is not None:
             module["n_kv_heads"] = c.n_kv_heads
+        module |= dict(c.arguments)  # a load's other keywords (MLA's qk_rope_head_dim)
     fields: dict[str, Any] = {"call": c.call, "module": module,
                               "keywords": encode_keywords(c.keywords)}  # fmt: skip
     if c.weights:

@@ -203,6 +203,30 @@ BUGS: dict[str, tuple[str, str]] = {
         "partial rotary head run as a full one)",
         "rope.inv_freq.yarn.interleaved.r8_d12.float64",
     ),
+    # -- multi-head latent attention (Contract v3; mla_broken.py) ------------------------
+    "mla_absorbed_scale_latent": (
+        "mla: the absorbed decode's MQA call left at its default scale, (R + Dr) ** -0.5 of the "
+        "latent width, not (Dn + Dr) ** -0.5",
+        "decode.mla.q_lora.tokens.float32",
+    ),
+    "mla_mscale_twice": (
+        "mla: YaRN's attention factor (the mscale ratio) applied to cos and sin and again, "
+        "squared, to the softmax scale",
+        "module.mla.yarn.causal.float32",
+    ),
+    "mla_k_pe_not_shared": (
+        "mla: the rotary key k_pe given to head 0 only, not shared by every head",
+        "module.mla.q_proj.causal.float32",
+    ),
+    "mla_kv_norm_missing": (
+        "mla: c_kv used without its RMSNorm (kv_a_layernorm)",
+        "module.mla.q_lora.interleaved.causal.float32",
+    ),
+    "mla_cache_k_pe_unrotated": (
+        "mla: the latent cache stores k_pe before rotation (the new tokens attend their rotated "
+        "key once, later steps the unrotated one)",
+        "decode.mla.q_lora.tokens.float32",
+    ),
     "rolling_cache_drops_key": (
         "rolling KV cache: a chunk attends the last left - 1 kept tokens, not left (the ring's "
         "oldest key of the window is dropped)",
@@ -523,8 +547,13 @@ def make_port(
     GroupedQueryAttention, MultiHeadAttention = broken_modules(
         bug, scaled_dot_product_attention, attention_weights, apply_rotary
     )
+    from conformance.tests.mla_broken import broken_mla
+
     port = SimpleNamespace(
         __name__=f"broken_ports.{bug or 'correct'}",
+        MultiHeadLatentAttention=broken_mla(
+            bug, scaled_dot_product_attention, attention_weights, apply_rotary
+        ),
         causal_mask=causal_mask,
         attention_weights=attention_weights,
         scaled_dot_product_attention=scaled_dot_product_attention,

@@ -16,6 +16,7 @@ from attention_spec import (
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
 )
+from attention_spec.mla import check_mla_canonical
 from conformance import cases as C
 from conformance import oracle
 from conformance.fixtures import FIXTURES_DIR, load_manifest, sha256_of
@@ -297,6 +298,13 @@ def test_flash_cases_carry_awkward_block_sizes() -> None:
 def test_module_fixtures_hold_canonical_weights_in_their_dtype() -> None:
     for case in _cases("module") + _cases("decode"):
         t, spec = case.tensors(), case.entry["module"]
+        if spec["class"] == "MultiHeadLatentAttention":  # its own canonical weights
+            weights = {n: w for n, w in t.items() if n.endswith((".kernel", ".weight"))}
+            dims = check_mla_canonical(weights, n_heads=spec["n_heads"],
+                                       qk_rope_head_dim=spec["qk_rope_head_dim"])  # fmt: skip
+            assert t["o_proj.kernel"].dtype.name == t["x"].dtype.name == case.dtype, case.id
+            assert t["output"].shape == (*t["x"].shape[:2], dims.M), case.id
+            continue
         H = spec["n_heads"]
         K = spec.get("n_kv_heads", H)
         M, HD = t["q_proj.kernel"].shape
