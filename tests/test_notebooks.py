@@ -14,13 +14,20 @@ pytest.importorskip("ipykernel")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
+#: Notebooks that take more than ~10 s to execute (they load torch and jax): make test-slow runs
+#: them; make test executes the others.
+SLOW = {"06_tiny_model_heads"}
 
 
 def test_there_are_notebooks():
     assert len(PATHS) >= 6, PATHS
 
 
-@pytest.mark.parametrize("path", PATHS, ids=lambda p: p.stem)
+@pytest.mark.parametrize(
+    "path",
+    [pytest.param(p, marks=pytest.mark.slow) if p.stem in SLOW else p for p in PATHS],
+    ids=lambda p: p.stem,
+)
 def test_notebook_runs(path, monkeypatch):
     notebook = nbformat.read(path, as_version=4)
     # The kernel is ipykernel's own "python3", which runs this interpreter (sys.executable): the

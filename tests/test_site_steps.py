@@ -352,3 +352,23 @@ def test_the_page_is_static_and_has_every_row(tmp_path, real):
     link = re.search(r'href="([^"]+)#L(\d+)">impl_numpy/functional\.py:(\d+)', page)
     target = (built.index.parent / link.group(1)).resolve()
     assert target == ROOT / "impl_numpy" / "functional.py" and link.group(2) == link.group(3)
+
+
+def test_the_page_links_every_notebook_and_its_rendered_copy(tmp_path):
+    pytest.importorskip("nbconvert")
+    out = tmp_path / "site"
+    built = build(out)
+    page = built.index.read_text()
+    paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert len(built.notebooks) == len(paths) >= 6
+    for path, notebook in zip(paths, built.notebooks):
+        source = f"notebooks/{path.name}"
+        assert notebook.source == source and notebook.title
+        href = re.search(f'<a class="notebook" href="([^"]*{re.escape(source)})"', page)
+        assert href, source
+        assert (out / href.group(1)).resolve() == path  # the link reaches the notebook
+        assert f'<a class="rendered" href="{notebook.rendered}">' in page
+        rendered = (out / notebook.rendered).read_text()
+        assert "<html" in rendered
+        # the title's words (nbconvert escapes quotes its own way)
+        assert all(word in rendered for word in re.findall(r"[A-Za-z]{4,}", notebook.title))
