@@ -10,6 +10,12 @@ from __future__ import annotations
 
 IDIOMS: dict[str, dict[str, str]] = {
     "functional": {
+        "0. dequantize": (
+            'The same lines in the three: `_dequantized(key, "k_descale", call, kw)` casts an '
+            "fp8 input to float32 (NumPy and JAX with astype, torch with to) and multiplies "
+            "its descale, any other dtype passing through untouched; "
+            "`_output_dtype(query.dtype)` is bfloat16 for an fp8 query, the one cast at step 6."
+        ),
         "1. scores": (
             "NumPy and torch reshape the query heads of a group into `G * L` rows against "
             "their one key head (`reshape(*query.shape[:-3], K, G * L, D)`: no copy of the "

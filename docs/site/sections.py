@@ -100,4 +100,13 @@ UNCOMPARED: dict[str, str] = {
         "the plain backward: NumPy writes its steps 6 to 1 out by hand, torch and JAX take their "
         "autograd of the forward, so there is no second and third column to line up"
     ),
+    # attention_weights: scaled_dot_product_attention's steps 0-5 (the same lines, the same
+    # _weights), without the output; the "functional" rows show them.
+    **{
+        f"impl_{fw}/functional.py::attention_weights": (
+            "scaled_dot_product_attention's steps 0 to 5, the same lines and the same _weights, "
+            "without step 6: the rows of the functional section are its rows"
+        )
+        for fw in FRAMEWORKS
+    },
 }
