@@ -161,7 +161,8 @@ def build(
     source_url: str | None = None,
     execute_notebooks: bool = False,
 ) -> Built:
-    """Write ``out/index.html``, ``out/style.css`` and ``out/figures/*.png``.
+    """Write ``out/index.html``, ``out/style.css``, ``out/figures/*.png``, the notebooks'
+    rendered copies and ``out/visualizer.js`` (the visualizer's data is in the page).
 
     ``source_url``: where the "file:line" links point, e.g. a repository's blob URL at a commit
     (``.../blob/<sha>/``); default: the files themselves, relative to ``out``.
@@ -170,6 +171,7 @@ def build(
     Raises DriftError when the three implementations' steps do not line up, and
     FileNotFoundError for a figure that has not been made (``make figures``).
     """
+    from docs.site import visualizer
     from docs.site.figures import FIGURES
     from docs.site.notebooks import render, section_html
 
@@ -195,6 +197,9 @@ def build(
     for f in FIGURES:
         shutil.copyfile(figures_dir / f"{f.name}.png", out / "figures" / f"{f.name}.png")
 
+    viz_data = visualizer.export(visualizer.prompts())
+    shutil.copyfile(HERE / "visualizer.js", out / "visualizer.js")
+
     notebooks = render(root, out, execute=execute_notebooks)
     notebooks_html = section_html(notebooks, base) if notebooks else ""
     nav_notebooks = '<li><a href="#notebooks">Notebooks</a></li>' if notebooks else ""
@@ -219,12 +224,14 @@ def build(
 files by <code>make docs</code>: the step comments (<code># 1.</code>, <code># 2.</code>, ...)
 that the three scripts share line the columns up, and the build fails when they do not. Under
 each step, one sentence on what differs in the idiom; each cell links to its file and lines.</p>
-<nav><ul>{nav}<li><a href="#figures">Figures</a></li>{nav_notebooks}</ul></nav>
+<nav><ul>{nav}<li><a href="#figures">Figures</a></li>{nav_notebooks}
+<li><a href="#visualizer">Visualizer</a></li></ul></nav>
 </header>
 <main>
 {body}
 {_figures_html(list(FIGURES))}
 {notebooks_html}
+{visualizer.section_html(viz_data)}
 </main>
 </body>
 </html>
