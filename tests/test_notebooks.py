@@ -54,3 +54,16 @@ def test_notebook_has_no_outputs(path):
         if cell.cell_type == "code":
             assert cell.outputs == [], f"{path.name} cell {i} has outputs committed"
             assert cell.execution_count is None, f"{path.name} cell {i} has an execution count"
+
+
+def test_outside_the_repository_the_first_cell_says_what_to_do(tmp_path, monkeypatch):
+    """Every notebook starts with the same cell; run anywhere else (a fresh Colab), it stops
+    with what to do instead of an ImportError further down."""
+    firsts = {
+        next(c.source for c in nbformat.read(p, as_version=4).cells if c.cell_type == "code")
+        for p in PATHS
+    }
+    assert len(firsts) == 1
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(RuntimeError, match="is not inside the repository: clone it"):
+        exec(firsts.pop(), {})

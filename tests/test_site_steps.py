@@ -380,3 +380,14 @@ def test_the_page_links_every_notebook_and_its_rendered_copy(tmp_path):
         assert "<html" in rendered
         # the title's words (nbconvert escapes quotes its own way)
         assert all(word in rendered for word in re.findall(r"[A-Za-z]{4,}", notebook.title))
+
+
+def test_a_github_source_url_adds_a_colab_link_to_each_notebook(tmp_path):
+    pytest.importorskip("nbconvert")
+    base = "https://github.com/owner/rosetta/blob/0123abc/"
+    built = build(tmp_path / "site", source_url=base)
+    page = built.index.read_text()
+    for n in built.notebooks:
+        colab = f"https://colab.research.google.com/github/owner/rosetta/blob/0123abc/{n.source}"
+        assert f'<a class="colab" href="{colab}">Colab</a>' in page
+    assert 'class="colab"' not in build(tmp_path / "local").index.read_text()  # file links

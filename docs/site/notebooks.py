@@ -62,19 +62,37 @@ def render(root: Path, out: Path, *, execute: bool) -> list[Notebook]:
     return found
 
 
+GITHUB = "https://github.com/"
+COLAB = "https://colab.research.google.com/github/"
+
+
+def colab_url(base: str, source: str) -> str | None:
+    """Colab's address of a notebook when the page links a GitHub blob
+    (``https://github.com/<owner>/<repo>/blob/<ref>/``), else None."""
+    if base.startswith(GITHUB) and "/blob/" in base:
+        return COLAB + base[len(GITHUB) :] + source
+    return None
+
+
 def section_html(notebooks: list[Notebook], base: str) -> str:
-    """The page's Notebooks section; ``base`` prefixes the source links, as the code cells'."""
-    items = "\n".join(
-        f'<li><a class="notebook" href="{html.escape(base + n.source)}">'
-        f"<code>{html.escape(n.source)}</code></a> "
-        f'(<a class="rendered" href="{html.escape(n.rendered)}">rendered</a>): '
-        f"{html.escape(n.title)}</li>"
-        for n in notebooks
-    )
+    """The page's Notebooks section; ``base`` prefixes the source links, as the code cells'
+    (a GitHub blob URL adds an "open in Colab" link to each)."""
+    items = []
+    for n in notebooks:
+        colab = colab_url(base, n.source)
+        colab_html = f', <a class="colab" href="{html.escape(colab)}">Colab</a>' if colab else ""
+        items.append(
+            f'<li><a class="notebook" href="{html.escape(base + n.source)}">'
+            f"<code>{html.escape(n.source)}</code></a> "
+            f'(<a class="rendered" href="{html.escape(n.rendered)}">rendered</a>{colab_html}): '
+            f"{html.escape(n.title)}</li>"
+        )
+    items = "\n".join(items)
     return (
         '<section id="notebooks" class="notebooks">\n<h2>Notebooks</h2>\n'
         "<p>Run them with <code>jupyter lab notebooks/</code> (the <code>notebooks</code> extra) "
         "or open the rendered copy; each cell asserts the numbers it shows, and "
-        "<code>make test</code> runs them all.</p>\n"
+        "<code>make test</code> runs them all. In Colab, the first cell needs the repository "
+        "cloned and installed (README.md, <em>Notebooks and the visualizer</em>).</p>\n"
         f"<ul>\n{items}\n</ul>\n</section>"
     )
