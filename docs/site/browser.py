@@ -5,6 +5,9 @@ Debian's ``chromium`` (``apt-get install chromium``), driven by Playwright's Pyt
 fresh profile and no network of its own (the page needs none).
 
     python -m docs.site.browser [build/docs/index.html] [--screenshot build/docs/screenshot.png]
+        [--visualizer docs/visualizer.png]
+
+``--visualizer PATH``: also a screenshot of the visualizer section as it opens (the README's).
 """
 
 from __future__ import annotations
@@ -224,12 +227,22 @@ def problems(report: PageReport) -> list[str]:
     return out
 
 
+def _small_png(source: Path, target: Path) -> None:
+    """Copy a screenshot as a 64-colour PNG (a third of the bytes; Pillow comes with the docs
+    extra's matplotlib)."""
+    from PIL import Image
+
+    with Image.open(source) as image:
+        image.convert("RGB").quantize(64).save(target, optimize=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     root = Path(__file__).resolve().parents[2]
     parser = argparse.ArgumentParser(prog="python -m docs.site.browser", description=__doc__)
     parser.add_argument("index", type=Path, nargs="?", default=root / "build/docs/index.html")
     parser.add_argument("--screenshot", type=Path, default=root / "build/docs/screenshot.png")
     parser.add_argument("--full-page", action="store_true", help="screenshot the whole page")
+    parser.add_argument("--visualizer", type=Path, help="write the visualizer's screenshot here")
     args = parser.parse_args(argv)
     why = missing()
     if why:
@@ -243,6 +256,13 @@ def main(argv: list[str] | None = None) -> int:
         "screenshot": str(report.screenshot),
         "problems": problems(report),
     }
+    if args.visualizer:
+        with tempfile.TemporaryDirectory() as shots:
+            _, errors = drive_visualizer(args.index, [Setting()], Path(shots))
+            summary["problems"] += errors
+            args.visualizer.parent.mkdir(parents=True, exist_ok=True)
+            _small_png(Path(shots) / "visualizer-0.png", args.visualizer)
+        summary["visualizer"] = str(args.visualizer)
     print(json.dumps(summary, indent=1))
     return 1 if summary["problems"] else 0
 
