@@ -378,6 +378,7 @@ def test_the_page_links_every_notebook_and_its_rendered_copy(tmp_path):
         assert f'<a class="rendered" href="{notebook.rendered}">' in page
         rendered = (out / notebook.rendered).read_text()
         assert "<html" in rendered
+        assert not re.search(r"""(src|href)=["'](https?:)?//""", rendered)  # opens offline
         # the title's words (nbconvert escapes quotes its own way)
         assert all(word in rendered for word in re.findall(r"[A-Za-z]{4,}", notebook.title))
 

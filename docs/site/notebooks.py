@@ -12,6 +12,14 @@ import html
 from dataclasses import dataclass
 from pathlib import Path
 
+#: nbconvert's lab template without the scripts it loads from a CDN (require.js, MathJax,
+#: mermaid): the notebooks use none, and the copies then open offline like the page.
+OFFLINE_TEMPLATE = """{%- extends 'lab/index.html.j2' -%}
+{%- block html_head_js_requirejs -%}{%- endblock html_head_js_requirejs -%}
+{%- block html_head_js_mathjax -%}{%- endblock html_head_js_mathjax -%}
+{%- block html_head_js_mermaidjs -%}{%- endblock html_head_js_mermaidjs -%}
+"""
+
 
 @dataclass(frozen=True)
 class Notebook:
@@ -40,9 +48,13 @@ def render(root: Path, out: Path, *, execute: bool) -> list[Notebook]:
     if not paths:
         return []
     import nbformat
+    from jinja2 import DictLoader
     from nbconvert import HTMLExporter
 
-    exporter = HTMLExporter()
+    exporter = HTMLExporter(
+        extra_loaders=[DictLoader({"offline.html.j2": OFFLINE_TEMPLATE})],
+        template_file="offline.html.j2",
+    )
     (out / "notebooks").mkdir(parents=True, exist_ok=True)
     found = []
     for path in paths:
