@@ -67,15 +67,17 @@ def test_a_broken_page_is_caught(tmp_path):
 
 def test_the_visualizer_redraws_what_numpy_computes(tmp_path, built):
     """Move the temperature slider to three places on layer 2's induction head, pick layer 1's
-    previous-token head, then turn causal off and on with padding and a window: each time the
-    drawn numbers are impl_numpy's attention_weights at that tau (the reference, float64 on the
-    exported float32 queries and keys), rows sum to 1 (0 for a row with no allowed key) and a
-    lower tau draws sharper rows."""
+    previous-token head, turn causal off, add padding and a window, type a prompt: each time the
+    drawn numbers are impl_numpy's attention_weights at that tau on the queries and keys of the
+    project's modules (the reference, in float64), rows sum to 1 (0 for a row with no allowed
+    key) and a lower tau draws sharper rows. A typed non-token is refused in words."""
     _need_browser()
     from docs.site import visualizer
     from docs.site.browser import Setting, drive_visualizer
 
     prompts = visualizer.prompts()
+    # 32 tokens typed (the model was trained on 24)
+    typed = "3 1 4 1 5 9 2 6 5 3 5 8 9 7 9 3 2 3 8 4 6 2 6 4 3 3 8 3 2 7 9 5"
     settings = [
         Setting(prompt=0, layer=1, head=0, position=-8),  # tau 0.25
         Setting(prompt=0, layer=1, head=0, position=0),  # tau 1
@@ -83,26 +85,31 @@ def test_the_visualizer_redraws_what_numpy_computes(tmp_path, built):
         Setting(prompt=0, layer=0, head=2, position=0),  # the previous-token head
         Setting(prompt=3, layer=0, head=2, position=3, causal=False),
         Setting(prompt=1, layer=1, head=3, position=-5, padding=6, window=2),
+        Setting(prompt=2, tokens=typed, layer=1, head=1, position=-2),
     ]
     shots = tmp_path / "shots"
-    readings, errors = drive_visualizer(built.index, settings, shots)
+    readings, errors = drive_visualizer(built.index, [*settings, Setting(tokens="1 2 x 40")], shots)
     assert errors == []
+    *readings, refused = readings
+    assert refused["error"] == "not a token (0 to 31): x 40" and refused["weights"] == []
     for s, r in zip(settings, readings):
+        tokens = [
+            int(t) for t in (s.tokens or " ".join(map(str, prompts[s.prompt].tokens))).split()
+        ]
         tau = visualizer.tau_of(s.position)
-        asked = (s.prompt, s.layer, s.head, tau, s.causal, s.padding, s.window)
-        drawn = (r["prompt"], r["layer"], r["head"], r["tau"], r["causal"], r["padding"])
+        asked = (" ".join(map(str, tokens)), s.layer, s.head, tau, s.causal, s.padding, s.window)
+        drawn = (r["tokens"], r["layer"], r["head"], r["tau"], r["causal"], r["padding"])
         assert (*drawn, r["window"]) == asked and r["shownTau"] == f"{tau:.3f}"
         ref = visualizer.reference(
-            prompts[s.prompt], s.layer, s.head, tau,
-            causal=s.causal, padding=s.padding, window=s.window,
-        )  # fmt: skip
+            tokens, s.layer, s.head, tau, causal=s.causal, padding=s.padding, window=s.window
+        )
         w = np.array(r["weights"])
-        assert w.shape == ref.shape == (24, 24)
-        np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)  # both float64: equal
+        assert w.shape == ref.shape == (len(tokens), len(tokens))
+        # both float64, the same steps: a few roundings apart (BLAS and V8 sum in other orders)
+        np.testing.assert_allclose(w, ref, rtol=0, atol=1e-12)
         np.testing.assert_allclose(np.array(r["entropy"]), visualizer.entropy(ref), atol=1e-12)
-        sums = w.sum(-1)
         empty = ref.sum(-1) == 0  # no allowed key in the row
-        np.testing.assert_allclose(sums[~empty], 1.0, atol=1e-12)
+        np.testing.assert_allclose(w.sum(-1)[~empty], 1.0, atol=1e-12)
         assert (w[empty] == 0).all()
         assert r["titles"][5][3].endswith(f": {ref[5, 3]:.6f}")  # the number a reader sees
     sharp, plain, soft = readings[:3]
@@ -112,5 +119,5 @@ def test_the_visualizer_redraws_what_numpy_computes(tmp_path, built):
     assert not np.allclose(readings[3]["weights"], plain["weights"])  # another head, redrawn
     assert np.triu(np.array(readings[4]["weights"]), 1).max() > 0  # causal off: the future
     assert np.array(readings[5]["weights"]).sum(-1)[-1] == 0  # a row of padding only
-    for i in range(len(settings)):
+    for i in range(len(settings) + 1):
         assert (shots / f"visualizer-{i}.png").read_bytes()[:4] == b"\x89PNG"

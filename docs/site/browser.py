@@ -127,7 +127,8 @@ _READ_VISUALIZER = """() => {
   const t = document.getElementById('viz-heatmap');
   const rows = [...t.querySelectorAll('tr.row')];
   return {
-    prompt: +t.dataset.prompt, layer: +t.dataset.layer, head: +t.dataset.head,
+    tokens: t.dataset.tokens, error: t.dataset.error || null,
+    layer: +t.dataset.layer, head: +t.dataset.head,
     tau: Number(t.dataset.tau), shownTau: document.getElementById('viz-tau-value').textContent,
     causal: t.dataset.causal === 'true', padding: +t.dataset.padding,
     window: t.dataset.window === '' ? null : +t.dataset.window,
@@ -141,11 +142,13 @@ _READ_VISUALIZER = """() => {
 
 @dataclass
 class Setting:
-    """What to set on the visualizer: the prompt's index, ``layer`` and ``head``, the
-    temperature slider's position (moved with the arrow keys, as a reader would), causal, the
-    padded keys at the end and the window (None: off)."""
+    """What to set on the visualizer: the preset prompt's index, then ``tokens`` typed over it
+    (None: the preset's), ``layer`` and ``head``, the temperature slider's position (moved with
+    the arrow keys, as a reader would), causal, the padded keys at the end and the window
+    (None: off)."""
 
     prompt: int = 0
+    tokens: str | None = None
     layer: int = 1
     head: int = 0
     position: int = 0
@@ -189,6 +192,8 @@ def drive_visualizer(
                 page.goto(index.resolve().as_uri(), wait_until="load", timeout=timeout_s * 1000)
                 for i, s in enumerate(settings):
                     page.select_option("#viz-prompt", str(s.prompt))
+                    if s.tokens is not None:
+                        page.fill("#viz-tokens", s.tokens)
                     page.select_option("#viz-head", f"{s.layer}:{s.head}")
                     slider = page.locator("#viz-tau")
                     moves = s.position - int(slider.input_value())
