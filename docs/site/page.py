@@ -200,7 +200,11 @@ def build(
     viz_data = visualizer.export(visualizer.prompts())
     shutil.copyfile(HERE / "visualizer.js", out / "visualizer.js")
 
-    notebooks = render(root, out, execute=execute_notebooks)
+    try:
+        notebooks = render(root, out, execute=execute_notebooks)
+    except ImportError as e:  # nbconvert and nbformat: the notebooks extra
+        notebooks = []
+        skipped.append(f"notebooks: not rendered ({e}; pip install -e '.[notebooks]')")
     notebooks_html = section_html(notebooks, base) if notebooks else ""
     nav_notebooks = '<li><a href="#notebooks">Notebooks</a></li>' if notebooks else ""
 
