@@ -275,6 +275,8 @@ def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
                    "paged_reads_max_len"):  # fmt: skip
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             assert f"paged.page3.decode_and_prefill.causal.{dtype}" in failed, (bug, dtype)
+
+
 @pytest.mark.parametrize(
     "bug",
     ["rope_inv_freq_ignored", "rope_attention_factor_cos_only", "rope_attention_factor_squared"],

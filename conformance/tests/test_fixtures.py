@@ -447,6 +447,8 @@ def test_the_varlen_flex_cross_check_refuses_a_wrong_golden() -> None:
     assert said["torch"].startswith("agree") and not bad
     _, bad = _flex_verify(as64, keywords, t["output"] + 2 * bound, bound)({"torch": None})
     assert bad
+
+
 def test_the_rope_cross_check_against_transformers_can_fail() -> None:
     """The generator's check of the scaled frequencies against transformers'
     ``ROPE_INIT_FUNCTIONS`` agrees on the cases' formulas and catches the two classic slips:
