@@ -38,7 +38,14 @@ unsharded contract on its heads, and the outputs are concatenated along H. In th
 (:func:`head_parallel_gqa`) each device also holds the projection columns of its heads and the
 output projection's rows for them; its partial output projections are summed (all-reduce).
 
-Both equal ``impl_numpy.functional.scaled_dot_product_attention`` on every input they accept
+**Ulysses** (all-to-all sequence parallelism, DeepSpeed-Ulysses). Device r starts with a
+contiguous 1/n of the positions of every head; an all-to-all (one list operation:
+:func:`_all_to_all`) gives it every position of the query heads ``r*H/n .. (r+1)*H/n - 1`` and
+of the key/value heads they read (split when ``K % n == 0``; when ``n % K == 0`` each key/value
+head goes to the n / K devices of its group, never torn apart); it runs the unsharded contract
+on them, and a second all-to-all gives every device its positions back, every head.
+
+All three equal ``impl_numpy.functional.scaled_dot_product_attention`` on every input they accept
 (tests/test_sharded.py holds them to the golden bounds).
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``), H query
@@ -57,10 +64,12 @@ from attention_spec.modules import check_module_inputs
 from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingStep,
+    UlyssesExchange,
     block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
+    check_ulysses,
 )
 from impl_numpy.flash import _block
 from impl_numpy.functional import (
@@ -74,7 +83,7 @@ from impl_numpy.functional import (
     scaled_dot_product_attention,
 )
 
-__all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention"]
+__all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention", "ulysses_attention"]
 
 
 @np.errstate(invalid="ignore")  # a +inf score allowed makes its row NaN (the contract), quietly
@@ -301,6 +310,104 @@ def ring_attention(
         for a, q_chunk in enumerate(chunks[r]):
             out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = outs[r][a]
     return out.astype(query.dtype, copy=False)
+
+
+def _all_to_all(pieces: list[list[np.ndarray]]) -> list[list[np.ndarray]]:
+    """The all-to-all: ``pieces[src][dst]`` is what device src sends device dst; returns
+    ``received[dst][src]``, what device dst got from each device, in source order."""
+    n = len(pieces)
+    return [[pieces[src][dst] for src in range(n)] for dst in range(n)]
+
+
+def _exchange(name, piece, n, axis, stats):
+    """One all-to-all of Ulysses: device src sends ``piece(src, dst)`` to every device dst,
+    and each device joins what it received along ``axis`` in source order. Records each
+    device's bytes sent to the others (its own piece stays) in ``stats``."""
+    pieces = [[piece(src, dst) for dst in range(n)] for src in range(n)]
+    if stats is not None:
+        for src in range(n):
+            sent = sum(pieces[src][dst].nbytes for dst in range(n) if dst != src)
+            stats.append(UlyssesExchange(name, src, sent))
+    return [np.concatenate(got, axis=axis) for got in _all_to_all(pieces)]
+
+
+def ulysses_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    n_shards: int,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+    stats: list[UlyssesExchange] | None = None,
+) -> np.ndarray:
+    """``scaled_dot_product_attention`` on ``n_shards`` simulated devices by all-to-all
+    sequence parallelism (Ulysses), shape ``(..., H, L, E)``.
+
+    Args:
+        query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
+        n_shards: n, which must divide H, L and S; K % n == 0 (key/value heads split) or
+            n % K == 0 (each key/value head replicated to the n / K devices of its group).
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_numpy.functional.attention_weights`; a head axis of size H (of mask
+            or bias), sinks and ALiBi slopes ``(H,)`` are split with the query heads; segment
+            ids, and masks and biases without a head axis (or with one of size 1), go whole to
+            every device.
+        stats: a list to append one :class:`~attention_spec.sharded.UlyssesExchange` per
+            device and all-to-all to (the bytes it sent), or None.
+
+    Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``;
+    DimensionMismatchError ``ulysses_heads``, ``ulysses_length``, ``ulysses_kv_heads``.
+    """
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    check_shard_config(n_shards)
+    call = check_attention(query, key, value, **kw)
+    plan = check_ulysses(call, n_shards)
+    n, heads, kv_heads, Lc, Sc = plan.n, plan.heads, plan.kv_heads, plan.Lc, plan.Sc
+    if call.L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked)
+        return np.zeros((*call.batch, call.H, call.L, call.E), query.dtype)
+
+    # U1. split: device r holds a contiguous 1/n of the positions, every head: query rows
+    #     r*Lc .. (r+1)*Lc - 1, key and value positions r*Sc .. (r+1)*Sc - 1.
+    queries = [query[..., r * Lc : (r + 1) * Lc, :] for r in range(n)]  # (..., H, Lc, D)
+    keys = [key[..., r * Sc : (r + 1) * Sc, :] for r in range(n)]  # (..., K, Sc, D)
+    values = [value[..., r * Sc : (r + 1) * Sc, :] for r in range(n)]  # (..., K, Sc, E)
+
+    # U2. all-to-all, positions to heads: device r sends device d its positions of d's query
+    #     heads and of the key/value heads they read; device d joins what it gets along the
+    #     positions, in source order: every position of its heads.
+    q_heads = _exchange("query", lambda r, d: _block(queries[r], -3, *heads[d]), n, -2, stats)
+    k_heads = _exchange("key", lambda r, d: _block(keys[r], -3, *kv_heads[d]), n, -2, stats)
+    v_heads = _exchange("value", lambda r, d: _block(values[r], -3, *kv_heads[d]), n, -2, stats)
+    # device d: q (..., H/n, L, D), k (..., K/n or 1, S, D), v (..., K/n or 1, S, E)
+
+    # U3. attend: the unsharded contract on the device's heads, every position (mask, bias,
+    #     sinks and ALiBi slopes: its query heads; segment ids and head-less masks: whole).
+    outs = []
+    for d in range(n):
+        on_heads = kw | {
+            "mask": _block(kw["mask"], -3, *heads[d]),
+            "bias": _block(kw["bias"], -3, *heads[d]),
+            "sinks": _block(kw["sinks"], -1, *heads[d]),
+            "alibi_slopes": _block(kw["alibi_slopes"], -1, *heads[d]),
+        }  # the device's heads of mask, bias, sinks and slopes; every other keyword whole
+        outs.append(scaled_dot_product_attention(q_heads[d], k_heads[d], v_heads[d], **on_heads))
+
+    # U4. all-to-all, heads to positions: device d sends device r its heads at r's rows;
+    #     device r joins them along the heads, in source order; the rows, in order, are the
+    #     output.
+    mine = _exchange("output", lambda d, r: outs[d][..., r * Lc : (r + 1) * Lc, :], n, -3, stats)
+    return np.concatenate(mine, axis=-2)  # (..., H, L, E); device r held rows r*Lc ..
 
 
 def head_parallel_attention(
