@@ -42,6 +42,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 from jax.sharding import Mesh
 from jax.sharding import PartitionSpec as P
 
@@ -55,6 +56,7 @@ from attention_spec.sharded import (
     check_ring,
     check_shard_config,
     check_shard_devices,
+    check_ulysses,
 )
 from impl_jax.flash import _block
 from impl_jax.functional import (
@@ -74,8 +76,9 @@ from impl_jax.functional import (
 )
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
 
-__all__ = ["HEADS", "SEQ", "STATIC_ARGNAMES", "head_parallel_attention", "head_parallel_gqa",
-           "ring_attention"]  # fmt: skip
+__all__ = ["HEADS", "SEQ", "STATIC_ARGNAMES", "ULYSSES_STATIC_ARGNAMES",
+           "head_parallel_attention", "head_parallel_gqa",
+           "ring_attention", "ulysses_attention"]  # fmt: skip
 
 #: The mesh axis names: the sequence (ring) and the heads (head-parallel).
 SEQ, HEADS = "seq", "heads"
@@ -83,6 +86,8 @@ SEQ, HEADS = "seq", "heads"
 #: The keywords to mark static under ``jax.jit``: those of ``scaled_dot_product_attention`` and
 #: the sharding, which decide the program XLA compiles.
 STATIC_ARGNAMES: tuple[str, ...] = (*_SDPA_STATIC_ARGNAMES, "n_shards", "layout")
+#: The same for :func:`ulysses_attention`, which has no layout.
+ULYSSES_STATIC_ARGNAMES: tuple[str, ...] = (*_SDPA_STATIC_ARGNAMES, "n_shards")
 
 
 def _mesh(n_shards: int, axis: str) -> Mesh:
@@ -382,6 +387,98 @@ def ring_attention(
     if layout == "zigzag":
         out = jnp.take(out, np.argsort(rows), axis=-2)
     return out.astype(query.dtype)  # (..., H, L, E)
+
+
+def ulysses_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    *,
+    n_shards: int,
+    mask: jax.Array | None = None,
+    bias: jax.Array | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: jax.Array | None = None,
+    kv_segment_ids: jax.Array | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+) -> jax.Array:
+    """``scaled_dot_product_attention`` on ``n_shards`` devices by all-to-all sequence
+    parallelism (Ulysses), shape ``(..., H, L, E)``, sharded along L over them.
+
+    Args:
+        query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
+        n_shards: n (the first n of ``jax.devices()``), which must divide H, L and S;
+            K % n == 0 (key/value heads split) or n % K == 0 (each key/value head replicated
+            to the n / K devices of its group).
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_jax.functional.attention_weights`; a head axis of size H (of mask
+            or bias), sinks and ALiBi slopes ``(H,)`` are split with the query heads; segment
+            ids, and masks and biases without a head axis (or with one of size 1), go whole to
+            every device.
+
+    Pure and differentiable (``lax.all_to_all``'s transpose is the reverse all-to-all); jit
+    with :data:`ULYSSES_STATIC_ARGNAMES`.
+
+    Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
+    ``shard_devices``; DimensionMismatchError ``ulysses_heads``, ``ulysses_length``,
+    ``ulysses_kv_heads``.
+    """
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    check_shard_config(n_shards)
+    call = check_attention(query, key, value, **kw)
+    plan = check_ulysses(call, n_shards)
+    _check_x64(query.dtype)
+    mesh = _mesh(n_shards, SEQ)
+    query, key, value, kw = _on_device(query, key, value, keywords=kw)
+    n, K = plan.n, call.K
+    if call.L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked)
+        return jnp.zeros((*call.batch, call.H, call.L, call.E), query.dtype)
+
+    # U1. split: device r holds a contiguous 1/n of the positions, every head (shard_map cuts
+    #     query, key and value along L and S); mask and bias with a head axis of H, sinks and
+    #     slopes are cut along the heads (they go with the query heads, U3); segment ids and
+    #     head-less masks go whole.
+    x = {"query": query, "key": key, "value": value}
+    specs = {name: _spec(a, -2, SEQ) for name, a in x.items()}
+    for name in ("mask", "bias"):
+        if kw[name] is not None:
+            x[name], specs[name] = kw[name], _spec(kw[name], -3, SEQ)
+    per_head = {"sinks": kw["sinks"], "alibi_slopes": kw["alibi_slopes"]}
+    whole = {"q_segment_ids": kw["q_segment_ids"], "kv_segment_ids": kw["kv_segment_ids"]}
+    for name, a in (*per_head.items(), *whole.items()):
+        if a is not None:
+            x[name], specs[name] = a, P(SEQ) if name in per_head else P()
+
+    def device(x):
+        # U2. all-to-all, positions to heads: lax.all_to_all cuts the head axis into n pieces,
+        #     piece d to device d, and joins what arrives along the positions in source order.
+        #     With n % K == 0 each key/value head is first repeated n / K times, so that piece
+        #     d is the head d*K // n that device d's query heads read.
+        def to_heads(a, reps=1):
+            a = jnp.repeat(a, reps, axis=-3) if reps > 1 else a
+            return lax.all_to_all(a, SEQ, a.ndim - 3, a.ndim - 2, tiled=True)
+
+        reps = max(n // K, 1)  # 1 when K % n == 0
+        q = to_heads(x["query"])  # (..., H/n, L, D)
+        k, v = to_heads(x["key"], reps), to_heads(x["value"], reps)  # (..., K/n or 1, S, D|E)
+
+        # U3. attend: the unsharded contract on the device's heads, every position (mask, bias,
+        #     sinks and ALiBi slopes: its query heads; segment ids and head-less masks: whole).
+        on_heads = kw | {name: x.get(name) for name in ARRAY_KEYWORDS}  # the device's pieces
+        out = scaled_dot_product_attention(q, k, v, **on_heads)  # (..., H/n, L, E)
+
+        # U4. all-to-all, heads to positions: the rows cut into n pieces, piece r to device r,
+        #     joined along the heads in source order: this device's rows, every head.
+        return lax.all_to_all(out, SEQ, out.ndim - 2, out.ndim - 3, tiled=True)
+
+    out_spec = P(*([None] * (len(call.batch) + 1)), SEQ, None)  # rows r*L/n .. on device r
+    return jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)
 
 
 def head_parallel_attention(
