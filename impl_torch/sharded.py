@@ -36,11 +36,13 @@ from attention_spec.modules import check_module_inputs
 from attention_spec.rules import alibi
 from attention_spec.sharded import (
     RingStep,
+    UlyssesExchange,
     block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
     check_shard_devices,
+    check_ulysses,
 )
 from impl_torch.flash import _block
 from impl_torch.functional import (
@@ -54,7 +56,7 @@ from impl_torch.functional import (
     scaled_dot_product_attention,
 )
 
-__all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention"]
+__all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention", "ulysses_attention"]
 
 
 def _rank(n_shards: int, group: dist.ProcessGroup | None) -> int:
@@ -312,6 +314,108 @@ def ring_attention(
         for a, q_chunk in enumerate(chunks[rank]):
             out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = piece[..., a * Lc : (a + 1) * Lc, :]
     return out
+
+
+def _exchange(name, piece, n, r, axis, stats, group):
+    """One all-to-all of Ulysses, this rank's side: it sends ``piece(r, dst)`` to every rank
+    dst (``dist.all_to_all_single`` over the pieces stacked in rank order) and joins what it
+    received along ``axis`` in source order. Records the bytes it sent to the others."""
+    pieces = torch.stack([piece(r, dst) for dst in range(n)])  # (n, ...): piece dst to rank dst
+    received = torch.empty_like(pieces)  # received[src]: what rank src sent this rank
+    dist.all_to_all_single(received, pieces, group=group)
+    if stats is not None:
+        stats.append(UlyssesExchange(name, r, pieces.nbytes // n * (n - 1)))
+    return torch.cat(list(received.unbind(0)), dim=axis)
+
+
+@torch.no_grad()
+def ulysses_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    n_shards: int,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
+    stats: list[UlyssesExchange] | None = None,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` on ``n_shards`` processes by all-to-all sequence
+    parallelism (Ulysses), shape ``(..., H, L, E)``; every rank passes the same arguments and
+    gets the whole output.
+
+    Args:
+        query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
+        n_shards: n, the size of the process group, which must divide H, L and S; K % n == 0
+            (key/value heads split) or n % K == 0 (each key/value head replicated to the n / K
+            ranks of its group).
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_torch.functional.attention_weights`; a head axis of size H (of mask
+            or bias), sinks and ALiBi slopes ``(H,)`` are split with the query heads; segment
+            ids, and masks and biases without a head axis (or with one of size 1), go whole to
+            every rank.
+        group: the process group (default: the world).
+        stats: a list to append this rank's :class:`~attention_spec.sharded.UlyssesExchange`
+            per all-to-all to (the bytes it sent), or None.
+
+    Forward only, like the ring: the result has no autograd history.
+
+    Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
+    ``shard_devices``; DimensionMismatchError ``ulysses_heads``, ``ulysses_length``,
+    ``ulysses_kv_heads``.
+    """
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    check_shard_config(n_shards)
+    call = check_attention(query, key, value, **kw)
+    plan = check_ulysses(call, n_shards)
+    r = _rank(n_shards, group)  # this process
+    n, heads, kv_heads, Lc, Sc = plan.n, plan.heads, plan.kv_heads, plan.Lc, plan.Sc
+    if call.L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked)
+        return query.new_zeros((*call.batch, call.H, call.L, call.E))
+
+    # U1. split: this rank holds a contiguous 1/n of the positions, every head: query rows
+    #     r*Lc .. (r+1)*Lc - 1, key and value positions r*Sc .. (r+1)*Sc - 1.
+    q_rows = query[..., r * Lc : (r + 1) * Lc, :]  # (..., H, Lc, D)
+    k_rows = key[..., r * Sc : (r + 1) * Sc, :]  # (..., K, Sc, D)
+    v_rows = value[..., r * Sc : (r + 1) * Sc, :]  # (..., K, Sc, E)
+
+    # U2. all-to-all, positions to heads: this rank sends rank d its positions of d's query
+    #     heads and of the key/value heads they read; it joins what it gets along the
+    #     positions, in source order: every position of its heads.
+    grp = group
+    q = _exchange("query", lambda r, d: _block(q_rows, -3, *heads[d]), n, r, -2, stats, grp)
+    k = _exchange("key", lambda r, d: _block(k_rows, -3, *kv_heads[d]), n, r, -2, stats, grp)
+    v = _exchange("value", lambda r, d: _block(v_rows, -3, *kv_heads[d]), n, r, -2, stats, grp)
+    # q (..., H/n, L, D), k (..., K/n or 1, S, D), v (..., K/n or 1, S, E)
+
+    # U3. attend: the unsharded contract on this rank's heads, every position (mask, bias,
+    #     sinks and ALiBi slopes: its query heads; segment ids and head-less masks: whole).
+    on_heads = kw | {
+        "mask": _block(kw["mask"], -3, *heads[r]),
+        "bias": _block(kw["bias"], -3, *heads[r]),
+        "sinks": _block(kw["sinks"], -1, *heads[r]),
+        "alibi_slopes": _block(kw["alibi_slopes"], -1, *heads[r]),
+    }  # this rank's heads of mask, bias, sinks and slopes; every other keyword whole
+    out = scaled_dot_product_attention(q, k, v, **on_heads)  # (..., H/n, L, E)
+
+    # U4. all-to-all, heads to positions: this rank sends rank d its heads at d's rows and
+    #     joins what it gets along the heads, in source order: its rows, every head. Then every
+    #     rank's rows to every rank, in order (the whole output).
+    mine = _exchange("output", lambda r, d: out[..., d * Lc : (d + 1) * Lc, :], n, r, -3,
+                     stats, grp).contiguous()  # (..., H, Lc, E)  # fmt: skip
+    pieces = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(pieces, mine, group=group)
+    return torch.cat(pieces, dim=-2)  # (..., H, L, E)
 
 
 @torch.no_grad()
