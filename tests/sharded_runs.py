@@ -121,5 +121,7 @@ def call(module: Any, run: Run, arrays: dict[str, Any], keywords: dict[str, Any]
     q, k, v = arrays["query"], arrays["key"], arrays["value"]
     if run.function == "head_parallel":
         return module.head_parallel_attention(q, k, v, **kw, **extra)
+    if run.function == "ulysses":
+        return module.ulysses_attention(q, k, v, **kw, **extra)
     layout = "zigzag" if run.function == "ring_zigzag" else "contiguous"
     return module.ring_attention(q, k, v, layout=layout, **kw, **extra)

@@ -303,3 +303,30 @@ def err_unknown_layout():
 def err_zero_shards():
     """n_shards=0: a ring or a split needs at least one device."""
     return call(z(B, H, 8, D), z(B, K, 8, D), z(B, K, 8, E), n_shards=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors of all-to-all sequence parallelism (Ulysses; contract v3)
+# ---------------------------------------------------------------------------------------------
+
+
+@ring_error_case("ulysses_heads", "DimensionMismatchError", "ulysses_heads", ("ulysses",))
+def err_ulysses_heads():
+    """Ulysses over 4 devices with H = 6 query heads (K = 2): after the all-to-all each device
+    holds H/4 heads, so 4 must divide H (it divides L and S, and 4 % K == 0)."""
+    return call(z(B, 6, 8, D), z(B, 2, 8, D), z(B, 2, 8, E), n_shards=4)
+
+
+@ring_error_case("ulysses_length", "DimensionMismatchError", "ulysses_length", ("ulysses",))
+def err_ulysses_length():
+    """Ulysses over 4 devices with S = 6: each device starts with a contiguous quarter of the
+    key positions, so 4 must divide S (it divides L = 8 and H)."""
+    return call(z(B, 4, 8, D), z(B, 2, 6, D), z(B, 2, 6, E), n_shards=4)
+
+
+@ring_error_case("ulysses_kv_heads", "DimensionMismatchError", "ulysses_kv_heads", ("ulysses",))
+def err_ulysses_kv_heads():
+    """Ulysses over 4 devices with H = 12, K = 6: 4 divides H, but the 6 key/value heads can be
+    neither split (6 % 4) nor replicated whole to groups of devices (4 % 6): the [2, 2, 2, 0]
+    split of DeepSpeed's hang."""
+    return call(z(B, 12, 8, D), z(B, 6, 8, D), z(B, 6, 8, E), n_shards=4)

@@ -233,6 +233,13 @@ def _heads_fit(case: Case, n: int) -> bool:
     return K % n == 0
 
 
+def _ulysses_fits(case: Case, n: int) -> bool:
+    """Ulysses over n devices: n divides H, L and S, and K % n == 0 or n % K == 0."""
+    L, S, K = _sizes(case)
+    H = case.entry["shapes"]["query"][-3]
+    return H % n == 0 and L % n == 0 and S % n == 0 and (K % n == 0 or n % K == 0)
+
+
 @dataclass(frozen=True)
 class Function:
     """One row of the table: a port function the suite knows.
@@ -347,6 +354,14 @@ FUNCTIONS: dict[str, Function] = {
         methods=(),
         submodule="sharded",
         fits=_heads_fit,
+    ),
+    "ulysses": Function(
+        "ulysses_attention",
+        False,
+        _attention_values,
+        _attention_error,
+        submodule="sharded",
+        fits=_ulysses_fits,
     ),
     "rope": Function("apply_rotary", False, _rope_values, _call(_rope_arguments)),
 }

@@ -322,6 +322,9 @@ def make_port(bug: str | None) -> SimpleNamespace:
     def head_parallel_gqa(module, x, context=None, *, n_shards, **kw):
         return _head_parallel_gqa(module, x, context, n_shards=n_shards, bug=bug, **kw)
 
+    def ulysses_attention(query, key, value, *, n_shards, **kw):
+        return sharded.ulysses_attention(query, key, value, n_shards=n_shards, **kw)
+
     return SimpleNamespace(
         __name__=f"sharded_broken.{bug}",
         GroupedQueryAttention=impl_numpy.GroupedQueryAttention,  # for head_parallel_gqa
@@ -329,4 +332,5 @@ def make_port(bug: str | None) -> SimpleNamespace:
         ring_attention=ring_attention,
         head_parallel_attention=head_parallel_attention,
         head_parallel_gqa=head_parallel_gqa,
+        ulysses_attention=ulysses_attention,
     )

@@ -48,6 +48,9 @@ def test_sharded_runs_carry_n_and_run_only_where_n_fits() -> None:
             assert L % n == 0 and S % n == 0
         elif run.function == "ring_zigzag":
             assert L % (2 * n) == 0 and S % (2 * n) == 0
+        elif run.function == "ulysses":
+            H = run.case.entry["shapes"]["query"][-3]
+            assert H % n == 0 and L % n == 0 and S % n == 0 and (K % n == 0 or n % K == 0)
         else:
             assert K % n == 0
     ids = {r.id for r in runs}
