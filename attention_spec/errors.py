@@ -10,6 +10,7 @@ from __future__ import annotations
 
 __all__ = [
     "ERROR_CODES",
+    "FP8_ERROR_CODES",
     "MODULE_ERROR_CODES",
     "ROTARY_ERROR_CODES",
     "SHARDED_ERROR_CODES",
@@ -142,6 +143,17 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         ConfigError,
         "fewer JAX devices, or another number of torch ranks, than n_shards",
     ),
+    # -- FP8 inputs (Contract v3; attention_spec/fp8.py) -------------------------------------
+    "descale_shape": (
+        DimensionMismatchError,
+        "a descale does not broadcast to (..., H) / (..., K)",
+    ),
+    "descale_dtype": (DTypeError, "a descale array is not float32 (or a real number)"),
+    "descale_not_fp8": (DTypeError, "a descale given for an input that is not fp8"),
+    "descale_value": (ConfigError, "a descale is not finite or <= 0"),
+    "axes_value": (ConfigError, "quantize_fp8 axes outside x's rank or repeated"),
+    "fp8_combination": (DTypeError, "an fp8 combination of dtypes outside the two allowed"),
+    "fp8_nonfinite": (ConfigError, "quantize_fp8 of an x that is not finite in float32"),
     # -- all-to-all sequence parallelism (Ulysses, USP; contract v3) --------------------------
     "ulysses_heads": (
         DimensionMismatchError,
@@ -179,6 +191,14 @@ SHARDED_ERROR_CODES: frozenset[str] = frozenset(
     # all-to-all sequence parallelism (ulysses_attention, usp_attention; contract v3)
     | {"ulysses_heads", "ulysses_length", "ulysses_kv_heads", "usp_shape"}
 )
+
+
+#: The codes of FP8 inputs: raised by scaled_dot_product_attention and attention_weights (the
+#: descales, the dtype combination) and by quantize_fp8; no fixtures yet (tests/test_fp8.py).
+FP8_ERROR_CODES: frozenset[str] = frozenset(
+    {"descale_shape", "descale_dtype", "descale_not_fp8", "descale_value", "axes_value",
+     "fp8_combination", "fp8_nonfinite"}
+)  # fmt: skip
 
 
 def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:

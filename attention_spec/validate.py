@@ -49,6 +49,7 @@ from attention_spec.arrays import (
 from attention_spec.call import AttentionCall, AttentionDims, Keywords
 from attention_spec.deprecated import ARRAY_KEYWORDS_1_0, masks_1_0, spec_1_0, warn_1_0
 from attention_spec.errors import make_error
+from attention_spec.fp8 import check_descale, check_fp8_dtypes
 from attention_spec.keywords import (
     ALIGNMENTS,
     FINITE_MAX,
@@ -118,7 +119,9 @@ NO_VALUE: Any = ArraySpec((), "absent")
 class CallSizes(NamedTuple):
     """What a keyword's rule sees of the call once query, key and value passed (steps 3, 4):
     their dtype, the broadcast ``batch`` and the sizes, and ``given``, every keyword as the
-    caller passed it (for a rule on a pair, and for messages)."""
+    caller passed it (for a rule on a pair, and for messages); ``k_dtype`` and ``v_dtype``,
+    the key's and the value's (they differ from the query's in an fp8 KV-cache call; "" for
+    attention_weights' value)."""
 
     dtype: str
     batch: Shape
@@ -129,6 +132,8 @@ class CallSizes(NamedTuple):
     D: int
     E: int
     given: Mapping[str, Any]
+    k_dtype: str = ""
+    v_dtype: str = ""
 
 
 @dataclass(frozen=True)
@@ -281,6 +286,20 @@ def _per_head(name: str) -> Callable[[Any, CallSizes], ArraySpec | None]:
     return rule
 
 
+def _descale_rule(name: str) -> Callable[[Any, CallSizes], float | ArraySpec | None]:
+    """The rule of ``q_descale`` (broadcastable to ``(..., H)``), ``k_descale`` or
+    ``v_descale`` (``(..., K)``): attention_spec.fp8.check_descale, for the input it descales."""
+    side = name[0]
+
+    def rule(x: Any, sizes: CallSizes) -> float | ArraySpec | None:
+        dtype = {"q": sizes.dtype, "k": sizes.k_dtype, "v": sizes.v_dtype}[side]
+        letter, n = ("H", sizes.H) if side == "q" else ("K", sizes.K)
+        target = (*sizes.batch, n)
+        return check_descale(name, x, dtype, target, target_text(sizes.batch, (letter, n)))
+
+    return rule
+
+
 def _scale_in_range(scale: float | None, sizes: CallSizes) -> float:
     """``scale`` finite in the compute dtype (``scale_range``), then resolved: ``1/sqrt(D)``
     when None."""
@@ -307,6 +326,11 @@ KEYWORDS: tuple[Keyword, ...] = (
     Keyword("kv_segment_ids", array=True, shapes=_segment_ids("kv")),
     Keyword("sinks", array=True, shapes=_per_head("sinks")),
     Keyword("alibi_slopes", array=True, shapes=_per_head("alibi_slopes")),
+    # FP8 inputs (Contract v3): not array keywords, since a Python or NumPy scalar is taken as
+    # float32 (np.asarray would make it float64); an implementation converts a given array.
+    Keyword("q_descale", shapes=_descale_rule("q_descale")),
+    Keyword("k_descale", shapes=_descale_rule("k_descale")),
+    Keyword("v_descale", shapes=_descale_rule("v_descale")),
 )
 #: The names of the array keywords of :data:`KEYWORDS`, in table order.
 ARRAY_KEYWORDS: tuple[str, ...] = tuple(k.name for k in KEYWORDS if k.array)
@@ -353,7 +377,28 @@ def _check_rank(name: str, shape: Shape, letters: str) -> None:
         )
 
 
-def _check_dtypes(q_dtype: str, k_dtype: str, v_dtype: str | None) -> None:
+#: Why a function without descale keywords refuses fp8 inputs (attention_spec.fp8).
+_FP8_ELSEWHERE = (
+    "fp8 inputs are taken, for now, only by scaled_dot_product_attention and attention_weights "
+    "(with q_descale/k_descale/v_descale) and made by quantize_fp8; flash_attention, the *_vjp "
+    "and the sharded functions do not take them yet"
+)
+
+
+def _check_dtypes(q_dtype: str, k_dtype: str, v_dtype: str | None, fp8: bool) -> None:
+    """The dtypes of query, key and value (``v_dtype`` None: no value). ``fp8``: the function
+    takes descales, so fp8 inputs of an allowed combination pass (attention_spec.fp8);
+    otherwise an fp8 input is ``unsupported_dtype``."""
+    if check_fp8_dtypes(q_dtype, k_dtype, v_dtype):
+        if not fp8:
+            raise make_error(
+                "unsupported_dtype",
+                f"{_FP8_ELSEWHERE}; got query={q_dtype}, key={k_dtype}"
+                + ("" if v_dtype is None else f", value={v_dtype}"),
+                expected="float64 | float32 | float16 | bfloat16",
+                actual=k_dtype,
+            )
+        return
     check_dtype("query", q_dtype)
     given = {"query": q_dtype, "key": k_dtype} | ({} if v_dtype is None else {"value": v_dtype})
     if len(set(given.values())) > 1:
@@ -366,9 +411,10 @@ def _check_dtypes(q_dtype: str, k_dtype: str, v_dtype: str | None) -> None:
         )
 
 
-def _sizes(query: Any, key: Any, value: Any, given: Mapping[str, Any]) -> CallSizes:
+def _sizes(query: Any, key: Any, value: Any, given: Mapping[str, Any], fp8: bool) -> CallSizes:
     """Step 2: query ``(..., H, L, D)``, key ``(..., K, S, D)`` and value ``(..., K, S, E)``
-    (or NO_VALUE) fit together; their dtype, broadcast batch and sizes."""
+    (or NO_VALUE) fit together; their dtype, broadcast batch and sizes. ``fp8``: the call may
+    have fp8 inputs (the function takes descales)."""
     with_value = value is not NO_VALUE
     check_given(query=query, key=key, **({"value": value} if with_value else {}))
     q, k = describe(query), describe(key)
@@ -377,7 +423,7 @@ def _sizes(query: Any, key: Any, value: Any, given: Mapping[str, Any]) -> CallSi
     _check_rank("key", k.shape, "KSD")
     if v is not None:
         _check_rank("value", v.shape, "KSE")
-    _check_dtypes(q.dtype, k.dtype, None if v is None else v.dtype)
+    _check_dtypes(q.dtype, k.dtype, None if v is None else v.dtype, fp8)
 
     H, L, D = q.shape[-3:]
     K, S, Dk = k.shape[-3:]
@@ -441,7 +487,7 @@ def _sizes(query: Any, key: Any, value: Any, given: Mapping[str, Any]) -> CallSi
             expected="broadcastable batch dims",
             actual=listing,
         )
-    return CallSizes(q.dtype, batch, H, K, L, S, D, E, given)
+    return CallSizes(q.dtype, batch, H, K, L, S, D, E, given, k.dtype, "" if v is None else v.dtype)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -458,7 +504,10 @@ def check_attention(query: Any, key: Any, value: Any = NO_VALUE, *form_1_0: Any,
 
     ``check_attention(query, key, value=NO_VALUE, *, mask=None, bias=None, is_causal=False,
     causal_alignment="top_left", scale=None, softcap=None, window=None, q_segment_ids=None,
-    kv_segment_ids=None, sinks=None, alibi_slopes=None)``: the keywords of :data:`KEYWORDS`.
+    kv_segment_ids=None, sinks=None, alibi_slopes=None, q_descale=None, k_descale=None,
+    v_descale=None)``: the keywords of :data:`KEYWORDS`. fp8 inputs (attention_spec.fp8) pass
+    only when ``k_descale`` is among the keywords (None included): a function that takes no
+    descales refuses them (``unsupported_dtype``).
 
     The arrays are read through :func:`describe` (anything with ``.shape`` and ``.dtype``, or an
     :class:`ArraySpec`). Shapes: query ``(..., H, L, D)``, key ``(..., K, S, D)``, value
@@ -483,11 +532,12 @@ def check_attention(query: Any, key: Any, value: Any = NO_VALUE, *form_1_0: Any,
     if not keywords.keys() <= _DEFAULTS.keys():
         unknown = next(name for name in keywords if name not in _DEFAULTS)
         raise TypeError(f"check_attention() got an unexpected keyword argument {unknown!r}")
+    fp8 = "k_descale" in keywords  # the function takes descales: fp8 inputs may come
     given = {**_DEFAULTS, **keywords}
     values = dict(given)
     for rule in _ALONE:  # 1. each keyword on its own
         values[rule.name] = rule.alone(values[rule.name])
-    sizes = _sizes(query, key, value, given)  # 2. query, key, value
+    sizes = _sizes(query, key, value, given, fp8)  # 2. query, key, value
     for rule in _SHAPES:  # 3. each keyword against the sizes
         values[rule.name] = rule.shapes(values[rule.name], sizes)
     for rule in _RANGES:  # 4. each keyword against the compute dtype

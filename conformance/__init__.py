@@ -7,6 +7,9 @@
 - :mod:`conformance.runner`: applies the fixtures to a port; ``python -m conformance --impl M``
   (each port in a child process, :mod:`conformance.worker`, so a crash is one failed case);
   ``python -m conformance --exec CMD`` checks an executable in any language the same way;
+- :mod:`conformance.pytest_plugin`: the same runs as pytest items,
+  ``pytest --pyargs conformance --port M`` (a ``pytest11`` entry point; it imports nothing
+  until given a port);
 - :mod:`conformance.ports`: adapters for non-NumPy ports and the frameworks' own kernels, and
   ``conformance/ports/js/``, an example port in JavaScript for ``--exec``.
 

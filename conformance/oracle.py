@@ -43,8 +43,11 @@ __all__ = [
     "attention",
     "attention_vjp",
     "causal_mask",
+    "dequantized",
+    "fp8_rounded",
     "linear",
     "module_forward",
+    "quantize_fp8",
     "rotary",
     "rounded",
     "rounding",
@@ -116,6 +119,56 @@ def rounding(dtype: str | None) -> Callable[[float], float]:
     return rnd
 
 
+#: Each fp8 format: its mantissa bits, its smallest normal exponent and its largest value.
+FP8_FORMATS: dict[str, tuple[int, int, float]] = {
+    "float8_e4m3fn": (3, -6, 448.0),
+    "float8_e5m2": (2, -14, 57344.0),
+}
+
+
+def fp8_rounded(x: np.ndarray | float, fmt: str) -> np.ndarray:
+    """``x`` (float64 values) rounded to nearest even in the fp8 format ``fmt``, saturating:
+    clipped to ``[-max, max]`` first, then rounded on the grid of its binade (``2**(e - m)``
+    for a normal value of exponent e with m mantissa bits; the subnormal step below the
+    smallest normal), written from the formats' bits (np.frexp), not from ml_dtypes. Returns
+    float64 values that are exactly representable in ``fmt``."""
+    mant, emin, top = FP8_FORMATS[fmt]
+    x = np.clip(np.asarray(x, np.float64), -top, top)
+    _, e = np.frexp(np.abs(x))  # |x| = f 2**e, f in [0.5, 1)
+    step = np.ldexp(1.0, np.maximum(e - 1, emin) - mant)
+    return np.copysign(np.round(np.abs(x) / step) * step, x)  # np.round: half to even
+
+
+def quantize_fp8(
+    x: np.ndarray, fmt: str = "float8_e4m3fn", axes: tuple[int, ...] = (-2, -1), descale=None
+) -> tuple[np.ndarray, np.ndarray]:
+    """The contract's ``quantize_fp8``: x to float32 first, the descale (dynamic
+    ``max(max|x| over axes / fp8_max, 2**-126)``, 1.0 where max|x| is 0, in float32; or the
+    given one), the quotient ``x / descale`` in float32, then :func:`fp8_rounded`. Returns the
+    fp8 values (float64) and the descale (float32, x's shape without ``axes``)."""
+    x32 = np.asarray(x).astype(np.float32)
+    axes = tuple(a % x32.ndim for a in axes)
+    shape = tuple(n for a, n in enumerate(x32.shape) if a not in axes)
+    keep = tuple(1 if a in axes else n for a, n in enumerate(x32.shape))
+    if descale is None:
+        amax = np.abs(x32).max(axis=axes, keepdims=True)
+        d = np.maximum(amax / np.float32(FP8_FORMATS[fmt][2]), np.float32(2.0**-126))
+        d = np.where(amax == 0, np.float32(1.0), d).astype(np.float32)
+    else:
+        d = np.broadcast_to(np.asarray(descale, np.float32), shape).reshape(keep)
+    quotient = x32 / d  # float32, correctly rounded
+    return fp8_rounded(quotient.astype(np.float64), fmt), d.reshape(shape)
+
+
+def dequantized(x: np.ndarray, descale) -> np.ndarray:
+    """What an fp8 input ``(..., H|K, L|S, D|E)`` stands for: its values in float64 times the
+    descale ``(..., H|K)`` (None: 1.0) broadcast over the length and head-dim axes."""
+    x = np.asarray(x).astype(np.float64)
+    if descale is None:
+        return x
+    return x * np.asarray(descale, np.float64)[..., None, None]
+
+
 def causal_mask(q_len: int, kv_len: int, alignment: str = "top_left") -> np.ndarray:
     """Boolean ``(L, S)``: query i may attend key j iff ``j <= i + offset``.
 
@@ -158,6 +211,7 @@ def attention(
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
     round_to: str | None = None,
+    weights_to: str | None = None,
 ) -> Golden:
     """Attention by the book, one query row at a time, in float64.
 
@@ -170,6 +224,9 @@ def attention(
             contract v2 (the window's and ALiBi's diagonal is ``causal_alignment``'s).
         round_to: None for the oracle; a dtype name for the plain same-dtype implementation,
             which rounds to that dtype after every step.
+        weights_to: None, or an fp8 format: the weights are rounded to it before the value
+            product (FlashAttention 3 keeps P in the value's fp8 format: the kernels' practice
+            the fp8 ``bound`` allows). ``Golden.weights`` stays unrounded.
     """
     rnd = rounding(round_to)
     q = np.asarray(query, dtype=np.float64)
@@ -255,7 +312,8 @@ def attention(
         v = np.asarray(value, dtype=np.float64)
         E = v.shape[-1]
         out_batch = np.broadcast_shapes(batch, v.shape[:-3])
-        w = np.broadcast_to(weights, (*out_batch, H, L, S))
+        w = weights if weights_to is None else fp8_rounded(weights, weights_to)
+        w = np.broadcast_to(w, (*out_batch, H, L, S))
         ok = np.broadcast_to(allowed, (*out_batch, H, L, S))
         v = np.broadcast_to(v, (*out_batch, K, S, E))
         output = np.zeros((*out_batch, H, L, E), dtype=np.float64)

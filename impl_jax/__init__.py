@@ -2,6 +2,7 @@
 
 from impl_jax.flash import STATIC_ARGNAMES as FLASH_STATIC_ARGNAMES
 from impl_jax.flash import flash_attention, flash_attention_vjp
+from impl_jax.fp8 import quantize_fp8
 from impl_jax.functional import (
     STATIC_ARGNAMES,
     alibi_slopes,
@@ -27,6 +28,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_vjp",
     "padding_mask",
+    "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
 ]

@@ -36,6 +36,8 @@ from attention_spec import (
     check_grad_output,
     check_size,
     dtype_name,
+    is_fp8,
+    output_dtype,
 )
 from attention_spec.rules import alibi, causal, segments, window
 
@@ -254,6 +256,25 @@ def _prepared(query, call: AttentionCall, arrays: Mapping[str, jax.Array | None]
     return _Prepared(allowed, bias, slopes, sinks, attended)
 
 
+def _output_dtype(dtype: jnp.dtype) -> jnp.dtype:
+    """The output's and the weights' dtype: the query's, or bfloat16 for an fp8 query."""
+    return jnp.dtype(output_dtype(dtype_name(dtype)))
+
+
+def _dequantized(x: jax.Array, name: str, call: AttentionCall, kw: Mapping) -> jax.Array:
+    """Step 0: an fp8 input ``(..., H|K, L|S, D|E)`` as float32 times its descale ``name``
+    (``(..., H|K)``, broadcast over the length and head-dim axes; None: 1.0); any other
+    input as given."""
+    if not is_fp8(dtype_name(x.dtype)):
+        return x
+    descale = call.keywords[name]  # a float, the ArraySpec of the array given, or None
+    x = x.astype(jnp.float32)
+    if descale is None:
+        return x
+    d = jnp.asarray(descale if isinstance(descale, float) else kw[name], jnp.float32)
+    return x * d[..., None, None]  # (..., H|K, L|S, D|E)
+
+
 def attention_weights(
     query: jax.Array,
     key: jax.Array,
@@ -269,6 +290,8 @@ def attention_weights(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
 ) -> jax.Array:
     """Attention weights ``softmax(scores)``, shape ``(..., H, L, S)``, in the query's dtype.
 
@@ -286,6 +309,9 @@ def attention_weights(
             both or neither: a query attends only keys of its own segment (packed documents).
         sinks: ``(H,)`` floating, one extra logit per head in the softmax's denominator.
         alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` is added to the scores.
+        q_descale, k_descale: for fp8 query / key (``float8_e4m3fn``, ``float8_e5m2``): float32
+            broadcastable to ``(..., H)`` / ``(..., K)``, or a number; None is 1.0. An fp8 input
+            x stands for ``float(x) * descale``. Weights take no ``v_descale`` (no value).
 
     Array-likes are converted with ``jnp.asarray`` (after validation, which reads a NumPy
     array's own dtype). Rows with no allowed key are all zeros, with zero gradient.
@@ -294,10 +320,17 @@ def attention_weights(
     call = check_attention(query, key, **kw)
     _check_x64(query.dtype)
     query, key, kw = _on_device(query, key, keywords=kw)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query, key = (
+        _dequantized(query, "q_descale", call, kw),
+        _dequantized(key, "k_descale", call, kw),
+    )
     prepared = _prepared(query, call, kw)
     key = _unattended_zeroed(key, prepared.attended)
     weights = _weights(query, key, call, prepared)
-    return weights.astype(query.dtype)
+    return weights.astype(out_dtype)
 
 
 def scaled_dot_product_attention(
@@ -316,6 +349,9 @@ def scaled_dot_product_attention(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
 ) -> jax.Array:
     """``softmax(query @ key^T * scale [+ bias] [masked]) @ value``, shape ``(..., H, L, E)``.
 
@@ -325,6 +361,8 @@ def scaled_dot_product_attention(
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
             kv_segment_ids, sinks, alibi_slopes: see :func:`attention_weights`.
+        q_descale, k_descale, v_descale: for fp8 inputs, see :func:`attention_weights`;
+            ``v_descale`` broadcastable to ``(..., K)``. The output of an fp8 query is bfloat16.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output or a gradient, even holding NaN or inf.
@@ -333,6 +371,14 @@ def scaled_dot_product_attention(
     call = check_attention(query, key, value, **kw)
     _check_x64(query.dtype)
     query, key, value, kw = _on_device(query, key, value, keywords=kw)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query = _dequantized(query, "q_descale", call, kw)
+    key, value = (
+        _dequantized(key, "k_descale", call, kw),
+        _dequantized(value, "v_descale", call, kw),
+    )
     prepared = _prepared(query, call, kw)
     attended = prepared.attended
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
@@ -343,7 +389,7 @@ def scaled_dot_product_attention(
     w = weights.reshape(*weights.shape[:-3], K, G, L, call.S)  # (..., K, G, L, S)
     v = value.astype(weights.dtype)  # (..., K, S, E)
     out = jnp.einsum("...kgls,...kse->...kgle", w, v, precision=_PRECISION)  # (..., K, G, L, E)
-    return out.reshape(*call.batch, K * G, L, E).astype(query.dtype)  # (..., H, L, E)
+    return out.reshape(*call.batch, K * G, L, E).astype(out_dtype)  # (..., H, L, E)
 
 
 def scaled_dot_product_attention_vjp(

@@ -1,6 +1,7 @@
 """NumPy reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_numpy.flash import flash_attention, flash_attention_vjp
+from impl_numpy.fp8 import quantize_fp8
 from impl_numpy.functional import (
     alibi_slopes,
     attention_weights,
@@ -22,6 +23,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_vjp",
     "padding_mask",
+    "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
 ]

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import NamedTuple
 
-import ml_dtypes  # noqa: F401  (registers bfloat16 with NumPy)
+import ml_dtypes  # bfloat16 and the fp8 formats for NumPy
 import numpy as np
 
 from attention_spec import (
@@ -28,6 +28,9 @@ from attention_spec import (
     check_causal_mask_args,
     check_grad_output,
     check_size,
+    dtype_name,
+    is_fp8,
+    output_dtype,
 )
 from attention_spec.rules import alibi, causal, segments, window
 
@@ -220,6 +223,25 @@ def _prepared(query, call: AttentionCall, arrays: Mapping[str, np.ndarray | None
     return _Prepared(allowed, bias, slopes, sinks, attended)
 
 
+def _output_dtype(dtype: np.dtype) -> np.dtype:
+    """The output's and the weights' dtype: the query's, or bfloat16 for an fp8 query."""
+    return np.dtype(getattr(ml_dtypes, output_dtype(dtype_name(dtype)), dtype))
+
+
+def _dequantized(x: np.ndarray, name: str, call: AttentionCall, kw: Mapping) -> np.ndarray:
+    """Step 0: an fp8 input ``(..., H|K, L|S, D|E)`` as float32 times its descale ``name``
+    (``(..., H|K)``, broadcast over the length and head-dim axes; None: 1.0); any other
+    input as given."""
+    if not is_fp8(dtype_name(x.dtype)):
+        return x
+    descale = call.keywords[name]  # a float, the ArraySpec of the array given, or None
+    x = x.astype(np.float32)
+    if descale is None:
+        return x
+    d = np.asarray(descale if isinstance(descale, float) else kw[name], np.float32)
+    return x * d[..., None, None]  # (..., H|K, L|S, D|E)
+
+
 def attention_weights(
     query: np.ndarray,
     key: np.ndarray,
@@ -235,6 +257,8 @@ def attention_weights(
     kv_segment_ids: np.ndarray | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale: np.ndarray | float | None = None,
+    k_descale: np.ndarray | float | None = None,
 ) -> np.ndarray:
     """Attention weights ``softmax(scores)``, shape ``(..., H, L, S)``, in the query's dtype.
 
@@ -252,15 +276,25 @@ def attention_weights(
             both or neither: a query attends only keys of its own segment (packed documents).
         sinks: ``(H,)`` floating, one extra logit per head in the softmax's denominator.
         alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` is added to the scores.
+        q_descale, k_descale: for fp8 query / key (``float8_e4m3fn``, ``float8_e5m2``): float32
+            broadcastable to ``(..., H)`` / ``(..., K)``, or a number; None is 1.0. An fp8 input
+            x stands for ``float(x) * descale``. Weights take no ``v_descale`` (no value).
 
     Array-likes are converted with ``np.asarray``. Rows with no allowed key are all zeros.
     """
     query, key, kw = _converted(query, key, given=locals())
     call = check_attention(query, key, **kw)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query, key = (
+        _dequantized(query, "q_descale", call, kw),
+        _dequantized(key, "k_descale", call, kw),
+    )
     prepared = _prepared(query, call, kw)
     key = _unattended_zeroed(key, prepared.attended)
     weights = _weights(query, key, call, prepared)
-    return weights.astype(query.dtype, copy=False)
+    return weights.astype(out_dtype, copy=False)
 
 
 def scaled_dot_product_attention(
@@ -279,6 +313,9 @@ def scaled_dot_product_attention(
     kv_segment_ids: np.ndarray | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale: np.ndarray | float | None = None,
+    k_descale: np.ndarray | float | None = None,
+    v_descale: np.ndarray | float | None = None,
 ) -> np.ndarray:
     """``softmax(query @ key^T * scale [+ bias] [masked]) @ value``, shape ``(..., H, L, E)``.
 
@@ -288,12 +325,22 @@ def scaled_dot_product_attention(
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
             kv_segment_ids, sinks, alibi_slopes: see :func:`attention_weights`.
+        q_descale, k_descale, v_descale: for fp8 inputs, see :func:`attention_weights`;
+            ``v_descale`` broadcastable to ``(..., K)``. The output of an fp8 query is bfloat16.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output, even when they hold NaN or inf.
     """
     query, key, value, kw = _converted(query, key, value, given=locals())
     call = check_attention(query, key, value, **kw)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query = _dequantized(query, "q_descale", call, kw)
+    key, value = (
+        _dequantized(key, "k_descale", call, kw),
+        _dequantized(value, "v_descale", call, kw),
+    )
     prepared = _prepared(query, call, kw)
     attended = prepared.attended
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
@@ -305,7 +352,7 @@ def scaled_dot_product_attention(
     w = weights.reshape(*weights.shape[:-3], K, G * L, call.S)  # (..., K, G*L, S)
     v = value.astype(weights.dtype, copy=False)  # (..., K, S, E)
     out = (w @ v).reshape(*call.batch, K * G, L, E)  # (..., H, L, E)
-    return out.astype(query.dtype, copy=False)
+    return out.astype(out_dtype, copy=False)
 
 
 def _sum_to(x: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:

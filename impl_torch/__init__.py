@@ -1,6 +1,7 @@
 """PyTorch reference implementation of the attention contract (SEMANTICS.md)."""
 
 from impl_torch.flash import flash_attention, flash_attention_vjp
+from impl_torch.fp8 import quantize_fp8
 from impl_torch.functional import (
     alibi_slopes,
     attention_weights,
@@ -22,6 +23,7 @@ __all__ = [
     "flash_attention",
     "flash_attention_vjp",
     "padding_mask",
+    "quantize_fp8",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
 ]

@@ -37,6 +37,9 @@ from attention_spec import (
     check_causal_mask_args,
     check_grad_output,
     check_size,
+    dtype_name,
+    is_fp8,
+    output_dtype,
 )
 from attention_spec.rules import alibi, causal, segments, window
 
@@ -82,12 +85,13 @@ def _compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _as_tensor(x: object, device: torch.device | None) -> torch.Tensor | None:
     """An array-like as a tensor (``torch.as_tensor``) on ``device``; None stays None (not
-    given). A NumPy bfloat16 array (``ml_dtypes``), which torch cannot read, goes through
-    float32, exactly."""
+    given). A NumPy bfloat16 or fp8 array (``ml_dtypes``), which torch cannot read, goes
+    through float32, exactly."""
     if x is None or isinstance(x, torch.Tensor):
         return x
-    if getattr(getattr(x, "dtype", None), "name", None) == "bfloat16":
-        return torch.as_tensor(x.astype("float32"), device=device).to(torch.bfloat16)
+    name = getattr(getattr(x, "dtype", None), "name", None)
+    if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2"):
+        return torch.as_tensor(x.astype("float32"), device=device).to(getattr(torch, name))
     return torch.as_tensor(x, device=device)
 
 
@@ -249,6 +253,25 @@ def _prepared(query, call: AttentionCall, arrays: Mapping[str, torch.Tensor | No
     return _Prepared(allowed, bias, slopes, sinks, attended)
 
 
+def _output_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The output's and the weights' dtype: the query's, or bfloat16 for an fp8 query."""
+    return getattr(torch, output_dtype(dtype_name(dtype)))
+
+
+def _dequantized(x: torch.Tensor, name: str, call: AttentionCall, kw: Mapping) -> torch.Tensor:
+    """Step 0: an fp8 input ``(..., H|K, L|S, D|E)`` as float32 times its descale ``name``
+    (``(..., H|K)``, broadcast over the length and head-dim axes; None: 1.0); any other
+    input as given."""
+    if not is_fp8(dtype_name(x.dtype)):
+        return x
+    descale = call.keywords[name]  # a float, the ArraySpec of the array given, or None
+    x = x.to(torch.float32)
+    if descale is None:
+        return x
+    d = _as_tensor(descale if isinstance(descale, float) else kw[name], x.device)
+    return x * d.to(torch.float32)[..., None, None]  # (..., H|K, L|S, D|E)
+
+
 def attention_weights(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -264,6 +287,8 @@ def attention_weights(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Attention weights ``softmax(scores)``, shape ``(..., H, L, S)``, in the query's dtype.
 
@@ -281,16 +306,26 @@ def attention_weights(
             both or neither: a query attends only keys of its own segment (packed documents).
         sinks: ``(H,)`` floating, one extra logit per head in the softmax's denominator.
         alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` is added to the scores.
+        q_descale, k_descale: for fp8 query / key (``float8_e4m3fn``, ``float8_e5m2``): float32
+            broadcastable to ``(..., H)`` / ``(..., K)``, or a number; None is 1.0. An fp8 input
+            x stands for ``float(x) * descale``. Weights take no ``v_descale`` (no value).
 
     Array-likes are converted with ``torch.as_tensor`` (on the device of the tensors given).
     Rows with no allowed key are all zeros, with zero gradient.
     """
     query, key, kw = _converted(query, key, given=locals())
     call = check_attention(query, key, **kw)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query, key = (
+        _dequantized(query, "q_descale", call, kw),
+        _dequantized(key, "k_descale", call, kw),
+    )
     prepared = _prepared(query, call, kw)
     key = _unattended_zeroed(key, prepared.attended)
     weights = _weights(query, key, call, prepared)
-    return weights.to(query.dtype)
+    return weights.to(out_dtype)
 
 
 def scaled_dot_product_attention(
@@ -309,6 +344,9 @@ def scaled_dot_product_attention(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """``softmax(query @ key^T * scale [+ bias] [masked]) @ value``, shape ``(..., H, L, E)``.
 
@@ -318,12 +356,22 @@ def scaled_dot_product_attention(
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
             kv_segment_ids, sinks, alibi_slopes: see :func:`attention_weights`.
+        q_descale, k_descale, v_descale: for fp8 inputs, see :func:`attention_weights`;
+            ``v_descale`` broadcastable to ``(..., K)``. The output of an fp8 query is bfloat16.
 
     Returns the output in the query's dtype; rows with no allowed key are zeros. Keys and values
     that no query may attend never reach the output or a gradient, even holding NaN or inf.
     """
     query, key, value, kw = _converted(query, key, value, given=locals())
     call = check_attention(query, key, value, **kw)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query = _dequantized(query, "q_descale", call, kw)
+    key, value = (
+        _dequantized(key, "k_descale", call, kw),
+        _dequantized(value, "v_descale", call, kw),
+    )
     prepared = _prepared(query, call, kw)
     attended = prepared.attended
     key, value = _unattended_zeroed(key, attended), _unattended_zeroed(value, attended)
@@ -335,7 +383,7 @@ def scaled_dot_product_attention(
     w = weights.reshape(*weights.shape[:-3], K, G * L, call.S)  # (..., K, G*L, S)
     v = value.to(weights.dtype)  # (..., K, S, E)
     out = (w @ v).reshape(*call.batch, K * G, L, E)  # (..., H, L, E)
-    return out.to(query.dtype)
+    return out.to(out_dtype)
 
 
 def scaled_dot_product_attention_vjp(

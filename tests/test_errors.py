@@ -7,6 +7,7 @@ import pytest
 
 from attention_spec import (
     ERROR_CODES,
+    FP8_ERROR_CODES,
     MODULE_ERROR_CODES,
     ROTARY_ERROR_CODES,
     SHARDED_ERROR_CODES,
@@ -188,6 +189,7 @@ def test_every_functional_code_has_a_case():
     # and grad_output_shape, raised by the *_vjp functions only: the grad.error.* fixtures
     functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
     functional -= {"grad_output_shape"}
+    functional -= FP8_ERROR_CODES  # fp8's: tests/test_fp8.py, in all three (no fixtures yet)
     assert functional - covered == set()
     for code, (cls, _) in ERROR_CODES.items():
         assert issubclass(cls, AttentionError), code

@@ -93,7 +93,9 @@ def _run_isolated(
     on_outcome: Callable[[Report, Outcome], None] | None,
     start: float,
     shards: tuple[int, ...],
+    only: Iterable[str] | None = None,
 ) -> Report:
+    only = None if only is None else list(only)  # the run ids to make (None: the whole plan)
     job = {
         "port": port,
         "device": device,
@@ -102,7 +104,7 @@ def _run_isolated(
         "fixtures": None if fixtures is None else str(fixtures),
         "pattern": pattern,
         "shards": list(shards),
-        "only": None,
+        "only": only,
     }
     sharded = functions is None or any(f in SHARDED_ALIASES for f in functions)
     env = _child_env(max(shards, default=1) if sharded else 1)
@@ -138,7 +140,8 @@ def _run_isolated(
                     if "error" in message:
                         error = message["error"]
                     elif "plan" in message:
-                        order = order or message["plan"]
+                        wanted = message["plan"] if only is None else set(only)
+                        order = order or [i for i in message["plan"] if i in wanted]
                         report.port, report.host_port = message["port"], message["host_port"]
                         known = Xfails.from_json(message["xfails"])
                     elif "start" in message:

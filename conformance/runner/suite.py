@@ -189,14 +189,16 @@ def run_suite(
     isolate: bool = False,
     on_outcome: Callable[[Report, Outcome], None] | None = None,
     shards: Iterable[int] = DEFAULT_SHARDS,
+    only: Iterable[str] | None = None,
 ) -> Report:
     """Run every fixture against ``port`` on ``device`` and return the report.
 
     ``functions`` restricts (or, for optional ones such as ``flash``, demands) the aliases;
     ``select`` (a predicate) and ``pattern`` (a glob over run ids) filter the runs; ``shards``
-    are the shard counts of the sharded aliases. A port that cannot be imported gives a report
-    with ``error``. ``on_outcome(report, outcome)`` is called after every run, with the report
-    so far (the CLI prints and saves it as it goes).
+    are the shard counts of the sharded aliases; ``only`` (run ids) keeps just those runs, in
+    the plan's order (the pytest plugin's selected items). A port that cannot be imported gives
+    a report with ``error``. ``on_outcome(report, outcome)`` is called after every run, with the
+    report so far (the CLI prints and saves it as it goes).
 
     ``isolate=True`` runs the port in child processes (``port`` must then be an importable
     name, and ``select`` is not available: use ``pattern``): a run that kills its process is
@@ -212,7 +214,7 @@ def run_suite(
         if xfails is not None and not isinstance(xfails, Xfails):
             extra = Xfails.from_file(xfails)
         return _run_isolated(
-            port, device, functions, extra, fixtures, pattern, on_outcome, start, shards
+            port, device, functions, extra, fixtures, pattern, on_outcome, start, shards, only
         )
     try:
         loaded = port if isinstance(port, Port) else load_port(port, xfails=xfails)
@@ -223,6 +225,9 @@ def run_suite(
         loaded, functions=functions, fixtures=fixtures, select=select, pattern=pattern,
         shards=shards,
     )  # fmt: skip
+    if only is not None:
+        wanted = set(only)
+        runs = [r for r in runs if r.id in wanted]
     host_port = loaded.numpy_native and device != "cpu"
     report = Report(loaded.name, device, [], host_port=host_port, complete=False)
     for made, run in enumerate(runs, 1):

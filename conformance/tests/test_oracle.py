@@ -7,6 +7,7 @@ import math
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from conformance import oracle
 
@@ -101,3 +102,31 @@ def test_bfloat16_rounds_through_float32_whatever_ml_dtypes_does() -> None:
     assert oracle.rounding("float32")(x) == 1.17578125
     # float16 and float32 are single IEEE roundings of the float64 value
     assert float(oracle.rounded(x, "float16")) == float(np.float16(x))
+
+
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+def test_fp8_rounding_is_ml_dtypes_round_trip_on_every_value_tie_and_binade(fmt: str) -> None:
+    """The oracle's own fp8 rounding (from the formats' bits) against ml_dtypes' cast of the
+    clipped float32 values: every representable value, every tie between neighbours, and
+    random values over 32 binades, subnormals and saturation included."""
+    import ml_dtypes
+
+    grid = np.arange(256, dtype=np.uint8).view(getattr(ml_dtypes, fmt)).astype(np.float64)
+    grid = np.sort(grid[np.isfinite(grid)])
+    rng = np.random.default_rng(28)
+    spread = rng.standard_normal(20000) * np.exp(rng.uniform(-20, 12, 20000))
+    x = np.concatenate([grid, (grid[:-1] + grid[1:]) / 2, spread]).astype(np.float32)
+    top = oracle.FP8_FORMATS[fmt][2]
+    want = np.clip(x, -top, top).astype(getattr(ml_dtypes, fmt)).astype(np.float64)
+    assert np.array_equal(oracle.fp8_rounded(x.astype(np.float64), fmt), want)
+
+
+def test_fp8_quantize_by_hand() -> None:
+    """500 saturates to 448 in e4m3fn (never NaN); 0.3 with descale 1/448 is 134.4, between 128
+    and 144, and rounds to 128; a tie (1.0625 = 1 + 1/16, between 1 and 1.125) goes to even."""
+    values, d = oracle.quantize_fp8(np.array([[1.0, 0.3]]), axes=(0, 1))
+    assert d == np.float32(1 / 448) and list(values[0]) == [448.0, 128.0]
+    values, _ = oracle.quantize_fp8(np.array([[500.0, 1.0625, -1.1875]]), axes=(0, 1), descale=1.0)
+    assert list(values[0]) == [448.0, 1.0, -1.25]
+    assert list(oracle.dequantized(values[None, None], np.array([2.0]))[0, 0, 0]) == [
+        896.0, 2.0, -2.5]  # fmt: skip
