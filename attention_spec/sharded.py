@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attention_spec.arrays import broadcast_shapes
 from attention_spec.call import AttentionDims
@@ -30,6 +30,7 @@ __all__ = [
     "RingStep",
     "UlyssesExchange",
     "UlyssesPlan",
+    "UspPlan",
     "block_computed",
     "block_visible",
     "check_head_parallel",
@@ -38,10 +39,12 @@ __all__ = [
     "check_shard_devices",
     "check_ulysses",
     "check_usp",
+    "check_usp_config",
     "ring_bytes_per_step",
     "ring_memory_per_device",
     "shard_chunks",
     "ulysses_bytes_per_exchange",
+    "usp_bytes_per_device",
 ]
 
 #: The two ways of cutting L and S into shards (see :func:`shard_chunks`).
@@ -332,17 +335,63 @@ def check_ulysses(dims: AttentionDims, n_shards: int) -> UlyssesPlan:
     return UlyssesPlan(n, heads, kv_heads, L // n, S // n)
 
 
-def check_usp(dims: AttentionDims, ulysses_shards: int, ring_shards: int, layout: str) -> None:
+@dataclass(frozen=True)
+class UspPlan:
+    """How one USP call (Ulysses inside each of r ring groups of u devices) cuts its work.
+
+    ``ring``: the ring across the groups (:class:`RingLayout` for r shards: ring group i holds
+    ring shard i, its chunks side by side, ``c * Lc`` rows and ``c * Sc`` keys). ``ulysses``:
+    Ulysses inside a group (:class:`UlyssesPlan` for u devices over the group's positions:
+    member j holds the contiguous j-th 1/u of them, ``ulysses.Lc`` rows and ``ulysses.Sc``
+    keys, and attends the query heads ``ulysses.heads[j]``). Device ``i * u + j`` is member j
+    of ring group i.
+    """
+
+    u: int
+    r: int
+    ring: RingLayout
+    ulysses: UlyssesPlan
+
+    def rank(self, i: int, j: int) -> int:
+        """The device of member j of ring group i."""
+        return i * self.u + j
+
+
+def check_usp_config(ulysses_shards: object, ring_shards: object, layout: str) -> None:
+    """Validate USP's keywords (ConfigError): both group sizes given, integers >= 1, and
+    ``layout`` one of :data:`LAYOUTS`.
+
+    A hybrid without its group sizes is an error, never a default: a ``"a2a+p2p"`` setting
+    whose sizes were dropped ran without context parallelism and said nothing
+    (Megatron-Bridge PR 2665).
+    """
+    for name, size in (("ulysses_shards", ulysses_shards), ("ring_shards", ring_shards)):
+        if size is None:
+            raise make_error(
+                "non_positive_size",
+                f"usp_attention needs both group sizes, ulysses_shards (u, the devices of a "
+                f"Ulysses group) and ring_shards (r, the ring groups); {name} is None: a hybrid "
+                "without its sizes is not run as one without context parallelism",
+                expected=f"{name} an integer >= 1",
+                actual="None",
+            )
+        check_size(name, size)
+    check_shard_config(1, layout)
+
+
+def check_usp(dims: AttentionDims, ulysses_shards: int, ring_shards: int, layout: str) -> UspPlan:
     """Validate a USP call (Ulysses inside each of ``ring_shards`` ring groups of
     ``ulysses_shards`` devices) whose attention arguments ``dims`` passed
-    :func:`~attention_spec.check_attention`.
+    :func:`~attention_spec.check_attention` and whose keywords passed
+    :func:`check_usp_config`, and return its :class:`UspPlan`.
 
     Raises:
         DimensionMismatchError ``usp_shape``: u does not divide H, the key/value rule fails for
         u, or ``u * r`` (``2 u r`` for zigzag) does not divide L and S.
     """
     u, r, H, K, L, S = ulysses_shards, ring_shards, dims.H, dims.K, dims.L, dims.S
-    chunks = u * r * (2 if layout == "zigzag" else 1)
+    c = 2 if layout == "zigzag" else 1
+    chunks = u * r * c
     problems = []
     if H % u:
         problems.append(f"H={H} is not divisible by ulysses_shards={u}")
@@ -359,6 +408,10 @@ def check_usp(dims: AttentionDims, ulysses_shards: int, ring_shards: int, layout
             f"S % {chunks} == 0",
             actual=f"H={H}, K={K}, L={L}, S={S}",
         )
+    n_chunks = r * c
+    ring = RingLayout(r, layout, shard_chunks(r, layout), L // n_chunks, S // n_chunks)
+    group = replace(dims, L=L // r, S=S // r)  # the positions of one ring group
+    return UspPlan(u, r, ring, check_ulysses(group, u))
 
 
 @dataclass(frozen=True)
@@ -402,3 +455,35 @@ def ulysses_bytes_per_exchange(
     shapes = {"query": query_shape, "key": key_shape, "value": value_shape,
               "output": output_shape}  # fmt: skip
     return {name: sent(shape) for name, shape in shapes.items()}
+
+
+def usp_bytes_per_device(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    output_shape: Sequence[int],
+    ulysses_shards: int,
+    ring_shards: int,
+    itemsize: int,
+) -> dict[str, int]:
+    """Bytes one device of a USP call sends (docs/SHARDED.md), by exchange: ``"query"``,
+    ``"key"``, ``"value"``, ``"output"`` (Ulysses' all-to-alls inside its ring group, over the
+    group's ``1/r`` of the positions: :func:`ulysses_bytes_per_exchange` with u devices) and
+    ``"ring"`` (the ring across the groups: r - 1 steps, each passing on the key/value shard of
+    its member's key/value heads, ``K/u`` of them, or 1 when they are replicated).
+    """
+    u, r = ulysses_shards, ring_shards
+
+    def group(shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape of one ring group's positions: 1/r of them."""
+        return (*shape[:-2], shape[-2] // r, shape[-1])
+
+    sent = ulysses_bytes_per_exchange(
+        group(query_shape), group(key_shape), group(value_shape), group(output_shape), u,
+        itemsize,
+    )  # fmt: skip
+    *kb, K, S, D = key_shape
+    *vb, _, _, E = value_shape
+    kv_heads = max(K // u, 1)  # a member's key/value heads
+    per_step = (math.prod(kb) * D + math.prod(vb) * E) * kv_heads * (S // r) * itemsize
+    return {**sent, "ring": per_step * (r - 1)}

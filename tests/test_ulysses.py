@@ -23,15 +23,24 @@ import impl_numpy
 import impl_numpy.sharded
 import impl_torch.sharded  # noqa: F401
 from attention_spec import AttentionError, check_attention
-from attention_spec.sharded import check_ulysses, check_usp, ulysses_bytes_per_exchange
+from attention_spec.sharded import (
+    RingStep,
+    check_ulysses,
+    check_usp,
+    ulysses_bytes_per_exchange,
+    usp_bytes_per_device,
+)
 from tests.frameworks import same_error
 from tests.ulysses_calls import (
     HEAD_PAIRS,
     SHARD_COUNTS,
+    USP_CALLS,
+    USP_CONFIGS,
     encoding_call,
     expected_encoding,
     fits,
     random_calls,
+    usp_fits,
 )
 from tests.ulysses_worker import TORCH_WORLDS
 
@@ -143,6 +152,75 @@ def test_usp_shape(H, K, L, u, r, layout, fragment) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# USP: Ulysses inside each of r ring groups (NumPy, the specification)
+# ---------------------------------------------------------------------------------------------
+
+USP = [(name, cfg) for name in USP_CALLS for cfg in USP_CONFIGS]
+
+
+@pytest.mark.parametrize(
+    ("name", "config"), USP, ids=[f"{a}.u{u}_r{r}.{ly}" for a, (u, r, ly) in USP]
+)
+def test_numpy_usp_equals_the_unsharded_contract(name: str, config) -> None:
+    u, r, layout = config
+    (q, k, v), kw, _ = random_calls()[name]
+    if not usp_fits(q.shape[-3], k.shape[-3], u):
+        pytest.skip("the heads do not fit u")
+    stats = []
+    got = impl_numpy.sharded.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r,
+                                           layout=layout, stats=stats, **kw)  # fmt: skip
+    want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    out_shape = (*q.shape[:-1], v.shape[-1])
+    formula = usp_bytes_per_device(q.shape, k.shape, v.shape, out_shape, u, r, 8)
+    ring = [s for s in stats if isinstance(s, RingStep)]
+    exchanges = [s for s in stats if not isinstance(s, RingStep)]
+    assert len(exchanges) == 4 * u * r and len(ring) == r * u * r  # r steps on every device
+    for s in exchanges:
+        assert s.bytes_sent == formula[s.exchange], s
+    for g in range(u * r):  # the ring runs across the groups: member j's ring is j, u + j, ..
+        steps = sorted((s for s in ring if s.r == g), key=lambda s: s.t)
+        assert sum(s.bytes_sent for s in steps) == formula["ring"]
+        assert {s.src % u for s in steps} == {g % u}
+        assert {s.src // u for s in steps} == set(range(r))
+
+
+def test_usp_with_u_1_is_the_ring_and_with_r_1_is_ulysses() -> None:
+    (q, k, v), kw, _ = random_calls()["sinks_alibi"]
+    want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
+    for u, r in ((1, 4), (4, 1), (8, 1)):
+        got = impl_numpy.sharded.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r, **kw)
+        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"u={u} r={r}")
+
+
+USP_ERRORS = {
+    "no_sizes": ({}, "non_positive_size", "usp_attention needs both group sizes"),
+    "no_ring_shards": ({"ulysses_shards": 2}, "non_positive_size", "ring_shards is None"),
+    "no_ulysses_shards": ({"ring_shards": 2}, "non_positive_size", "ulysses_shards is None"),
+    "zero": ({"ulysses_shards": 0, "ring_shards": 2}, "non_positive_size", "got 0"),
+    "layout": ({"ulysses_shards": 2, "ring_shards": 2, "layout": "striped"}, "unknown_layout",
+               "striped"),
+    "heads": ({"ulysses_shards": 3, "ring_shards": 2}, "usp_shape",
+              "H=8 is not divisible by ulysses_shards=3"),
+    "length": ({"ulysses_shards": 2, "ring_shards": 4, "layout": "zigzag"}, "usp_shape",
+               "16 does not divide L=16 and S=24"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", list(USP_ERRORS))
+def test_usp_errors_are_identical_in_all_three(name: str) -> None:
+    """A hybrid without its group sizes is an error (never a run without context parallelism:
+    Megatron-Bridge PR 2665); validation runs before any device or process group is asked for."""
+    sizes, code, fragment = USP_ERRORS[name]
+    (q, k, v), _, _ = random_calls()["causal_top_left"]
+
+    def call(fw):
+        return fw.module.sharded.usp_attention(*(fw.asarray(x) for x in (q, k, v)), **sizes)
+
+    same_error(call, code=code, fragment=fragment)
+
+
+# ---------------------------------------------------------------------------------------------
 # JAX and torch on several devices (subprocesses)
 # ---------------------------------------------------------------------------------------------
 
@@ -172,6 +250,9 @@ def worker_out(tmp_path_factory):
 
 def _expected(name: str) -> np.ndarray:
     kind, what, _ = name.split(".")
+    if kind == "usp":
+        (q, k, v), kw, _ = random_calls()[what]
+        return impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
     if kind == "encoding":
         return expected_encoding(*map(int, what.split("_")))
     (q, k, v), kw, _ = random_calls()[what]
@@ -184,6 +265,7 @@ def test_jax_every_head_lands_and_equals_the_unsharded_contract(worker_out) -> N
         got = {name: data[name] for name in data.files}
     names = [n for n in got if not n.startswith("grad.")]
     assert {f"encoding.{h}_{k}.n{n}" for h, k, n in ENCODINGS if fits(h, k, n)} <= set(names)
+    assert sum(n.startswith("usp.") for n in names) >= 20  # every USP config on 4 and 8 devices
     for name in names:
         np.testing.assert_allclose(got[name], _expected(name), rtol=1e-12, atol=1e-12,
                                    err_msg=name)  # fmt: skip
@@ -191,6 +273,9 @@ def test_jax_every_head_lands_and_equals_the_unsharded_contract(worker_out) -> N
         for x in "qkv":
             np.testing.assert_allclose(got[f"grad.n{n}.{x}"], got[f"grad.ref.{x}"], rtol=1e-10,
                                        atol=1e-12, err_msg=f"n={n} d{x}")  # fmt: skip
+    for x in "qkv":  # USP (u = 4, r = 2): through the all-to-alls and the ring
+        np.testing.assert_allclose(got[f"grad.usp.{x}"], got[f"grad.ref.{x}"], rtol=1e-10,
+                                   atol=1e-12, err_msg=f"usp d{x}")  # fmt: skip
 
 
 @pytest.mark.slow
@@ -202,6 +287,7 @@ def test_torch_every_rank_gets_the_contract_and_sends_the_formula(world, worker_
             got = {name: data[name] for name in data.files}
         names = [n for n in got if not n.endswith(".bytes")]
         assert any(n.startswith("encoding.8_1") for n in names)
+        assert any(n.startswith("usp.") for n in names) == (world == 4)
         for name in names:
             np.testing.assert_allclose(got[name], _expected(name), rtol=1e-12, atol=1e-12,
                                        err_msg=f"rank {rank}: {name}")  # fmt: skip
@@ -210,3 +296,8 @@ def test_torch_every_rank_gets_the_contract_and_sends_the_formula(world, worker_
         formula = ulysses_bytes_per_exchange(q.shape, k.shape, v.shape, out_shape, world, 8)
         sent = got[f"random.causal_top_left.n{world}.bytes"]
         assert list(sent) == [formula[x] for x in ("query", "key", "value", "output")]
+        if world == 4:  # USP u = r = 2: the group's all-to-alls, then r ring steps
+            usp = usp_bytes_per_device(q.shape, k.shape, v.shape, out_shape, 2, 2, 8)
+            sent = list(got["usp.causal_top_left.u2_r2_zigzag.bytes"])
+            # r - 1 = 1 sending ring step, then the last, which sends nothing
+            assert sent == [usp["query"], usp["key"], usp["value"], usp["ring"], 0, usp["output"]]

@@ -71,3 +71,16 @@ def random_calls() -> dict[str, tuple[tuple[np.ndarray, ...], dict, tuple[int, .
                            (2, 4)),
         "mha_broadcast_batch": (qkv(H=4, K=4, batch=(2, 3)), {"is_causal": True}, (2, 4)),
     }  # fmt: skip
+
+
+#: USP configurations (u, r, layout) and the random calls they run on (L = 16, S = 24: u r,
+#: or 2 u r for zigzag, divides both): the ring across groups in both layouts, u = 4 with the
+#: key/value heads replicated (K = 2), and r = 4.
+USP_CONFIGS = ((2, 2, "zigzag"), (2, 2, "contiguous"), (4, 2, "contiguous"), (2, 4, "contiguous"))
+USP_CALLS = ("causal_top_left", "causal_bottom_right", "window", "sinks_alibi", "segment_ids",
+             "mask_with_heads", "bias_with_heads_softcap", "gqa_12_4_split")  # fmt: skip
+
+
+def usp_fits(H: int, K: int, u: int) -> bool:
+    """USP's head rule is Ulysses' for u (the random calls' lengths fit every config)."""
+    return fits(H, K, u)

@@ -16,7 +16,16 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.ulysses_calls import HEAD_PAIRS, SHARD_COUNTS, encoding_call, fits, random_calls
+from tests.ulysses_calls import (
+    HEAD_PAIRS,
+    SHARD_COUNTS,
+    USP_CALLS,
+    USP_CONFIGS,
+    encoding_call,
+    fits,
+    random_calls,
+    usp_fits,
+)
 
 #: The torch worlds (2 and 4 processes: enough to split, replicate and tear groups).
 TORCH_WORLDS = (2, 4)
@@ -35,6 +44,15 @@ def _calls(shard_counts):
                 yield f"random.{name}.n{n}", arrays, kw, n
 
 
+def _usp_calls(worlds):
+    """(name, arrays, keywords, u, r, layout) of every USP call on u * r in ``worlds``."""
+    for name in USP_CALLS:
+        arrays, kw, _ = random_calls()[name]
+        for u, r, layout in USP_CONFIGS:
+            if u * r in worlds and usp_fits(arrays[0].shape[-3], arrays[1].shape[-3], u):
+                yield f"usp.{name}.u{u}_r{r}_{layout}", arrays, kw, u, r, layout
+
+
 def jax_main(out: Path) -> None:
     import jax
 
@@ -42,7 +60,12 @@ def jax_main(out: Path) -> None:
     import jax.numpy as jnp
 
     import impl_jax
-    from impl_jax.sharded import ULYSSES_STATIC_ARGNAMES, ulysses_attention
+    from impl_jax.sharded import (
+        ULYSSES_STATIC_ARGNAMES,
+        USP_STATIC_ARGNAMES,
+        ulysses_attention,
+        usp_attention,
+    )
 
     results = {}
     fn = jax.jit(ulysses_attention, static_argnames=ULYSSES_STATIC_ARGNAMES)
@@ -50,6 +73,13 @@ def jax_main(out: Path) -> None:
         static = {k: v for k, v in kw.items() if k in ULYSSES_STATIC_ARGNAMES}
         given = {k: jnp.asarray(v) for k, v in kw.items() if k not in ULYSSES_STATIC_ARGNAMES}
         results[name] = np.asarray(fn(*map(jnp.asarray, arrays), n_shards=n, **static, **given))
+    usp = jax.jit(usp_attention, static_argnames=USP_STATIC_ARGNAMES)
+    for name, arrays, kw, u, r, layout in _usp_calls((4, 8)):
+        static = {k: v for k, v in kw.items() if k in USP_STATIC_ARGNAMES}
+        given = {k: jnp.asarray(v) for k, v in kw.items() if k not in USP_STATIC_ARGNAMES}
+        got = usp(*map(jnp.asarray, arrays), ulysses_shards=u, ring_shards=r, layout=layout,
+                  **static, **given)  # fmt: skip
+        results[name] = np.asarray(got)
 
     # gradients: GQA 8/2, causal, sinks and ALiBi, at n = 2 (key/value heads split) and n = 8
     # (each replicated to 4 devices), against the unsharded gradients.
@@ -68,6 +98,9 @@ def jax_main(out: Path) -> None:
         got = jax.grad(loss(ulysses_attention, n_shards=n), argnums=wrt)(q, k, v)
         for name, g in zip("qkv", got, strict=True):
             results[f"grad.n{n}.{name}"] = np.asarray(g)
+    usp_loss = loss(usp_attention, ulysses_shards=4, ring_shards=2, layout="contiguous")
+    for name, g in zip("qkv", jax.grad(usp_loss, argnums=wrt)(q, k, v), strict=True):
+        results[f"grad.usp.{name}"] = np.asarray(g)  # u = 4: the kv heads replicated
     np.savez(out / "jax.npz", **results)
 
 
@@ -75,7 +108,7 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from impl_torch.sharded import ulysses_attention
+    from impl_torch.sharded import ulysses_attention, usp_attention
 
     dist.init_process_group(
         "gloo", init_method=f"file://{out / f'rendezvous_{world}'}", rank=rank,
@@ -87,6 +120,14 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
                  for k, v in kw.items()}  # fmt: skip
         stats = []
         got = ulysses_attention(*map(torch.from_numpy, arrays), n_shards=n, stats=stats, **given)
+        results[name] = got.numpy()
+        results[f"{name}.bytes"] = np.array([s.bytes_sent for s in stats])
+    for name, arrays, kw, u, r, layout in _usp_calls((world,)):
+        given = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
+                 for k, v in kw.items()}  # fmt: skip
+        stats = []
+        got = usp_attention(*map(torch.from_numpy, arrays), ulysses_shards=u, ring_shards=r,
+                            layout=layout, stats=stats, **given)  # fmt: skip
         results[name] = got.numpy()
         results[f"{name}.bytes"] = np.array([s.bytes_sent for s in stats])
     np.savez(out / f"torch_{world}_{rank}.npz", **results)
