@@ -28,6 +28,7 @@ from attention_spec.sharded import (
     RingStep,
     check_ulysses,
     check_usp,
+    ring_bytes_per_step,
     ulysses_bytes_per_exchange,
     usp_bytes_per_device,
 )
@@ -234,6 +235,24 @@ def test_the_semantics_drawings_are_what_the_plans_do() -> None:
         assert usp.ulysses.heads[j] == (2 * j, 2 * j + 2)
         group = [held[p] // usp.u for p in range(8)]  # the ring group holding position p
         assert drawn[label] == [str(usp.rank(i, j)) for i in group], label
+
+
+def test_the_sharded_md_bytes_table_is_the_formulas() -> None:
+    """docs/SHARDED.md's table (MiB per device over one call, B = 1, H = 32, L = S = 32768,
+    D = E = 128, bfloat16): ring, Ulysses and USP at u = 2 and 4, from the three formulas."""
+    text = (ROOT / "docs" / "SHARDED.md").read_text()
+    table = text.split("| K | n | ring | Ulysses |")[1].split("\n\n")[0]
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
+    assert len(rows) == 6
+    B, H, L, D, item, MiB = 1, 32, 32768, 128, 2, 2**20
+    for K, n, ring, uly, *usp in rows:
+        K, n = int(K), int(n)
+        q, k = (B, H, L, D), (B, K, L, D)
+        assert float(ring) == sum(ring_bytes_per_step(k, k, n, item)) / MiB
+        assert float(uly) == sum(ulysses_bytes_per_exchange(q, k, k, q, n, item).values()) / MiB
+        for u, cell in zip((2, 4), usp):
+            want = sum(usp_bytes_per_device(q, k, k, q, u, n // u, item).values()) / MiB
+            assert cell == ("-" if u >= n else f"{want:g}"), (K, n, u)
 
 
 USP_ERRORS = {
