@@ -10,6 +10,7 @@ and JAX's gradients against the unsharded ones.
 
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
@@ -27,6 +28,7 @@ from attention_spec.sharded import (
     RingStep,
     check_ulysses,
     check_usp,
+    ring_bytes_per_step,
     ulysses_bytes_per_exchange,
     usp_bytes_per_device,
 )
@@ -191,6 +193,66 @@ def test_usp_with_u_1_is_the_ring_and_with_r_1_is_ulysses() -> None:
     for u, r in ((1, 4), (4, 1), (8, 1)):
         got = impl_numpy.sharded.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r, **kw)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"u={u} r={r}")
+
+
+def _drawn_rows(section: str) -> dict[str, list[str]]:
+    """The drawings of docs/SEMANTICS.md's Ulysses section: label -> the digits after it."""
+    text = (ROOT / "docs" / "SEMANTICS.md").read_text()
+    text = text.split("## Ulysses and USP sequence parallelism")[1].split("### Contract v3")[0]
+    rows = {}
+    for line in text.split(section)[1].split("```")[1].splitlines():
+        label, _, digits = line.partition("  ")
+        cells = list(itertools.takewhile(str.isdigit, digits.split()))  # up to a comment
+        if cells and not label.startswith(" "):
+            rows[label.strip()] = cells
+    return rows
+
+
+def test_the_semantics_drawings_are_what_the_plans_do() -> None:
+    """Ulysses at n = 2 (H = 4, K = 2, L = 4) and USP at u = 2, r = 2, zigzag (L = 8): each cell
+    of docs/SEMANTICS.md's drawings is the device the plan puts that head and position on."""
+    plan = _plan(4, 2, 2)
+    drawn = _drawn_rows("Drawn at n = 2")
+    for h in range(4):
+        before, after = drawn[f"query head {h}"][:4], drawn[f"query head {h}"][4:]
+        assert before == [str(p // (4 // plan.n)) for p in range(4)], h  # L = 4
+        owner = next(d for d, (lo, hi) in enumerate(plan.heads) if lo <= h < hi)
+        assert after == [str(owner)] * 4, h
+    for kh in range(2):
+        owners = [d for d, (lo, hi) in enumerate(plan.kv_heads) if lo <= kh < hi]
+        assert drawn[f"key/value head {kh}"][4:] == [str(owners[0])] * 4 and len(owners) == 1
+    assert _plan(4, 1, 2).kv_heads == ((0, 1), (0, 1))  # the K = 1 sentence: both devices
+
+    q = np.zeros((1, 4, 8, 2))
+    usp = check_usp(check_attention(q, q[:, :2], q[:, :2]), 2, 2, "zigzag")
+    rows = impl_numpy.sharded._shard_order(usp.ring, usp.ring.Lc)
+    held = {
+        int(p): g for g in range(4) for p in rows[g * usp.ulysses.Lc : (g + 1) * usp.ulysses.Lc]
+    }
+    drawn = _drawn_rows("USP at n = 4")
+    assert drawn["S1, every head"] == [str(held[p]) for p in range(8)]
+    for j, label in enumerate(("after S2, query heads 0-1", "after S2, query heads 2-3")):
+        assert usp.ulysses.heads[j] == (2 * j, 2 * j + 2)
+        group = [held[p] // usp.u for p in range(8)]  # the ring group holding position p
+        assert drawn[label] == [str(usp.rank(i, j)) for i in group], label
+
+
+def test_the_sharded_md_bytes_table_is_the_formulas() -> None:
+    """docs/SHARDED.md's table (MiB per device over one call, B = 1, H = 32, L = S = 32768,
+    D = E = 128, bfloat16): ring, Ulysses and USP at u = 2 and 4, from the three formulas."""
+    text = (ROOT / "docs" / "SHARDED.md").read_text()
+    table = text.split("| K | n | ring | Ulysses |")[1].split("\n\n")[0]
+    rows = [line.strip("| ").split(" | ") for line in table.splitlines()[2:]]
+    assert len(rows) == 6
+    B, H, L, D, item, MiB = 1, 32, 32768, 128, 2, 2**20
+    for K, n, ring, uly, *usp in rows:
+        K, n = int(K), int(n)
+        q, k = (B, H, L, D), (B, K, L, D)
+        assert float(ring) == sum(ring_bytes_per_step(k, k, n, item)) / MiB
+        assert float(uly) == sum(ulysses_bytes_per_exchange(q, k, k, q, n, item).values()) / MiB
+        for u, cell in zip((2, 4), usp):
+            want = sum(usp_bytes_per_device(q, k, k, q, u, n // u, item).values()) / MiB
+            assert cell == ("-" if u >= n else f"{want:g}"), (K, n, u)
 
 
 USP_ERRORS = {

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 from contextlib import nullcontext
+from dataclasses import replace
 from types import ModuleType, SimpleNamespace
 from unittest import mock
 
@@ -32,7 +33,7 @@ from attention_spec.sharded import (
     check_shard_config,
     check_ulysses,
 )
-from impl_numpy import sharded
+from impl_numpy import functional, sharded
 from impl_numpy.flash import _block
 from impl_numpy.functional import _cast, _compute_dtype, scaled_dot_product_attention
 
@@ -142,6 +143,12 @@ BUGS: dict[str, tuple[str, str]] = {
         "every device takes the first H/n sinks and slopes, not those of its query heads",
         "ulysses.n2.sinks.padding.l32_s32.float64",
     ),
+    "ulysses_causal_offset_local": (
+        "the causal diagonal (and the window's and ALiBi's) taken from the device's own shard, "
+        "causal_offset(L/n, S/n), not from the whole sequence it holds after the all-to-all: "
+        "bottom-right with L != S loses or gains keys",
+        "ulysses.n4.causal.bottom_right.l64_s96.float64",
+    ),
     "usp_ring_inside_group": (
         "USP's ring runs among the members of one Ulysses group (who hold different heads of "
         "the same positions), not across the groups",
@@ -151,6 +158,17 @@ BUGS: dict[str, tuple[str, str]] = {
 
 #: The Ulysses bugs (of :func:`_ulysses`).
 ULYSSES_BUGS = tuple(b for b in BUGS if b.startswith("ulysses_"))
+
+
+def _local_offset(Lc: int, Sc: int):
+    """The bug ``ulysses_causal_offset_local``: the device's attention validates to a call whose
+    diagonal is its own shard's, ``causal_offset(Lc, Sc)``, instead of the sequence's."""
+
+    def check(*args, **kw):
+        call = check_attention(*args, **kw)
+        return replace(call, offset=causal_offset(Lc, Sc, call.causal_alignment), bands=True)
+
+    return mock.patch.object(functional, "check_attention", check)
 
 
 def _ulysses(query, key, value, *, n_shards, mask=None, bias=None, sinks=None,
@@ -187,8 +205,10 @@ def _ulysses(query, key, value, *, n_shards, mask=None, bias=None, sinks=None,
                                    -1, *first),
         }  # fmt: skip
         q = query[..., lo:hi, :, :]
-        outs.append(scaled_dot_product_attention(q, key[..., kv, :, :], value[..., kv, :, :],
-                                                 **on_heads))  # fmt: skip
+        local = bug == "ulysses_causal_offset_local"
+        with _local_offset(plan.Lc, plan.Sc) if local else nullcontext():
+            outs.append(scaled_dot_product_attention(q, key[..., kv, :, :], value[..., kv, :, :],
+                                                     **on_heads))  # fmt: skip
     if bug == "ulysses_output_order":
         outs = outs[::-1]
     return np.concatenate(outs, axis=-3)
