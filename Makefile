@@ -101,7 +101,7 @@ conformance: $(ENV_READY)
 # torch's and jax's kernels always; MLX's and keras's when the `frameworks` extra is installed
 # (each keras backend is its own port: keras picks its backend once per process).
 conformance-frameworks: $(ENV_READY)
-	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx"; \
+	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx --impl torch_flex"; \
 	if $(PY) -c "import onnx" 2>/dev/null; then impls="$$impls --impl onnx_ref"; \
 	else echo "conformance-frameworks: skipping onnx_ref: onnx is not installed (pip install -e '.[onnx]')"; fi; \
 	if $(PY) -c "import mlx.core" 2>/dev/null; then impls="$$impls --impl mlx_fast"; \

@@ -41,4 +41,6 @@ SHORT_NAMES: dict[str, str] = {
     "keras_ops_torch": "conformance.ports.keras_ops_torch",
     "flax_nnx": "conformance.ports.flax_nnx",
     "onnx_ref": "conformance.ports.onnx_ref",
+    # torch FlexAttention and Hugging Face's attention functions (issue 31)
+    "torch_flex": "conformance.ports.torch_flex",
 }

@@ -440,6 +440,8 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "mlx_fast": ("sdpa", "weights"),
     "keras_ops": ("sdpa", "weights"),
     "keras_ops_torch": ("sdpa", "weights"),
+    # issue 31: torch FlexAttention and Hugging Face's attention functions
+    "torch_flex": ("sdpa", "weights"),
     "triton_flash": ("sdpa", "weights", "flash"),
     "pallas_flash": ("sdpa", "weights", "flash"),
 }
