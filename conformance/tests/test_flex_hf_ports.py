@@ -8,7 +8,10 @@ their pins read; ``make conformance-frameworks`` runs every fixture.
 from __future__ import annotations
 
 import functools
+import subprocess
+import sys
 from collections.abc import Iterable
+from pathlib import Path
 
 import pytest
 
@@ -92,3 +95,80 @@ def test_torch_flex_has_no_backward_on_cpu() -> None:
     q = torch.zeros(1, 1, 2, 4, requires_grad=True)
     with pytest.raises(NotImplementedError, match="does not support backward on CPU"):
         flex_attention(q, q, q)  # refused at the forward, as soon as an input requires grad
+
+
+# ---------------------------------------------------------------------------------------------
+# Hugging Face: Llama's and gpt-oss's eager functions and the sdpa integration (transformers)
+# ---------------------------------------------------------------------------------------------
+
+_HF_PINNED = (
+    "sdpa.sinks.basic.float32",  # sdpa: s_aux silently dropped; gpt-oss eager: agrees
+    "weights.fully_masked.bool_row.float32",  # eager: finfo.min rows are uniform; sdpa: zeros
+    "sdpa.causal.top_left.l1_s9.float32",  # sdpa: one query skips the mask
+    "sdpa.causal.bottom_right.l5_s7.float32",  # q_offset = S - L: the KV-cache diagonal
+    "sdpa.window.causal.bottom_right.float32",  # sliding_window = W + 1
+    "sdpa.basic.mha.float64",  # Llama eager: float32 softmax
+    "sdpa.garbage.causal_tail.float32",
+)
+
+
+@functools.cache
+def _hf_report(port: str) -> Report:
+    pytest.importorskip("transformers")
+    runs = _one_per_family(_HF_PINNED)
+    return run_suite(
+        f"conformance.ports.{port}", functions=_FUNCTIONS, select=lambda run: run.id in runs
+    )
+
+
+@pytest.mark.parametrize("port", ["hf_eager", "hf_sdpa", "hf_gpt_oss_eager"])
+def test_hf_deviations_are_exactly_the_xfails(port: str) -> None:
+    status = _strict(_hf_report(port))
+    for run_id in (
+        "sdpa.causal.bottom_right.l5_s7.float32",
+        "sdpa.window.causal.bottom_right.float32",
+    ):
+        assert status[run_id] == "pass", run_id
+
+
+def _hf_outcome(port: str, run_id: str):
+    (outcome,) = [o for o in _hf_report(port).outcomes if o.run_id == run_id]
+    return outcome
+
+
+def test_hf_sdpa_silently_drops_the_sinks_that_gpt_oss_eager_applies() -> None:
+    """gpt-oss passes ``s_aux=self.sinks`` to whatever attention function it is given: eager
+    applies it, sdpa takes it and returns the rows without a sink (no error, no warning)."""
+    assert _hf_outcome("hf_gpt_oss_eager", "sdpa.sinks.basic.float32").status == "pass"
+    dropped = _hf_outcome("hf_sdpa", "sdpa.sinks.basic.float32")
+    assert dropped.status == "xfail" and dropped.message.startswith("output max error")
+
+
+def test_hf_eager_rows_with_no_key_are_uniform_and_sdpa_ones_zero() -> None:
+    uniform = _hf_outcome("hf_eager", "weights.fully_masked.bool_row.float32")
+    assert uniform.status == "xfail" and "expected 0.0, got 0.14285714" in uniform.message  # 1/S
+    assert _hf_outcome("hf_sdpa", "weights.fully_masked.bool_row.float32").status == "pass"
+    f64 = _hf_outcome("hf_eager", "sdpa.basic.mha.float64")  # the float32 softmax
+    assert f64.status == "xfail" and 1e-9 < f64.error < 1e-5
+    assert _hf_outcome("hf_gpt_oss_eager", "sdpa.basic.mha.float64").status == "pass"
+
+
+def test_hf_sdpa_skips_the_mask_of_a_single_query() -> None:
+    """One query with top_left causal (q_offset = 0): sdpa_mask returns None (is_causal is
+    then off), so the query attends all S keys, as a decode step would."""
+    one = _hf_outcome("hf_sdpa", "sdpa.causal.top_left.l1_s9.float32")
+    assert one.status == "xfail" and one.message.startswith("output max error")
+    assert _hf_outcome("hf_eager", "sdpa.causal.top_left.l1_s9.float32").status == "pass"
+
+
+_PEERS = Path(__file__).resolve().parents[2] / "docs" / "peers"
+
+
+@pytest.mark.slow  # a fresh interpreter importing torch and transformers: ~10 s each
+@pytest.mark.parametrize("script", ["hf_sdpa_drops_s_aux.py", "hf_sliding_window_ignored.py"])
+def test_peer_reproductions_still_reproduce(script: str) -> None:
+    """The standalone scripts in docs/peers exit 0 while the deviation is there: a fix
+    upstream fails this test, and its xfails lines are then XPASSes to drop."""
+    pytest.importorskip("transformers")
+    done = subprocess.run([sys.executable, str(_PEERS / script)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr

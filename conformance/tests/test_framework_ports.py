@@ -442,6 +442,9 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "keras_ops_torch": ("sdpa", "weights"),
     # issue 31: torch FlexAttention and Hugging Face's attention functions
     "torch_flex": ("sdpa", "weights"),
+    "hf_eager": ("sdpa", "weights"),
+    "hf_sdpa": ("sdpa", "weights"),
+    "hf_gpt_oss_eager": ("sdpa", "weights"),
     "triton_flash": ("sdpa", "weights", "flash"),
     "pallas_flash": ("sdpa", "weights", "flash"),
 }
