@@ -440,6 +440,11 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "mlx_fast": ("sdpa", "weights"),
     "keras_ops": ("sdpa", "weights"),
     "keras_ops_torch": ("sdpa", "weights"),
+    # issue 31: torch FlexAttention and Hugging Face's attention functions
+    "torch_flex": ("sdpa", "weights"),
+    "hf_eager": ("sdpa", "weights"),
+    "hf_sdpa": ("sdpa", "weights"),
+    "hf_gpt_oss_eager": ("sdpa", "weights"),
     "triton_flash": ("sdpa", "weights", "flash"),
     "pallas_flash": ("sdpa", "weights", "flash"),
 }
