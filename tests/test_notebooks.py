@@ -14,8 +14,8 @@ pytest.importorskip("ipykernel")
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 #: Every notebook runs in make test. 06 (the tiny model) runs NumPy only: with torch and jax it
-#: took 13 s (2 cores at a load average of 5.5), now 5 s; tests/test_tiny_model.py checks the
-#: three frameworks agree on it. 01 imports all three, that being its point: 14 s, same load.
+#: took 13 s (2 cores at a load average of 5.5), now 5 s (3 s less loaded); tests/test_tiny_model.py
+#: checks the three frameworks agree on it. 01 imports all three, its point: 14 s (8 s).
 PATHS = sorted(NOTEBOOKS.glob("*.ipynb"))
 
 
