@@ -41,4 +41,8 @@ SHORT_NAMES: dict[str, str] = {
     "keras_ops_torch": "conformance.ports.keras_ops_torch",
     "flax_nnx": "conformance.ports.flax_nnx",
     "onnx_ref": "conformance.ports.onnx_ref",
+    # onnxruntime's CPU provider (the onnxruntime extra)
+    "onnxruntime_attention": "conformance.ports.onnxruntime_attention",
+    "onnxruntime_attention_23": "conformance.ports.onnxruntime_attention_23",
+    "onnxruntime_attention_24": "conformance.ports.onnxruntime_attention_24",
 }

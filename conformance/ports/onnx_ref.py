@@ -33,6 +33,7 @@ and no module, so this port has neither.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -82,9 +83,12 @@ def _run(
     sinks: np.ndarray | None,
     alibi_slopes: np.ndarray | None,
     weights: bool,
+    opset: int = OPSET,
+    evaluate: Callable[[onnx.ModelProto, dict[str, np.ndarray]], list[Any]] | None = None,
 ) -> np.ndarray:
-    """One ``Attention`` node on the evaluator: the output (..., H, L, E), or with ``weights``
-    its ``qk_matmul_output`` after the softmax (..., H, L, S)."""
+    """One ``Attention`` node at ``opset`` on ``evaluate(model, feeds)`` (the reference
+    evaluator when None; onnxruntime_attention passes its session): the output (..., H, L, E),
+    or with ``weights`` its ``qk_matmul_output`` after the softmax (..., H, L, S)."""
     if sinks is not None:
         raise NotImplementedError("ONNX Attention has no sinks input")
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
@@ -135,14 +139,19 @@ def _run(
         [node],
         "attention",
         [helper.make_tensor_value_info(n, _elem(x), x.shape) for n, x in feeds.items()],
-        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs if o],
+        [helper.make_tensor_value_info(o, _elem(feeds["Q"]), None) for o in outputs if o],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = onnx.IR_VERSION
     with np.errstate(all="ignore"):  # NaN and inf are results here, measured, not warnings
-        result = ReferenceEvaluator(model).run(None, feeds)
+        result = (evaluate or _reference)(model, feeds)
     out = result[-1] if weights else result[0]  # (B, H, L, E) or (B, H, L, S)
     return np.asarray(out).reshape(*batch, *out.shape[1:])
+
+
+def _reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[Any]:
+    """The model's outputs on ONNX's reference evaluator."""
+    return ReferenceEvaluator(model).run(None, feeds)
 
 
 def scaled_dot_product_attention(
