@@ -104,7 +104,7 @@ conformance-frameworks: $(ENV_READY)
 	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx"; \
 	if $(PY) -c "import onnx" 2>/dev/null; then impls="$$impls --impl onnx_ref"; \
 	else echo "conformance-frameworks: skipping onnx_ref: onnx is not installed (pip install -e '.[onnx]')"; fi; \
-	ort="--impl onnxruntime_attention_23 --impl onnxruntime_attention_24 --impl onnxruntime_attention"; \
+	ort="--impl onnxruntime_attention_23 --impl onnxruntime_attention_24 --impl onnxruntime_attention --impl onnxruntime_gqa"; \
 	if $(PY) -c "import onnxruntime, onnx" 2>/dev/null; then impls="$$impls $$ort"; \
 	else echo "conformance-frameworks: skipping onnxruntime_*: onnxruntime is not installed (pip install -e '.[onnxruntime]')"; fi; \
 	if $(PY) -c "import mlx.core" 2>/dev/null; then impls="$$impls --impl mlx_fast"; \

@@ -42,7 +42,7 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-__all__ = ["OPSET", "attention_weights", "scaled_dot_product_attention"]
+__all__ = ["OPSET", "attention_mask", "attention_weights", "scaled_dot_product_attention"]
 
 #: The opset of the one-node models: Attention with left_window_size / right_window_size.
 OPSET = 25
@@ -64,6 +64,50 @@ def _elem(x: np.ndarray) -> int:
 def _four_d(x: np.ndarray) -> np.ndarray:
     """``(..., N, T, X)`` -> ``(B, N, T, X)``, the leading dims flattened (none: B = 1)."""
     return x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:])
+
+
+def attention_mask(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    mask: np.ndarray | None,
+    bias: np.ndarray | None,
+    causal_alignment: str,
+    q_segment_ids: np.ndarray | None,
+    kv_segment_ids: np.ndarray | None,
+    alibi_slopes: np.ndarray | None,
+) -> np.ndarray | None:
+    """The one ``attn_mask`` (B, H, L, S) an ONNX user hands the operator, or None: the boolean
+    mask (and the segment ids' mask), or, with a bias (and ALiBi's, on the alignment's
+    diagonal), the bias with -inf where the mask is False. (onnxruntime_gqa uses it too.)"""
+    H, L, _ = query.shape[-3:]
+    S = key.shape[-2]
+    batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    offset = S - L if causal_alignment == "bottom_right" else 0
+    i, j = np.arange(L)[:, None], np.arange(S)[None, :]  # (L, 1), (1, S)
+    if q_segment_ids is not None:
+        same = (
+            np.asarray(q_segment_ids)[..., None, :, None]
+            == np.asarray(kv_segment_ids)[..., None, None, :]
+        )  # (..., 1, L, S)
+        mask = same if mask is None else np.asarray(mask) & same
+    if alibi_slopes is not None:
+        slopes = np.asarray(alibi_slopes)
+        alibi = -slopes[:, None, None] * np.abs(i + offset - j).astype(slopes.dtype)  # (H, L, S)
+        bias = alibi if bias is None else np.asarray(bias) + alibi
+
+    def scores(x: np.ndarray) -> np.ndarray:  # (..., H, L, S)-broadcastable -> (B, H, L, S)
+        return _four_d(np.broadcast_to(x, (*batch, H, L, S)))
+
+    attn_mask = None
+    if bias is not None:
+        bias = np.asarray(bias)
+        attn_mask = bias if mask is None else np.where(mask, bias, bias.dtype.type(-np.inf))
+        attn_mask = scores(attn_mask)
+    elif mask is not None:
+        attn_mask = scores(np.asarray(mask))
+    return attn_mask
 
 
 def _run(
@@ -92,32 +136,11 @@ def _run(
     if sinks is not None:
         raise NotImplementedError("ONNX Attention has no sinks input")
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
-    H, L, _ = query.shape[-3:]
-    S = key.shape[-2]
     batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
-    offset = S - L if causal_alignment == "bottom_right" else 0
-    i, j = np.arange(L)[:, None], np.arange(S)[None, :]  # (L, 1), (1, S)
-    if q_segment_ids is not None:
-        same = (
-            np.asarray(q_segment_ids)[..., None, :, None]
-            == np.asarray(kv_segment_ids)[..., None, None, :]
-        )  # (..., 1, L, S)
-        mask = same if mask is None else np.asarray(mask) & same
-    if alibi_slopes is not None:
-        slopes = np.asarray(alibi_slopes)
-        alibi = -slopes[:, None, None] * np.abs(i + offset - j).astype(slopes.dtype)  # (H, L, S)
-        bias = alibi if bias is None else np.asarray(bias) + alibi
-
-    def scores(x: np.ndarray) -> np.ndarray:  # (..., H, L, S)-broadcastable -> (B, H, L, S)
-        return _four_d(np.broadcast_to(x, (*batch, H, L, S)))
-
-    attn_mask = None
-    if bias is not None:
-        bias = np.asarray(bias)
-        attn_mask = bias if mask is None else np.where(mask, bias, bias.dtype.type(-np.inf))
-        attn_mask = scores(attn_mask)
-    elif mask is not None:
-        attn_mask = scores(np.asarray(mask))
+    attn_mask = attention_mask(
+        query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
 
     feeds = {"Q": _four_d(query), "K": _four_d(key), "V": _four_d(value)}
     if attn_mask is not None:
