@@ -46,4 +46,5 @@ SHORT_NAMES: dict[str, str] = {
     "onnxruntime_attention_23": "conformance.ports.onnxruntime_attention_23",
     "onnxruntime_attention_24": "conformance.ports.onnxruntime_attention_24",
     "onnxruntime_gqa": "conformance.ports.onnxruntime_gqa",
+    "tinygrad_sdpa": "conformance.ports.tinygrad_sdpa",  # the tinygrad extra
 }

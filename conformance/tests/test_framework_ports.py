@@ -441,6 +441,7 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "onnxruntime_attention_24": ("sdpa", "weights"),
     "onnxruntime_attention": ("sdpa", "weights"),
     "onnxruntime_gqa": ("sdpa", "weights"),
+    "tinygrad_sdpa": ("sdpa", "weights"),
     "mlx_fast": ("sdpa", "weights"),
     "keras_ops": ("sdpa", "weights"),
     "keras_ops_torch": ("sdpa", "weights"),
