@@ -53,7 +53,7 @@ help:
 	@echo "make gpu-check    on a GPU box, with python3, installing nothing: every check, one summary"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax (DEVICE=$(CONFORMANCE_DEVICE))"
 	@echo "make conformance-frameworks  the same suite against the frameworks' own kernels"
-	@echo "                  (torch, jax, flax; onnx with the onnx extra; mlx and keras with the frameworks extra)"
+	@echo "                  (torch SDPA and FlexAttention, jax, flax; onnx, onnxruntime, tinygrad and hf with their extras; mlx and keras with the frameworks extra)"
 	@echo "make conformance-kernels  every fixture against the Triton and Pallas kernel ports"
 	@echo "                 (interpreted on CPU: slow, several minutes; DEVICE=cuda on a GPU)"
 	@echo "make lint         ruff"
@@ -106,6 +106,11 @@ conformance-frameworks: $(ENV_READY)
 	else echo "conformance-frameworks: skipping onnx_ref: onnx is not installed (pip install -e '.[onnx]')"; fi; \
 	if $(PY) -c "import transformers" 2>/dev/null; then impls="$$impls --impl hf_eager --impl hf_sdpa --impl hf_gpt_oss_eager"; \
 	else echo "conformance-frameworks: skipping hf_eager, hf_sdpa, hf_gpt_oss_eager: transformers is not installed (pip install -e '.[hf]')"; fi; \
+	ort="--impl onnxruntime_attention_23 --impl onnxruntime_attention_24 --impl onnxruntime_attention --impl onnxruntime_gqa"; \
+	if $(PY) -c "import onnxruntime, onnx" 2>/dev/null; then impls="$$impls $$ort"; \
+	else echo "conformance-frameworks: skipping onnxruntime_*: onnxruntime is not installed (pip install -e '.[onnxruntime]')"; fi; \
+	if $(PY) -c "import tinygrad" 2>/dev/null; then impls="$$impls --impl tinygrad_sdpa"; \
+	else echo "conformance-frameworks: skipping tinygrad_sdpa: tinygrad is not installed (pip install -e '.[tinygrad]')"; fi; \
 	if $(PY) -c "import mlx.core" 2>/dev/null; then impls="$$impls --impl mlx_fast"; \
 	else echo "conformance-frameworks: skipping mlx_fast: mlx is not installed (pip install -e '.[frameworks]')"; fi; \
 	if $(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('keras') is None)"; \

@@ -46,4 +46,10 @@ SHORT_NAMES: dict[str, str] = {
     "hf_eager": "conformance.ports.hf_eager",
     "hf_sdpa": "conformance.ports.hf_sdpa",
     "hf_gpt_oss_eager": "conformance.ports.hf_gpt_oss_eager",
+    # onnxruntime's CPU provider (the onnxruntime extra)
+    "onnxruntime_attention": "conformance.ports.onnxruntime_attention",
+    "onnxruntime_attention_23": "conformance.ports.onnxruntime_attention_23",
+    "onnxruntime_attention_24": "conformance.ports.onnxruntime_attention_24",
+    "onnxruntime_gqa": "conformance.ports.onnxruntime_gqa",
+    "tinygrad_sdpa": "conformance.ports.tinygrad_sdpa",  # the tinygrad extra
 }

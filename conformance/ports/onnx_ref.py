@@ -33,6 +33,7 @@ and no module, so this port has neither.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import ml_dtypes
@@ -41,7 +42,7 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
-__all__ = ["OPSET", "attention_weights", "scaled_dot_product_attention"]
+__all__ = ["OPSET", "attention_mask", "attention_weights", "scaled_dot_product_attention"]
 
 #: The opset of the one-node models: Attention with left_window_size / right_window_size.
 OPSET = 25
@@ -65,29 +66,21 @@ def _four_d(x: np.ndarray) -> np.ndarray:
     return x.reshape(math.prod(x.shape[:-3]), *x.shape[-3:])
 
 
-def _run(
+def attention_mask(
     query: np.ndarray,
     key: np.ndarray,
     value: np.ndarray,
     *,
     mask: np.ndarray | None,
     bias: np.ndarray | None,
-    is_causal: bool,
     causal_alignment: str,
-    scale: float | None,
-    softcap: float | None,
-    window: tuple[int | None, int | None] | None,
     q_segment_ids: np.ndarray | None,
     kv_segment_ids: np.ndarray | None,
-    sinks: np.ndarray | None,
     alibi_slopes: np.ndarray | None,
-    weights: bool,
-) -> np.ndarray:
-    """One ``Attention`` node on the evaluator: the output (..., H, L, E), or with ``weights``
-    its ``qk_matmul_output`` after the softmax (..., H, L, S)."""
-    if sinks is not None:
-        raise NotImplementedError("ONNX Attention has no sinks input")
-    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+) -> np.ndarray | None:
+    """The one ``attn_mask`` (B, H, L, S) an ONNX user hands the operator, or None: the boolean
+    mask (and the segment ids' mask), or, with a bias (and ALiBi's, on the alignment's
+    diagonal), the bias with -inf where the mask is False. (onnxruntime_gqa uses it too.)"""
     H, L, _ = query.shape[-3:]
     S = key.shape[-2]
     batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
@@ -114,6 +107,40 @@ def _run(
         attn_mask = scores(attn_mask)
     elif mask is not None:
         attn_mask = scores(np.asarray(mask))
+    return attn_mask
+
+
+def _run(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    mask: np.ndarray | None,
+    bias: np.ndarray | None,
+    is_causal: bool,
+    causal_alignment: str,
+    scale: float | None,
+    softcap: float | None,
+    window: tuple[int | None, int | None] | None,
+    q_segment_ids: np.ndarray | None,
+    kv_segment_ids: np.ndarray | None,
+    sinks: np.ndarray | None,
+    alibi_slopes: np.ndarray | None,
+    weights: bool,
+    opset: int = OPSET,
+    evaluate: Callable[[onnx.ModelProto, dict[str, np.ndarray]], list[Any]] | None = None,
+) -> np.ndarray:
+    """One ``Attention`` node at ``opset`` on ``evaluate(model, feeds)`` (the reference
+    evaluator when None; onnxruntime_attention passes its session): the output (..., H, L, E),
+    or with ``weights`` its ``qk_matmul_output`` after the softmax (..., H, L, S)."""
+    if sinks is not None:
+        raise NotImplementedError("ONNX Attention has no sinks input")
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    attn_mask = attention_mask(
+        query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
 
     feeds = {"Q": _four_d(query), "K": _four_d(key), "V": _four_d(value)}
     if attn_mask is not None:
@@ -135,14 +162,19 @@ def _run(
         [node],
         "attention",
         [helper.make_tensor_value_info(n, _elem(x), x.shape) for n, x in feeds.items()],
-        [helper.make_tensor_value_info(o, TensorProto.UNDEFINED, None) for o in outputs if o],
+        [helper.make_tensor_value_info(o, _elem(feeds["Q"]), None) for o in outputs if o],
     )
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
     model.ir_version = onnx.IR_VERSION
     with np.errstate(all="ignore"):  # NaN and inf are results here, measured, not warnings
-        result = ReferenceEvaluator(model).run(None, feeds)
+        result = (evaluate or _reference)(model, feeds)
     out = result[-1] if weights else result[0]  # (B, H, L, E) or (B, H, L, S)
     return np.asarray(out).reshape(*batch, *out.shape[1:])
+
+
+def _reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[Any]:
+    """The model's outputs on ONNX's reference evaluator."""
+    return ReferenceEvaluator(model).run(None, feeds)
 
 
 def scaled_dot_product_attention(

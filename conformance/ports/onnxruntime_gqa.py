@@ -1,0 +1,215 @@
+"""onnxruntime's ``com.microsoft.GroupQueryAttention`` as a port, on its CPU provider.
+
+The contrib operator that onnxruntime's exported decoders (Phi, Llama, Mistral, gpt-oss, Qwen)
+call, and the closest ONNX has to a KV-cache decode: new keys go in as ``key``/``value`` and
+the earlier ones as ``past_key``/``past_value``, with ``seqlens_k`` (the total length - 1 per
+batch row) and ``total_sequence_length``. Its deviations from the contract are measured in
+``onnxruntime_gqa.xfails``. Install with the ``onnxruntime`` extra.
+
+The wrapper translates the contract's keywords into the operator's attributes and inputs,
+never fixing semantics:
+
+- query (..., H, L, D) becomes (B, L, H * P), key and value (..., K, S, X) (B, S, K * P): the
+  leading batch dims broadcast and flattened into one, and D and E padded with zero columns to
+  P, the next multiple of 8 (the CPU kernel wants ``head_size % 8 == 0`` and one head size for
+  key and value); the default scale is passed as 1/sqrt(D) of the unpadded D, and the padded
+  output columns are dropped;
+- with S > L the first S - L keys are the past cache (BNSH) and the last L the new ones: the
+  operator places query row i at absolute position S - L + i, so its causal mask and window are
+  bottom-right. With S = L there is no cache; with S < L the call goes in as it is (the operator
+  refuses it). ``causal_alignment`` is not passed: there is no such attribute;
+- ``is_causal`` is ``causal``; ``window`` (left, right) is ``local_window_size`` = left (-1:
+  unbounded), documented as "left_window_size for causal local attention", with ``causal=1``:
+  the operator's window is causal only, so a window whose right bound is neither 0 nor cut by
+  ``is_causal`` raises NotImplementedError;
+- ``mask``, ``bias``, packed segment ids and ALiBi become one float ``attention_bias`` (B, H, L,
+  S) (onnx_ref's :func:`~conformance.ports.onnx_ref.attention_mask`, a False mask as -inf);
+- ``scale`` and ``softcap`` are its attributes; ``sinks`` is ``head_sink`` (H,);
+- :func:`attention_weights` reads ``output_qk`` with ``qk_output=2`` (after the softmax).
+
+Not mapped: ``do_rotary`` (the contract's rotary embedding is ``apply_rotary`` on one tensor,
+not inside attention), the quantized caches, ``smooth_softmax`` (``head_sink`` with zeros).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+import onnxruntime
+from onnx import helper
+
+from conformance.ports import onnx_ref
+
+__all__ = ["attention_weights", "scaled_dot_product_attention"]
+
+#: The CPU kernel's head size must be a multiple of this.
+_HEAD_MULTIPLE = 8
+
+#: GroupQueryAttention's inputs, in order (empty names skip the optional ones).
+_INPUTS = (
+    "query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
+    "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink",
+)  # fmt: skip
+
+#: The inputs with a batch axis (the first).
+_BATCHED = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "attention_bias")
+
+onnxruntime.set_default_logger_severity(4)  # its kernels log their own errors: they are measured
+
+
+def _heads_last(x: np.ndarray, batch: tuple[int, ...], width: int) -> np.ndarray:
+    """(..., N, T, X) -> (B, N, T, width): broadcast to ``batch``, flattened, zero-padded."""
+    N, T, X = x.shape[-3:]
+    x = np.broadcast_to(x, (*batch, N, T, X)).reshape(math.prod(batch), N, T, X)
+    return np.pad(x, ((0, 0), (0, 0), (0, 0), (0, width - X)))
+
+
+def _bsh(x: np.ndarray) -> np.ndarray:
+    """(B, N, T, P) -> (B, T, N * P), the operator's layout of query, key and value."""
+    B, N, T, P = x.shape
+    return np.ascontiguousarray(x.transpose(0, 2, 1, 3).reshape(B, T, N * P))
+
+
+def _session(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[Any]:
+    options = onnxruntime.SessionOptions()
+    options.log_severity_level = 4
+    session = onnxruntime.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
+    return session.run(None, feeds)
+
+
+def _run(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    mask: np.ndarray | None,
+    bias: np.ndarray | None,
+    is_causal: bool,
+    causal_alignment: str,
+    scale: float | None,
+    softcap: float | None,
+    window: tuple[int | None, int | None] | None,
+    q_segment_ids: np.ndarray | None,
+    kv_segment_ids: np.ndarray | None,
+    sinks: np.ndarray | None,
+    alibi_slopes: np.ndarray | None,
+    weights: bool,
+) -> np.ndarray:
+    """One GroupQueryAttention node: the output (..., H, L, E), or with ``weights`` its
+    ``output_qk`` after the softmax (..., H, L, S)."""
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    H, L, D = query.shape[-3:]
+    K, S, _ = key.shape[-3:]
+    E = value.shape[-1]
+    batch = np.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
+    width = max(_HEAD_MULTIPLE, -(-max(D, E) // _HEAD_MULTIPLE) * _HEAD_MULTIPLE)
+    causal = bool(is_causal)
+    local = -1
+    if window is not None:
+        left, right = window
+        if not (causal or right == 0):
+            raise NotImplementedError("GroupQueryAttention's window is causal: no right bound")
+        causal, local = True, -1 if left is None else int(left)
+    attention_bias = onnx_ref.attention_mask(
+        query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
+    )  # fmt: skip
+    if attention_bias is not None and attention_bias.dtype == bool:
+        attention_bias = np.where(attention_bias, 0.0, -np.inf).astype(query.dtype)
+
+    q = _heads_last(query, batch, width)  # (B, H, L, P)
+    k, v = _heads_last(key, batch, width), _heads_last(value, batch, width)  # (B, K, S, P)
+    past = S - L if S > L else 0
+    B = math.prod(batch)
+    feeds = {"query": _bsh(q), "key": _bsh(k[:, :, past:]), "value": _bsh(v[:, :, past:])}
+    if past:
+        feeds["past_key"] = np.ascontiguousarray(k[:, :, :past])
+        feeds["past_value"] = np.ascontiguousarray(v[:, :, :past])
+    feeds["seqlens_k"] = np.full((B,), S - 1, np.int32)
+    feeds["total_sequence_length"] = np.array(S, np.int32)
+    if attention_bias is not None:
+        feeds["attention_bias"] = np.ascontiguousarray(attention_bias)
+    if sinks is not None:
+        feeds["head_sink"] = np.asarray(sinks)
+
+    attributes: dict[str, Any] = {
+        "num_heads": int(H),
+        "kv_num_heads": int(K),
+        "causal": int(causal),
+        "local_window_size": local,
+        "scale": float(1 / math.sqrt(D) if scale is None else scale),
+    }
+    if softcap is not None:
+        attributes["softcap"] = float(softcap)
+    if weights:
+        attributes["qk_output"] = 2  # the weights after the softmax
+    used = max(i for i, name in enumerate(_INPUTS) if name in feeds)
+    inputs = [name if name in feeds else "" for name in _INPUTS[: used + 1]]
+    outputs = ["output", "present_key", "present_value"] + (["output_qk"] if weights else [])
+    node = helper.make_node(
+        "GroupQueryAttention", inputs, outputs, domain="com.microsoft", **attributes
+    )
+    # The CPU kernel refuses a batch of more than one multi-token chunk with a past cache
+    # ("batch_size must be 1 when sequence_length > 1 and past context"): one row per run then.
+    rows = [feeds]
+    if past and L > 1 and B > 1:
+        rows = [
+            {n: x[b : b + 1] if n in _BATCHED else x for n, x in feeds.items()} for b in range(B)
+        ]
+    feeds = rows[0]  # the shapes the graph declares
+    elem = onnx_ref._elem(query)
+    graph = helper.make_graph(
+        [node],
+        "group_query_attention",
+        [helper.make_tensor_value_info(n, onnx_ref._elem(x), x.shape) for n, x in feeds.items()],
+        [helper.make_tensor_value_info(o, elem, None) for o in outputs],
+    )
+    opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+    model = helper.make_model(graph, opset_imports=opsets)
+    results = [_session(model, one) for one in rows]
+    if weights:
+        out = np.concatenate([np.asarray(r[3]) for r in results])  # (B, H, L, S)
+        return out.reshape(*batch, *out.shape[1:])
+    out = np.concatenate([np.asarray(r[0]) for r in results])  # (B, L, H * P)
+    out = out.reshape(B, L, H, width).transpose(0, 2, 1, 3)[..., :E]
+    return out.reshape(*batch, H, L, E)
+
+
+def scaled_dot_product_attention(
+    query: np.ndarray,
+    key: np.ndarray,
+    value: np.ndarray,
+    *,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    sinks: np.ndarray | None = None,
+    alibi_slopes: np.ndarray | None = None,
+) -> np.ndarray:
+    """GroupQueryAttention on the contract's layout: query (..., H, L, D), key (..., K, S, D),
+    value (..., K, S, E) -> (..., H, L, E)."""
+    return _run(
+        query, key, value, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
+        alibi_slopes=alibi_slopes, weights=False,
+    )  # fmt: skip
+
+
+def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np.ndarray:
+    """The operator's own weights (..., H, L, S): ``output_qk`` with ``qk_output=2``, of a call
+    whose value is zeros (K, S, 1)."""
+    key = np.asarray(key)
+    value = np.zeros((*key.shape[:-1], 1), key.dtype)  # (..., K, S, 1)
+    return _run(query, key, value, weights=True, **onnx_ref._defaults(keywords))
