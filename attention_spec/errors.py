@@ -189,6 +189,12 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         ConfigError,
         "a slot outside [-1, P * page_size), or two tokens in one slot >= 0",
     ),
+    # -- scaled rotary frequencies (apply_rotary's inv_freq= and attention_factor=) ----------
+    "inv_freq_shape": (DimensionMismatchError, "rotary inv_freq is not (rotary_dim/2,)"),
+    "inv_freq_dtype": (DTypeError, "rotary inv_freq is not floating"),
+    "attention_factor": (ConfigError, "rotary attention_factor not a finite number > 0"),
+    # -- multi-head latent attention (attention_spec/mla.py) ---------------------------------
+    "mla_dims": (ConfigError, "an MLA size <= 0, an odd qk_rope_head_dim, or a bad rms_norm_eps"),
 }
 
 
@@ -196,14 +202,15 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
 #: other code belongs to the functional API.
 MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
-     "cache_mismatch", "rolling_cache"}
+     "cache_mismatch", "rolling_cache", "mla_dims"}
 )  # fmt: skip
 
 #: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,
 #: ``rope_theta`` a module built with ``rope_theta``); the attention functions never do.
 ROTARY_ERROR_CODES: frozenset[str] = frozenset(
-    {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape"}
-)
+    {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape",
+     "inv_freq_shape", "inv_freq_dtype", "attention_factor"}
+)  # fmt: skip
 
 #: The codes only the sharded functions raise (``ring_attention``, ``head_parallel_attention``,
 #: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.

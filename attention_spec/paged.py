@@ -13,7 +13,8 @@ the same one in every framework:
 1. each keyword on its own (``is_causal``, ``scale``, ``softcap``, ``window``);
 2. the six arrays given; ranks; dtypes; the two caches agree (``page_shape``); sizes; head dims
    and head divisibility; the integer arrays' dtypes and their N (``cu_seqlens_count``);
-3. ``sinks`` and ``alibi_slopes`` against H;
+3. ``sinks`` and ``alibi_slopes`` against H; the fp8 descales (``()``, ``(H|K,)`` or
+   ``(N, H|K)``; the dtypes' combination is checked in 2, ``check_fp8_dtypes``);
 4. the integer arrays' values, where they are concrete (NumPy, torch, JAX outside ``jit``):
    ``cu_seqlens_q`` (``cu_seqlens_value``), ``seq_lens`` (``seq_lens_value``), then the pages
    each sequence needs (``block_table_value``);
@@ -38,7 +39,7 @@ from attention_spec.arrays import (
     describe,
 )
 from attention_spec.errors import make_error
-from attention_spec.fp8 import FP8_DTYPES
+from attention_spec.fp8 import FP8_DTYPES, check_descale, check_fp8_dtypes
 from attention_spec.keywords import (
     check_flag,
     check_ranges,
@@ -58,7 +59,8 @@ class PagedCall:
     """A validated ``paged_attention`` call: its sizes (T tokens, N sequences, H, K, D, E,
     P pages of ``page_size`` slots, ``max_pages`` per sequence), ``scale`` (resolved to
     ``1/sqrt(D)`` when None), ``softcap``, ``is_causal``, ``window`` and the ``sinks`` and
-    ``alibi_slopes`` given (their :class:`ArraySpec`, or None)."""
+    ``alibi_slopes`` given (their :class:`ArraySpec`, or None), and the fp8 descales (None: 1.0,
+    a float32-rounded float, or the ArraySpec of a ``()``, ``(H|K,)`` or ``(N, H|K)`` array)."""
 
     T: int
     N: int
@@ -75,6 +77,9 @@ class PagedCall:
     window: Window | None
     sinks: ArraySpec | None
     alibi_slopes: ArraySpec | None
+    q_descale: float | ArraySpec | None = None
+    k_descale: float | ArraySpec | None = None
+    v_descale: float | ArraySpec | None = None
 
     @property
     def G(self) -> int:
@@ -180,6 +185,24 @@ def _per_head(name: str, array: Any, H: int) -> ArraySpec | None:
     return spec
 
 
+def _token_descale(name: str, x: Any, dtype: str, N: int, letter: str,
+                   n: int) -> float | ArraySpec | None:  # fmt: skip
+    """A descale of a token-major call: None, a number, or a float32 array of shape exactly
+    ``()``, ``(n,)`` or ``(N, n)`` (one per head, or per sequence and head); anything else
+    ``descale_shape`` (SEMANTICS.md, "FP8 inputs and caches"). The other rules (an input that
+    is not fp8, the dtype, the values) are :func:`~attention_spec.check_descale`'s."""
+    text = f"(), ({letter}={n},) or (N={N}, {letter}={n})"
+    checked = check_descale(name, x, dtype, (N, n), text)
+    if isinstance(checked, ArraySpec) and checked.shape not in ((), (n,), (N, n)):
+        raise make_error(
+            "descale_shape",
+            f"{name} of a token-major call must be {text}; got {checked.shape}",
+            expected=text,
+            actual=str(checked.shape),
+        )
+    return checked
+
+
 def _check_cu_seqlens(cu: list[int], T: int) -> None:
     """``cu_seqlens_q`` starts at 0, never decreases and ends at T (``cu_seqlens_value``)."""
     bad = cu[0] != 0 or cu[-1] != T or any(b < a for a, b in itertools.pairwise(cu))
@@ -241,6 +264,9 @@ def check_paged_attention(
     softcap: Any = None,
     sinks: Any = None,
     alibi_slopes: Any = None,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> PagedCall:
     """Validate one ``paged_attention`` call (the order of this module's docstring); return it
     as a :class:`PagedCall`. The arrays are read through :func:`describe`; the integer arrays'
@@ -261,9 +287,11 @@ def check_paged_attention(
     q, k, v = describe(query), describe(key_cache), describe(value_cache)
     table, lens, cu = describe(block_table), describe(seq_lens), describe(cu_seqlens_q)
     _check_rank("query", q.shape, "T, H, D")
-    check_dtype("query", q.dtype)
-    _check_caches(k, v, fp8=False)
-    if k.dtype != q.dtype:
+    _check_caches(k, v, fp8=True)
+    fp8 = check_fp8_dtypes(q.dtype, k.dtype, v.dtype)  # an fp8 cache (or all fp8): allowed?
+    if not fp8:
+        check_dtype("query", q.dtype)
+    if not fp8 and k.dtype != q.dtype:
         raise make_error(
             "dtype_mismatch",
             f"query, key_cache and value_cache must share one dtype; got query={q.dtype}, "
@@ -302,7 +330,14 @@ def check_paged_attention(
     _check_integer("cu_seqlens_q", "cu_seqlens_dtype", cu, "query offsets")
     _check_rank("block_table", table.shape, "N, max_pages")
     _check_rank("seq_lens", lens.shape, "N")
-    _check_rank("cu_seqlens_q", cu.shape, "N + 1")
+    if len(cu.shape) != 1 or cu.shape[0] < 1:  # as varlen_attention's cu_seqlens
+        raise make_error(
+            "cu_seqlens_count",
+            "cu_seqlens_q must have one axis of N + 1 >= 1 entries (0, then each sequence's "
+            f"end); got shape {cu.shape}",
+            expected="(N + 1,)",
+            actual=str(cu.shape),
+        )
     N, max_pages = table.shape
     if lens.shape[0] != N or cu.shape[0] != N + 1:
         listing = f"block_table {table.shape}, seq_lens {lens.shape}, cu_seqlens_q {cu.shape}"
@@ -317,6 +352,12 @@ def check_paged_attention(
     # 3. sinks and ALiBi slopes against H
     sinks_spec = _per_head("sinks", sinks, H)
     slopes_spec = _per_head("alibi_slopes", alibi_slopes, H)
+    descales = {
+        name: _token_descale(name, x, dtype, N, letter, n)
+        for name, x, dtype, letter, n in (("q_descale", q_descale, q.dtype, "H", H),
+                                          ("k_descale", k_descale, k.dtype, "K", K),
+                                          ("v_descale", v_descale, v.dtype, "K", K))
+    }  # fmt: skip
 
     # 4. the integer arrays' values, where concrete
     cu_values, len_values = _concrete(cu_seqlens_q), _concrete(seq_lens)
@@ -334,6 +375,7 @@ def check_paged_attention(
         T=T, N=N, H=H, K=K, D=D, E=E, P=P, page_size=page_size, max_pages=max_pages,
         scale=D**-0.5 if scale_value is None else scale_value, softcap=softcap_value,
         is_causal=is_causal, window=window, sinks=sinks_spec, alibi_slopes=slopes_spec,
+        **descales,
     )  # fmt: skip
 
 

@@ -22,7 +22,14 @@ import numbers
 from dataclasses import dataclass
 from typing import Any
 
-from attention_spec.arrays import broadcast_shapes, check_dtype, check_given, describe, format_dims
+from attention_spec.arrays import (
+    FLOAT_DTYPES,
+    broadcast_shapes,
+    check_dtype,
+    check_given,
+    describe,
+    format_dims,
+)
 from attention_spec.errors import make_error
 from attention_spec.keywords import check_flag, real_keyword
 
@@ -71,6 +78,8 @@ class RotaryDims:
     rotary_dim: int
     theta: float
     interleaved: bool
+    attention_factor: float = 1.0
+    has_inv_freq: bool = False
 
     @property
     def positions_shape(self) -> Shape:
@@ -79,7 +88,8 @@ class RotaryDims:
 
     @property
     def frequencies(self) -> tuple[float, ...]:
-        """:func:`rotary_frequencies` of this call, ``rotary_dim / 2`` Python floats."""
+        """:func:`rotary_frequencies` of this call, ``rotary_dim / 2`` Python floats (unused
+        when the caller gave ``inv_freq``, ``has_inv_freq``)."""
         return rotary_frequencies(self.theta, self.rotary_dim)
 
 
@@ -110,6 +120,44 @@ def check_theta(theta: object, name: str = "theta") -> float:
             actual=_text(theta),
         )
     return value
+
+
+def check_attention_factor(factor: object, name: str = "attention_factor") -> float:
+    """``attention_factor`` as a Python float: finite and > 0 (ConfigError ``attention_factor``).
+
+    The factor multiplies cos and sin (YaRN's ``0.1 ln(s) + 1``); 1.0 leaves RoPE unscaled.
+    """
+    value = real_keyword(name, "attention_factor", factor)
+    if not (value > 0 and math.isfinite(value)):
+        raise make_error(
+            "attention_factor",
+            f"{name} must be a finite number > 0 (it multiplies cos and sin; 1.0 for plain "
+            f"RoPE); got {_text(factor)}",
+            expected="finite number > 0",
+            actual=_text(factor),
+        )
+    return value
+
+
+def _check_inv_freq(inv_freq: Any, rotary_dim: int) -> None:
+    """A given ``inv_freq`` is floating (DTypeError ``inv_freq_dtype``) of shape
+    ``(rotary_dim/2,)`` (DimensionMismatchError ``inv_freq_shape``)."""
+    spec = describe(inv_freq)
+    if spec.dtype not in FLOAT_DTYPES:
+        raise make_error(
+            "inv_freq_dtype",
+            f"inv_freq must be floating (one frequency per rotated pair); got {spec.dtype}",
+            expected=" | ".join(FLOAT_DTYPES),
+            actual=spec.dtype,
+        )
+    if spec.shape != (rotary_dim // 2,):
+        raise make_error(
+            "inv_freq_shape",
+            f"inv_freq must have shape (rotary_dim/2,) = ({rotary_dim // 2},), one frequency per "
+            f"pair of the rotary_dim={rotary_dim} rotated features; got {spec.shape}",
+            expected=f"({rotary_dim // 2},)",
+            actual=str(spec.shape),
+        )
 
 
 def _check_rotary_dim_type(rotary_dim: object) -> None:
@@ -148,22 +196,29 @@ def check_rotary(
     theta: object = DEFAULT_THETA,
     rotary_dim: object = None,
     interleaved: object = False,
+    inv_freq: Any = None,
+    attention_factor: object = 1.0,
 ) -> RotaryDims:
     """Validate one ``apply_rotary`` call and return its sizes and keywords as Python values.
 
     ``x (..., heads, L, D)`` in one of the four dtypes; ``positions`` integers, broadcastable to
     ``(..., L)``, the batch dims of x without its heads axis (one position per token, shared by
-    every head; the output has x's shape). Checked in this order: the keywords (``interleaved``
-    a bool, ``theta`` finite > 0, ``rotary_dim`` an integer), the arrays given, x's rank and
-    dtype, the positions' dtype, ``rotary_dim`` against D, the positions' shape.
+    every head; the output has x's shape). ``inv_freq`` (floating, ``(rotary_dim/2,)``) replaces
+    the frequencies ``theta ** (-2p / rotary_dim)`` when given; ``attention_factor`` multiplies
+    cos and sin (Contract v3, "Scaled rotary frequencies"). Checked in this order: the keywords
+    (``interleaved`` a bool, ``theta`` finite > 0, ``attention_factor`` finite > 0,
+    ``rotary_dim`` an integer), the arrays given, x's rank and dtype, the positions' dtype,
+    ``rotary_dim`` against D, inv_freq's dtype and shape, the positions' shape.
 
     Raises:
-        ConfigError ``not_a_bool``, ``rope_theta``, ``rotary_dim``;
-        DTypeError ``not_an_array``, ``unsupported_dtype``, ``positions_dtype``;
-        DimensionMismatchError ``rank``, ``positions_shape``.
+        ConfigError ``not_a_bool``, ``rope_theta``, ``attention_factor``, ``rotary_dim``;
+        DTypeError ``not_an_array``, ``unsupported_dtype``, ``positions_dtype``,
+        ``inv_freq_dtype``; DimensionMismatchError ``rank``, ``inv_freq_shape``,
+        ``positions_shape``.
     """
     interleaved = check_flag("interleaved", interleaved)
     theta = check_theta(theta)
+    factor = check_attention_factor(attention_factor)
     _check_rotary_dim_type(rotary_dim)
     check_given(x=x, positions=positions)
     xs, ps = describe(x), describe(positions)
@@ -185,6 +240,8 @@ def check_rotary(
         )
     *batch, heads, L, D = xs.shape
     resolved = _resolve_rotary_dim(rotary_dim, D)
+    if inv_freq is not None:
+        _check_inv_freq(inv_freq, resolved)
     target = (*batch, L)
     fits = len(ps.shape) <= len(target) and broadcast_shapes(ps.shape, target) == target
     if not fits:
@@ -197,7 +254,9 @@ def check_rotary(
             expected=target_text,
             actual=str(ps.shape),
         )
-    return RotaryDims(tuple(batch), heads, L, D, resolved, theta, interleaved)
+    return RotaryDims(
+        tuple(batch), heads, L, D, resolved, theta, interleaved, factor, inv_freq is not None
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -173,7 +173,7 @@ class Case:
 
     @property
     def contract(self) -> str:
-        """The contract version the case pins: ``"v1"`` or ``"v2"`` (conformance/FORMAT.md)."""
+        """The contract version the case pins: ``"v1"``, ``"v2"`` or ``"v3"`` (FORMAT.md)."""
         return self.entry["contract"]
 
     @property

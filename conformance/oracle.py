@@ -346,6 +346,8 @@ def rotary(
     theta: float = 10000.0,
     rotary_dim: int | None = None,
     interleaved: bool = False,
+    inv_freq: np.ndarray | None = None,
+    attention_factor: float = 1.0,
     round_to: str | None = None,
 ) -> np.ndarray:
     """RoPE by the book, one pair of one token of one head at a time, in float64.
@@ -354,6 +356,8 @@ def rotary(
         x: ``(..., heads, L, D)``; positions: integers broadcastable to ``(..., L)`` (x's batch
             dims without the heads axis: every head of token t sits at ``positions[..., t]``).
         theta, rotary_dim (default D), interleaved: as in SEMANTICS.md.
+        inv_freq: ``(R/2,)`` frequencies replacing ``theta ** (-2p / R)`` (Contract v3).
+        attention_factor: multiplies cos and sin (Contract v3).
         round_to: None for the oracle; a dtype name for the plain same-dtype computation. Its
             angle, cos and sin are rounded to the *compute* dtype (float32 for float32, float16
             and bfloat16; SEMANTICS.md says where angles are computed), the products and sums of
@@ -374,9 +378,11 @@ def rotary(
         for t in range(L):
             position = angle_rnd(float(pos[(*b, t)]))
             for p in range(R // 2):
-                frequency = angle_rnd(theta ** (-2 * p / R))
+                given = theta ** (-2 * p / R) if inv_freq is None else float(inv_freq[p])
+                frequency = angle_rnd(given)
                 angle = angle_rnd(position * frequency)
-                c, s = angle_rnd(math.cos(angle)), angle_rnd(math.sin(angle))
+                c = angle_rnd(angle_rnd(math.cos(angle)) * attention_factor)
+                s = angle_rnd(angle_rnd(math.sin(angle)) * attention_factor)
                 i, j = (2 * p, 2 * p + 1) if interleaved else (p, p + R // 2)
                 for h in range(heads):
                     a, bb = float(x[(*b, h, t, i)]), float(x[(*b, h, t, j)])
@@ -862,6 +868,9 @@ def paged_attention(
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
     round_to: str | None = None,
 ) -> np.ndarray:
     """Attention over a paged cache by the book, one query token, head and key at a time, in
@@ -872,7 +881,9 @@ def paged_attention(
     Query row i of sequence n sits at position ``p = seq_lens[n] - L_n + i`` and sees key j
     when ``j < seq_lens[n]``, ``j <= p`` if causal, and ``p - left <= j <= p + right`` for a
     window; ALiBi adds ``-slope[h] * |p - j|``. ``round_to``: the plain same-dtype computation
-    (rounded after every step), as :func:`attention`'s.
+    (rounded after every step), as :func:`attention`'s. An fp8 input stands for ``float(x) *
+    descale``: the descales (None: 1.0; a number, ``(H|K,)`` or ``(N, H|K)``) multiply each
+    query row, key row and value row as it is read, in float64.
     """
     rnd = rounding(round_to)
     q = np.asarray(query, dtype=np.float64)
@@ -882,6 +893,13 @@ def paged_attention(
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     slopes = None if alibi_slopes is None else [float(x) for x in alibi_slopes]
     sink = None if sinks is None else [float(x) for x in sinks]
+    N = len(seq_lens)
+
+    def per_sequence(d, heads: int) -> list:  # a descale as N rows of one number per head
+        d = np.ones(()) if d is None else np.asarray(d, dtype=np.float64)
+        return np.broadcast_to(d, (N, heads)).tolist()  # (), (heads,) or (N, heads)
+
+    qd, kd, vd = per_sequence(q_descale, H), per_sequence(k_descale, K), per_sequence(v_descale, K)
     out = np.zeros((T, H, E), dtype=np.float64)
     for n in range(len(seq_lens)):
         S_n = int(seq_lens[n])
@@ -893,7 +911,7 @@ def paged_attention(
             t, p = first + i, S_n - L_n + i  # the token and its position in the sequence
             for h in range(H):
                 kv = h // G
-                q_row = q[t, h].tolist()
+                q_row = [x * qd[n][h] for x in q[t, h].tolist()]
                 scores = []  # (j, s_j) of the allowed keys
                 for j in range(S_n):
                     if is_causal and j > p:
@@ -905,7 +923,8 @@ def paged_attention(
                         ):
                             continue
                     # 1. score; 2. softcap; 3. ALiBi
-                    s = rnd(math.fsum(a * c for a, c in zip(q_row, keys[j][kv].tolist())))
+                    k_row = [x * kd[n][kv] for x in keys[j][kv].tolist()]
+                    s = rnd(math.fsum(a * c for a, c in zip(q_row, k_row)))
                     s = rnd(s * scale)
                     if softcap is not None:
                         s = rnd(softcap * rnd(math.tanh(rnd(s / softcap))))
@@ -923,7 +942,9 @@ def paged_attention(
                 total = rnd(math.fsum([*e, extra]))
                 w = [rnd(x / total) for x in e]
                 for c in range(E):
-                    terms = (a * float(values[j][kv][c]) for a, (j, _) in zip(w, scores))
+                    terms = (
+                        a * float(values[j][kv][c]) * vd[n][kv] for a, (j, _) in zip(w, scores)
+                    )
                     out[t, h, c] = rnd(math.fsum(terms))
     return out
 
@@ -945,3 +966,103 @@ def paged_cache_write(
         key_cache[slot // page_size][slot % page_size] = key[t]
         value_cache[slot // page_size][slot % page_size] = value[t]
     return key_cache, value_cache
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, round_to: str | None = None):
+    """``x / sqrt(mean(x^2) + eps) * weight`` of each row ``x[..., :]``, one row at a time
+    (``math.fsum``), rounded to ``round_to`` once at the end (the plain module's one rounding)."""
+    rnd = rounding(round_to)
+    x = np.asarray(x, np.float64)
+    out = np.zeros_like(x)
+    for index in np.ndindex(*x.shape[:-1]):
+        row = x[index].tolist()
+        inv = 1.0 / math.sqrt(math.fsum(a * a for a in row) / len(row) + eps)
+        out[index] = [rnd(a * inv * float(w)) for a, w in zip(row, weight)]
+    return out
+
+
+def mla_forward(
+    weights: dict[str, np.ndarray],
+    x: np.ndarray,
+    *,
+    n_heads: int,
+    qk_rope_head_dim: int,
+    rope_theta: float = 10000.0,
+    rope_interleaved: bool = False,
+    rope_inv_freq: np.ndarray | list | None = None,
+    rope_attention_factor: float = 1.0,
+    rms_norm_eps: float = 1e-6,
+    mask: np.ndarray | None = None,
+    bias: np.ndarray | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple | list | None = None,
+    softcap: float | None = None,
+    scale: float | None = None,
+    q_segment_ids: np.ndarray | None = None,
+    kv_segment_ids: np.ndarray | None = None,
+    round_to: str | None = None,
+) -> ModuleGolden:
+    """Multi-head latent attention (SEMANTICS.md, Contract v3) from its canonical weights, in
+    float64, written from the contract: every head's key and value built from the latent, the
+    one rotary key head copied into each, then :func:`attention`.
+
+    Args:
+        weights: ``q_proj.kernel (M, H*(Dn+Dr))`` or ``q_a_proj.kernel (M, Q)``,
+            ``q_a_layernorm.weight (Q,)``, ``q_b_proj.kernel (Q, H*(Dn+Dr))``;
+            ``kv_a_proj_with_mqa.kernel (M, R+Dr)``, ``kv_a_layernorm.weight (R,)``,
+            ``kv_b_proj.kernel (R, H*(Dn+E))``, ``o_proj.kernel (H*E, M)``; ``sinks (H,)``.
+        x: ``(B, L, M)``, self-attention (S = L), token i at position i.
+        n_heads, qk_rope_head_dim: H and Dr (the other sizes are the weights').
+        rope_*: :func:`rotary` of q_pe and k_pe with ``rotary_dim = Dr``.
+        scale: default ``(Dn + Dr) ** -0.5``; the other keywords as in :func:`attention`.
+        round_to: None for the oracle; a dtype for the plain same-dtype module.
+    """
+    x = np.asarray(x, np.float64)
+    n_batch, n_tokens, _ = x.shape
+    H, Dr = n_heads, qk_rope_head_dim
+    w = {k: np.asarray(v, np.float64) for k, v in weights.items()}
+    R = w["kv_a_proj_with_mqa.kernel"].shape[1] - Dr
+    E = w["o_proj.kernel"].shape[0] // H
+    Dn = w["kv_b_proj.kernel"].shape[1] // H - E
+
+    def project(name: str, inp: np.ndarray) -> np.ndarray:
+        return linear(inp, w[f"{name}.kernel"], None, round_to)
+
+    # 1. the query: q_proj, or q_a_proj -> RMSNorm -> q_b_proj; (B, L, H*(Dn+Dr))
+    if "q_proj.kernel" in w:
+        q_flat = project("q_proj", x)
+    else:
+        q_lat = rms_norm(project("q_a_proj", x), w["q_a_layernorm.weight"], rms_norm_eps, round_to)
+        q_flat = project("q_b_proj", q_lat)
+    # 2. the latent and the shared rotary key: [c_kv (R), k_pe (Dr)] per token
+    kv = project("kv_a_proj_with_mqa", x)  # (B, L, R+Dr)
+    c_kv = rms_norm(kv[..., :R], w["kv_a_layernorm.weight"], rms_norm_eps, round_to)
+    kv_heads = project("kv_b_proj", c_kv)  # (B, L, H*(Dn+E))
+    # 3. per head: q_nope, q_pe, k_nope, v by index; rotate q_pe and the one k_pe
+    q = np.zeros((n_batch, H, n_tokens, Dn + Dr))
+    k = np.zeros((n_batch, H, n_tokens, Dn + Dr))
+    v = np.zeros((n_batch, H, n_tokens, E))
+    q_pe = np.zeros((n_batch, H, n_tokens, Dr))
+    for h in range(H):
+        q[:, h, :, :Dn] = q_flat[..., h * (Dn + Dr) : h * (Dn + Dr) + Dn]
+        q_pe[:, h] = q_flat[..., h * (Dn + Dr) + Dn : (h + 1) * (Dn + Dr)]
+        k[:, h, :, :Dn] = kv_heads[..., h * (Dn + E) : h * (Dn + E) + Dn]
+        v[:, h] = kv_heads[..., h * (Dn + E) + Dn : (h + 1) * (Dn + E)]
+    positions = np.arange(n_tokens)
+    inv = None if rope_inv_freq is None else np.asarray(rope_inv_freq, np.float64)
+    rope = dict(theta=rope_theta, interleaved=rope_interleaved, inv_freq=inv,
+                attention_factor=rope_attention_factor, round_to=round_to)  # fmt: skip
+    q[..., Dn:] = rotary(q_pe, positions, **rope)
+    k_pe = rotary(kv[:, None, :, R:], positions, **rope)[:, 0]  # (B, L, Dr), one head
+    for h in range(H):
+        k[:, h, :, Dn:] = k_pe  # the same rotated key part in every head
+    # 4. attention of every head, scale (Dn + Dr) ** -0.5 unless given
+    golden = attention(
+        q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+        causal_alignment=causal_alignment, round_to=round_to,
+        window=None if window is None else tuple(window), softcap=softcap,
+        scale=(Dn + Dr) ** -0.5 if scale is None else scale, sinks=w.get("sinks"),
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+    )  # fmt: skip
+    # 5. heads merged back, output projection
+    y = project("o_proj", _merge_heads(golden.output))
+    return ModuleGolden(output=y, weights=golden.weights)

@@ -11,6 +11,7 @@ from impl_jax.functional import (
     scaled_dot_product_attention,
     scaled_dot_product_attention_vjp,
 )
+from impl_jax.mla import MultiHeadLatentAttention
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_jax.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
@@ -24,6 +25,7 @@ __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "alibi_slopes",
     "apply_rotary",
     "attention_weights",

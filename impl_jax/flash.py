@@ -69,10 +69,12 @@ from impl_jax.functional import (
     _compute_dtype,
     _converted,
     _on_device,
+    _output_dtype,
     _unattended_zeroed,
     _vjp_by_jax,
 )
 from impl_jax.functional import STATIC_ARGNAMES as _SDPA_STATIC_ARGNAMES
+from impl_jax.paged import _descaled
 
 __all__ = [
     "BLOCK_K",
@@ -729,8 +731,12 @@ def paged_flash_attention(
     softcap: float | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
 ) -> jax.Array:
-    """:func:`impl_jax.paged.paged_attention`, read page by page: ``(T, H, E)``.
+    """:func:`impl_jax.paged.paged_attention`, read page by page: ``(T, H, E)``;
+    an fp8 cache is dequantized page by page, as it is read.
 
     The key block is a page. Step p reads, for every query token, page ``block_table[n_t, p]``
     of its sequence n_t (``(T, page_size, K, D|E)``, a token-major gather of one page each) and
@@ -749,6 +755,7 @@ def paged_flash_attention(
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
     _check_x64(query.dtype)
     query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
@@ -764,7 +771,7 @@ def paged_flash_attention(
     t = jnp.arange(T)  # (T,)
     seq = jnp.searchsorted(cu, t, side="right") - 1  # (T,)
     pos = lens[seq] - (cu[1:] - cu[:-1])[seq] + (t - cu[seq])  # (T,)
-    q = query.astype(ct).reshape(T, K, G, call.D)  # (T, K, G, D): a group per key/value head
+    q = _descaled(query, call.q_descale, q_descale, seq).astype(ct).reshape(T, K, G, call.D)
     slopes = None if alibi_slopes is None else alibi_slopes.astype(ct).reshape(K, G, 1)
     m = jnp.full((T, K, G, 1), -jnp.inf, ct)  # running row max of the scores
     l = jnp.zeros((T, K, G, 1), ct)  # running row sum of exp(s - m)
@@ -773,12 +780,14 @@ def paged_flash_attention(
     def page_step(p, carry):  # one page of every token's sequence at a time
         m, l, acc = carry
         # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
-        #    (masked below); its keys j = p * page_size + offset.
+        #    (masked below); its keys j = p * page_size + offset. An fp8 page is dequantized
+        #    as it is read: float32 times the k_descale / v_descale of the token's sequence.
         j = p * page_size + jnp.arange(page_size)  # (page_size,)
         exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
         page = jnp.where(exists[:, 0], block_table[seq, p], 0)  # (T,)
-        k = key_cache[page].astype(ct)  # (T, page_size, K, D)
-        v = jnp.where(exists[:, :, None, None], value_cache[page], 0.0).astype(ct)  # never 0*NaN
+        k = _descaled(key_cache[page], call.k_descale, k_descale, seq).astype(ct)  # (T, ps, K, D)
+        v = _descaled(value_cache[page], call.v_descale, v_descale, seq).astype(ct)
+        v = jnp.where(exists[:, :, None, None], v, 0.0)  # (T, page_size, K, E); never 0 * NaN
 
         # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
         s = jnp.einsum("tkgd,tjkd->tkgj", q, k, precision=_PRECISION) * call.scale
@@ -820,4 +829,4 @@ def paged_flash_attention(
         l = alpha * l + jnp.exp(jnp.minimum(sink - shift, 0.0))
         acc = alpha * acc
     out = acc / jnp.where(empty, 1.0, l)  # (T, K, G, E)
-    return out.reshape(T, H, E).astype(query.dtype)
+    return out.reshape(T, H, E).astype(_output_dtype(query.dtype))

@@ -29,7 +29,7 @@ from impl_jax.functional import _as_given, _asarray, _check_x64, _compute_dtype
 __all__ = ["ROTARY_STATIC_ARGNAMES", "apply_rotary"]
 
 #: The keywords to mark static under ``jax.jit``.
-ROTARY_STATIC_ARGNAMES: tuple[str, ...] = ("theta", "rotary_dim", "interleaved")
+ROTARY_STATIC_ARGNAMES: tuple[str, ...] = ("theta", "rotary_dim", "interleaved", "attention_factor")
 
 
 def apply_rotary(
@@ -39,6 +39,8 @@ def apply_rotary(
     theta: float = 10000.0,
     rotary_dim: int | None = None,
     interleaved: bool = False,
+    inv_freq: jax.Array | None = None,
+    attention_factor: float = 1.0,
 ) -> jax.Array:
     """Rotate the first ``rotary_dim`` features of ``x`` in pairs by angles of ``positions``.
 
@@ -49,24 +51,34 @@ def apply_rotary(
         theta: the base of the frequencies ``theta ** (-2p / rotary_dim)``.
         rotary_dim: R, the leading features rotated (even, <= D; default D).
         interleaved: pairs ``(x[2p], x[2p+1])`` instead of ``(x[p], x[p + R/2])``.
+        inv_freq: ``(R/2,)`` floating, the frequencies to use instead of
+            ``theta ** (-2p / R)`` (a converter's llama3 / YaRN / NTK scaling); theta is unused.
+        attention_factor: multiplies cos and sin (YaRN's mscale); 1.0 is plain RoPE.
 
     Returns ``(..., heads, L, D)`` in x's dtype. Array-likes are converted with ``jnp.asarray``
     (after validation, which reads a NumPy array's own dtype).
     """
-    x, positions = _as_given(x), _as_given(positions)
-    dims = check_rotary(x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved)
+    x, positions, inv_freq = _as_given(x), _as_given(positions), _as_given(inv_freq)
+    dims = check_rotary(
+        x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
+        inv_freq=inv_freq, attention_factor=attention_factor,
+    )  # fmt: skip
     _check_x64(x.dtype)
-    x, positions = _asarray(x), _asarray(positions)
+    x, positions, inv_freq = _asarray(x), _asarray(positions), _asarray(inv_freq)
     ct = _compute_dtype(x.dtype)
     R, P = dims.rotary_dim, dims.rotary_dim // 2
 
-    # 1. frequencies: theta ** (-2p / R), float64 from attention_spec, rounded once to ct.
-    inv_freq = jnp.asarray(dims.frequencies, dtype=ct)  # (P,)
+    # 1. frequencies: theta ** (-2p / R), float64 from attention_spec, or the caller's
+    #    inv_freq; rounded once to ct.
+    given = dims.frequencies if inv_freq is None else inv_freq
+    inv_freq = jnp.asarray(given, dtype=ct)  # (P,)
 
-    # 2. angles: position times frequency, one per token and pair, shared by the heads.
+    # 2. angles: position times frequency, one per token and pair, shared by the heads;
+    #    cos and sin times the attention factor (1.0 for plain RoPE).
     pos = jnp.broadcast_to(positions, dims.positions_shape).astype(ct)  # (..., L)
     angle = pos[..., None, :, None] * inv_freq  # (..., 1, L, P)
-    cos, sin = jnp.cos(angle), jnp.sin(angle)  # (..., 1, L, P)
+    cos, sin = jnp.cos(angle), jnp.sin(angle)
+    cos, sin = cos * dims.attention_factor, sin * dims.attention_factor  # (..., 1, L, P)
 
     # 3. pairs: half-split (x[p], x[p + P]) or interleaved (x[2p], x[2p + 1]).
     rotated = x[..., :R].astype(ct)  # (..., heads, L, R)

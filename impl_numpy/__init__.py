@@ -9,6 +9,7 @@ from impl_numpy.functional import (
     scaled_dot_product_attention,
     scaled_dot_product_attention_vjp,
 )
+from impl_numpy.mla import MultiHeadLatentAttention
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_numpy.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_numpy.rotary import apply_rotary
@@ -18,6 +19,7 @@ __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "alibi_slopes",
     "apply_rotary",
     "attention_weights",

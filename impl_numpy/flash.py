@@ -55,10 +55,11 @@ from impl_numpy.functional import (
     _cast,
     _compute_dtype,
     _converted,
+    _output_dtype,
     _sum_to,
     _unattended_zeroed,
 )
-from impl_numpy.paged import _asarray
+from impl_numpy.paged import _asarray, _descaled
 
 __all__ = ["BLOCK_K", "BLOCK_Q", "flash_attention", "flash_attention_vjp", "paged_flash_attention"]
 
@@ -469,8 +470,12 @@ def paged_flash_attention(
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale: np.ndarray | float | None = None,
+    k_descale: np.ndarray | float | None = None,
+    v_descale: np.ndarray | float | None = None,
 ) -> np.ndarray:
-    """:func:`impl_numpy.paged.paged_attention`, read page by page: ``(T, H, E)``.
+    """:func:`impl_numpy.paged.paged_attention`, read page by page: ``(T, H, E)``;
+    an fp8 cache is dequantized page by page, as it is read.
 
     The key block is a page. Step p reads, for every query token, page ``block_table[n_t, p]``
     of its sequence n_t (``(T, page_size, K, D|E)``, a token-major gather of one page each) and
@@ -488,6 +493,7 @@ def paged_flash_attention(
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
     ct = _compute_dtype(query.dtype)
     T, H, K, G, E, page_size = call.T, call.H, call.K, call.G, call.E, call.page_size
@@ -497,19 +503,21 @@ def paged_flash_attention(
     t = np.arange(T)  # (T,)
     seq = np.searchsorted(cu, t, side="right") - 1  # (T,)
     pos = lens[seq] - (cu[1:] - cu[:-1])[seq] + (t - cu[seq])  # (T,)
-    q = query.astype(ct).reshape(T, K, G, call.D)  # (T, K, G, D): a group per key/value head
+    q = _descaled(query, call.q_descale, q_descale, seq).astype(ct).reshape(T, K, G, call.D)
     slopes = None if alibi_slopes is None else alibi_slopes.astype(ct).reshape(K, G, 1)
     m = np.full((T, K, G, 1), -np.inf, ct)  # running row max of the scores
     l = np.zeros((T, K, G, 1), ct)  # running row sum of exp(s - m)
     acc = np.zeros((T, K, G, E), ct)  # running sum of exp(s - m) @ value
     for p in range(call.max_pages):  # one page of every token's sequence at a time
         # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
-        #    (masked below); its keys j = p * page_size + offset.
+        #    (masked below); its keys j = p * page_size + offset. An fp8 page is dequantized
+        #    as it is read: float32 times the k_descale / v_descale of the token's sequence.
         j = p * page_size + np.arange(page_size)  # (page_size,)
         exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
         page = np.where(exists[:, 0], block_table[seq, p], 0)  # (T,)
-        k = key_cache[page].astype(ct)  # (T, page_size, K, D)
-        v = np.where(exists[:, :, None, None], value_cache[page], 0.0).astype(ct)  # never 0*NaN
+        k = _descaled(key_cache[page], call.k_descale, k_descale, seq).astype(ct)  # (T, ps, K, D)
+        v = _descaled(value_cache[page], call.v_descale, v_descale, seq).astype(ct)
+        v = np.where(exists[:, :, None, None], v, 0.0)  # (T, page_size, K, E); never 0 * NaN
 
         # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
         s = np.einsum("tkgd,tjkd->tkgj", q, k) * call.scale  # (T, K, G, page_size)
@@ -549,4 +557,4 @@ def paged_flash_attention(
         l = alpha * l + np.exp(np.minimum(sink - shift, 0.0))
         acc = alpha * acc
     out = acc / np.where(empty, 1.0, l)  # (T, K, G, E)
-    return out.reshape(T, H, E).astype(query.dtype)
+    return out.reshape(T, H, E).astype(_output_dtype(query.dtype))

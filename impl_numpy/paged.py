@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from attention_spec import check_paged_attention, check_paged_cache_write
+from attention_spec import check_paged_attention, check_paged_cache_write, dtype_name, is_fp8
 from attention_spec.rules import alibi, causal
 from attention_spec.rules import window as window_rule
-from impl_numpy.functional import scaled_dot_product_attention
+from impl_numpy.functional import _output_dtype, scaled_dot_product_attention
 
 __all__ = ["paged_attention", "paged_cache_write"]
 
@@ -27,6 +27,22 @@ __all__ = ["paged_attention", "paged_cache_write"]
 def _asarray(x: object) -> np.ndarray | None:
     """An array-like as a NumPy array (``np.asarray``: an array stays itself); None stays None."""
     return None if x is None else np.asarray(x)
+
+
+def _descaled(x: np.ndarray, checked: object, given: object, rows: np.ndarray) -> np.ndarray:
+    """Step 2's dequantization: an fp8 ``x`` ``(R, ..., H|K, D|E)`` as float32 times its
+    descale (``checked``, validation's: None is 1.0, a float, or the spec of the array
+    ``given``: ``()``, ``(H|K,)``, or ``(N, H|K)`` taken at ``rows (R,)``, each row's
+    sequence); any other ``x`` as given."""
+    if not is_fp8(dtype_name(x.dtype)):
+        return x
+    x = x.astype(np.float32)
+    if checked is None:
+        return x
+    d = np.asarray(checked if isinstance(checked, float) else given, np.float32)
+    if d.ndim == 2:  # per sequence: (N, H|K) -> (R, 1.., H|K)
+        d = d[rows].reshape(rows.shape[0], *(1,) * (x.ndim - 3), d.shape[1])
+    return x * d[..., None]  # broadcast over the head dim
 
 
 def paged_attention(
@@ -43,6 +59,9 @@ def paged_attention(
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale: np.ndarray | float | None = None,
+    k_descale: np.ndarray | float | None = None,
+    v_descale: np.ndarray | float | None = None,
 ) -> np.ndarray:
     """Attention of packed queries over a paged key/value cache, shape ``(T, H, E)``.
 
@@ -58,6 +77,10 @@ def paged_attention(
         is_causal, window, scale, softcap, sinks, alibi_slopes: as in
             :func:`~impl_numpy.functional.scaled_dot_product_attention`, with the diagonal
             bottom-right: query row i of sequence n sits at position ``seq_lens[n] - L_n + i``.
+        q_descale, k_descale, v_descale: for an fp8 cache (``float8_e4m3fn``, ``float8_e5m2``)
+            with a float query, or all three fp8: a number, or float32 of shape ``()``,
+            ``(H|K,)`` or per sequence ``(N, H|K)``; None is 1.0. The output of an fp8 query is
+            bfloat16.
 
     Slots past ``seq_lens[n]`` and pages no sequence reads may hold anything, NaN included: they
     never reach the output. Array-likes are converted with ``np.asarray``.
@@ -70,6 +93,7 @@ def paged_attention(
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
     T, page_size, Smax = call.T, call.page_size, call.max_len
     cu, lens = cu_seqlens_q.astype(np.int64), seq_lens.astype(np.int64)
@@ -89,6 +113,14 @@ def paged_attention(
     page = np.where(exists, block_table[:, j // page_size], 0)  # (N, Smax)
     keys = key_cache[page, j % page_size]  # (N, Smax, K, D)
     values = value_cache[page, j % page_size]  # (N, Smax, K, E)
+    #    An fp8 cache is dequantized as it is read, float32 times k_descale / v_descale (per
+    #    key/value head, or per sequence and head); an fp8 query times q_descale per token.
+    out_dtype = _output_dtype(query.dtype)  # the query's, or bfloat16 for an fp8 query
+    keys = _descaled(keys, call.k_descale, k_descale, np.arange(call.N))
+    values = _descaled(values, call.v_descale, v_descale, np.arange(call.N))
+    query = _descaled(query, call.q_descale, q_descale, seq)
+    if keys.dtype != query.dtype:  # an fp8 cache with a float16/bfloat16 query: in float32
+        query = query.astype(np.float32)
 
     # 3. each token's row against its sequence's keys, heads-first: one query row per token.
     q = query[:, :, None, :]  # (T, H, 1, D)
@@ -117,7 +149,7 @@ def paged_attention(
     out = scaled_dot_product_attention(
         q, k, v, mask=mask, bias=bias, scale=call.scale, softcap=call.softcap, sinks=sinks
     )  # (T, H, 1, E)
-    return out[:, :, 0, :]  # (T, H, E)
+    return out[:, :, 0, :].astype(out_dtype)  # (T, H, E)
 
 
 def paged_cache_write(

@@ -9,6 +9,7 @@ from impl_torch.functional import (
     scaled_dot_product_attention,
     scaled_dot_product_attention_vjp,
 )
+from impl_torch.mla import MultiHeadLatentAttention
 from impl_torch.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_torch.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_torch.rotary import apply_rotary
@@ -18,6 +19,7 @@ __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "MultiHeadLatentAttention",
     "alibi_slopes",
     "apply_rotary",
     "attention_weights",

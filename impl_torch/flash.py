@@ -57,9 +57,11 @@ from impl_torch.functional import (
     _cast,
     _compute_dtype,
     _converted,
+    _output_dtype,
     _unattended_zeroed,
     _vjp_by_autograd,
 )
+from impl_torch.paged import _descaled
 
 __all__ = [
     "BLOCK_K",
@@ -502,8 +504,12 @@ def paged_flash_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
-    """:func:`impl_torch.paged.paged_attention`, read page by page: ``(T, H, E)``.
+    """:func:`impl_torch.paged.paged_attention`, read page by page: ``(T, H, E)``;
+    an fp8 cache is dequantized page by page, as it is read.
 
     The key block is a page. Step p reads, for every query token, page ``block_table[n_t, p]``
     of its sequence n_t (``(T, page_size, K, D|E)``, a token-major gather of one page each) and
@@ -520,6 +526,7 @@ def paged_flash_attention(
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
     ct = _compute_dtype(query.dtype)
     T, H, K, G, E, page_size = call.T, call.H, call.K, call.G, call.E, call.page_size
@@ -529,7 +536,7 @@ def paged_flash_attention(
     t = torch.arange(T, device=query.device)  # (T,)
     seq = torch.searchsorted(cu, t, right=True) - 1  # (T,)
     pos = lens[seq] - (cu[1:] - cu[:-1])[seq] + (t - cu[seq])  # (T,)
-    q = query.to(ct).reshape(T, K, G, call.D)  # (T, K, G, D): a group per key/value head
+    q = _descaled(query, call.q_descale, q_descale, seq).to(ct).reshape(T, K, G, call.D)
     slopes = None if alibi_slopes is None else alibi_slopes.to(ct).reshape(K, G, 1)
     like = dict(dtype=ct, device=query.device)
     m = torch.full((T, K, G, 1), -torch.inf, **like)  # running row max of the scores
@@ -538,12 +545,14 @@ def paged_flash_attention(
     table = block_table.long()
     for p in range(call.max_pages):  # one page of every token's sequence at a time
         # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
-        #    (masked below); its keys j = p * page_size + offset.
+        #    (masked below); its keys j = p * page_size + offset. An fp8 page is dequantized
+        #    as it is read: float32 times the k_descale / v_descale of the token's sequence.
         j = p * page_size + torch.arange(page_size, device=query.device)  # (page_size,)
         exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
         page = torch.where(exists[:, 0], table[seq, p], 0)  # (T,)
-        k = key_cache[page].to(ct)  # (T, page_size, K, D)
-        v = torch.where(exists[:, :, None, None], value_cache[page].to(ct), 0.0)  # never 0*NaN
+        k = _descaled(key_cache[page], call.k_descale, k_descale, seq).to(ct)  # (T, ps, K, D)
+        v = _descaled(value_cache[page], call.v_descale, v_descale, seq).to(ct)
+        v = torch.where(exists[:, :, None, None], v, 0.0)  # (T, page_size, K, E); never 0 * NaN
 
         # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
         s = torch.einsum("tkgd,tjkd->tkgj", q, k) * call.scale  # (T, K, G, page_size)
@@ -583,4 +592,4 @@ def paged_flash_attention(
         l = alpha * l + torch.exp((sink - shift).clamp(max=0.0))
         acc = alpha * acc
     out = acc / torch.where(empty, 1.0, l)  # (T, K, G, E)
-    return out.reshape(T, H, E).to(query.dtype)
+    return out.reshape(T, H, E).to(_output_dtype(query.dtype))

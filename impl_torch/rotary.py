@@ -33,6 +33,8 @@ def apply_rotary(
     theta: float = 10000.0,
     rotary_dim: int | None = None,
     interleaved: bool = False,
+    inv_freq: torch.Tensor | None = None,
+    attention_factor: float = 1.0,
 ) -> torch.Tensor:
     """Rotate the first ``rotary_dim`` features of ``x`` in pairs by angles of ``positions``.
 
@@ -43,22 +45,32 @@ def apply_rotary(
         theta: the base of the frequencies ``theta ** (-2p / rotary_dim)``.
         rotary_dim: R, the leading features rotated (even, <= D; default D).
         interleaved: pairs ``(x[2p], x[2p+1])`` instead of ``(x[p], x[p + R/2])``.
+        inv_freq: ``(R/2,)`` floating, the frequencies to use instead of
+            ``theta ** (-2p / R)`` (a converter's llama3 / YaRN / NTK scaling); theta is unused.
+        attention_factor: multiplies cos and sin (YaRN's mscale); 1.0 is plain RoPE.
 
     Returns ``(..., heads, L, D)`` in x's dtype. Array-likes are converted with
     ``torch.as_tensor`` on x's device.
     """
-    x, positions = _as_tensors(x, positions)
-    dims = check_rotary(x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved)
+    x, positions, inv_freq = _as_tensors(x, positions, inv_freq)
+    dims = check_rotary(
+        x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
+        inv_freq=inv_freq, attention_factor=attention_factor,
+    )  # fmt: skip
     ct = _compute_dtype(x.dtype)
     R, P = dims.rotary_dim, dims.rotary_dim // 2
 
-    # 1. frequencies: theta ** (-2p / R), float64 from attention_spec, rounded once to ct.
-    inv_freq = torch.tensor(dims.frequencies, dtype=ct, device=x.device)  # (P,)
+    # 1. frequencies: theta ** (-2p / R), float64 from attention_spec, or the caller's
+    #    inv_freq; rounded once to ct.
+    given = dims.frequencies if inv_freq is None else inv_freq.to(torch.float64)
+    inv_freq = torch.as_tensor(given, dtype=torch.float64, device=x.device).to(ct)  # (P,)
 
-    # 2. angles: position times frequency, one per token and pair, shared by the heads.
+    # 2. angles: position times frequency, one per token and pair, shared by the heads;
+    #    cos and sin times the attention factor (1.0 for plain RoPE).
     pos = positions.to(x.device).expand(dims.positions_shape).to(ct)  # (..., L)
     angle = pos[..., None, :, None] * inv_freq  # (..., 1, L, P)
-    cos, sin = angle.cos(), angle.sin()  # (..., 1, L, P)
+    cos, sin = angle.cos(), angle.sin()
+    cos, sin = cos * dims.attention_factor, sin * dims.attention_factor  # (..., 1, L, P)
 
     # 3. pairs: half-split (x[p], x[p + P]) or interleaved (x[2p], x[2p + 1]).
     rotated = x[..., :R].to(ct)  # (..., heads, L, R)

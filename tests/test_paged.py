@@ -18,7 +18,7 @@ from attention_spec import (
 )
 from conformance import oracle
 from conformance.cases.paged import paged_problem, write_problem
-from tests.frameworks import same_error
+from tests.frameworks import FRAMEWORKS, same_error
 
 ARGS = ("query", "key_cache", "value_cache", "block_table", "seq_lens", "cu_seqlens_q")
 
@@ -165,6 +165,10 @@ ERRORS = {
                       ConfigError, "cu_seqlens_value", "got [0, 2, 1, 3]"),
     "count": (_call(lens=_ints(4, 5, 1)), DimensionMismatchError, "cu_seqlens_count",
               "must agree on the number of sequences N"),
+    "cu_rank": (_call(cu=_ints([0, 1, 3])), DimensionMismatchError, "cu_seqlens_count",
+                "cu_seqlens_q must have one axis of N + 1 >= 1 entries"),
+    "table_rank": (_call(table=_ints(0, 1, 2, 3)), DimensionMismatchError, "rank",
+                   "block_table must have shape (N, max_pages)"),
     "lens_past_row": (_call(lens=_ints(7, 5)), ConfigError, "seq_lens_value",
                       "seq_lens[0] must be in [L_n=1, max_pages * page_size = 2 * 3 = 6]"),
     "lens_below_queries": (_call(lens=_ints(4, 1)), ConfigError, "seq_lens_value", "got 1"),
@@ -314,3 +318,109 @@ def test_the_drawn_block_table_of_semantics_md(fw):
         want = oracle.attention(query[rows].transpose(1, 0, 2), k, k, is_causal=True,
                                 causal_alignment="bottom_right").output  # fmt: skip
         np.testing.assert_allclose(got[rows], want.transpose(1, 0, 2), atol=1e-12)
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 caches (Contract v3, "FP8 inputs and caches"): dequantized as they are read
+# ---------------------------------------------------------------------------------------------
+
+FP8_COMBINATIONS = [("float8_e4m3fn", None), ("float8_e5m2", None), ("float8_e4m3fn", "bfloat16"),
+                    ("float8_e5m2", "float16"), ("float8_e4m3fn", "float32")]  # fmt: skip
+N_SEQ, H_, K_ = 5, 6, 2
+
+
+def _descales(kind: str, rng, fp8_query: bool) -> dict:
+    """Descales from 1e-2 to 1e2: Python numbers, one per head, or per sequence and head."""
+    if kind == "numbers":
+        d = {"q_descale": 0.5, "k_descale": 0.07, "v_descale": 30.0}
+    elif kind == "per_head":
+        d = {"q_descale": np.linspace(0.02, 3.0, H_).astype(np.float32),
+             "k_descale": np.array([0.3, 2.0], np.float32),
+             "v_descale": np.array([50.0, 0.9], np.float32)}  # fmt: skip
+    else:
+        d = {name: (10.0 ** rng.uniform(-2, 2, (N_SEQ, n))).astype(np.float32)
+             for name, n in (("q_descale", H_), ("k_descale", K_), ("v_descale", K_))}  # fmt: skip
+    if not fp8_query:
+        del d["q_descale"]
+    return d
+
+
+def _fp8_problem(fmt: str, q_dtype: str | None, kind: str):
+    import ml_dtypes
+
+    rng = np.random.default_rng(len(fmt) + len(kind) + len(q_dtype or ""))
+    c = paged_problem(rng, [7, 1, 0, 12, 5], [1, 1, 0, 4, 2], page_size=3, is_causal=True,
+                      window=(6, 0), sinks=np.linspace(-1, 2, H_))  # fmt: skip
+    dt = getattr(ml_dtypes, fmt)
+    key_cache, value_cache = (c.key_cache * 4).astype(dt), (c.value_cache * 4).astype(dt)
+    q_np = {"bfloat16": ml_dtypes.bfloat16}.get(q_dtype, q_dtype)
+    query = (c.query * 4).astype(dt if q_dtype is None else q_np)
+    arrays = {"sinks": c.arrays["sinks"].astype(np.float32)}
+    args = (query, key_cache, value_cache, c.block_table.astype(np.int32),
+            c.seq_lens.astype(np.int32), c.cu_seqlens_q.astype(np.int32))  # fmt: skip
+    return args, {**c.keywords, **arrays, **_descales(kind, rng, q_dtype is None)}
+
+
+@pytest.mark.parametrize("function", FUNCTIONS)
+@pytest.mark.parametrize("kind", ["numbers", "per_head", "per_sequence"])
+@pytest.mark.parametrize(("fmt", "q_dtype"), FP8_COMBINATIONS)
+def test_an_fp8_cache_matches_the_oracle_within_the_strict_bound(fmt, q_dtype, kind, function):
+    """An fp8 cache (NaN in its unused slots: e4m3fn and e5m2 both have NaN), with a float query
+    or all fp8: the oracle dequantizes each row in float64 as it reads it; each framework is
+    within the strict bound (a correct float32 computation rounded once to the output dtype,
+    bfloat16 for an fp8 query) of it, in every framework."""
+    args, kw = _fp8_problem(fmt, q_dtype, kind)
+    out = "bfloat16" if q_dtype is None else q_dtype
+    golden = oracle.paged_attention(*args, **kw)
+    plain = oracle.paged_attention(*args, **kw, round_to="float32")
+    bound = oracle.tolerance_bound(golden, oracle.rounded(plain, out).astype(np.float64), out)
+    for fw in FRAMEWORKS.values():
+        got = fw.to_numpy(getattr(fw.module, function)(*args, **kw))
+        assert got.dtype.name == out and not np.isnan(got).any(), fw.name
+        err = np.abs(got.astype(np.float64) - golden).max()
+        assert err <= bound, (fw.name, err, bound)
+
+
+def test_a_dropped_or_doubled_descale_fails_the_strict_bound():
+    """The bound has power: k_descale dropped, applied twice, or read per query head."""
+    args, kw = _fp8_problem("float8_e4m3fn", "bfloat16", "per_sequence")
+    golden = oracle.paged_attention(*args, **kw)
+    plain = oracle.paged_attention(*args, **kw, round_to="float32")
+    bound = oracle.tolerance_bound(golden, oracle.rounded(plain, "bfloat16").astype(np.float64),
+                                   "bfloat16")  # fmt: skip
+    import impl_numpy
+
+    for wrong in ({"k_descale": None}, {"k_descale": kw["k_descale"] ** 2},
+                  {"v_descale": kw["v_descale"][::-1].copy()}):  # fmt: skip
+        got = impl_numpy.paged_attention(*args, **{**kw, **wrong}).astype(np.float64)
+        assert np.abs(got - golden).max() > 2 * bound, wrong
+
+
+def _fp8_call(kc_dtype="float8_e4m3fn", q_dtype=np.float32, **kw):
+    import ml_dtypes
+
+    dt = getattr(ml_dtypes, kc_dtype) if kc_dtype.startswith("float8") else kc_dtype
+    arrays = [np.zeros((3, 6, 4), q_dtype), np.zeros((4, 3, 2, 4), dt), np.zeros((4, 3, 2, 5), dt),
+              _ints([0, 1], [2, 3]), _ints(4, 5), _ints(0, 1, 3)]  # fmt: skip
+    return lambda fw: fw.module.paged_attention(*arrays, **kw)
+
+
+FP8_ERRORS = {
+    "k_descale_broadcast_only": (_fp8_call(k_descale=np.ones((1, 2), np.float32)),
+                                 DimensionMismatchError, "descale_shape",
+                                 "k_descale of a token-major call must be (), (K=2,) or (N=2"),
+    "k_descale_per_query_head": (_fp8_call(k_descale=np.ones(6, np.float32)),
+                                 DimensionMismatchError, "descale_shape", "got (6,)"),
+    "descale_float64": (_fp8_call(v_descale=np.ones(2)), DTypeError, "descale_dtype", "float64"),
+    "descale_zero": (_fp8_call(k_descale=0.0), ConfigError, "descale_value", None),
+    "descale_not_fp8": (_fp8_call("float32", k_descale=1.0), DTypeError, "descale_not_fp8",
+                        None),
+    "q_descale_float_query": (_fp8_call(q_descale=2.0), DTypeError, "descale_not_fp8", None),
+    "float64_query": (_fp8_call(q_dtype=np.float64), DTypeError, "fp8_combination", None),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(FP8_ERRORS))
+def test_fp8_paged_errors_are_identical_in_all_three(case):
+    call, cls, code, fragment = FP8_ERRORS[case]
+    same_error(call, cls, code, fragment)

@@ -39,6 +39,7 @@ from conformance.cases import (  # noqa: F401
     flash,
     grads,
     masks,
+    mla,
     module_masks,
     modules,
     paged,

@@ -174,6 +174,26 @@ def empty_sequences(rng, dtype):
     return paged_problem(rng, [0, 6, 0, 5], [0, 1, 0, 0], page_size=2, is_causal=True)
 
 
+@paged_case("shared_prefix_page")
+def shared_prefix(rng, dtype):
+    """Two sequences sharing their first page (prefix caching: one block-table entry in two
+    rows); the page sequence 1 had is now used by no sequence, NaN. A port that assumes each
+    page belongs to one sequence, or that a row's pages are distinct from the others', fails."""
+    c = paged_problem(rng, [7, 5], [2, 1], page_size=3, is_causal=True)
+    own = c.block_table[1, 0]
+    c.block_table[1, 0] = c.block_table[0, 0]  # sequence 1 reads sequence 0's first 3 keys
+    c.key_cache[own], c.value_cache[own] = np.nan, np.nan
+    return c
+
+
+@paged_case("decode.gqa_h8_k2.page16", ("float32", "bfloat16"))
+def decode_gqa(rng, dtype):
+    """A decode step of 8 sequences of different lengths (1 to 97 keys), GQA 8:2, page 16: the
+    serving batch of the bench's paged row, at small sizes."""
+    lens = [97, 1, 33, 16, 17, 64, 5, 48]
+    return paged_problem(rng, lens, [1] * 8, page_size=16, h=8, k=2, is_causal=True)
+
+
 # ---------------------------------------------------------------------------------------------
 # paged_attention: heads and the v2 keywords
 # ---------------------------------------------------------------------------------------------

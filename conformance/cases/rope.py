@@ -52,10 +52,14 @@ class RopeCall:
     x: Any
     positions: Any
     keywords: dict[str, Any] = field(default_factory=dict)
+    inv_freq: Any = None  # (R/2,) float64 frequencies (stored as a tensor), or Zeros, or None
+    #: Hugging Face's ``rope_parameters`` that should give ``inv_freq`` and the attention factor
+    #: (the generator's cross-check against transformers' ``ROPE_INIT_FUNCTIONS``), or None.
+    hf_rope_parameters: dict[str, Any] | None = None
 
 
-def rope(x, positions, **keywords) -> RopeCall:
-    return RopeCall(x, positions, keywords)
+def rope(x, positions, *, inv_freq=None, hf_rope_parameters=None, **keywords) -> RopeCall:
+    return RopeCall(x, positions, keywords, inv_freq, hf_rope_parameters)
 
 
 rope_case = partial(case, "rope", functions=("rope",))
@@ -176,6 +180,98 @@ def rope_l0(rng, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# apply_rotary: scaled frequencies (inv_freq=, attention_factor=; Contract v3)
+# ---------------------------------------------------------------------------------------------
+
+
+def llama3_inv_freq(
+    theta: float, rotary_dim: int, factor: float, low_freq_factor: float,
+    high_freq_factor: float, original_max_position_embeddings: int,
+) -> np.ndarray:  # fmt: skip
+    """Llama 3.1's ``rope_scaling={"rope_type": "llama3", ...}`` from its published formula:
+    wavelengths ``2 pi / f`` longer than ``original / low_freq_factor`` are divided by
+    ``factor``, shorter than ``original / high_freq_factor`` kept, and the band between blends
+    the two with ``smooth = (original / wavelength - low) / (high - low)``."""
+    base = np.array([theta ** (-2 * p / rotary_dim) for p in range(rotary_dim // 2)])
+    wavelength = 2 * np.pi / base
+    low_wavelength = original_max_position_embeddings / low_freq_factor
+    high_wavelength = original_max_position_embeddings / high_freq_factor
+    smooth = (original_max_position_embeddings / wavelength - low_freq_factor) / (
+        high_freq_factor - low_freq_factor
+    )
+    blended = (1 - smooth) * base / factor + smooth * base
+    return np.where(wavelength > low_wavelength, base / factor,
+                    np.where(wavelength < high_wavelength, base, blended))  # fmt: skip
+
+
+def yarn_inv_freq(
+    theta: float, rotary_dim: int, factor: float, original_max_position_embeddings: int,
+    beta_fast: float = 32.0, beta_slow: float = 1.0,
+) -> tuple[np.ndarray, float]:  # fmt: skip
+    """YaRN (Peng et al. 2023) from its published formulas: the pairs that turn fewer than
+    ``beta_slow`` times over the original context are interpolated (``f / factor``), those that
+    turn more than ``beta_fast`` times kept, a linear ramp between; the attention factor is
+    ``0.1 ln(factor) + 1``. Returns ``(inv_freq (R/2,), attention_factor)``."""
+    P = rotary_dim // 2
+
+    def pair_of(turns: float) -> float:  # the pair index that turns `turns` times
+        ratio = original_max_position_embeddings / (turns * 2 * np.pi)
+        return rotary_dim * np.log(ratio) / (2 * np.log(theta))
+
+    low = max(int(np.floor(pair_of(beta_fast))), 0)
+    high = min(int(np.ceil(pair_of(beta_slow))), rotary_dim - 1)
+    ramp = np.clip((np.arange(P) - low) / max(high - low, 1e-3), 0.0, 1.0)
+    base = np.array([theta ** (-2 * p / rotary_dim) for p in range(P)])
+    keep = 1.0 - ramp  # 1 for the fast pairs (extrapolated), 0 for the slow (interpolated)
+    return base / factor * (1 - keep) + base * keep, 0.1 * float(np.log(factor)) + 1.0
+
+
+#: Hugging Face's rope_parameters of the YaRN cases (rotary_dim 8 is the config's head_dim there).
+YARN_HF = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
+           "original_max_position_embeddings": 2048}  # fmt: skip
+
+#: Positions spread over a long context, so the scaled low frequencies turn visibly.
+LONG_POSITIONS = np.array([[0, 7, 300, 5000, 12000], [9000, 1, 2047, 64, 30000]])
+
+
+@rope_case("inv_freq.llama3.half.d12", ALL_DTYPES)
+def rope_inv_freq_llama3(rng, dtype):
+    """Llama 3.1's scaling (factor 8, low 1, high 4, original 8192) of theta = 500000, D = 12:
+    pairs 0..2 kept, pair 3 blended, pairs 4, 5 divided by 8. theta is given too and unused
+    (inv_freq wins): a port that ignores inv_freq, or blends it with theta, fails."""
+    inv_freq = llama3_inv_freq(500000.0, RD, 8.0, 1.0, 4.0, 8192)
+    hf = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+    return rope(_x(rng), LONG_POSITIONS, theta=500000.0, inv_freq=inv_freq, hf_rope_parameters=hf)
+
+
+@rope_case("inv_freq.yarn.interleaved.r8_d12", ALL_DTYPES)
+def rope_inv_freq_yarn_interleaved(rng, dtype):
+    """YaRN (factor 4, original 2048, theta 10000) on rotary_dim = 8 of D = 12, interleaved
+    pairs, attention_factor 0.1 ln 4 + 1 = 1.1386 on cos and sin: pairs 0, 1 kept, pair 2
+    half-way, pair 3 divided by 4; features 8..11 pass through unscaled."""
+    inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
+    return rope(_x(rng), LONG_POSITIONS, rotary_dim=8, interleaved=True, inv_freq=inv_freq,
+                attention_factor=factor, hf_rope_parameters=YARN_HF)  # fmt: skip
+
+
+@rope_case("inv_freq.yarn.half.r8_d12", ("float64", "float32"))
+def rope_inv_freq_yarn_half(rng, dtype):
+    """The same YaRN frequencies and factor with half-split pairs (x[p], x[p + 4])."""
+    inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
+    return rope(_x(rng), LONG_POSITIONS, rotary_dim=8, inv_freq=inv_freq,
+                attention_factor=factor, hf_rope_parameters=YARN_HF)  # fmt: skip
+
+
+@rope_case("attention_factor.d12", ("float64", "float32"))
+def rope_attention_factor(rng, dtype):
+    """attention_factor = 1.5 with theta's own frequencies: the rotated features grow by 1.5
+    (cos and sin both scaled); a port scaling only one of them, or the features beyond
+    rotary_dim, fails."""
+    return rope(_x(rng), np.arange(RL), rotary_dim=8, attention_factor=1.5)
+
+
+# ---------------------------------------------------------------------------------------------
 # apply_rotary: errors
 # ---------------------------------------------------------------------------------------------
 
@@ -248,6 +344,42 @@ def rope_err_positions_per_head():
 def rope_err_positions_more_batch():
     """Positions (3, B, L) with more batch dims than x: they would broadcast x up; refused."""
     return rope(RX, z(3, RB, RL, dtype="int64"))
+
+
+@rope_error_case("inv_freq_length", "DimensionMismatchError", "inv_freq_shape")
+def rope_err_inv_freq_length():
+    """inv_freq of 7 frequencies for D = 12 (6 pairs)."""
+    return rope(RX, RP, inv_freq=z(RD // 2 + 1, dtype="float64"))
+
+
+@rope_error_case("inv_freq_of_d", "DimensionMismatchError", "inv_freq_shape")
+def rope_err_inv_freq_of_d():
+    """rotary_dim = 8 with an inv_freq of D/2 = 6 frequencies: it has rotary_dim/2 = 4."""
+    return rope(RX, RP, rotary_dim=8, inv_freq=z(RD // 2, dtype="float64"))
+
+
+@rope_error_case("inv_freq_2d", "DimensionMismatchError", "inv_freq_shape")
+def rope_err_inv_freq_2d():
+    """inv_freq (1, 6): one frequency per pair, shared by every token, is 1-D."""
+    return rope(RX, RP, inv_freq=z(1, RD // 2, dtype="float64"))
+
+
+@rope_error_case("inv_freq_int", "DTypeError", "inv_freq_dtype")
+def rope_err_inv_freq_int():
+    """int64 inv_freq: frequencies are floating."""
+    return rope(RX, RP, inv_freq=z(RD // 2, dtype="int64"))
+
+
+@rope_error_case("attention_factor_zero", "ConfigError", "attention_factor")
+def rope_err_attention_factor_zero():
+    """attention_factor = 0 would zero every rotated feature."""
+    return rope(RX, RP, attention_factor=0.0)
+
+
+@rope_error_case("attention_factor_nan", "ConfigError", "attention_factor")
+def rope_err_attention_factor_nan():
+    """attention_factor = NaN."""
+    return rope(RX, RP, attention_factor=float("nan"))
 
 
 @rope_error_case("x_rank", "DimensionMismatchError", "rank")

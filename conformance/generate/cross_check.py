@@ -228,3 +228,39 @@ def grad_cross_check(kernels: dict[str, Any], case_id: str, seed: int,
                           for w in beyond]  # fmt: skip
         said[name] = "agree"
     return said, disagreements
+
+
+#: Hugging Face computes its rotary frequencies in float32: a case's float64 frequencies agree
+#: with them to a few float32 ulps, relative (measured 2.6 ulps on the llama3 case).
+HF_ROPE_RELATIVE_BOUND = 4 * 2.0**-23
+
+
+def hf_rope_cross_check(parameters: dict[str, Any], rotary_dim: int, inv_freq: np.ndarray,
+                        attention_factor: float) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+    """What transformers' ``ROPE_INIT_FUNCTIONS[rope_type]`` says about a case's scaled
+    frequencies ``inv_freq (rotary_dim/2,)`` and attention factor, written from the published
+    formulas (conformance/cases/rope.py): ``({"transformers": verdict}, disagreements)``;
+    "n/a" when transformers is not installed."""
+    try:
+        from transformers import LlamaConfig
+        from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+    except ImportError as exc:
+        return {"transformers": f"n/a: {type(exc).__name__}"}, []
+    factor = parameters.get("factor", 1.0)
+    config = LlamaConfig(
+        hidden_size=2 * rotary_dim, num_attention_heads=2, head_dim=rotary_dim,
+        max_position_embeddings=int(factor * parameters["original_max_position_embeddings"]),
+        rope_parameters=dict(parameters),
+    )  # fmt: skip
+    theirs, their_factor = ROPE_INIT_FUNCTIONS[parameters["rope_type"]](config)
+    theirs = theirs.double().numpy()
+    bad = []
+    if theirs.shape != inv_freq.shape:
+        bad.append(f"transformers inv_freq shape {theirs.shape} != {inv_freq.shape}")
+    else:
+        worst = float(np.max(np.abs(theirs / inv_freq - 1.0)))
+        if not worst <= HF_ROPE_RELATIVE_BOUND:
+            bad.append(f"transformers inv_freq relative error {worst:.3g}")
+    if not abs(float(their_factor) - attention_factor) <= 1e-12:
+        bad.append(f"transformers attention_factor {their_factor!r} != {attention_factor!r}")
+    return {"transformers": "agree" if not bad else "disagree"}, bad

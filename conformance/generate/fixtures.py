@@ -12,11 +12,12 @@ import numpy as np
 
 from conformance import cases as C
 from conformance.fixtures import encode_keywords, sha256_of, tensor_bytes
-from conformance.generate.cross_check import GRAD_NAMES, grad_cross_check
+from conformance.generate.cross_check import GRAD_NAMES, grad_cross_check, hf_rope_cross_check
 from conformance.oracle import (
     attention,
     attention_vjp,
     causal_mask,
+    mla_forward,
     module_forward,
     rotary,
     rounded,
@@ -53,6 +54,9 @@ V2_NAMES = frozenset(("window", "q_segment_ids", "kv_segment_ids", "sinks", "ali
 V2_MODULE_SETTINGS = frozenset(("window", "sinks", "alibi", "softcap", "scale"))
 #: The ops of contract v3: every case of theirs pins "v3".
 V3_OPS = frozenset(("varlen", "varlen_grad", "quantize"))
+#: Contract v3's names (scaled rotary frequencies), and its module class (latent attention).
+V3_NAMES = frozenset(("inv_freq", "attention_factor", "rope_inv_freq", "rope_attention_factor"))
+V3_MODULES = frozenset(("MultiHeadLatentAttention",))
 
 
 def _fp8(fields: dict[str, Any]) -> bool:
@@ -64,12 +68,15 @@ def _fp8(fields: dict[str, Any]) -> bool:
 
 
 def _contract(fields: dict[str, Any]) -> str:
-    """The contract version a case pins, ``"v1"`` or ``"v2"`` (FORMAT.md, "contract"): v2 when
-    it uses any of :data:`V2_NAMES` or a module setting of :data:`V2_MODULE_SETTINGS`."""
+    """The contract version a case pins, ``"v1"``, ``"v2"`` or ``"v3"`` (FORMAT.md,
+    "contract"): v3 when it uses any of :data:`V3_NAMES` or a module of :data:`V3_MODULES`; else
+    v2 when it uses any of :data:`V2_NAMES` or a module setting of :data:`V2_MODULE_SETTINGS`."""
     module = fields.get("module") or {}
     settings = set(module) | set(module.get("arguments", {}))
     names = set(fields.get("keywords", {})) | set(fields.get("shapes", {}))
     names |= set(fields.get("inputs", {})) | set(fields.get("weights", {})) | settings
+    if names & V3_NAMES or module.get("class") in V3_MODULES:
+        return "v3"
     rolling = bool(fields.get("decode", {}).get("rolling"))  # the rolling KV cache is v2's
     return "v2" if names & V2_NAMES or settings & V2_MODULE_SETTINGS or rolling else "v1"
 
@@ -185,6 +192,13 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
     as64 = {k: (v if v.dtype.kind in "bi" else v.astype(np.float64)) for k, v in inputs.items()}
     w64 = {k: v.astype(np.float64) for k, v in weights.items()}
     semantics = {k: v for k, v in c.keywords.items() if k != "return_weights"}
+    if c.cls == "MultiHeadLatentAttention":  # the oracle's own MLA (self-attention)
+        args = dict(n_heads=c.n_heads, mask=as64.get("mask"), bias=as64.get("bias"),
+                    **semantics, **c.options)  # fmt: skip
+        golden = mla_forward(w64, as64["x"], **args)
+        plain = golden if dtype == "float64" else mla_forward(w64, as64["x"], **args,
+                                                              round_to=dtype)  # fmt: skip
+        return golden, plain
     args = dict(
         n_heads=c.n_heads,
         n_kv_heads=c.n_kv_heads,
@@ -206,7 +220,7 @@ def _module_spec(c: C.base.ModuleCall) -> dict[str, Any]:
     """How a port loads the module: class name, then the keywords of ``from_canonical``: the
     head counts and the module's settings (``rope_theta``, ...)."""
     spec: dict[str, Any] = {"class": c.cls, "n_heads": c.n_heads}
-    if c.cls != "MultiHeadAttention":
+    if c.cls not in ("MultiHeadAttention", "MultiHeadLatentAttention"):  # MLA: no K
         spec["n_kv_heads"] = c.n_kv_heads
     return spec | c.options
 
@@ -260,13 +274,24 @@ def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     c = case.build(np.random.default_rng(case.seed), dtype)
     x = rounded(c.x, dtype)
     positions = np.asarray(c.positions).astype(np.int64)
-    golden = rotary(x.astype(np.float64), positions, **c.keywords)
-    plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, round_to=dtype)
+    scaled = {} if c.inv_freq is None else {"inv_freq": np.asarray(c.inv_freq, np.float64)}
+    golden = rotary(x.astype(np.float64), positions, **c.keywords, **scaled)
+    plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, **scaled,
+                                                     round_to=dtype)  # fmt: skip
     bounds = {"output": tolerance_bound(golden, plain, dtype)}
     case_id = f"rope.{case.name}.{dtype}"
-    tensors = {"x": x, "positions": positions, "output": golden}
-    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, ["x", "positions"])
-    return [Fixture(_entry(case_id, case, dtype, **fields), data)]
+    tensors = {"x": x, "positions": positions, **scaled, "output": golden}
+    inputs = ["x", "positions", *scaled]
+    fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, inputs)
+    if c.hf_rope_parameters is None:
+        return [Fixture(_entry(case_id, case, dtype, **fields), data)]
+
+    def verify(kernels: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+        rotary_dim = c.keywords.get("rotary_dim", x.shape[-1])
+        factor = c.keywords.get("attention_factor", 1.0)
+        return hf_rope_cross_check(c.hf_rope_parameters, rotary_dim, scaled["inv_freq"], factor)
+
+    return [Fixture(_entry(case_id, case, dtype, **fields), data, verify=verify)]
 
 
 def _rope_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
@@ -274,7 +299,8 @@ def _rope_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     c = case.build()
     entry = _entry(f"rope.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords),
-                   inputs={"x": _spec(c.x), "positions": _spec(c.positions)},
+                   inputs={"x": _spec(c.x), "positions": _spec(c.positions),
+                           **({} if c.inv_freq is None else {"inv_freq": _spec(c.inv_freq)})},
                    expected_error=_expected(case), doc=case.doc)  # fmt: skip
     return [Fixture(entry)]
 
@@ -330,6 +356,7 @@ def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         module = {"class": c.cls, "n_heads": c.n_heads}
         if c.n_kv_heads is not None:
             module["n_kv_heads"] = c.n_kv_heads
+        module |= dict(c.arguments)  # a load's other keywords (MLA's qk_rope_head_dim)
     fields: dict[str, Any] = {"call": c.call, "module": module,
                               "keywords": encode_keywords(c.keywords)}  # fmt: skip
     if c.weights:

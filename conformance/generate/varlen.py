@@ -5,7 +5,11 @@ their cross-checks at generation:
   contiguous oracle (``oracle.attention``) on each sequence's own rows, heads-first, within the
   case's bound;
 - every float64 gradient golden equals central finite differences of the oracle's varlen
-  forward on sampled entries of query, key, value and sinks.
+  forward on sampled entries of query, key, value and sinks;
+- with the cross-check on and torch installed, every forward golden without sinks (which
+  FlexAttention has no form for) and without NaN inputs equals torch's FlexAttention on CPU in
+  float64 with a document ``mask_mod`` at each sequence's positions and diagonal (ALiBi and
+  softcap as a ``score_mod``), within the case's bound; recorded as the ``torch`` verdict.
 
 A disagreement stops the generator (SystemExit), writing nothing. The registered builders are
 :data:`VARLEN_BUILDERS`, in the manifest's order :data:`VARLEN_GROUPS`."""
@@ -71,6 +75,80 @@ def _check_per_sequence(case_id: str, as64: dict, keywords: dict, golden: np.nda
             _refuse(case_id, f"sequence {n} differs from the contiguous oracle by {err:.3g}")
 
 
+def _flex_attention(as64: dict, keywords: dict) -> np.ndarray:
+    """torch FlexAttention of the packed call, float64, ``(Tq, H, E)``: one ``(1, H, T, D)``
+    batch whose ``mask_mod`` allows key kj for query qi when both are of one sequence and the
+    causal and window rules hold at the positions within it, with its diagonal S_n - L_n
+    (bottom-right) or 0."""
+    import warnings
+
+    import torch
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    cu_q, cu_k = (torch.tensor(np.array(as64[n])).long() for n in ("cu_seqlens_q", "cu_seqlens_k"))
+    q, k, v = (torch.tensor(np.array(as64[n])) for n in ("query", "key", "value"))
+    Tq, Tk = q.shape[0], k.shape[0]
+    seq_q = torch.searchsorted(cu_q, torch.arange(Tq), right=True) - 1
+    seq_k = torch.searchsorted(cu_k, torch.arange(Tk), right=True) - 1
+    bottom_right = keywords.get("causal_alignment") == "bottom_right"
+    offset = (cu_k.diff() - cu_q.diff())[seq_q] if bottom_right else 0 * seq_q
+    at_q = torch.arange(Tq) - cu_q[seq_q] + offset  # each query's diagonal key position
+    pos_k = torch.arange(Tk) - cu_k[seq_k]
+    left, right = keywords.get("window") or (None, None)
+
+    def mask_mod(b, h, qi, kj):
+        i, j = at_q[qi], pos_k[kj]
+        ok = seq_q[qi] == seq_k[kj]
+        if keywords.get("is_causal"):
+            ok = ok & (j <= i)
+        if left is not None:
+            ok = ok & (j >= i - left)
+        if right is not None:
+            ok = ok & (j <= i + right)
+        return ok
+
+    softcap, slopes = keywords.get("softcap"), as64.get("alibi_slopes")
+    slopes = None if slopes is None else torch.as_tensor(slopes)
+
+    def score_mod(score, b, h, qi, kj):
+        if softcap is not None:
+            score = softcap * torch.tanh(score / softcap)
+        if slopes is not None:
+            score = score - slopes[h] * (at_q[qi] - pos_k[kj]).abs()
+        return score
+
+    with warnings.catch_warnings():  # flex_attention without torch.compile: its reference path
+        warnings.simplefilter("ignore")
+        block_mask = create_block_mask(mask_mod, None, None, Tq, Tk, device="cpu")
+        out = flex_attention(
+            q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
+            score_mod=score_mod, block_mask=block_mask, scale=keywords.get("scale"),
+            enable_gqa=True,
+        )  # fmt: skip
+    return out[0].transpose(0, 1).numpy()
+
+
+def _flex_verify(as64: dict, keywords: dict, golden: np.ndarray, bound: float):
+    """The ``verify`` of a varlen fixture: FlexAttention's verdict (``torch``) on the golden."""
+
+    def verify(kernels: dict[str, Any]) -> tuple[dict[str, str], list[str]]:
+        said = {"torch": "not checked", "jax": "n/a: no varlen form checked"}
+        if "torch" not in kernels:
+            return said, []
+        if "sinks" in as64:
+            return said | {"torch": "n/a: FlexAttention has no sink logit"}, []
+        if not all(np.isfinite(as64[n]).all() for n in ("query", "key", "value")):
+            return said | {"torch": "n/a: NaN inputs (0 * NaN in its weights @ value)"}, []
+        err = float(np.max(np.abs(_flex_attention(as64, keywords) - golden), initial=0.0))
+        if not err <= bound:
+            return said | {"torch": f"disagrees by {err:.3g}"}, [
+                f"FlexAttention (document mask_mod) differs by {err:.3g} > {bound:.3g}"
+            ]
+        return said | {"torch": "agree (FlexAttention, document mask_mod, float64)"}, []
+
+    return verify
+
+
 def _varlen_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """One ``varlen_attention`` fixture: the inputs, the golden output and its bound."""
     c = case.build(np.random.default_rng(case.seed), dtype)
@@ -84,7 +162,8 @@ def _varlen_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     _check_per_sequence(case_id, as64, c.keywords, golden, bounds["output"])
     tensors = {**inputs, "output": golden}
     fields, data = _values_fields(case_id, case, c.keywords, tensors, bounds, inputs)
-    return [Fixture(_entry(case_id, case, dtype, **fields), data)]
+    verify = _flex_verify(as64, c.keywords, golden, bounds["output"])
+    return [Fixture(_entry(case_id, case, dtype, **fields), data, verify=verify)]
 
 
 def _finite_differences(case_id: str, seed: int, as64: dict, keywords: dict, grads) -> None:

@@ -61,6 +61,7 @@ _STATIC_KEYWORDS = (
     "theta",
     "rotary_dim",
     "interleaved",
+    "attention_factor",
 )
 
 

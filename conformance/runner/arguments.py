@@ -117,10 +117,11 @@ def _causal_mask_arguments(
 
 
 def _rope_arguments(port: Port, fn: Callable, case: Case, device: str, spec: Function) -> Arguments:
-    """``apply_rotary(x, positions, **keywords)``."""
+    """``apply_rotary(x, positions, **keywords)``, with ``inv_freq=`` when the case has it."""
     arrays = _case_arrays(case)
     x, positions = _in(port, arrays["x"], device), _in(port, arrays["positions"], device)
-    return [x, positions], dict(case.keywords)
+    scaled = {"inv_freq": _in(port, arrays["inv_freq"], device)} if "inv_freq" in arrays else {}
+    return [x, positions], dict(case.keywords) | scaled
 
 
 def _module_keywords(port: Port, case: Case, device: str, spec: Function) -> dict[str, Any]:
@@ -194,13 +195,13 @@ def _zero_weights(specs: dict[str, dict[str, Any]]) -> dict[str, np.ndarray]:
 
 def _case_module(cls: Any, case: Case, device: str) -> Any:
     """The case's module, loaded with :func:`_load_module`: a value case's canonical weights
-    (names ending in .kernel or .bias, and ``sinks``) in the case's dtype; an error case's zero
-    weights in their own dtypes (the error may be theirs)."""
+    (names ending in .kernel, .bias or .weight (MLA's norms), and ``sinks``) in the case's
+    dtype; an error case's zero weights in their own dtypes (the error may be theirs)."""
     if case.kind == "error":
         return _load_module(cls, case.entry["module"], _zero_weights(case.entry["weights"]),
                             None, device)  # fmt: skip
     tensors = case.tensors()
-    names = [n for n in tensors if n.endswith((".kernel", ".bias")) or n == "sinks"]
+    names = [n for n in tensors if n.endswith((".kernel", ".bias", ".weight")) or n == "sinks"]
     weights = {n: np.array(tensors[n]) for n in names}
     return _load_module(cls, case.entry["module"], weights, case.dtype, device)
 

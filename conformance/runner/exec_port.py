@@ -88,7 +88,11 @@ _SCALAR_ARGUMENTS = {"causal_mask"}
 #: ``init_cache`` and ``step`` (and needs ``module``: its modules are loaded the same way).
 EXEC_MODULE_ALIASES: tuple[str, ...] = ("module", "decode")
 #: The module classes a case may name (``module.class`` in the manifest).
-EXEC_MODULE_CLASSES: tuple[str, ...] = ("MultiHeadAttention", "GroupedQueryAttention")
+EXEC_MODULE_CLASSES: tuple[str, ...] = (
+    "MultiHeadAttention",
+    "GroupedQueryAttention",
+    "MultiHeadLatentAttention",
+)
 
 
 class ExecError(Exception):

@@ -53,8 +53,10 @@ GRADS: tuple[tuple[str, str], ...] = (
 
 
 def module_forward(module: Any, x: Any, context: Any = None, **keywords: Any) -> Any:
-    """The runner's module call: ``module(x, context, **keywords)`` (wrapped by ``prepare``)."""
-    return module(x, context, **keywords)
+    """The runner's module call: ``module(x, context, **keywords)``, or ``module(x,
+    **keywords)`` for self-attention (a module without cross-attention, such as
+    ``MultiHeadLatentAttention``, takes no context); wrapped by ``prepare``."""
+    return module(x, **keywords) if context is None else module(x, context, **keywords)
 
 
 def module_decode(module: Any, x: Any, cache: Any, **keywords: Any) -> Any:

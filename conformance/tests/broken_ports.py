@@ -183,6 +183,50 @@ BUGS: dict[str, tuple[str, str]] = {
         "rope: angles, cos and sin computed in the input dtype (bfloat16), not float32",
         "rope.positions.large_1e5.bfloat16",
     ),
+    # -- scaled rotary frequencies (Contract v3) ------------------------------------------
+    "rope_inv_freq_ignored": (
+        "rope: inv_freq= accepted but theta's frequencies used (a llama3-scaled model run as "
+        "plain RoPE)",
+        "rope.inv_freq.llama3.half.d12.float32",
+    ),
+    "rope_attention_factor_cos_only": (
+        "rope: attention_factor multiplies cos but not sin",
+        "rope.attention_factor.d12.float32",
+    ),
+    "rope_attention_factor_squared": (
+        "rope: YaRN's attention factor applied squared on cos and sin (the mscale ratio of the "
+        "softmax scale, mscale ** 2, taken for the rotary's)",
+        "rope.inv_freq.yarn.interleaved.r8_d12.float32",
+    ),
+    "rope_interleave_over_d": (
+        "rope: interleaved pairs reshaped over all D features, not the first rotary_dim (a "
+        "partial rotary head run as a full one)",
+        "rope.inv_freq.yarn.interleaved.r8_d12.float64",
+    ),
+    # -- multi-head latent attention (Contract v3; mla_broken.py) ------------------------
+    "mla_absorbed_scale_latent": (
+        "mla: the absorbed decode's MQA call left at its default scale, (R + Dr) ** -0.5 of the "
+        "latent width, not (Dn + Dr) ** -0.5",
+        "decode.mla.q_lora.tokens.float32",
+    ),
+    "mla_mscale_twice": (
+        "mla: YaRN's attention factor (the mscale ratio) applied to cos and sin and again, "
+        "squared, to the softmax scale",
+        "module.mla.yarn.causal.float32",
+    ),
+    "mla_k_pe_not_shared": (
+        "mla: the rotary key k_pe given to head 0 only, not shared by every head",
+        "module.mla.q_proj.causal.float32",
+    ),
+    "mla_kv_norm_missing": (
+        "mla: c_kv used without its RMSNorm (kv_a_layernorm)",
+        "module.mla.q_lora.interleaved.causal.float32",
+    ),
+    "mla_cache_k_pe_unrotated": (
+        "mla: the latent cache stores k_pe before rotation (the new tokens attend their rotated "
+        "key once, later steps the unrotated one)",
+        "decode.mla.q_lora.tokens.float32",
+    ),
     "rolling_cache_drops_key": (
         "rolling KV cache: a chunk attends the last left - 1 kept tokens, not left (the ring's "
         "oldest key of the window is dropped)",
@@ -498,21 +542,32 @@ def make_port(
                 out = out + w_sink * v[..., :1, :]  # the first key's value row
         return out if bug == "output_not_cast" else out.astype(query.dtype)
 
-    def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False):
+    def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False,
+                     inv_freq=None, attention_factor=1.0):  # fmt: skip
         dims = check_rotary(
-            x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved
-        )
+            x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
+            inv_freq=inv_freq, attention_factor=attention_factor,
+        )  # fmt: skip
         low = bug == "rope_angles_low_precision" and x.dtype != np.float64
         ct = np.float64 if x.dtype == np.float64 else np.float32
         R, P = dims.rotary_dim, dims.rotary_dim // 2
+        if bug == "rope_interleave_over_d" and dims.interleaved:
+            R, P = dims.D, dims.D // 2  # the pairs reshaped over all of D, not rotary_dim
         p = np.arange(P)
         exponent = -p / R if bug == "rope_exponent_halved" else -2 * p / R
         angle_dtype = x.dtype if low else ct
+        scaled = inv_freq is not None and bug != "rope_inv_freq_ignored"
         with np.errstate(all="ignore"):  # float16 angles overflow at 1e5: the bug shows as NaN
-            inv_freq = (dims.theta**exponent).astype(angle_dtype)  # (P,)
+            base = np.asarray(inv_freq, np.float64) if scaled else dims.theta**exponent
+            inv_freq = np.resize(base, P).astype(angle_dtype)  # (P,)
             pos = np.broadcast_to(positions, dims.positions_shape).astype(angle_dtype)  # (.., L)
             angle = (pos[..., None, :, None] * inv_freq).astype(angle_dtype)  # (..., 1, L, P)
             cos, sin = np.cos(angle).astype(ct), np.sin(angle).astype(ct)
+        factor = dims.attention_factor
+        if bug == "rope_attention_factor_squared":
+            factor = factor * factor  # the softmax scale's mscale ** 2 taken for the rotary's
+        cos = cos * factor
+        sin = sin * (1.0 if bug == "rope_attention_factor_cos_only" else factor)
         interleaved = dims.interleaved != (bug == "rope_pairs_swapped")
         idx1 = 2 * p if interleaved else p  # the features of each pair
         idx2 = 2 * p + 1 if interleaved else p + P
@@ -525,8 +580,13 @@ def make_port(
     GroupedQueryAttention, MultiHeadAttention = broken_modules(
         bug, scaled_dot_product_attention, attention_weights, apply_rotary
     )
+    from conformance.tests.mla_broken import broken_mla
+
     port = SimpleNamespace(
         __name__=f"broken_ports.{bug or 'correct'}",
+        MultiHeadLatentAttention=broken_mla(
+            bug, scaled_dot_product_attention, attention_weights, apply_rotary
+        ),
         causal_mask=causal_mask,
         attention_weights=attention_weights,
         scaled_dot_product_attention=scaled_dot_product_attention,

@@ -79,7 +79,8 @@ def module_request(request: dict, named: dict) -> dict | int:
         return len(HANDLES)
     module = HANDLES[request["module"]]
     if method == "forward":
-        result = module(named.pop("x"), named.pop("context"), **named)
+        x, context = named.pop("x"), named.pop("context")  # no context: self-attention (MLA)
+        result = module(x, **named) if context is None else module(x, context, **named)
     else:  # step
         *result, cache = module.decode(named.pop("x"), HANDLES[request["cache"]], **named)
         if not os.environ.get("EXEC_TEST_FORGET_CACHE"):

@@ -123,7 +123,8 @@ def test_extra_keyword_bugs_fail_only_their_families(bug: str) -> None:
     window, segments, sinks or slopes), so a port with one still passes all of v1."""
     families = {o.run_id.split(".")[1] for o in _report(bug).failures}
     # module.v2.* and decode.v2.*: the modules' own v2 settings (window, sinks, ALiBi, ...)
-    assert families and families <= {*EXTRA_FAMILIES, "v2"}, f"{bug} failed {families}"
+    # mla.*: latent attention with its window or sinks, on the port's functional API
+    assert families and families <= {*EXTRA_FAMILIES, "v2", "mla"}, f"{bug} failed {families}"
 
 
 @pytest.mark.parametrize("bug", FLASH_BUGS)
@@ -187,7 +188,8 @@ ROPE_BUGS = [b for b in BUGS if b.startswith("rope_")]
 
 def _rope_run(run_id: str) -> bool:
     """rope.*, module.rope.*, decode.rope.*, and a v2 module that rotates (``.rope_window_..``)."""
-    return run_id.startswith("rope.") or ".rope." in run_id or ".rope_" in run_id
+    mla = ".mla." in run_id  # latent attention rotates q_pe and k_pe in every run
+    return run_id.startswith("rope.") or ".rope." in run_id or ".rope_" in run_id or mla
 
 
 @pytest.mark.parametrize("bug", ROPE_BUGS)
@@ -202,7 +204,9 @@ def test_rope_bugs_fail_rope_runs_only(bug: str) -> None:
         message = failed["decode.rope.gqa.h6_k2.chunks_2_1_2.float32"].message
         assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
     if bug == "rope_angles_low_precision":  # float32 angles are what the bound allows, no more
-        assert set(failed) == {f"rope.positions.large_1e5.{d}" for d in ("float16", "bfloat16")}
+        # only half-precision runs at long positions: 1e5, and up to 30000 (rope.inv_freq.*)
+        assert {f"rope.positions.large_1e5.{d}" for d in ("float16", "bfloat16")} <= set(failed)
+        assert all(r.endswith(("float16", "bfloat16")) for r in failed), sorted(failed)
 
 
 def test_gradient_tiling_is_told_apart_from_contiguous_groups() -> None:
@@ -271,3 +275,32 @@ def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
                    "paged_reads_max_len"):  # fmt: skip
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             assert f"paged.page3.decode_and_prefill.causal.{dtype}" in failed, (bug, dtype)
+@pytest.mark.parametrize(
+    "bug",
+    ["rope_inv_freq_ignored", "rope_attention_factor_cos_only", "rope_attention_factor_squared"],
+)
+def test_scaled_rotary_bugs_fail_only_contract_v3_runs(bug: str) -> None:
+    """A port that mishandles inv_freq or attention_factor still passes every v1 and v2 run
+    (none gives them): the suite says the bug is in the scaled frequencies."""
+    failed = _report(bug).failures
+    rope = [o.run_id for o in failed if ".mla." not in o.run_id]  # MLA's YaRN cases are v3 too
+    assert rope and all(r.startswith("rope.") for r in rope)
+    assert all(("inv_freq" in r) or ("attention_factor" in r) for r in rope)
+
+
+MLA_BUGS = [b for b in BUGS if b.startswith("mla_")]
+
+
+@pytest.mark.parametrize("bug", MLA_BUGS)
+def test_latent_attention_bugs_fail_only_mla_runs(bug: str) -> None:
+    """An MLA bug leaves every GQA module and decode run passing: the suite says where it is."""
+    failed = _report(bug).failures
+    assert failed and all(".mla." in o.run_id for o in failed), [o.run_id for o in failed]
+
+
+def test_the_absorbed_scale_and_the_unrotated_cache_fail_decoding_only() -> None:
+    """Both decode bugs leave the forward right: module.mla.* all pass, decode.mla.* fail."""
+    for bug in ("mla_absorbed_scale_latent", "mla_cache_k_pe_unrotated"):
+        failed = {o.run_id for o in _report(bug).failures}
+        assert failed and all(r.startswith("decode.mla.") for r in failed), (bug, failed)
+    assert len(MLA_BUGS) >= 5

@@ -18,6 +18,7 @@ from attention_spec import (
     SHARDED_ERROR_CODES,
     VARLEN_ERROR_CODES,
 )
+from attention_spec.mla import check_mla_canonical
 from conformance import cases as C
 from conformance import oracle
 from conformance.fixtures import FIXTURES_DIR, load_manifest, sha256_of
@@ -310,6 +311,13 @@ def test_flash_cases_carry_awkward_block_sizes() -> None:
 def test_module_fixtures_hold_canonical_weights_in_their_dtype() -> None:
     for case in _cases("module") + _cases("decode"):
         t, spec = case.tensors(), case.entry["module"]
+        if spec["class"] == "MultiHeadLatentAttention":  # its own canonical weights
+            weights = {n: w for n, w in t.items() if n.endswith((".kernel", ".weight"))}
+            dims = check_mla_canonical(weights, n_heads=spec["n_heads"],
+                                       qk_rope_head_dim=spec["qk_rope_head_dim"])  # fmt: skip
+            assert t["o_proj.kernel"].dtype.name == t["x"].dtype.name == case.dtype, case.id
+            assert t["output"].shape == (*t["x"].shape[:2], dims.M), case.id
+            continue
         H = spec["n_heads"]
         K = spec.get("n_kv_heads", H)
         M, HD = t["q_proj.kernel"].shape
@@ -412,7 +420,8 @@ def test_varlen_cases_cover_the_codes_and_the_contract_points() -> None:
         assert f"varlen.{name}.float32" in BY_ID, name
     assert any(i.startswith("varlen_grad.") for i in BY_ID)
     for case in MANIFEST.cases:
-        assert (case.op in ("varlen", "varlen_grad")) == (case.contract == "v3"), case.id
+        if case.op in ("varlen", "varlen_grad"):
+            assert case.contract == "v3", case.id
 
 
 def test_varlen_goldens_hold_the_zero_rows_of_sequences_without_keys() -> None:
@@ -421,3 +430,40 @@ def test_varlen_goldens_hold_the_zero_rows_of_sequences_without_keys() -> None:
     cu_q = t["cu_seqlens_q"].tolist()
     assert cu_q == [0, 2, 2, 6, 9, 9]
     assert not t["output"][2:6].any() and t["output"][:2].all()
+
+
+def test_the_varlen_flex_cross_check_refuses_a_wrong_golden() -> None:
+    """The generator's FlexAttention check (conformance/generate/varlen.py) agrees with the
+    golden of a bottom-right, windowed case and refuses it shifted by twice its bound."""
+    pytest.importorskip("torch")
+    from conformance.generate.varlen import _flex_verify
+
+    case = BY_ID["varlen.n5.window_across_boundaries.float32"]
+    t = case.tensors()
+    as64 = {n: t[n] if t[n].dtype.kind == "i" else t[n].astype(np.float64) for n in
+            ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k")}  # fmt: skip
+    keywords, bound = case.keywords, case.tolerance["output"]
+    said, bad = _flex_verify(as64, keywords, t["output"], bound)({"torch": None})
+    assert said["torch"].startswith("agree") and not bad
+    _, bad = _flex_verify(as64, keywords, t["output"] + 2 * bound, bound)({"torch": None})
+    assert bad
+def test_the_rope_cross_check_against_transformers_can_fail() -> None:
+    """The generator's check of the scaled frequencies against transformers'
+    ``ROPE_INIT_FUNCTIONS`` agrees on the cases' formulas and catches the two classic slips:
+    llama3's band boundaries swapped, and YaRN's attention factor squared."""
+    pytest.importorskip("transformers")
+    from conformance.cases.rope import YARN_HF, llama3_inv_freq, yarn_inv_freq
+    from conformance.generate.cross_check import hf_rope_cross_check
+
+    llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+              "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+              "original_max_position_embeddings": 8192}  # fmt: skip
+    right = llama3_inv_freq(500000.0, 12, 8.0, 1.0, 4.0, 8192)
+    swapped = llama3_inv_freq(500000.0, 12, 8.0, 4.0, 1.0, 8192)
+    assert hf_rope_cross_check(llama3, 12, right, 1.0) == ({"transformers": "agree"}, [])
+    said, bad = hf_rope_cross_check(llama3, 12, swapped, 1.0)
+    assert said == {"transformers": "disagree"} and "inv_freq relative error" in bad[0]
+    inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
+    assert hf_rope_cross_check(YARN_HF, 8, inv_freq, factor)[1] == []
+    said, bad = hf_rope_cross_check(YARN_HF, 8, inv_freq, factor**2)
+    assert said == {"transformers": "disagree"} and "attention_factor" in bad[0]

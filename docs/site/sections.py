@@ -107,4 +107,11 @@ UNCOMPARED: dict[str, str] = {
         )
         for fw in ("numpy", "torch", "jax")
     },
+    # Not yet a section: its steps line up in the three, but its rows have no idiom notes yet.
+    **{
+        f"impl_{fw}/flash.py::paged_flash_attention": (
+            "the paged tiled read (contract v3) is not on the page yet: its rows need idiom notes"
+        )
+        for fw in ("numpy", "torch", "jax")
+    },
 }

@@ -1,0 +1,430 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) in NumPy: a plain class of arrays.
+
+The same class, methods, steps and comments as ``impl_torch/mla.py`` and ``impl_jax/mla.py``;
+only the idiom differs. Keys and values come from one low-rank latent per token plus one
+rotary key head shared by every query head (SEMANTICS.md, Contract v3):
+
+    x (B, L, M) --q_proj (or q_a_proj, RMSNorm, q_b_proj)--> (B, L, H*(Dn+Dr))
+                --split heads--> q_nope (B, H, L, Dn), q_pe (B, H, L, Dr)
+    x (B, L, M) --kv_a_proj_with_mqa--> [c_kv (B, L, R), k_pe (B, L, Dr)]; c_kv = RMSNorm(c_kv)
+    q_pe, k_pe rotated (rotary_dim = Dr; k_pe one head, shared)
+
+    naive (forward, decode_naive: a KVCache of H heads, D = Dn + Dr, E):
+    c_kv --kv_b_proj--> k_nope (B, H, S, Dn), v (B, H, S, E)
+    q = [q_nope, q_pe] (B, H, L, Dn+Dr), k = [k_nope, k_pe] (B, H, S, Dn+Dr)
+    scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> (B, H, L, E)
+
+    absorbed (decode: a latent KVCache, c_kv (B, 1, T, R) and k_pe (B, 1, T, Dr)):
+    q_lat = q_nope W_UK^T (B, H, L, R)   (W_UK: kv_b_proj's key part, (R, H, Dn))
+    one MQA: q = [q_lat, q_pe] (B, H, L, R+Dr), k = [c_kv, k_pe] (B, 1, S, R+Dr), v = c_kv
+    scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> o_lat (B, H, L, R)
+    o = o_lat W_UV (B, H, L, E)          (W_UV: kv_b_proj's value part, (R, H, E))
+
+    --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
+
+The scale is the module's ``scale`` or ``(Dn + Dr) ** -0.5`` on both paths: the absorbed call's
+query width R + Dr is not what the scores were trained at. RMSNorm is ``x / sqrt(mean(x^2) +
+eps) * weight`` in float32 (float64 for float64), rounded once to the module's dtype.
+
+Shape letters: B batch, H heads, L new tokens, S keys attended, T cache slots, M model width,
+Q q_lora_rank, R kv_lora_rank, Dn qk_nope_head_dim, Dr qk_rope_head_dim, E v_head_dim.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+from safetensors import safe_open
+from safetensors.numpy import save_file
+
+from attention_spec import compute_dtype
+from attention_spec.mla import (
+    check_mla_canonical,
+    check_mla_config,
+    check_mla_rope,
+    check_rms_norm_eps,
+    mla_from_metadata,
+    mla_metadata,
+)
+from attention_spec.modules import (
+    check_attention_options,
+    check_cache_size,
+    check_decode_inputs,
+    check_module_inputs,
+    module_dtype,
+)
+from impl_numpy.cache import KVCache
+from impl_numpy.functional import _asarray, attention_weights, scaled_dot_product_attention
+from impl_numpy.modules import Linear
+from impl_numpy.rotary import apply_rotary
+
+__all__ = ["MultiHeadLatentAttention", "rms_norm"]
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis, in float32 (float64 for
+    float64), rounded once to x's dtype. ``x (..., N)``, ``weight (N,)``."""
+    ct = np.dtype(compute_dtype(x.dtype.name))
+    xf = x.astype(ct)
+    norm = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + ct.type(eps))  # (..., N)
+    return (norm * weight.astype(ct)).astype(x.dtype)
+
+
+class MultiHeadLatentAttention:
+    """Multi-head latent attention: keys and values from a per-token latent ``c_kv (R)`` and
+    one shared rotary key ``k_pe (Dr)``; decoding caches only those, R + Dr numbers per token.
+
+    Args:
+        d_model: model width M.
+        n_heads: heads H.
+        kv_lora_rank: R, the key/value latent's width.
+        qk_nope_head_dim: Dn, the query/key features without rotary.
+        qk_rope_head_dim: Dr, the rotated query/key features (even); one key head of them.
+        v_head_dim: E, the value head dim.
+        q_lora_rank: Q, the query latent's width (``q_a_proj``, RMSNorm, ``q_b_proj``); None:
+            one ``q_proj``.
+        rope_theta, rope_interleaved, rope_inv_freq, rope_attention_factor: the rotary of q_pe
+            and k_pe (``apply_rotary`` with ``rotary_dim = Dr``; YaRN is ``rope_inv_freq``,
+            ``rope_attention_factor`` and a ``scale``).
+        rms_norm_eps: the two latent norms' epsilon.
+        window, sinks, softcap: the v2 settings, applied to every attention call (ALiBi does not
+            apply: the positions are RoPE's).
+        scale: the scores' scale (default ``(Dn + Dr) ** -0.5``, on the naive and absorbed
+            paths alike).
+        dtype: the weights' dtype; rng: a NumPy ``Generator`` or seed (default 0).
+
+    Raises:
+        ConfigError ``mla_dims``, ``non_positive_size``, ``rope_theta``, ...; DTypeError.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        q_lora_rank: int | None = None,
+        rope_theta: float = 10000.0,
+        rope_interleaved: bool = False,
+        rope_inv_freq: np.ndarray | None = None,
+        rope_attention_factor: float = 1.0,
+        rms_norm_eps: float = 1e-6,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
+        dtype: np.typing.DTypeLike = np.float32,
+        rng: np.random.Generator | int = 0,
+    ) -> None:
+        dtype = np.dtype(module_dtype(dtype))
+        dims = check_mla_config(
+            d_model, n_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
+            qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, q_lora_rank=q_lora_rank,
+            sinks=sinks, dtype=dtype.name,
+        )  # fmt: skip
+        self.dims = dims
+        self.rope = check_mla_rope(
+            rope_theta, rope_interleaved, _asarray(rope_inv_freq), rope_attention_factor, dims
+        )
+        self.rms_norm_eps = check_rms_norm_eps(rms_norm_eps)
+        self.options = check_attention_options(
+            dtype.name, window=window, sinks=sinks, softcap=softcap, scale=scale
+        )
+        self.scale = (dims.Dn + dims.Dr) ** -0.5 if scale is None else self.options.scale
+        M, H, R, Dn, Dr, E, Q = dims.M, dims.H, dims.R, dims.Dn, dims.Dr, dims.E, dims.Q
+        rng = np.random.default_rng(rng)
+        if Q is None:
+            self.q_proj = Linear(M, H * (Dn + Dr), bias=False, dtype=dtype, rng=rng)
+        else:
+            self.q_a_proj = Linear(M, Q, bias=False, dtype=dtype, rng=rng)  # (M, Q)
+            self.q_a_layernorm = np.ones((Q,), dtype)  # (Q,)
+            self.q_b_proj = Linear(Q, H * (Dn + Dr), bias=False, dtype=dtype, rng=rng)
+        self.kv_a_proj_with_mqa = Linear(M, R + Dr, bias=False, dtype=dtype, rng=rng)
+        self.kv_a_layernorm = np.ones((R,), dtype)  # (R,)
+        self.kv_b_proj = Linear(R, H * (Dn + E), bias=False, dtype=dtype, rng=rng)
+        self.o_proj = Linear(H * E, M, bias=False, dtype=dtype, rng=rng)  # (H*E, M)
+        self.sinks = np.zeros((H,), dtype) if dims.sinks else None  # (H,), learned
+
+    @property
+    def dtype(self) -> np.dtype:
+        """The weights' dtype; inputs must have it."""
+        return self.kv_a_proj_with_mqa.kernel.dtype
+
+    # -- the steps both paths share ------------------------------------------------------------
+
+    def _project_query(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``x (B, L, M)`` -> ``q_nope (B, H, L, Dn)``, ``q_pe (B, H, L, Dr)``."""
+        B, L, _ = x.shape
+        H, Dn, Dr = self.dims.H, self.dims.Dn, self.dims.Dr
+        if self.dims.Q is None:
+            q = self.q_proj(x)  # (B, L, H*(Dn+Dr))
+        else:
+            q_lat = rms_norm(self.q_a_proj(x), self.q_a_layernorm, self.rms_norm_eps)  # (B, L, Q)
+            q = self.q_b_proj(q_lat)  # (B, L, H*(Dn+Dr))
+        q = q.reshape(B, L, H, Dn + Dr).transpose(0, 2, 1, 3)  # (B, H, L, Dn+Dr)
+        return q[..., :Dn], q[..., Dn:]  # (B, H, L, Dn), (B, H, L, Dr)
+
+    def _project_latent(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``x (B, L, M)`` -> ``c_kv (B, 1, L, R)`` (normalised), ``k_pe (B, 1, L, Dr)``."""
+        R = self.dims.R
+        kv = self.kv_a_proj_with_mqa(x)  # (B, L, R+Dr)
+        c_kv = rms_norm(kv[..., :R], self.kv_a_layernorm, self.rms_norm_eps)  # (B, L, R)
+        return c_kv[:, None], kv[:, None, :, R:]  # (B, 1, L, R), (B, 1, L, Dr)
+
+    def _rotate(self, q_pe: np.ndarray, k_pe: np.ndarray, start: int):
+        """RoPE of ``q_pe (B, H, L, Dr)`` and the shared ``k_pe (B, 1, L, Dr)``: token i at
+        position ``start + i``."""
+        r = self.rope
+        inv_freq = None if r.inv_freq is None else np.asarray(r.inv_freq, np.float64)
+        rope = dict(theta=r.theta, rotary_dim=r.rotary_dim, interleaved=r.interleaved,
+                    inv_freq=inv_freq, attention_factor=r.attention_factor)  # fmt: skip
+        positions = start + np.arange(q_pe.shape[2])  # (L,)
+        return apply_rotary(q_pe, positions, **rope), apply_rotary(k_pe, positions, **rope)
+
+    def _expand(self, c_kv: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """``c_kv (B, 1, S, R)`` -> ``k_nope (B, H, S, Dn)``, ``v (B, H, S, E)`` (kv_b_proj)."""
+        B, _, S, _ = c_kv.shape
+        H, Dn, E = self.dims.H, self.dims.Dn, self.dims.E
+        kv = self.kv_b_proj(c_kv[:, 0]).reshape(B, S, H, Dn + E)  # (B, S, H, Dn+E)
+        kv = kv.transpose(0, 2, 1, 3)  # (B, H, S, Dn+E)
+        return kv[..., :Dn], kv[..., Dn:]  # (B, H, S, Dn), (B, H, S, E)
+
+    def _heads(self, q_nope, q_pe, k_nope, k_pe):
+        """Each head's query ``[q_nope_h, q_pe_h]`` (B, H, L, Dn+Dr) and key ``[k_nope_h,
+        k_pe]`` (B, H, S, Dn+Dr): the one k_pe head is every head's."""
+        k_pe = np.broadcast_to(k_pe, (*k_nope.shape[:-1], k_pe.shape[-1]))  # (B, H, S, Dr)
+        return np.concatenate([q_nope, q_pe], -1), np.concatenate([k_nope, k_pe], -1)
+
+    def _absorbed(self) -> tuple[np.ndarray, np.ndarray]:
+        """``kv_b_proj``'s kernel split per head: ``W_UK (R, H, Dn)``, ``W_UV (R, H, E)``."""
+        R, H, Dn, E = self.dims.R, self.dims.H, self.dims.Dn, self.dims.E
+        w = self.kv_b_proj.kernel.reshape(R, H, Dn + E)  # (R, H, Dn+E)
+        return w[..., :Dn], w[..., Dn:]
+
+    def _attend(self, q, k, v, *, return_weights: bool, **keywords):
+        """The functional API with the module's scale, window, softcap and sinks: output
+        ``(B, H, L, E or R)`` and the weights ``(B, H, L, S)`` or None."""
+        o = self.options
+        keywords |= dict(scale=self.scale, window=o.window, softcap=o.softcap, sinks=self.sinks)
+        out = scaled_dot_product_attention(q, k, v, **keywords)
+        weights = attention_weights(q, k, **keywords) if return_weights else None
+        return out, weights
+
+    def _project_output(self, out: np.ndarray) -> np.ndarray:
+        """``out (B, H, L, E)`` -> ``(B, L, M)``: merge heads, output projection."""
+        B, H, L, E = out.shape
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, H * E))  # (B, L, M)
+
+    # -- the forward pass (naive) -------------------------------------------------------------
+
+    def __call__(
+        self,
+        x: np.ndarray,
+        *,
+        mask: np.ndarray | None = None,
+        bias: np.ndarray | None = None,
+        is_causal: bool = False,
+        causal_alignment: str = "top_left",
+        return_weights: bool = False,
+        q_segment_ids: np.ndarray | None = None,
+        kv_segment_ids: np.ndarray | None = None,
+    ) -> np.ndarray | tuple[np.ndarray, np.ndarray]:
+        """Self-attention of ``x (B, L, M)`` (S = L), token i at position i.
+
+        mask, bias (to ``(B, H, L, S)``), is_causal, causal_alignment, q_segment_ids,
+        kv_segment_ids: as in the functional API. Returns ``(B, L, M)``, or ``(output,
+        weights (B, H, L, S))`` when ``return_weights``.
+        """
+        x, mask, bias = _asarray(x), _asarray(mask), _asarray(bias)
+        q_segment_ids, kv_segment_ids = _asarray(q_segment_ids), _asarray(kv_segment_ids)
+        check_module_inputs(
+            self.dims.naive, self.dtype.name, x, None, mask=mask, bias=bias,
+            is_causal=is_causal, causal_alignment=causal_alignment,
+            return_weights=return_weights, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+        )  # fmt: skip
+        # 1. projections: the query heads, the latent c_kv and the shared k_pe.
+        q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
+        c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
+        # 2. RoPE of q_pe and k_pe: token i at position i.
+        q_pe, k_pe = self._rotate(q_pe, k_pe, 0)
+        # 3. keys and values of every head from the latent; k_pe shared by the heads.
+        k_nope, v = self._expand(c_kv)  # (B, H, L, Dn), (B, H, L, E)
+        q, k = self._heads(q_nope, q_pe, k_nope, k_pe)  # (B, H, L, Dn+Dr) each
+        # 4. attention of every head, scale (Dn + Dr) ** -0.5 unless given.
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+            causal_alignment=causal_alignment, return_weights=return_weights,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+        )  # fmt: skip
+        # 5. heads merged back, output projection.
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights) if return_weights else y
+
+    # -- decoding, naive: a KV cache of every head's keys and values ---------------------------
+
+    def init_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty naive cache: ``key (B, H, T, Dn+Dr)``, ``value (B, H, T, E)``."""
+        T = check_cache_size(batch_size, max_len)
+        d = self.dims
+        key = np.zeros((batch_size, d.H, T, d.Dn + d.Dr), self.dtype)  # (B, H, T, Dn+Dr)
+        value = np.zeros((batch_size, d.H, T, d.E), self.dtype)  # (B, H, T, E)
+        return KVCache(key, value, 0)
+
+    def decode_naive(
+        self, x: np.ndarray, cache: KVCache, *, mask: np.ndarray | None = None,
+        bias: np.ndarray | None = None, return_weights: bool = False,
+    ) -> tuple:  # fmt: skip
+        """New tokens ``x (B, L, M)`` through a naive cache (:meth:`init_kv_cache`): their keys
+        and values expanded per head and appended, then bottom-right causal attention over the
+        S = position + L keys. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
+        x, mask, bias = _asarray(x), _asarray(mask), _asarray(bias)
+        check_decode_inputs(
+            self.dims.naive, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
+            position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
+            return_weights=return_weights,
+        )  # fmt: skip
+        # 1. projections of the new tokens.
+        q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
+        c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
+        # 2. RoPE: new token i at cache.position + i.
+        q_pe, k_pe = self._rotate(q_pe, k_pe, cache.position)
+        # 3. keys and values of every head, appended to the cache.
+        k_nope, v_new = self._expand(c_kv)  # (B, H, L, Dn), (B, H, L, E)
+        q, k_new = self._heads(q_nope, q_pe, k_nope, k_pe)  # (B, H, L, Dn+Dr)
+        cache, k, v = cache.append(k_new, v_new)  # (B, H, S, Dn+Dr), (B, H, S, E)
+        # 4. attention over the S keys, bottom-right causal.
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
+            return_weights=return_weights,
+        )  # fmt: skip
+        # 5. heads merged back, output projection.
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights, cache) if return_weights else (y, cache)
+
+    # -- decoding, absorbed: the latent cache, one MQA call --------------------------------------
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty latent cache: ``key`` is ``c_kv (B, 1, T, R)``, ``value`` the rotated
+        ``k_pe (B, 1, T, Dr)``: R + Dr numbers per token."""
+        T = check_cache_size(batch_size, max_len)
+        d = self.dims
+        c_kv = np.zeros((batch_size, 1, T, d.R), self.dtype)  # (B, 1, T, R)
+        k_pe = np.zeros((batch_size, 1, T, d.Dr), self.dtype)  # (B, 1, T, Dr)
+        return KVCache(c_kv, k_pe, 0)
+
+    def decode(
+        self, x: np.ndarray, cache: KVCache, *, mask: np.ndarray | None = None,
+        bias: np.ndarray | None = None, return_weights: bool = False,
+    ) -> tuple:  # fmt: skip
+        """New tokens ``x (B, L, M)`` through the latent cache (:meth:`init_cache`): the
+        absorbed step, one MQA over ``[c_kv, k_pe]`` (K = 1, D = R + Dr, E = R) with the
+        module's scale. The same outputs as the naive forward's rows, token by token or in
+        chunks. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
+        x, mask, bias = _asarray(x), _asarray(mask), _asarray(bias)
+        check_decode_inputs(
+            self.dims.latent, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
+            position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
+            return_weights=return_weights,
+        )  # fmt: skip
+        ct = compute_dtype(self.dtype.name)
+        W_UK, W_UV = self._absorbed()  # (R, H, Dn), (R, H, E)
+        # 1. projections of the new tokens.
+        q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
+        c_kv_new, k_pe_new = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
+        # 2. RoPE: new token i at cache.position + i; the cache keeps the rotated k_pe.
+        q_pe, k_pe_new = self._rotate(q_pe, k_pe_new, cache.position)
+        # 3. absorption of kv_b_proj's key part into the query: q_lat_h = q_nope_h W_UK_h^T.
+        q_lat = np.einsum("bhld,rhd->bhlr", q_nope.astype(ct), W_UK.astype(ct))
+        q_lat = q_lat.astype(self.dtype)  # (B, H, L, R)
+        # 4. the latent cache: c_kv and k_pe written; all S = position + L read.
+        cache, c_kv, k_pe = cache.append(c_kv_new, k_pe_new)  # (B, 1, S, R), (B, 1, S, Dr)
+        # 5. one MQA over [c_kv, k_pe]: K = 1, D = R + Dr, E = R, bottom-right causal.
+        q = np.concatenate([q_lat, q_pe], -1)  # (B, H, L, R+Dr)
+        k = np.concatenate([c_kv, k_pe], -1)  # (B, 1, S, R+Dr)
+        o_lat, weights = self._attend(
+            q, k, c_kv, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
+            return_weights=return_weights,
+        )  # fmt: skip  # o_lat (B, H, L, R)
+        # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.
+        out = np.einsum("bhlr,rhe->bhle", o_lat.astype(ct), W_UV.astype(ct)).astype(self.dtype)
+        # 7. heads merged back, output projection.
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights, cache) if return_weights else (y, cache)
+
+    # -- canonical weights ---------------------------------------------------------------------
+
+    def to_canonical(self) -> dict[str, np.ndarray]:
+        """The canonical weights (``attention_spec.mla``), in forward order."""
+        weights = {}
+        for name in self.dims.canonical_shapes():
+            owner, _, leaf = name.partition(".")
+            held = getattr(self, owner)
+            weights[name] = (held if leaf in ("weight", "") else getattr(held, leaf)).copy()
+        return weights
+
+    def load_canonical(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy canonical weights of this module's sizes into it, cast to its dtype."""
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        check_mla_canonical(
+            weights, n_heads=self.dims.H, qk_rope_head_dim=self.dims.Dr, expected=self.dims
+        )
+        for name, w in weights.items():
+            owner, _, leaf = name.partition(".")
+            if leaf == "kernel":
+                getattr(self, owner).kernel = w.astype(self.dtype)  # (in, out)
+            else:
+                setattr(self, owner, w.astype(self.dtype))  # a norm's weight, or sinks
+
+    @classmethod
+    def from_canonical(
+        cls,
+        weights: Mapping[str, np.ndarray],
+        *,
+        n_heads: int,
+        qk_rope_head_dim: int,
+        dtype: np.typing.DTypeLike | None = None,
+        sinks: bool | None = None,
+        **settings: Any,
+    ) -> MultiHeadLatentAttention:
+        """A module holding ``weights``; M, Q, R, Dn, E and sinks come from the shapes.
+        ``settings``: the constructor's ``rope_*``, ``rms_norm_eps``, ``window``, ``softcap``,
+        ``scale``."""
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        d = check_mla_canonical(
+            weights, n_heads=n_heads, qk_rope_head_dim=qk_rope_head_dim, sinks=sinks
+        )
+        first = weights["kv_a_proj_with_mqa.kernel"].dtype
+        dtype = np.dtype(module_dtype(first if dtype is None else dtype))
+        module = cls(
+            d.M, d.H, kv_lora_rank=d.R, qk_nope_head_dim=d.Dn, qk_rope_head_dim=d.Dr,
+            v_head_dim=d.E, q_lora_rank=d.Q, sinks=d.sinks, dtype=dtype, **settings,
+        )  # fmt: skip
+        module.load_canonical(weights)
+        return module
+
+    def _settings(self) -> dict[str, Any]:
+        o = self.options
+        return {"rms_norm_eps": self.rms_norm_eps, "softcap": o.softcap, "scale": o.scale,
+                "window": None if o.window is None else list(o.window)}  # fmt: skip
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the canonical weights with H, Dr and the settings in the metadata."""
+        metadata = mla_metadata(self.dims, self.rope, self._settings())
+        save_file(self.to_canonical(), os.fspath(path), metadata=metadata)
+
+    @classmethod
+    def load(
+        cls, path: str | os.PathLike, *, dtype: np.typing.DTypeLike | None = None
+    ) -> MultiHeadLatentAttention:
+        """A module from a file written by ``save`` (by any of the three implementations)."""
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            settings = mla_from_metadata(f.metadata())
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+        return cls.from_canonical(weights, dtype=dtype, **settings)

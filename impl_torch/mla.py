@@ -1,0 +1,473 @@
+"""Multi-head latent attention (DeepSeek-V2/V3) in PyTorch: an nn.Module of nn.Linear.
+
+The same class, methods, steps and comments as ``impl_numpy/mla.py`` and ``impl_jax/mla.py``;
+only the idiom differs (``nn.Linear.weight`` is the kernel's transpose: ``linear_weight`` of
+``impl_torch/modules.py`` converts). Keys and values come from one low-rank latent per token
+plus one rotary key head shared by every query head (SEMANTICS.md, Contract v3):
+
+    x (B, L, M) --q_proj (or q_a_proj, RMSNorm, q_b_proj)--> (B, L, H*(Dn+Dr))
+                --split heads--> q_nope (B, H, L, Dn), q_pe (B, H, L, Dr)
+    x (B, L, M) --kv_a_proj_with_mqa--> [c_kv (B, L, R), k_pe (B, L, Dr)]; c_kv = RMSNorm(c_kv)
+    q_pe, k_pe rotated (rotary_dim = Dr; k_pe one head, shared)
+
+    naive (forward, decode_naive: a KVCache of H heads, D = Dn + Dr, E):
+    c_kv --kv_b_proj--> k_nope (B, H, S, Dn), v (B, H, S, E)
+    q = [q_nope, q_pe] (B, H, L, Dn+Dr), k = [k_nope, k_pe] (B, H, S, Dn+Dr)
+    scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> (B, H, L, E)
+
+    absorbed (decode: a latent KVCache, c_kv (B, 1, T, R) and k_pe (B, 1, T, Dr)):
+    q_lat = q_nope W_UK^T (B, H, L, R)   (W_UK: kv_b_proj's key part, (R, H, Dn))
+    one MQA: q = [q_lat, q_pe] (B, H, L, R+Dr), k = [c_kv, k_pe] (B, 1, S, R+Dr), v = c_kv
+    scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> o_lat (B, H, L, R)
+    o = o_lat W_UV (B, H, L, E)          (W_UV: kv_b_proj's value part, (R, H, E))
+
+    --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
+
+The scale is the module's ``scale`` or ``(Dn + Dr) ** -0.5`` on both paths: the absorbed call's
+query width R + Dr is not what the scores were trained at. RMSNorm is ``x / sqrt(mean(x^2) +
+eps) * weight`` in float32 (float64 for float64), rounded once to the module's dtype.
+
+Shape letters: B batch, H heads, L new tokens, S keys attended, T cache slots, M model width,
+Q q_lora_rank, R kv_lora_rank, Dn qk_nope_head_dim, Dr qk_rope_head_dim, E v_head_dim.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+import torch
+from safetensors import safe_open
+from safetensors.numpy import save_file
+from torch import nn
+
+from attention_spec import compute_dtype, dtype_name
+from attention_spec.mla import (
+    check_mla_canonical,
+    check_mla_config,
+    check_mla_rope,
+    check_rms_norm_eps,
+    mla_from_metadata,
+    mla_metadata,
+)
+from attention_spec.modules import (
+    check_attention_options,
+    check_cache_size,
+    check_decode_inputs,
+    check_module_inputs,
+)
+from impl_torch.cache import KVCache
+from impl_torch.functional import _as_tensors, attention_weights, scaled_dot_product_attention
+from impl_torch.modules import (
+    _torch_dtype,
+    _uniform_,
+    linear_weight,
+    tensor_from_numpy,
+    tensor_to_numpy,
+)
+from impl_torch.rotary import apply_rotary
+
+__all__ = ["MultiHeadLatentAttention", "rms_norm"]
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """``x / sqrt(mean(x^2) + eps) * weight`` over the last axis, in float32 (float64 for
+    float64), rounded once to x's dtype. ``x (..., N)``, ``weight (N,)``."""
+    ct = getattr(torch, compute_dtype(dtype_name(x.dtype)))
+    xf = x.to(ct)
+    norm = xf / torch.sqrt(torch.mean(xf * xf, dim=-1, keepdim=True) + eps)  # (..., N)
+    return (norm * weight.to(ct)).to(x.dtype)
+
+
+class MultiHeadLatentAttention(nn.Module):
+    """Multi-head latent attention: keys and values from a per-token latent ``c_kv (R)`` and
+    one shared rotary key ``k_pe (Dr)``; decoding caches only those, R + Dr numbers per token.
+
+    Args:
+        d_model: model width M.
+        n_heads: heads H.
+        kv_lora_rank: R, the key/value latent's width.
+        qk_nope_head_dim: Dn, the query/key features without rotary.
+        qk_rope_head_dim: Dr, the rotated query/key features (even); one key head of them.
+        v_head_dim: E, the value head dim.
+        q_lora_rank: Q, the query latent's width (``q_a_proj``, RMSNorm, ``q_b_proj``); None:
+            one ``q_proj``.
+        rope_theta, rope_interleaved, rope_inv_freq, rope_attention_factor: the rotary of q_pe
+            and k_pe (``apply_rotary`` with ``rotary_dim = Dr``; YaRN is ``rope_inv_freq``,
+            ``rope_attention_factor`` and a ``scale``).
+        rms_norm_eps: the two latent norms' epsilon.
+        window, sinks, softcap: the v2 settings, applied to every attention call (ALiBi does not
+            apply: the positions are RoPE's).
+        scale: the scores' scale (default ``(Dn + Dr) ** -0.5``, on the naive and absorbed
+            paths alike).
+        dtype, device: the weights'; generator: a ``torch.Generator`` (default seeded 0).
+
+    Raises:
+        ConfigError ``mla_dims``, ``non_positive_size``, ``rope_theta``, ...; DTypeError.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        n_heads: int,
+        *,
+        kv_lora_rank: int,
+        qk_nope_head_dim: int,
+        qk_rope_head_dim: int,
+        v_head_dim: int,
+        q_lora_rank: int | None = None,
+        rope_theta: float = 10000.0,
+        rope_interleaved: bool = False,
+        rope_inv_freq: torch.Tensor | np.ndarray | None = None,
+        rope_attention_factor: float = 1.0,
+        rms_norm_eps: float = 1e-6,
+        window: tuple[int | None, int | None] | None = None,
+        sinks: bool = False,
+        softcap: float | None = None,
+        scale: float | None = None,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__()
+        dtype = _torch_dtype(dtype)
+        dims = check_mla_config(
+            d_model, n_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
+            qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, q_lora_rank=q_lora_rank,
+            sinks=sinks, dtype=dtype_name(dtype),
+        )  # fmt: skip
+        self.dims = dims
+        self.rope = check_mla_rope(
+            rope_theta, rope_interleaved, rope_inv_freq, rope_attention_factor, dims
+        )
+        self.rms_norm_eps = check_rms_norm_eps(rms_norm_eps)
+        self.options = check_attention_options(
+            dtype_name(dtype), window=window, sinks=sinks, softcap=softcap, scale=scale
+        )
+        self.scale = (dims.Dn + dims.Dr) ** -0.5 if scale is None else self.options.scale
+        M, H, R, Dn, Dr, E, Q = dims.M, dims.H, dims.R, dims.Dn, dims.Dr, dims.E, dims.Q
+        factory = {"bias": False, "dtype": dtype, "device": device}
+        ones = {"dtype": dtype, "device": device}
+        if Q is None:
+            self.q_proj = nn.Linear(M, H * (Dn + Dr), **factory)
+        else:
+            self.q_a_proj = nn.Linear(M, Q, **factory)  # weight (Q, M)
+            self.q_a_layernorm = nn.Parameter(torch.ones(Q, **ones))  # (Q,)
+            self.q_b_proj = nn.Linear(Q, H * (Dn + Dr), **factory)
+        self.kv_a_proj_with_mqa = nn.Linear(M, R + Dr, **factory)
+        self.kv_a_layernorm = nn.Parameter(torch.ones(R, **ones))  # (R,)
+        self.kv_b_proj = nn.Linear(R, H * (Dn + E), **factory)
+        self.o_proj = nn.Linear(H * E, M, **factory)  # weight (M, H*E)
+        sinks = torch.zeros(H, **ones) if dims.sinks else None
+        self.sinks = None if sinks is None else nn.Parameter(sinks)  # (H,), learned
+        self.reset_parameters(generator)
+
+    @torch.no_grad()
+    def reset_parameters(self, generator: torch.Generator | None = None) -> None:
+        """Every kernel from ``U(-1/sqrt(in), 1/sqrt(in))`` in forward order (a generator seeded
+        with 0 when none is given); the norms' weights ones, sinks zeros."""
+        device = self.kv_a_proj_with_mqa.weight.device
+        if generator is None and device.type != "meta":
+            generator = torch.Generator(device=device).manual_seed(0)
+        for name in self.dims.canonical_shapes():
+            owner, _, leaf = name.partition(".")
+            if leaf == "kernel":
+                proj = getattr(self, owner)
+                _uniform_(proj.weight, proj.in_features, generator)  # (out, in)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The weights' dtype; inputs must have it."""
+        return self.kv_a_proj_with_mqa.weight.dtype
+
+    # -- the steps both paths share ------------------------------------------------------------
+
+    def _project_query(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x (B, L, M)`` -> ``q_nope (B, H, L, Dn)``, ``q_pe (B, H, L, Dr)``."""
+        B, L, _ = x.shape
+        H, Dn, Dr = self.dims.H, self.dims.Dn, self.dims.Dr
+        if self.dims.Q is None:
+            q = self.q_proj(x)  # (B, L, H*(Dn+Dr))
+        else:
+            q_lat = rms_norm(self.q_a_proj(x), self.q_a_layernorm, self.rms_norm_eps)  # (B, L, Q)
+            q = self.q_b_proj(q_lat)  # (B, L, H*(Dn+Dr))
+        q = q.view(B, L, H, Dn + Dr).transpose(1, 2)  # (B, H, L, Dn+Dr)
+        return q[..., :Dn], q[..., Dn:]  # (B, H, L, Dn), (B, H, L, Dr)
+
+    def _project_latent(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``x (B, L, M)`` -> ``c_kv (B, 1, L, R)`` (normalised), ``k_pe (B, 1, L, Dr)``."""
+        R = self.dims.R
+        kv = self.kv_a_proj_with_mqa(x)  # (B, L, R+Dr)
+        c_kv = rms_norm(kv[..., :R], self.kv_a_layernorm, self.rms_norm_eps)  # (B, L, R)
+        return c_kv[:, None], kv[:, None, :, R:]  # (B, 1, L, R), (B, 1, L, Dr)
+
+    def _rotate(self, q_pe: torch.Tensor, k_pe: torch.Tensor, start: int):
+        """RoPE of ``q_pe (B, H, L, Dr)`` and the shared ``k_pe (B, 1, L, Dr)``: token i at
+        position ``start + i``."""
+        r = self.rope
+        device = q_pe.device
+        inv_freq = None
+        if r.inv_freq is not None:
+            inv_freq = torch.tensor(r.inv_freq, dtype=torch.float64, device=device)
+        rope = dict(theta=r.theta, rotary_dim=r.rotary_dim, interleaved=r.interleaved,
+                    inv_freq=inv_freq, attention_factor=r.attention_factor)  # fmt: skip
+        positions = start + torch.arange(q_pe.shape[2], device=device)  # (L,)
+        return apply_rotary(q_pe, positions, **rope), apply_rotary(k_pe, positions, **rope)
+
+    def _expand(self, c_kv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``c_kv (B, 1, S, R)`` -> ``k_nope (B, H, S, Dn)``, ``v (B, H, S, E)`` (kv_b_proj)."""
+        B, _, S, _ = c_kv.shape
+        H, Dn, E = self.dims.H, self.dims.Dn, self.dims.E
+        kv = self.kv_b_proj(c_kv[:, 0]).view(B, S, H, Dn + E)  # (B, S, H, Dn+E)
+        kv = kv.transpose(1, 2)  # (B, H, S, Dn+E)
+        return kv[..., :Dn], kv[..., Dn:]  # (B, H, S, Dn), (B, H, S, E)
+
+    def _heads(self, q_nope, q_pe, k_nope, k_pe):
+        """Each head's query ``[q_nope_h, q_pe_h]`` (B, H, L, Dn+Dr) and key ``[k_nope_h,
+        k_pe]`` (B, H, S, Dn+Dr): the one k_pe head is every head's."""
+        k_pe = k_pe.expand(*k_nope.shape[:-1], k_pe.shape[-1])  # (B, H, S, Dr), a view
+        return torch.cat([q_nope, q_pe], -1), torch.cat([k_nope, k_pe], -1)
+
+    def _absorbed(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """``kv_b_proj``'s kernel split per head: ``W_UK (R, H, Dn)``, ``W_UV (R, H, E)``."""
+        R, H, Dn, E = self.dims.R, self.dims.H, self.dims.Dn, self.dims.E
+        w = linear_weight(self.kv_b_proj.weight).view(R, H, Dn + E)  # (R, H, Dn+E)
+        return w[..., :Dn], w[..., Dn:]
+
+    def _attend(self, q, k, v, *, return_weights: bool, **keywords):
+        """The functional API with the module's scale, window, softcap and sinks: output
+        ``(B, H, L, E or R)`` and the weights ``(B, H, L, S)`` or None."""
+        o = self.options
+        keywords |= dict(scale=self.scale, window=o.window, softcap=o.softcap, sinks=self.sinks)
+        out = scaled_dot_product_attention(q, k, v, **keywords)
+        weights = attention_weights(q, k, **keywords) if return_weights else None
+        return out, weights
+
+    def _project_output(self, out: torch.Tensor) -> torch.Tensor:
+        """``out (B, H, L, E)`` -> ``(B, L, M)``: merge heads, output projection."""
+        B, H, L, E = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(B, L, H * E))  # (B, L, M)
+
+    # -- the forward pass (naive) -------------------------------------------------------------
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        *,
+        mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None,
+        is_causal: bool = False,
+        causal_alignment: str = "top_left",
+        return_weights: bool = False,
+        q_segment_ids: torch.Tensor | None = None,
+        kv_segment_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """Self-attention of ``x (B, L, M)`` (S = L), token i at position i.
+
+        mask, bias (to ``(B, H, L, S)``), is_causal, causal_alignment, q_segment_ids,
+        kv_segment_ids: as in the functional API. Returns ``(B, L, M)``, or ``(output,
+        weights (B, H, L, S))`` when ``return_weights``.
+        """
+        x, mask, bias, q_segment_ids, kv_segment_ids = _as_tensors(
+            x, mask, bias, q_segment_ids, kv_segment_ids
+        )
+        check_module_inputs(
+            self.dims.naive, dtype_name(self.dtype), x, None, mask=mask, bias=bias,
+            is_causal=is_causal, causal_alignment=causal_alignment,
+            return_weights=return_weights, q_segment_ids=q_segment_ids,
+            kv_segment_ids=kv_segment_ids,
+        )  # fmt: skip
+        # 1. projections: the query heads, the latent c_kv and the shared k_pe.
+        q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
+        c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
+        # 2. RoPE of q_pe and k_pe: token i at position i.
+        q_pe, k_pe = self._rotate(q_pe, k_pe, 0)
+        # 3. keys and values of every head from the latent; k_pe shared by the heads.
+        k_nope, v = self._expand(c_kv)  # (B, H, L, Dn), (B, H, L, E)
+        q, k = self._heads(q_nope, q_pe, k_nope, k_pe)  # (B, H, L, Dn+Dr) each
+        # 4. attention of every head, scale (Dn + Dr) ** -0.5 unless given.
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=is_causal,
+            causal_alignment=causal_alignment, return_weights=return_weights,
+            q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+        )  # fmt: skip
+        # 5. heads merged back, output projection.
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights) if return_weights else y
+
+    # -- decoding, naive: a KV cache of every head's keys and values ---------------------------
+
+    def init_kv_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty naive cache: ``key (B, H, T, Dn+Dr)``, ``value (B, H, T, E)``."""
+        T = check_cache_size(batch_size, max_len)
+        d, like = self.dims, {"dtype": self.dtype, "device": self.kv_a_layernorm.device}
+        key = torch.zeros(batch_size, d.H, T, d.Dn + d.Dr, **like)  # (B, H, T, Dn+Dr)
+        value = torch.zeros(batch_size, d.H, T, d.E, **like)  # (B, H, T, E)
+        return KVCache(key, value, 0)
+
+    def decode_naive(
+        self, x: torch.Tensor, cache: KVCache, *, mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None, return_weights: bool = False,
+    ) -> tuple:  # fmt: skip
+        """New tokens ``x (B, L, M)`` through a naive cache (:meth:`init_kv_cache`): their keys
+        and values expanded per head and appended, then bottom-right causal attention over the
+        S = position + L keys. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
+        x, mask, bias = _as_tensors(x, mask, bias)
+        check_decode_inputs(
+            self.dims.naive, dtype_name(self.dtype), x, cache_key=cache.key,
+            cache_value=cache.value, position=cache.position, max_len=cache.max_len,
+            mask=mask, bias=bias,
+            return_weights=return_weights,
+        )  # fmt: skip
+        # 1. projections of the new tokens.
+        q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
+        c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
+        # 2. RoPE: new token i at cache.position + i.
+        q_pe, k_pe = self._rotate(q_pe, k_pe, cache.position)
+        # 3. keys and values of every head, appended to the cache.
+        k_nope, v_new = self._expand(c_kv)  # (B, H, L, Dn), (B, H, L, E)
+        q, k_new = self._heads(q_nope, q_pe, k_nope, k_pe)  # (B, H, L, Dn+Dr)
+        cache, k, v = cache.append(k_new, v_new)  # (B, H, S, Dn+Dr), (B, H, S, E)
+        # 4. attention over the S keys, bottom-right causal.
+        out, weights = self._attend(
+            q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
+            return_weights=return_weights,
+        )  # fmt: skip
+        # 5. heads merged back, output projection.
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights, cache) if return_weights else (y, cache)
+
+    # -- decoding, absorbed: the latent cache, one MQA call --------------------------------------
+
+    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+        """An empty latent cache: ``key`` is ``c_kv (B, 1, T, R)``, ``value`` the rotated
+        ``k_pe (B, 1, T, Dr)``: R + Dr numbers per token."""
+        T = check_cache_size(batch_size, max_len)
+        d, like = self.dims, {"dtype": self.dtype, "device": self.kv_a_layernorm.device}
+        c_kv = torch.zeros(batch_size, 1, T, d.R, **like)  # (B, 1, T, R)
+        k_pe = torch.zeros(batch_size, 1, T, d.Dr, **like)  # (B, 1, T, Dr)
+        return KVCache(c_kv, k_pe, 0)
+
+    def decode(
+        self, x: torch.Tensor, cache: KVCache, *, mask: torch.Tensor | None = None,
+        bias: torch.Tensor | None = None, return_weights: bool = False,
+    ) -> tuple:  # fmt: skip
+        """New tokens ``x (B, L, M)`` through the latent cache (:meth:`init_cache`): the
+        absorbed step, one MQA over ``[c_kv, k_pe]`` (K = 1, D = R + Dr, E = R) with the
+        module's scale. The same outputs as the naive forward's rows, token by token or in
+        chunks. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
+        x, mask, bias = _as_tensors(x, mask, bias)
+        check_decode_inputs(
+            self.dims.latent, dtype_name(self.dtype), x, cache_key=cache.key,
+            cache_value=cache.value, position=cache.position, max_len=cache.max_len,
+            mask=mask, bias=bias,
+            return_weights=return_weights,
+        )  # fmt: skip
+        ct = getattr(torch, compute_dtype(dtype_name(self.dtype)))
+        W_UK, W_UV = self._absorbed()  # (R, H, Dn), (R, H, E)
+        # 1. projections of the new tokens.
+        q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
+        c_kv_new, k_pe_new = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
+        # 2. RoPE: new token i at cache.position + i; the cache keeps the rotated k_pe.
+        q_pe, k_pe_new = self._rotate(q_pe, k_pe_new, cache.position)
+        # 3. absorption of kv_b_proj's key part into the query: q_lat_h = q_nope_h W_UK_h^T.
+        q_lat = torch.einsum("bhld,rhd->bhlr", q_nope.to(ct), W_UK.to(ct))
+        q_lat = q_lat.to(self.dtype)  # (B, H, L, R)
+        # 4. the latent cache: c_kv and k_pe written; all S = position + L read.
+        cache, c_kv, k_pe = cache.append(c_kv_new, k_pe_new)  # (B, 1, S, R), (B, 1, S, Dr)
+        # 5. one MQA over [c_kv, k_pe]: K = 1, D = R + Dr, E = R, bottom-right causal.
+        q = torch.cat([q_lat, q_pe], -1)  # (B, H, L, R+Dr)
+        k = torch.cat([c_kv, k_pe], -1)  # (B, 1, S, R+Dr)
+        o_lat, weights = self._attend(
+            q, k, c_kv, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
+            return_weights=return_weights,
+        )  # fmt: skip  # o_lat (B, H, L, R)
+        # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.
+        out = torch.einsum("bhlr,rhe->bhle", o_lat.to(ct), W_UV.to(ct)).to(self.dtype)
+        # 7. heads merged back, output projection.
+        y = self._project_output(out)  # (B, L, M)
+        return (y, weights, cache) if return_weights else (y, cache)
+
+    # -- canonical weights ---------------------------------------------------------------------
+
+    def to_canonical(self) -> dict[str, np.ndarray]:
+        """The canonical weights (``attention_spec.mla``), in forward order."""
+        weights = {}
+        for name in self.dims.canonical_shapes():
+            owner, _, leaf = name.partition(".")
+            held = getattr(self, owner)
+            if leaf == "kernel":
+                weights[name] = tensor_to_numpy(linear_weight(held.weight))  # (in, out)
+            else:
+                weights[name] = tensor_to_numpy(held)  # a norm's weight, or sinks
+        return weights
+
+    @torch.no_grad()
+    def load_canonical(self, weights: Mapping[str, np.ndarray]) -> None:
+        """Copy canonical weights of this module's sizes into it, cast to its dtype."""
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        check_mla_canonical(
+            weights, n_heads=self.dims.H, qk_rope_head_dim=self.dims.Dr, expected=self.dims
+        )
+        for name, w in weights.items():
+            owner, _, leaf = name.partition(".")
+            t = tensor_from_numpy(w)
+            if leaf == "kernel":
+                getattr(self, owner).weight.copy_(linear_weight(t))  # (out, in)
+            else:
+                getattr(self, owner).copy_(t)  # a norm's weight, or sinks
+
+    @classmethod
+    def from_canonical(
+        cls,
+        weights: Mapping[str, np.ndarray],
+        *,
+        n_heads: int,
+        qk_rope_head_dim: int,
+        dtype: torch.dtype | str | None = None,
+        sinks: bool | None = None,
+        device: torch.device | str | None = None,
+        **settings: Any,
+    ) -> MultiHeadLatentAttention:
+        """A module holding ``weights``; M, Q, R, Dn, E and sinks come from the shapes.
+        ``settings``: the constructor's ``rope_*``, ``rms_norm_eps``, ``window``, ``softcap``,
+        ``scale``."""
+        weights = {name: np.asarray(w) for name, w in weights.items()}
+        d = check_mla_canonical(
+            weights, n_heads=n_heads, qk_rope_head_dim=qk_rope_head_dim, sinks=sinks
+        )
+        first = weights["kv_a_proj_with_mqa.kernel"].dtype
+        dtype = _torch_dtype(first if dtype is None else dtype)
+        module = cls(
+            d.M, d.H, kv_lora_rank=d.R, qk_nope_head_dim=d.Dn, qk_rope_head_dim=d.Dr,
+            v_head_dim=d.E, q_lora_rank=d.Q, sinks=d.sinks, dtype=dtype, device=device,
+            **settings,
+        )  # fmt: skip
+        module.load_canonical(weights)
+        return module
+
+    def _settings(self) -> dict[str, Any]:
+        o = self.options
+        return {"rms_norm_eps": self.rms_norm_eps, "softcap": o.softcap, "scale": o.scale,
+                "window": None if o.window is None else list(o.window)}  # fmt: skip
+
+    def save(self, path: str | os.PathLike) -> None:
+        """Write the canonical weights with H, Dr and the settings in the metadata."""
+        metadata = mla_metadata(self.dims, self.rope, self._settings())
+        save_file(self.to_canonical(), os.fspath(path), metadata=metadata)
+
+    @classmethod
+    def load(
+        cls,
+        path: str | os.PathLike,
+        *,
+        dtype: torch.dtype | str | None = None,
+        device: torch.device | str | None = None,
+    ) -> MultiHeadLatentAttention:
+        """A module from a file written by ``save`` (by any of the three implementations)."""
+        with safe_open(os.fspath(path), framework="numpy") as f:
+            settings = mla_from_metadata(f.metadata())
+            weights = {name: f.get_tensor(name) for name in f.keys()}
+        return cls.from_canonical(weights, dtype=dtype, device=device, **settings)
