@@ -189,6 +189,18 @@ class Case:
         return dict(self.entry.get("tolerance", {}))
 
     @property
+    def kernel_tolerance(self) -> dict[str, float]:
+        """The kernels' bound (an fp8 case's ``kernel_tolerance``; FORMAT.md): used instead of
+        :attr:`tolerance` for a port that declares ``KERNEL_TOLERANCE = True``."""
+        return dict(self.entry.get("kernel_tolerance", {}))
+
+    @property
+    def result_dtype(self) -> str:
+        """The dtype of the results (``result_dtype``: bfloat16 for an fp8 query), else the
+        case's dtype."""
+        return self.entry.get("result_dtype", self.entry["dtype"])
+
+    @property
     def n_elements(self) -> int:
         return sum(math.prod(s) for s in self.entry.get("shapes", {}).values())
 

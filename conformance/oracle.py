@@ -966,6 +966,8 @@ def paged_cache_write(
         key_cache[slot // page_size][slot % page_size] = key[t]
         value_cache[slot // page_size][slot % page_size] = value[t]
     return key_cache, value_cache
+
+
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float, round_to: str | None = None):
     """``x / sqrt(mean(x^2) + eps) * weight`` of each row ``x[..., :]``, one row at a time
     (``math.fsum``), rounded to ``round_to`` once at the end (the plain module's one rounding)."""

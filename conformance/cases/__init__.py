@@ -48,8 +48,9 @@ from conformance.cases import (  # noqa: F401
     sdpa,
     varlen,
 )
-from conformance.cases import fp8  # noqa: F401, E402  (last: after every sdpa case)
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
 from conformance.cases.decode import DECODE_CHUNKINGS, ROLLING_CHUNKINGS
 
 __all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases"]
+
+from conformance.cases import fp8  # noqa: F401  (registered last: after every sdpa case)

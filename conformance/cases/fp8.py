@@ -289,7 +289,11 @@ def quantize_double_rounding(rng, dtype):
 # Errors: every fp8 code (the runner passes zeros, or an input's given values)
 # ---------------------------------------------------------------------------------------------
 
-Q8, K8, V8 = z(B, H, L, D, dtype=E4M3[0]), z(B, K, S, D, dtype=E4M3[0]), z(B, K, S, E, dtype=E4M3[0])
+Q8, K8, V8 = (
+    z(B, H, L, D, dtype=E4M3[0]),
+    z(B, K, S, D, dtype=E4M3[0]),
+    z(B, K, S, E, dtype=E4M3[0]),
+)
 Q32, K32, V32 = z(B, H, L, D), z(B, K, S, D), z(B, K, S, E)
 fp8_error = partial(case, "sdpa", functions=("sdpa", "weights"))
 

@@ -15,6 +15,12 @@ arrays as float32 inputs (scalars are keywords), sinks float32. The golden is
   product (FlashAttention 3), for a float query the same as the strict computation; never below
   the strict bound.
 
+Cross-checks at generation: every stored fp8 value (the oracle's own rounding,
+:func:`conformance.oracle.fp8_rounded`) must equal ``ml_dtypes``' cast and torch's cast of the
+same saturated float32 quotient (:func:`casts_agree`, else the generator stops); the golden of
+an ``sdpa.fp8.*`` case goes to the frameworks' kernels on the dequantized inputs in float64, as
+every sdpa golden does (conformance/generate/cross_check.py).
+
 ``result_dtype`` is bfloat16 for an fp8 query, else the query's dtype. A ``quantize.*`` case
 stores x in its dtype (and a static descale array); its goldens, ``output`` (the fp8 values)
 and ``output_descale``, are the oracle's ``quantize_fp8``, in float64 like every golden, and
@@ -50,6 +56,30 @@ def _fp8(values: np.ndarray, fmt: str) -> np.ndarray:
     return values.astype(np.float32).astype(getattr(ml_dtypes, fmt))
 
 
+def casts_agree(
+    x: np.ndarray, fmt: str, descale: np.ndarray, values: np.ndarray, where: str
+) -> None:
+    """The oracle's fp8 values of ``x`` at ``descale`` (broadcast to x) against ``ml_dtypes``'
+    cast and torch's (when torch imports) of the saturated float32 quotient; SystemExit when
+    either differs by a single value."""
+    bound = float(ml_dtypes.finfo(getattr(ml_dtypes, fmt)).max)
+    quotient = np.clip(np.asarray(x).astype(np.float32) / descale, -bound, bound)
+    casts = {"ml_dtypes": quotient.astype(getattr(ml_dtypes, fmt)).astype(np.float64)}
+    try:
+        import torch
+    except ImportError:  # the ml_dtypes check alone
+        torch = None
+    if torch is not None:
+        cast = torch.from_numpy(np.ascontiguousarray(quotient)).to(getattr(torch, fmt))
+        casts["torch"] = cast.to(torch.float64).numpy()
+    for name, got in casts.items():
+        if not np.array_equal(got, values):
+            bad = int(np.sum(got != values))
+            raise SystemExit(
+                f"{where}: {name}'s {fmt} cast differs from the oracle's in {bad} values"
+            )
+
+
 def fp8_attention_fixture(case: C.CaseDef, fmt: str, c: Fp8Call) -> Fixture:
     """One ``sdpa.fp8.*`` fixture of format ``fmt`` (its key and value; the query's too unless
     ``c.query_dtype``)."""
@@ -64,6 +94,7 @@ def fp8_attention_fixture(case: C.CaseDef, fmt: str, c: Fp8Call) -> Fixture:
         d32 = np.float32(1.0) if d is None else np.asarray(d, np.float32)
         batch = raw.shape[:-2]
         values, _ = quantize_fp8(raw, fmt, axes=(-2, -1), descale=np.broadcast_to(d32, batch))
+        casts_agree(raw, fmt, np.broadcast_to(d32, batch)[..., None, None], values, case.name)
         inputs[name] = _fp8(values, fmt)
         descales[dname] = d
     if c.mask is not None:
@@ -94,7 +125,10 @@ def fp8_attention_fixture(case: C.CaseDef, fmt: str, c: Fp8Call) -> Fixture:
     fields, data = _values_fields(case_id, case, keywords, tensors, strict, inputs)
     doc = fields.pop("doc")
     fields |= {"kernel_tolerance": kernels, "result_dtype": out, "doc": doc}
-    return Fixture(_entry(case_id, case, fmt, **fields), data)
+    checked = {"query": q64, "key": k64, "value": v64}  # the kernels' float64 cross-check
+    checked |= {k: v for k, v in extra.items() if v is not None}
+    check = (checked, c.keywords, golden, strict)
+    return Fixture(_entry(case_id, case, fmt, **fields), data, check)
 
 
 def _quantize_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
@@ -110,6 +144,10 @@ def _quantize_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     axes = (axes,) if isinstance(axes, int) else tuple(axes)
     given = inputs.get("descale", keywords.get("descale"))
     values, d = quantize_fp8(x.astype(np.float64) if dtype == "float64" else x, fmt, axes, given)
+    keep = tuple(
+        1 if a % x.ndim in {b % x.ndim for b in axes} else n for a, n in enumerate(x.shape)
+    )
+    casts_agree(x, fmt, d.reshape(keep), values, case.name)
     tensors = {**inputs, "output": values, "output_descale": d.astype(np.float64)}
     case_id = f"quantize.{case.name}.{dtype}"
     fields, data = _values_fields(case_id, case, keywords, tensors, {}, inputs)
