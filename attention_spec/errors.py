@@ -195,6 +195,20 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "attention_factor": (ConfigError, "rotary attention_factor not a finite number > 0"),
     # -- multi-head latent attention (attention_spec/mla.py) ---------------------------------
     "mla_dims": (ConfigError, "an MLA size <= 0, an odd qk_rope_head_dim, or a bad rms_norm_eps"),
+    # -- all-to-all sequence parallelism (Ulysses, USP; contract v3) --------------------------
+    "ulysses_heads": (
+        DimensionMismatchError,
+        "Ulysses: n_shards does not divide the H query heads",
+    ),
+    "ulysses_length": (DimensionMismatchError, "Ulysses: n_shards does not divide L and S"),
+    "ulysses_kv_heads": (
+        DimensionMismatchError,
+        "Ulysses: neither K % n_shards == 0 (split) nor n_shards % K == 0 (replicate)",
+    ),
+    "usp_shape": (
+        DimensionMismatchError,
+        "USP: ulysses_shards does not fit H or K, or u * r (2 u r zigzag) does not divide L and S",
+    ),
 }
 
 
@@ -216,6 +230,8 @@ ROTARY_ERROR_CODES: frozenset[str] = frozenset(
 #: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.
 SHARDED_ERROR_CODES: frozenset[str] = frozenset(
     {"length_not_divisible", "kv_heads_not_divisible", "unknown_layout", "shard_devices"}
+    # all-to-all sequence parallelism (ulysses_attention, usp_attention; contract v3)
+    | {"ulysses_heads", "ulysses_length", "ulysses_kv_heads", "usp_shape"}
 )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from attention_spec.arrays import broadcast_shapes
 from attention_spec.call import AttentionDims
@@ -28,15 +28,23 @@ __all__ = [
     "LAYOUTS",
     "RingLayout",
     "RingStep",
+    "UlyssesExchange",
+    "UlyssesPlan",
+    "UspPlan",
     "block_computed",
     "block_visible",
     "check_head_parallel",
     "check_ring",
     "check_shard_config",
     "check_shard_devices",
+    "check_ulysses",
+    "check_usp",
+    "check_usp_config",
     "ring_bytes_per_step",
     "ring_memory_per_device",
     "shard_chunks",
+    "ulysses_bytes_per_exchange",
+    "usp_bytes_per_device",
 ]
 
 #: The two ways of cutting L and S into shards (see :func:`shard_chunks`).
@@ -258,3 +266,224 @@ def ring_memory_per_device(
         + terms["query_compute_copy"]
     )
     return terms
+
+
+# ---------------------------------------------------------------------------------------------
+# All-to-all sequence parallelism (Ulysses; contract v3)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class UlyssesPlan:
+    """Which heads each of ``n`` devices attends after Ulysses' first all-to-all.
+
+    ``heads[r] = (start, stop)``: the query heads of device r, ``r*H/n .. (r+1)*H/n - 1``.
+    ``kv_heads[r] = (start, stop)``: its key/value heads: ``r*K/n .. (r+1)*K/n - 1`` when
+    ``K % n == 0`` (split like the queries), else the one head ``r*K // n`` that its query heads
+    read (``n % K == 0``: each key/value head goes to the ``n / K`` devices of its group).
+    ``Lc = L / n`` and ``Sc = S / n``: the positions each device holds before and after.
+    """
+
+    n: int
+    heads: tuple[tuple[int, int], ...]
+    kv_heads: tuple[tuple[int, int], ...]
+    Lc: int
+    Sc: int
+
+
+def check_ulysses(dims: AttentionDims, n_shards: int) -> UlyssesPlan:
+    """Validate a Ulysses call whose attention arguments ``dims`` already passed
+    :func:`~attention_spec.check_attention`, and return its :class:`UlyssesPlan`.
+
+    Raises:
+        DimensionMismatchError ``ulysses_heads``: n does not divide H.
+        DimensionMismatchError ``ulysses_length``: n does not divide L or S.
+        DimensionMismatchError ``ulysses_kv_heads``: neither ``K % n == 0`` nor ``n % K == 0``.
+    """
+    n, H, K, L, S = n_shards, dims.H, dims.K, dims.L, dims.S
+    if H % n:
+        raise make_error(
+            "ulysses_heads",
+            f"Ulysses with n_shards={n} gives each device H/{n} query heads after its "
+            f"all-to-all, so {n} must divide H; got H={H}",
+            expected=f"H % n_shards == 0 (n_shards in {divisors(H)})",
+            actual=f"H={H}, n_shards={n}",
+        )
+    if L % n or S % n:
+        raise make_error(
+            "ulysses_length",
+            f"Ulysses with n_shards={n} starts each device with a contiguous 1/{n} of the "
+            f"positions, so {n} must divide L and S; got L={L}, S={S}",
+            expected=f"L % {n} == 0 and S % {n} == 0",
+            actual=f"L={L}, S={S}",
+        )
+    if K % n and n % K:
+        raise make_error(
+            "ulysses_kv_heads",
+            f"Ulysses with n_shards={n} splits the K={K} key/value heads (K % n == 0) or "
+            f"replicates each to the n/K devices of its query heads (n % K == 0); neither "
+            f"holds (H={H})",
+            expected=f"K % {n} == 0 or {n} % K == 0",
+            actual=f"K={K}, n_shards={n}",
+        )
+    Hn = H // n
+    heads = tuple((r * Hn, (r + 1) * Hn) for r in range(n))
+    if K % n == 0:
+        kv_heads = tuple((r * K // n, (r + 1) * K // n) for r in range(n))
+    else:  # n % K == 0: device r's query heads all read kv head r*K // n (one group)
+        kv_heads = tuple((r * K // n, r * K // n + 1) for r in range(n))
+    return UlyssesPlan(n, heads, kv_heads, L // n, S // n)
+
+
+@dataclass(frozen=True)
+class UspPlan:
+    """How one USP call (Ulysses inside each of r ring groups of u devices) cuts its work.
+
+    ``ring``: the ring across the groups (:class:`RingLayout` for r shards: ring group i holds
+    ring shard i, its chunks side by side, ``c * Lc`` rows and ``c * Sc`` keys). ``ulysses``:
+    Ulysses inside a group (:class:`UlyssesPlan` for u devices over the group's positions:
+    member j holds the contiguous j-th 1/u of them, ``ulysses.Lc`` rows and ``ulysses.Sc``
+    keys, and attends the query heads ``ulysses.heads[j]``). Device ``i * u + j`` is member j
+    of ring group i.
+    """
+
+    u: int
+    r: int
+    ring: RingLayout
+    ulysses: UlyssesPlan
+
+    def rank(self, i: int, j: int) -> int:
+        """The device of member j of ring group i."""
+        return i * self.u + j
+
+
+def check_usp_config(ulysses_shards: object, ring_shards: object, layout: str) -> None:
+    """Validate USP's keywords (ConfigError): both group sizes given, integers >= 1, and
+    ``layout`` one of :data:`LAYOUTS`.
+
+    A hybrid without its group sizes is an error, never a default: a ``"a2a+p2p"`` setting
+    whose sizes were dropped ran without context parallelism and said nothing
+    (Megatron-Bridge PR 2665).
+    """
+    for name, size in (("ulysses_shards", ulysses_shards), ("ring_shards", ring_shards)):
+        if size is None:
+            raise make_error(
+                "non_positive_size",
+                f"usp_attention needs both group sizes, ulysses_shards (u, the devices of a "
+                f"Ulysses group) and ring_shards (r, the ring groups); {name} is None: a hybrid "
+                "without its sizes is not run as one without context parallelism",
+                expected=f"{name} an integer >= 1",
+                actual="None",
+            )
+        check_size(name, size)
+    check_shard_config(1, layout)
+
+
+def check_usp(dims: AttentionDims, ulysses_shards: int, ring_shards: int, layout: str) -> UspPlan:
+    """Validate a USP call (Ulysses inside each of ``ring_shards`` ring groups of
+    ``ulysses_shards`` devices) whose attention arguments ``dims`` passed
+    :func:`~attention_spec.check_attention` and whose keywords passed
+    :func:`check_usp_config`, and return its :class:`UspPlan`.
+
+    Raises:
+        DimensionMismatchError ``usp_shape``: u does not divide H, the key/value rule fails for
+        u, or ``u * r`` (``2 u r`` for zigzag) does not divide L and S.
+    """
+    u, r, H, K, L, S = ulysses_shards, ring_shards, dims.H, dims.K, dims.L, dims.S
+    c = 2 if layout == "zigzag" else 1
+    chunks = u * r * c
+    problems = []
+    if H % u:
+        problems.append(f"H={H} is not divisible by ulysses_shards={u}")
+    if K % u and u % K:
+        problems.append(f"neither K % u nor u % K is 0 (K={K}, ulysses_shards={u})")
+    if L % chunks or S % chunks:
+        problems.append(f"{chunks} does not divide L={L} and S={S}")
+    if problems:
+        raise make_error(
+            "usp_shape",
+            f"USP with ulysses_shards={u}, ring_shards={r}, layout={layout!r}: "
+            + "; ".join(problems),
+            expected=f"H % {u} == 0, K % {u} == 0 or {u} % K == 0, L % {chunks} == 0 and "
+            f"S % {chunks} == 0",
+            actual=f"H={H}, K={K}, L={L}, S={S}",
+        )
+    n_chunks = r * c
+    ring = RingLayout(r, layout, shard_chunks(r, layout), L // n_chunks, S // n_chunks)
+    group = replace(dims, L=L // r, S=S // r)  # the positions of one ring group
+    return UspPlan(u, r, ring, check_ulysses(group, u))
+
+
+@dataclass(frozen=True)
+class UlyssesExchange:
+    """What one device sent in one all-to-all of a Ulysses call (``stats=[]``).
+
+    ``exchange``: ``"query"``, ``"key"``, ``"value"`` (the first all-to-all, positions to heads)
+    or ``"output"`` (the second, heads back to positions); ``r`` the device; ``bytes_sent`` what
+    it sent to the other n - 1 devices (its own piece stays).
+    """
+
+    exchange: str
+    r: int
+    bytes_sent: int
+
+
+def ulysses_bytes_per_exchange(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    output_shape: Sequence[int],
+    n_shards: int,
+    itemsize: int,
+) -> dict[str, int]:
+    """Bytes one device sends in each of Ulysses' four all-to-alls (docs/SHARDED.md), by
+    exchange: ``"query"``, ``"key"``, ``"value"``, ``"output"``.
+
+    A device holds 1/n of the positions of every head and sends each of the other n - 1
+    devices that device's heads of them: ``(n - 1) / n`` of its query and output shards, and of
+    its key and value shards when ``K % n == 0``; with replicated key/value heads (``K < n``)
+    it sends its positions of one key/value head to each of the n - 1 others.
+    """
+    n = n_shards
+
+    def sent(shape: Sequence[int]) -> int:
+        """``prod(batch) * max(heads / n, 1) * positions / n * dim * (n - 1)`` elements."""
+        *batch, heads, positions, dim = shape
+        per_device = max(heads // n, 1)  # the heads each other device receives
+        return math.prod(batch) * per_device * (positions // n) * dim * (n - 1) * itemsize
+
+    shapes = {"query": query_shape, "key": key_shape, "value": value_shape,
+              "output": output_shape}  # fmt: skip
+    return {name: sent(shape) for name, shape in shapes.items()}
+
+
+def usp_bytes_per_device(
+    query_shape: Sequence[int],
+    key_shape: Sequence[int],
+    value_shape: Sequence[int],
+    output_shape: Sequence[int],
+    ulysses_shards: int,
+    ring_shards: int,
+    itemsize: int,
+) -> dict[str, int]:
+    """Bytes one device of a USP call sends (docs/SHARDED.md), by exchange: ``"query"``,
+    ``"key"``, ``"value"``, ``"output"`` (Ulysses' all-to-alls inside its ring group, over the
+    group's ``1/r`` of the positions: :func:`ulysses_bytes_per_exchange` with u devices) and
+    ``"ring"`` (the ring across the groups: r - 1 steps, each passing on the key/value shard of
+    its member's key/value heads, ``K/u`` of them, or 1 when they are replicated).
+    """
+    u, r = ulysses_shards, ring_shards
+
+    def group(shape: Sequence[int]) -> tuple[int, ...]:
+        """The shape of one ring group's positions: 1/r of them."""
+        return (*shape[:-2], shape[-2] // r, shape[-1])
+
+    sent = ulysses_bytes_per_exchange(
+        group(query_shape), group(key_shape), group(value_shape), group(output_shape), u,
+        itemsize,
+    )  # fmt: skip
+    *kb, K, S, D = key_shape
+    *vb, _, _, E = value_shape
+    kv_heads = max(K // u, 1)  # a member's key/value heads
+    per_step = (math.prod(kb) * D + math.prod(vb) * E) * kv_heads * (S // r) * itemsize
+    return {**sent, "ring": per_step * (r - 1)}

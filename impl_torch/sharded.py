@@ -27,6 +27,8 @@ shard (1 contiguous, 2 zigzag), Lc = L / (c n) and Sc = S / (c n) the rows and k
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
@@ -35,12 +37,17 @@ from attention_spec import causal_offset, check_attention, dtype_name
 from attention_spec.modules import check_module_inputs
 from attention_spec.rules import alibi
 from attention_spec.sharded import (
+    RingLayout,
     RingStep,
+    UlyssesExchange,
     block_computed,
     check_head_parallel,
     check_ring,
     check_shard_config,
     check_shard_devices,
+    check_ulysses,
+    check_usp,
+    check_usp_config,
 )
 from impl_torch.flash import _block
 from impl_torch.functional import (
@@ -54,7 +61,13 @@ from impl_torch.functional import (
     scaled_dot_product_attention,
 )
 
-__all__ = ["head_parallel_attention", "head_parallel_gqa", "ring_attention"]
+__all__ = [
+    "head_parallel_attention",
+    "head_parallel_gqa",
+    "ring_attention",
+    "ulysses_attention",
+    "usp_attention",
+]
 
 
 def _rank(n_shards: int, group: dist.ProcessGroup | None) -> int:
@@ -312,6 +325,243 @@ def ring_attention(
         for a, q_chunk in enumerate(chunks[rank]):
             out[..., q_chunk * Lc : (q_chunk + 1) * Lc, :] = piece[..., a * Lc : (a + 1) * Lc, :]
     return out
+
+
+def _exchange(name, piece, n, r, axis, stats, group, rank=None):
+    """One all-to-all of Ulysses, this rank's side: it sends ``piece(r, dst)`` to every rank
+    dst (``dist.all_to_all_single`` over the pieces stacked in rank order) and joins what it
+    received along ``axis`` in source order. Records the bytes it sent to the others, under
+    its rank r in ``group`` or ``rank`` (USP: its rank among all the devices)."""
+    pieces = torch.stack([piece(r, dst) for dst in range(n)])  # (n, ...): piece dst to rank dst
+    received = torch.empty_like(pieces)  # received[src]: what rank src sent this rank
+    dist.all_to_all_single(received, pieces, group=group)
+    if stats is not None:
+        sent = pieces.nbytes // n * (n - 1)
+        stats.append(UlyssesExchange(name, r if rank is None else rank, sent))
+    return torch.cat(list(received.unbind(0)), dim=axis)
+
+
+@torch.no_grad()
+def ulysses_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    n_shards: int,
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
+    stats: list[UlyssesExchange] | None = None,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` on ``n_shards`` processes by all-to-all sequence
+    parallelism (Ulysses), shape ``(..., H, L, E)``; every rank passes the same arguments and
+    gets the whole output.
+
+    Args:
+        query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
+        n_shards: n, the size of the process group, which must divide H, L and S; K % n == 0
+            (key/value heads split) or n % K == 0 (each key/value head replicated to the n / K
+            ranks of its group).
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in
+            :func:`impl_torch.functional.attention_weights`; a head axis of size H (of mask
+            or bias), sinks and ALiBi slopes ``(H,)`` are split with the query heads; segment
+            ids, and masks and biases without a head axis (or with one of size 1), go whole to
+            every rank.
+        group: the process group (default: the world).
+        stats: a list to append this rank's :class:`~attention_spec.sharded.UlyssesExchange`
+            per all-to-all to (the bytes it sent), or None.
+
+    Forward only, like the ring: the result has no autograd history.
+
+    Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
+    ``shard_devices``; DimensionMismatchError ``ulysses_heads``, ``ulysses_length``,
+    ``ulysses_kv_heads``.
+    """
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    check_shard_config(n_shards)
+    call = check_attention(query, key, value, **kw)
+    plan = check_ulysses(call, n_shards)
+    r = _rank(n_shards, group)  # this process
+    n, heads, kv_heads, Lc, Sc = plan.n, plan.heads, plan.kv_heads, plan.Lc, plan.Sc
+    if call.L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked)
+        return query.new_zeros((*call.batch, call.H, call.L, call.E))
+
+    # U1. split: this rank holds a contiguous 1/n of the positions, every head: query rows
+    #     r*Lc .. (r+1)*Lc - 1, key and value positions r*Sc .. (r+1)*Sc - 1.
+    q_rows = query[..., r * Lc : (r + 1) * Lc, :]  # (..., H, Lc, D)
+    k_rows = key[..., r * Sc : (r + 1) * Sc, :]  # (..., K, Sc, D)
+    v_rows = value[..., r * Sc : (r + 1) * Sc, :]  # (..., K, Sc, E)
+
+    # U2. all-to-all, positions to heads: this rank sends rank d its positions of d's query
+    #     heads and of the key/value heads they read; it joins what it gets along the
+    #     positions, in source order: every position of its heads.
+    grp = group
+    q = _exchange("query", lambda r, d: _block(q_rows, -3, *heads[d]), n, r, -2, stats, grp)
+    k = _exchange("key", lambda r, d: _block(k_rows, -3, *kv_heads[d]), n, r, -2, stats, grp)
+    v = _exchange("value", lambda r, d: _block(v_rows, -3, *kv_heads[d]), n, r, -2, stats, grp)
+    # q (..., H/n, L, D), k (..., K/n or 1, S, D), v (..., K/n or 1, S, E)
+
+    # U3. attend: the unsharded contract on this rank's heads, every position (mask, bias,
+    #     sinks and ALiBi slopes: its query heads; segment ids and head-less masks: whole).
+    on_heads = kw | {
+        "mask": _block(kw["mask"], -3, *heads[r]),
+        "bias": _block(kw["bias"], -3, *heads[r]),
+        "sinks": _block(kw["sinks"], -1, *heads[r]),
+        "alibi_slopes": _block(kw["alibi_slopes"], -1, *heads[r]),
+    }  # this rank's heads of mask, bias, sinks and slopes; every other keyword whole
+    out = scaled_dot_product_attention(q, k, v, **on_heads)  # (..., H/n, L, E)
+
+    # U4. all-to-all, heads to positions: this rank sends rank d its heads at d's rows and
+    #     joins what it gets along the heads, in source order: its rows, every head. Then every
+    #     rank's rows to every rank, in order (the whole output).
+    mine = _exchange("output", lambda r, d: out[..., d * Lc : (d + 1) * Lc, :], n, r, -3,
+                     stats, grp).contiguous()  # (..., H, Lc, E)  # fmt: skip
+    pieces = [torch.empty_like(mine) for _ in range(n)]
+    dist.all_gather(pieces, mine, group=group)
+    return torch.cat(pieces, dim=-2)  # (..., H, L, E)
+
+
+#: USP's sub-groups, made once per (u, r, process group): new_group is collective.
+_USP_GROUPS: dict = {}
+
+
+def _usp_groups(u: int, r: int, group: dist.ProcessGroup | None) -> tuple[list, list]:
+    """The sub-groups of the ``u * r`` ranks of ``group``: Ulysses group i is the ranks
+    ``i*u .. i*u + u - 1`` (ring group i's members), ring j the ranks ``j, u + j, ..`` (member
+    j of every ring group). Every rank makes every sub-group, in the same order."""
+    world = group if group is not None else dist.group.WORLD
+    if (u, r, world) not in _USP_GROUPS:
+        ulysses = [dist.new_group([_peer(group, i * u + j) for j in range(u)]) for i in range(r)]
+        rings = [dist.new_group([_peer(group, i * u + j) for i in range(r)]) for j in range(u)]
+        _USP_GROUPS[(u, r, world)] = (ulysses, rings)
+    return _USP_GROUPS[(u, r, world)]
+
+
+def _shard_order(ring: RingLayout, size: int) -> torch.Tensor:
+    """The positions of the sequence in ring shard order (chunks of ``size`` positions)."""
+    return torch.cat([torch.arange(a * size, (a + 1) * size) for s in ring.chunks for a in s])
+
+
+@torch.no_grad()
+def usp_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    *,
+    ulysses_shards: int | None = None,
+    ring_shards: int | None = None,
+    layout: str = "contiguous",
+    mask: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    scale: float | None = None,
+    softcap: float | None = None,
+    window: tuple[int | None, int | None] | None = None,
+    q_segment_ids: torch.Tensor | None = None,
+    kv_segment_ids: torch.Tensor | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    group: dist.ProcessGroup | None = None,
+    stats: list[UlyssesExchange | RingStep] | None = None,
+) -> torch.Tensor:
+    """``scaled_dot_product_attention`` on ``u * r`` processes by USP, Ulysses inside each of
+    r ring groups of u ranks, shape ``(..., H, L, E)``; every rank passes the same arguments
+    and gets the whole output. Rank ``i * u + j`` is member j of ring group i; the Ulysses
+    all-to-alls run in sub-groups of u ranks, the ring in sub-groups of r (:func:`_usp_groups`).
+
+    Args:
+        query: ``(..., H, L, D)``; key ``(..., K, S, D)``; value ``(..., K, S, E)``.
+        ulysses_shards: u, which must divide H, with K % u == 0 or u % K == 0. Required.
+        ring_shards: r; ``u * r`` must be the group's size, and ``u * r`` (contiguous) or
+            ``2 u r`` (zigzag) must divide L and S. Required.
+        layout: the ring's shards, as in :func:`ring_attention`.
+        mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
+            kv_segment_ids, sinks, alibi_slopes: as in :func:`ulysses_attention` and
+            :func:`ring_attention`.
+        group: the process group of the u * r ranks (default: the world).
+        stats: a list to append this rank's all-to-alls and ring steps to, under its rank.
+
+    Forward only, like the ring.
+
+    Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``
+    (a group size missing or < 1), ``unknown_layout``, ``shard_devices``;
+    DimensionMismatchError ``usp_shape``.
+    """
+    query, key, value, kw = _converted(query, key, value, given=locals())
+    check_usp_config(ulysses_shards, ring_shards, layout)
+    call = check_attention(query, key, value, **kw)
+    plan = check_usp(call, ulysses_shards, ring_shards, layout)
+    u, r, ring = plan.u, plan.r, plan.ring
+    heads, kv_heads = plan.ulysses.heads, plan.ulysses.kv_heads  # member j's query, kv heads
+    Lm, Sm = plan.ulysses.Lc, plan.ulysses.Sc  # the rows and keys each rank starts with
+    g = _rank(u * r, group)  # this process
+    i, j = divmod(g, u)  # member j of ring group i
+    if call.L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked)
+        return query.new_zeros((*call.batch, call.H, call.L, call.E))
+    mates, ring_mates = (groups[k] for groups, k in zip(_usp_groups(u, r, group), (i, j)))
+
+    # S1. split: ring group i holds ring shard i (its chunks side by side, as ring_attention's
+    #     R1 cuts them) and its member j the contiguous j-th 1/u of it: this rank g = i*u + j
+    #     holds rows g*Lm .. (g+1)*Lm - 1 and keys g*Sm .. of the sequence in shard order.
+    rows, keys = _shard_order(ring, ring.Lc).to(query.device), _shard_order(ring, ring.Sc)
+    keys = keys.to(query.device)
+    q_rows = query[..., rows[g * Lm : (g + 1) * Lm], :]  # (..., H, Lm, D)
+    k_rows = key[..., keys[g * Sm : (g + 1) * Sm], :]  # (..., K, Sm, D)
+    v_rows = value[..., keys[g * Sm : (g + 1) * Sm], :]  # (..., K, Sm, E)
+
+    # S2. all-to-all inside the ring group, positions to heads (Ulysses' U2): every position
+    #     of the group (ring shard i, in shard order) of member j's query heads and of the
+    #     key/value heads they read.
+    q = _exchange("query", lambda a, d: _block(q_rows, -3, *heads[d]), u, j, -2, stats, mates, g)
+    k = _exchange("key", lambda a, d: _block(k_rows, -3, *kv_heads[d]), u, j, -2, stats, mates, g)
+    v = _exchange("value", lambda a, d: _block(v_rows, -3, *kv_heads[d]), u, j, -2, stats, mates,
+                  g)  # fmt: skip
+
+    # S3. the ring across the groups: this rank is rank i of member j's ring, holding ring
+    #     shard i of its heads; ring_attention reads only its own shard of the arrays it is
+    #     given (the rest zeros here, never read) and passes keys and values on to the others.
+    shard_rows = rows[i * Lm * u : (i + 1) * Lm * u]  # ring shard i's positions
+    shard_keys = keys[i * Sm * u : (i + 1) * Sm * u]
+    q_all = q.new_zeros((*q.shape[:-2], call.L, call.D))
+    k_all = k.new_zeros((*k.shape[:-2], call.S, call.D))
+    v_all = v.new_zeros((*v.shape[:-2], call.S, call.E))
+    q_all[..., shard_rows, :], k_all[..., shard_keys, :], v_all[..., shard_keys, :] = q, k, v
+    on_heads = kw | {
+        "mask": _block(kw["mask"], -3, *heads[j]),
+        "bias": _block(kw["bias"], -3, *heads[j]),
+        "sinks": _block(kw["sinks"], -1, *heads[j]),
+        "alibi_slopes": _block(kw["alibi_slopes"], -1, *heads[j]),
+    }  # member j's heads of mask, bias, sinks and slopes; every other keyword whole
+    steps = None if stats is None else []
+    out = ring_attention(q_all, k_all, v_all, n_shards=r, layout=layout, group=ring_mates,
+                         stats=steps, **on_heads)  # fmt: skip  # (..., H/u, L, E)
+    for step in steps or ():  # the ring's rank i is rank (i, j)
+        stats.append(replace(step, r=plan.rank(step.r, j), src=plan.rank(step.src, j)))
+
+    # S4. all-to-all inside the ring group, heads to positions (Ulysses' U4): member j sends
+    #     member d its heads at d's rows; joined along the heads: this rank's rows, every head.
+    def its_rows(a, d):
+        d = plan.rank(i, d)  # member d's rank
+        return out[..., rows[d * Lm : (d + 1) * Lm], :]
+
+    mine = _exchange("output", its_rows, u, j, -3, stats, mates, g).contiguous()
+
+    # S5. gather: every rank's rows to every rank; in rank order they are the sequence in shard
+    #     order; back to their positions.
+    pieces = [torch.empty_like(mine) for _ in range(u * r)]
+    dist.all_gather(pieces, mine, group=group)
+    return torch.cat(pieces, dim=-2)[..., torch.argsort(rows), :]  # (..., H, L, E)
 
 
 @torch.no_grad()

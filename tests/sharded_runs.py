@@ -26,6 +26,7 @@ import numpy as np
 
 from conformance.fixtures import ARRAY_KEYWORDS
 from conformance.runner import SHARDED_ALIASES, Run, runs_for
+from conformance.runner.functions import FUNCTIONS
 
 #: The alias of the head-parallel module forward (module fixtures; n must divide K).
 MODULE_ALIAS = "head_parallel_gqa"
@@ -121,5 +122,11 @@ def call(module: Any, run: Run, arrays: dict[str, Any], keywords: dict[str, Any]
     q, k, v = arrays["query"], arrays["key"], arrays["value"]
     if run.function == "head_parallel":
         return module.head_parallel_attention(q, k, v, **kw, **extra)
+    if run.function == "ulysses":
+        return module.ulysses_attention(q, k, v, **kw, **extra)
+    if run.function == "usp":  # the runner's group sizes for n devices, its zigzag ring
+        spec = FUNCTIONS["usp"]
+        kw = {k: v for k, v in kw.items() if k != "n_shards"} | spec.shard_keywords(run.shards)
+        return module.usp_attention(q, k, v, **spec.defaults, **kw, **extra)
     layout = "zigzag" if run.function == "ring_zigzag" else "contiguous"
     return module.ring_attention(q, k, v, layout=layout, **kw, **extra)

@@ -511,7 +511,10 @@ def test_sharded_errors_are_identical_in_all_three(name: str) -> None:
 
 
 def test_every_sharded_code_is_raised_somewhere() -> None:
-    assert {c[3] for c in ERROR_CASES.values()} | {"shard_devices"} >= SHARDED_ERROR_CODES
+    from tests.test_ulysses import ERROR_CASES as ULYSSES_ERROR_CASES  # and usp_shape there
+
+    ulysses = {c[2] for c in ULYSSES_ERROR_CASES.values()} | {"usp_shape"}
+    assert {c[3] for c in ERROR_CASES.values()} | {"shard_devices"} | ulysses >= SHARDED_ERROR_CODES
 
 
 def test_too_few_devices_or_processes_is_a_config_error() -> None:

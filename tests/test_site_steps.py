@@ -343,7 +343,12 @@ def test_the_page_is_static_and_has_every_row(tmp_path, real):
     built = build(tmp_path / "site")
     page = built.index.read_text()
     assert not re.search(r"""(src|href)=["'](https?:)?//""", page)  # nothing from the network
-    assert "<script" not in page
+    # the only scripts: the visualizer's data and its own file, next to the page
+    scripts = re.findall(r"<script[^>]*>", page)
+    assert scripts == [
+        '<script type="application/json" id="viz-data">',
+        '<script src="visualizer.js">',
+    ]
     for s in real.values():
         assert f'id="{s.section.id}"' in page
     assert page.count('<tr class="step"') == sum(len(s.steps) for s in real.values())
@@ -357,3 +362,35 @@ def test_the_page_is_static_and_has_every_row(tmp_path, real):
     link = re.search(r'href="([^"]+)#L(\d+)">impl_numpy/functional\.py:(\d+)', page)
     target = (built.index.parent / link.group(1)).resolve()
     assert target == ROOT / "impl_numpy" / "functional.py" and link.group(2) == link.group(3)
+
+
+def test_the_page_links_every_notebook_and_its_rendered_copy(tmp_path):
+    pytest.importorskip("nbconvert")
+    out = tmp_path / "site"
+    built = build(out)
+    page = built.index.read_text()
+    paths = sorted((ROOT / "notebooks").glob("*.ipynb"))
+    assert len(built.notebooks) == len(paths) >= 6
+    for path, notebook in zip(paths, built.notebooks):
+        source = f"notebooks/{path.name}"
+        assert notebook.source == source and notebook.title
+        href = re.search(f'<a class="notebook" href="([^"]*{re.escape(source)})"', page)
+        assert href, source
+        assert (out / href.group(1)).resolve() == path  # the link reaches the notebook
+        assert f'<a class="rendered" href="{notebook.rendered}">' in page
+        rendered = (out / notebook.rendered).read_text()
+        assert "<html" in rendered
+        assert not re.search(r"""(src|href)=["'](https?:)?//""", rendered)  # opens offline
+        # the title's words (nbconvert escapes quotes its own way)
+        assert all(word in rendered for word in re.findall(r"[A-Za-z]{4,}", notebook.title))
+
+
+def test_a_github_source_url_adds_a_colab_link_to_each_notebook(tmp_path):
+    pytest.importorskip("nbconvert")
+    base = "https://github.com/owner/rosetta/blob/0123abc/"
+    built = build(tmp_path / "site", source_url=base)
+    page = built.index.read_text()
+    for n in built.notebooks:
+        colab = f"https://colab.research.google.com/github/owner/rosetta/blob/0123abc/{n.source}"
+        assert f'<a class="colab" href="{colab}">Colab</a>' in page
+    assert 'class="colab"' not in build(tmp_path / "local").index.read_text()  # file links

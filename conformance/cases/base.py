@@ -54,7 +54,7 @@ B, H, K, L, S, D, E = 2, 6, 2, 5, 7, 11, 13
 MB, ML, MS, MM, MD = 2, 5, 7, 24, 4
 
 #: The sharded aliases an attention case is run against (with n shards wherever n fits).
-SHARDED = ("ring", "ring_zigzag", "head_parallel")
+SHARDED = ("ring", "ring_zigzag", "head_parallel", "ulysses", "usp")
 #: The port functions (runner aliases) a case of each op is run against, unless it says so.
 OP_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "sdpa": ("sdpa", "weights", "flash", *SHARDED),

@@ -26,6 +26,9 @@ from conformance.cases.rope import yarn_inv_freq
 
 H, Q, R, Dn, Dr, E = 3, 7, 11, 5, 4, 6
 MLA = "MultiHeadLatentAttention"
+#: MLA's forward runs are ``module`` alone: ``head_parallel_gqa`` shards a GQA module's key/value
+#: heads, and latent attention has no sharded form in the contract.
+MODULE_ONLY = ("module",)
 
 
 def mla_weights(rng, *, q_lora: int | None = Q, m: int = MM, sinks: bool = False) -> dict:
@@ -70,7 +73,7 @@ def yarn_settings(factor: float = 4.0, mscale: float = 1.0, mscale_all_dim: floa
             "scale": (Dn + Dr) ** -0.5 * m(mscale_all_dim) ** 2}  # fmt: skip
 
 
-@case("module", "mla.q_proj.causal", ALL_DTYPES)
+@case("module", "mla.q_proj.causal", ALL_DTYPES, functions=MODULE_ONLY)
 def module_mla_q_proj(rng, dtype):
     """q_lora_rank None (one q_proj), causal, the weights of every head: keys and values of the
     three heads from one latent, the rope part of every key the same rotated k_pe."""
@@ -78,7 +81,7 @@ def module_mla_q_proj(rng, dtype):
                 keywords={"is_causal": True, "return_weights": True})  # fmt: skip
 
 
-@case("module", "mla.q_lora.interleaved.causal", ALL_DTYPES)
+@case("module", "mla.q_lora.interleaved.causal", ALL_DTYPES, functions=MODULE_ONLY)
 def module_mla_q_lora_interleaved(rng, dtype):
     """q_lora_rank 7 (q_a_proj, RMSNorm, q_b_proj), interleaved rope pairs (DeepSeek's
     checkpoints), causal with bottom_right alignment (L = S: the lower triangle too)."""
@@ -87,7 +90,7 @@ def module_mla_q_lora_interleaved(rng, dtype):
                           "return_weights": True})  # fmt: skip
 
 
-@case("module", "mla.yarn.causal", ("float64", "float32"))
+@case("module", "mla.yarn.causal", ("float64", "float32"), functions=MODULE_ONLY)
 def module_mla_yarn(rng, dtype):
     """DeepSeek's YaRN (factor 4, mscale 1, mscale_all_dim 0.5): scaled frequencies, attention
     factor 1.0648 on cos and sin, softmax scale (Dn + Dr) ** -0.5 * 1.0693 ** 2. A port taking
@@ -96,7 +99,7 @@ def module_mla_yarn(rng, dtype):
                 keywords={"is_causal": True, "return_weights": True})  # fmt: skip
 
 
-@case("module", "mla.mask.fully_masked_row", ("float32", "bfloat16"))
+@case("module", "mla.mask.fully_masked_row", ("float32", "bfloat16"), functions=MODULE_ONLY)
 def module_mla_fully_masked(rng, dtype):
     """A (B, 1, L, S) mask with query row 2 of example 1 masked everywhere: that row's output is
     o_proj of zeros, zero; the other rows see a ragged set of keys."""
@@ -106,7 +109,7 @@ def module_mla_fully_masked(rng, dtype):
                 keywords={"return_weights": True})  # fmt: skip
 
 
-@case("module", "mla.window.sinks.softcap", ("float64", "float32"))
+@case("module", "mla.window.sinks.softcap", ("float64", "float32"), functions=MODULE_ONLY)
 def module_mla_window_sinks(rng, dtype):
     """window (2, 0), learned sinks (H,), softcap 5, causal: the v2 settings on MLA's scores."""
     return _mla(mla_weights(rng, sinks=True), normal(rng, MB, ML, MM), window=[2, 0], softcap=5.0,

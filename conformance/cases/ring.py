@@ -266,6 +266,46 @@ def alibi_bottom_right(rng, dtype):
 
 
 # ---------------------------------------------------------------------------------------------
+# All-to-all sequence parallelism (Ulysses, USP): the head bookkeeping (contract v3)
+# ---------------------------------------------------------------------------------------------
+
+
+@ring_case("ulysses.gqa.h8_k1.causal.l32_s32", ("float64", "float32"), shards=(2, 4, 8))
+def ulysses_gqa_8_1(rng, dtype):
+    """GQA 8:1 (one key/value head, MQA), causal: Ulysses gives each of n devices H/n query
+    heads and the one key/value head, replicated to all of them (n % K == 0). Catches a port
+    that splits the key/value heads like the queries ([1, 0, 0, 0] at n = 4: DeepSpeed's
+    [4, 4, 4, 0]) or pads them with zero heads."""
+    return call(*_qkv(rng, h=8, k=1, l=32, s=32), is_causal=True)
+
+
+@ring_case("ulysses.gqa.h8_k2.head_mask.sinks.alibi.l32_s48", ("float64", "float32"),
+           shards=(2, 4, 8))  # fmt: skip
+def ulysses_gqa_8_2(rng, dtype):
+    """GQA 8:2, a mask with a head axis of 8, a sink and an ALiBi slope per head, causal
+    bottom_right with L = 32 < S = 48: at n = 4 and 8 the two key/value heads each go to the
+    n / 2 devices of their group, and the mask, sinks and slopes must go with the query heads
+    (every device taking the first H/n of them is wrong). Key/value head n's values sit near
+    2n, so a query head given the wrong key/value head shows."""
+    mask = rng.random((1, 8, 32, 48)) > 0.25
+    mask[0, 5, 7] = False  # a fully masked row on head 5
+    return call(*_qkv(rng, h=8, k=2, l=32, s=48), mask=mask, is_causal=True,
+                causal_alignment="bottom_right", sinks=rng.standard_normal(8),
+                alibi_slopes=2.0 ** (-np.arange(1, 9)))  # fmt: skip
+
+
+@ring_case("ulysses.gqa.h12_k4.window.segments.l48_s48", ("float64",), shards=(2, 4))
+def ulysses_gqa_12_4(rng, dtype):
+    """GQA 12:4 (groups of 3 query heads), a window (5, 2) and three packed documents whose
+    boundaries fall inside the shards: the key/value heads split (K % n == 0 at n = 2, 4), so
+    each device's query heads must be exactly those reading its key/value heads; the window and
+    the documents are checked across the shard boundaries."""
+    ids = np.repeat([0, 1, 2], [13, 21, 14])[None]  # (1, 48)
+    return call(*_qkv(rng, h=12, k=4, l=48, s=48), window=(5, 2), q_segment_ids=ids,
+                kv_segment_ids=ids)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
 # Errors: the sharded rules of the taxonomy
 # ---------------------------------------------------------------------------------------------
 
@@ -303,3 +343,45 @@ def err_unknown_layout():
 def err_zero_shards():
     """n_shards=0: a ring or a split needs at least one device."""
     return call(z(B, H, 8, D), z(B, K, 8, D), z(B, K, 8, E), n_shards=0)
+
+
+# ---------------------------------------------------------------------------------------------
+# Errors of all-to-all sequence parallelism (Ulysses; contract v3)
+# ---------------------------------------------------------------------------------------------
+
+
+@ring_error_case("ulysses_heads", "DimensionMismatchError", "ulysses_heads", ("ulysses",))
+def err_ulysses_heads():
+    """Ulysses over 4 devices with H = 6 query heads (K = 2): after the all-to-all each device
+    holds H/4 heads, so 4 must divide H (it divides L and S, and 4 % K == 0)."""
+    return call(z(B, 6, 8, D), z(B, 2, 8, D), z(B, 2, 8, E), n_shards=4)
+
+
+@ring_error_case("ulysses_length", "DimensionMismatchError", "ulysses_length", ("ulysses",))
+def err_ulysses_length():
+    """Ulysses over 4 devices with S = 6: each device starts with a contiguous quarter of the
+    key positions, so 4 must divide S (it divides L = 8 and H)."""
+    return call(z(B, 4, 8, D), z(B, 2, 6, D), z(B, 2, 6, E), n_shards=4)
+
+
+@ring_error_case("ulysses_kv_heads", "DimensionMismatchError", "ulysses_kv_heads", ("ulysses",))
+def err_ulysses_kv_heads():
+    """Ulysses over 4 devices with H = 12, K = 6: 4 divides H, but the 6 key/value heads can be
+    neither split (6 % 4) nor replicated whole to groups of devices (4 % 6): the [2, 2, 2, 0]
+    split of DeepSpeed's hang."""
+    return call(z(B, 12, 8, D), z(B, 6, 8, D), z(B, 6, 8, E), n_shards=4)
+
+
+@ring_error_case("usp_shape", "DimensionMismatchError", "usp_shape", ("usp",))
+def err_usp_shape():
+    """USP with u = 4 Ulysses members and r = 2 ring groups over H = 6 query heads: u must
+    divide H (u * r = 8 divides L and S)."""
+    return call(z(B, 6, 16, D), z(B, 2, 16, D), z(B, 2, 16, E), ulysses_shards=4,
+                ring_shards=2, layout="contiguous")  # fmt: skip
+
+
+@ring_error_case("usp_without_group_sizes", "ConfigError", "non_positive_size", ("usp",))
+def err_usp_without_group_sizes():
+    """A hybrid given its ring size but not its Ulysses size: an error, never a run without
+    context parallelism (Megatron-Bridge PR 2665 dropped the sizes of "a2a+p2p" silently)."""
+    return call(z(B, H, 16, D), z(B, K, 16, D), z(B, K, 16, E), ring_shards=2)

@@ -30,6 +30,11 @@ parallel
 head_       ``head_parallel_gqa``            a module fixture's golden output (optional;
 parallel_                                    sharded: ``head_parallel_gqa(module, x,
 gqa                                          context, n_shards=n, **keywords)``)
+ulysses     ``ulysses_attention``            the golden output (optional; sharded:
+                                             ``n_shards=n``; contract v3)
+usp         ``usp_attention``                the same (optional; sharded:
+                                             ``ulysses_shards=2, ring_shards=n // 2,
+                                             layout="zigzag"``; contract v3)
 rope        ``apply_rotary``                 the golden rotated x (optional)
 varlen      ``varlen_attention``             the golden output of ``fn(q, k, v,
                                              cu_seqlens_q, cu_seqlens_k, **kw)``, token-
@@ -60,19 +65,21 @@ A missing required function (or module class, or module method) makes each of it
 as "not implemented", one line each, and so does an optional one that is asked for
 (``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope``,
 ``varlen``, ``varlen_grad``, the paged ``paged``, ``paged_flash`` and ``paged_write``, and the
-sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``: the rows of
-:data:`FUNCTIONS` with ``required=False``) are run only when the port has them or when they are
-asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``, ``module`` and
-``decode``.
+sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``, ``ulysses``,
+``usp``: the rows of :data:`FUNCTIONS` with ``required=False``) are run only when the port has
+them or when they are asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``,
+``module`` and ``decode``.
 
-The sharded aliases run each fixture once per shard count n of ``shards`` (``--shards``,
-default :data:`DEFAULT_SHARDS`) that fits it: n divides L and S (``ring``), 2n does
-(``ring_zigzag``), n divides K (``head_parallel``, ``head_parallel_gqa``); a fixture that fits
-no n is not run. Their run ids carry n: ``ring.n4.causal.top_left.l64_s64.float32``. A port's
-sharded functions are found at its top level or in its ``sharded`` submodule
-(``impl_numpy.sharded``). A sharded run whose port says it lacks the devices (an error with
-code ``shard_devices``: one JAX device where n are needed) is reported as ``skip`` with the
-port's message; ``python -m conformance`` gives every port's child process
+The sharded aliases run each fixture once per shard count n of ``shards`` (``--shards``, default
+:data:`DEFAULT_SHARDS`) that fits it: n divides L and S (``ring``), 2n does (``ring_zigzag``), n
+divides K (``head_parallel``, ``head_parallel_gqa``), n divides H, L and S with ``K % n == 0``
+or ``n % K == 0`` (``ulysses``), n >= 4 is even, 2 divides H, K is even or 1 and 2n divides L
+and S (``usp``, u = 2 and r = n/2: ``Function.shard_keywords``); a fixture that fits no n is not
+run. Their run ids carry n: ``ring.n4.causal.top_left.l64_s64.float32``. A port's sharded
+functions are found at its top level or in its ``sharded`` submodule (``impl_numpy.sharded``). A
+sharded run whose port says it lacks the devices (an error with code ``shard_devices``: one JAX
+device where n are needed) is reported as ``skip`` with the port's message; ``python -m
+conformance`` gives every port's child process
 ``XLA_FLAGS=--xla_force_host_platform_device_count=<largest n>`` before JAX starts, and the
 torch adapter runs each sharded call on n forked gloo processes (docs/SHARDED.md).
 

@@ -12,7 +12,7 @@ raise. So a value case and an error case of one alias differ only in their numbe
 builder                                    aliases
 ========================================== ==================================================
 :func:`_attention_arguments`               sdpa, weights, flash, grad, flash_grad, ring,
-                                           ring_zigzag, head_parallel
+                                           ring_zigzag, head_parallel, ulysses, usp
 :func:`_causal_mask_arguments`             causal_mask
 :func:`_rope_arguments`                    rope
 :func:`_quantize_arguments`                quantize (contract v3's quantize_fp8)

@@ -257,6 +257,31 @@ def _heads_fit(case: Case, n: int) -> bool:
     return K % n == 0
 
 
+def _ulysses_fits(case: Case, n: int) -> bool:
+    """Ulysses over n devices: n divides H, L and S, and K % n == 0 or n % K == 0."""
+    L, S, K = _sizes(case)
+    H = case.entry["shapes"]["query"][-3]
+    return H % n == 0 and L % n == 0 and S % n == 0 and (K % n == 0 or n % K == 0)
+
+
+def _usp_fits(case: Case, n: int) -> bool:
+    """USP over n = 2 r devices, u = 2 (:func:`_usp_sizes`), zigzag: n >= 4, 2 divides H,
+    K % 2 == 0 or K == 1, and 2 u r = 2n divides L and S."""
+    K, H = _sizes(case)[2], case.entry["shapes"]["query"][-3]
+    heads_fit = H % 2 == 0 and (K % 2 == 0 or K == 1)
+    return n >= 4 and n % 2 == 0 and heads_fit and _ring_fits(case, 2 * n)
+
+
+def _usp_sizes(n: int) -> dict[str, int]:
+    """USP's group sizes for n devices: Ulysses groups of 2, n / 2 of them in the ring."""
+    return {"ulysses_shards": 2, "ring_shards": n // 2}
+
+
+def _n_shards(n: int) -> dict[str, int]:
+    """The keyword a sharded run adds: ``n_shards=n``."""
+    return {"n_shards": n}
+
+
 @dataclass(frozen=True)
 class Function:
     """One row of the table: a port function the suite knows.
@@ -269,7 +294,9 @@ class Function:
     of an error case, which must raise. ``inputs``: the positional arrays of the attention
     aliases; ``golden``: the golden they compare; ``defaults``: keywords added to every call
     (flash's blocks, the ring's layout; a sharded run adds its ``n_shards``). ``fits(case,
-    n)``: a sharded alias, run with each n of ``--shards`` for which it says True.
+    n)``: a sharded alias, run with each n of ``--shards`` for which it says True;
+    ``shard_keywords(n)``: the keywords that give the call its n devices (``n_shards=n``; USP:
+    its two group sizes).
     """
 
     attribute: str
@@ -283,6 +310,7 @@ class Function:
     methods: tuple[str, ...] | None = None
     submodule: str | None = None
     fits: Callable[[Case, int], bool] | None = None
+    shard_keywords: Callable[[int], dict[str, int]] = _n_shards
 
 
 #: The error case of the attention aliases and their ``*_vjp``: the value case's call, on zeros.
@@ -373,6 +401,24 @@ FUNCTIONS: dict[str, Function] = {
         methods=(),
         submodule="sharded",
         fits=_heads_fit,
+    ),
+    "ulysses": Function(
+        "ulysses_attention",
+        False,
+        _attention_values,
+        _attention_error,
+        submodule="sharded",
+        fits=_ulysses_fits,
+    ),
+    "usp": Function(
+        "usp_attention",
+        False,
+        _attention_values,
+        _attention_error,
+        defaults={"layout": "zigzag"},
+        submodule="sharded",
+        fits=_usp_fits,
+        shard_keywords=_usp_sizes,
     ),
     "rope": Function("apply_rotary", False, _rope_values, _call(_rope_arguments)),
     # -- variable-length batches (contract v3): token-major arrays and the boundaries --------

@@ -55,7 +55,7 @@ def _check(port: Port, run: Run, device: str) -> tuple[str, float | None, float 
     """Run one case; returns (message, error, bound) on success, raises _Failed otherwise."""
     case, spec = run.case, FUNCTIONS[run.function]
     if run.shards is not None:
-        spec = replace(spec, defaults={**spec.defaults, "n_shards": run.shards})
+        spec = replace(spec, defaults={**spec.defaults, **spec.shard_keywords(run.shards)})
     fn = port.function(run.function)
     if fn is None:
         raise _Failed(f"not implemented: port has no `{spec.attribute}`")

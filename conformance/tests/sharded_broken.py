@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import importlib.util
 from contextlib import nullcontext
+from dataclasses import replace
 from types import ModuleType, SimpleNamespace
 from unittest import mock
 
@@ -26,8 +27,13 @@ import numpy as np
 import impl_numpy
 from attention_spec import causal_offset, check_attention
 from attention_spec.rules import alibi, block_rules
-from attention_spec.sharded import block_computed, check_ring, check_shard_config
-from impl_numpy import sharded
+from attention_spec.sharded import (
+    block_computed,
+    check_ring,
+    check_shard_config,
+    check_ulysses,
+)
+from impl_numpy import functional, sharded
 from impl_numpy.flash import _block
 from impl_numpy.functional import _cast, _compute_dtype, scaled_dot_product_attention
 
@@ -112,7 +118,110 @@ BUGS: dict[str, tuple[str, str]] = {
         "every device takes the module's first H/n sinks (and slopes), not its query heads'",
         "head_parallel_gqa.n2.v2.sinks.gqa.padding.float32",
     ),
+    # all-to-all sequence parallelism (Ulysses, USP; contract v3)
+    "ulysses_kv_heads_from_queries": (
+        "the key/value split reads the head count from the queries: device d takes key/value "
+        "heads d*H/n .. (mod K), as if K were H, tearing the GQA groups apart (DeepSpeed PR 8316)",
+        "ulysses.n4.ulysses.gqa.h8_k2.head_mask.sinks.alibi.l32_s48.float64",
+    ),
+    "ulysses_kv_heads_uneven": (
+        "key/value heads cut into chunks of ceil(K/n): at K = 1, n = 4 that is [1, 0, 0, 0], "
+        "and devices 1 to 3 have no key/value head (DeepSpeed's [4, 4, 4, 0])",
+        "ulysses.n4.ulysses.gqa.h8_k1.causal.l32_s32.float64",
+    ),
+    "ulysses_padded_separately": (
+        "query heads and key/value heads padded to a multiple of n separately: K < n gets zero "
+        "heads up to n, and device d reads padded head d, not its group's (vllm-omni PR 5716)",
+        "ulysses.n4.ulysses.gqa.h8_k2.head_mask.sinks.alibi.l32_s48.float64",
+    ),
+    "ulysses_output_order": (
+        "the second all-to-all joins the heads it receives in reverse source order: the "
+        "inverse of the first exchange's permutation is wrong",
+        "ulysses.n2.causal.top_left.l64_s64.float64",
+    ),
+    "ulysses_sinks_first": (
+        "every device takes the first H/n sinks and slopes, not those of its query heads",
+        "ulysses.n2.sinks.padding.l32_s32.float64",
+    ),
+    "ulysses_causal_offset_local": (
+        "the causal diagonal (and the window's and ALiBi's) taken from the device's own shard, "
+        "causal_offset(L/n, S/n), not from the whole sequence it holds after the all-to-all: "
+        "bottom-right with L != S loses or gains keys",
+        "ulysses.n4.causal.bottom_right.l64_s96.float64",
+    ),
+    "usp_ring_inside_group": (
+        "USP's ring runs among the members of one Ulysses group (who hold different heads of "
+        "the same positions), not across the groups",
+        "usp.n4.causal.top_left.l64_s64.float64",
+    ),
 }
+
+#: The Ulysses bugs (of :func:`_ulysses`).
+ULYSSES_BUGS = tuple(b for b in BUGS if b.startswith("ulysses_"))
+
+
+def _local_offset(Lc: int, Sc: int):
+    """The bug ``ulysses_causal_offset_local``: the device's attention validates to a call whose
+    diagonal is its own shard's, ``causal_offset(Lc, Sc)``, instead of the sequence's."""
+
+    def check(*args, **kw):
+        call = check_attention(*args, **kw)
+        return replace(call, offset=causal_offset(Lc, Sc, call.causal_alignment), bands=True)
+
+    return mock.patch.object(functional, "check_attention", check)
+
+
+def _ulysses(query, key, value, *, n_shards, mask=None, bias=None, sinks=None,
+             alibi_slopes=None, bug=None, **kw):  # fmt: skip
+    """``impl_numpy.sharded.ulysses_attention``, compressed (device d's heads, every position:
+    what the first all-to-all gives it), with the one ``bug`` switched in."""
+    query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+    check_shard_config(n_shards)
+    keywords = dict(mask=mask, bias=bias, sinks=sinks, alibi_slopes=alibi_slopes, **kw)
+    plan = check_ulysses(check_attention(query, key, value, **keywords), n_shards)
+    n, H, K = n_shards, query.shape[-3], key.shape[-3]
+    Hn = H // n
+    if bug == "ulysses_padded_separately" and K < n:  # zero heads up to n: head d on device d
+        pads = [np.zeros((*x.shape[:-3], n - K, *x.shape[-2:]), x.dtype) for x in (key, value)]
+        key, value = np.concatenate([key, pads[0]], -3), np.concatenate([value, pads[1]], -3)
+    outs = []
+    for d in range(n):
+        lo, hi = plan.heads[d]
+        kv = list(range(*plan.kv_heads[d]))
+        if bug == "ulysses_kv_heads_from_queries":
+            kv = sorted({h % K for h in range(d * Hn, (d + 1) * Hn)})
+        elif bug == "ulysses_kv_heads_uneven":
+            c = -(-K // n)
+            kv = list(range(d * c, min((d + 1) * c, K)))
+        elif bug == "ulysses_padded_separately":
+            kv = [d] if K < n else kv
+        first = (0, Hn) if bug == "ulysses_sinks_first" else (lo, hi)
+        on_heads = {
+            **kw,
+            "mask": _block(mask, -3, lo, hi),
+            "bias": _block(bias, -3, lo, hi),
+            "sinks": _block(None if sinks is None else np.asarray(sinks), -1, *first),
+            "alibi_slopes": _block(None if alibi_slopes is None else np.asarray(alibi_slopes),
+                                   -1, *first),
+        }  # fmt: skip
+        q = query[..., lo:hi, :, :]
+        local = bug == "ulysses_causal_offset_local"
+        with _local_offset(plan.Lc, plan.Sc) if local else nullcontext():
+            outs.append(scaled_dot_product_attention(q, key[..., kv, :, :], value[..., kv, :, :],
+                                                     **on_heads))  # fmt: skip
+    if bug == "ulysses_output_order":
+        outs = outs[::-1]
+    return np.concatenate(outs, axis=-3)
+
+
+def _usp_ring_inside_group() -> ModuleType:
+    """A fresh copy of ``impl_numpy.sharded`` whose USP ring of member j is the devices of
+    ring group j, (j, 0) .. (j, u - 1), instead of (0, j) .. (r - 1, j) (u == r here)."""
+    spec = importlib.util.find_spec("impl_numpy.sharded")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    module._ring_of = lambda plan, j: [(j, m) for m in range(plan.u)]
+    return module
 
 
 def _merge(out, lse, out_blk, lse_blk, bug):
@@ -322,6 +431,16 @@ def make_port(bug: str | None) -> SimpleNamespace:
     def head_parallel_gqa(module, x, context=None, *, n_shards, **kw):
         return _head_parallel_gqa(module, x, context, n_shards=n_shards, bug=bug, **kw)
 
+    def ulysses_attention(query, key, value, *, n_shards, **kw):
+        if bug in ULYSSES_BUGS:
+            return _ulysses(query, key, value, n_shards=n_shards, bug=bug, **kw)
+        return sharded.ulysses_attention(query, key, value, n_shards=n_shards, **kw)
+
+    usp = _usp_ring_inside_group() if bug == "usp_ring_inside_group" else sharded
+
+    def usp_attention(query, key, value, **kw):
+        return usp.usp_attention(query, key, value, **kw)
+
     return SimpleNamespace(
         __name__=f"sharded_broken.{bug}",
         GroupedQueryAttention=impl_numpy.GroupedQueryAttention,  # for head_parallel_gqa
@@ -329,4 +448,6 @@ def make_port(bug: str | None) -> SimpleNamespace:
         ring_attention=ring_attention,
         head_parallel_attention=head_parallel_attention,
         head_parallel_gqa=head_parallel_gqa,
+        ulysses_attention=ulysses_attention,
+        usp_attention=usp_attention,
     )

@@ -225,6 +225,9 @@ def test_conformance_md_run_counts_are_the_manifests():
     total = sum(counts[a] for a in every)
     assert f"That is {total} runs per implementation" in paragraph
     assert f"`apply_rotary` has\n{total - counts['flash'] - counts['rope']}." in paragraph
-    sharded = sum(counts[a] for a in ("ring", "ring_zigzag", "head_parallel", "head_parallel_gqa"))
+    sharded = sum(
+        counts[a]
+        for a in ("ring", "ring_zigzag", "head_parallel", "head_parallel_gqa", "ulysses", "usp")
+    )
     assert f"adds {sharded} sharded runs" in paragraph
     assert f"adds {counts['grad'] + counts['flash_grad']} gradient runs" in paragraph

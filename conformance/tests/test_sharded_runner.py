@@ -48,6 +48,13 @@ def test_sharded_runs_carry_n_and_run_only_where_n_fits() -> None:
             assert L % n == 0 and S % n == 0
         elif run.function == "ring_zigzag":
             assert L % (2 * n) == 0 and S % (2 * n) == 0
+        elif run.function == "ulysses":
+            H = run.case.entry["shapes"]["query"][-3]
+            assert H % n == 0 and L % n == 0 and S % n == 0 and (K % n == 0 or n % K == 0)
+        elif run.function == "usp":  # u = 2, r = n / 2, zigzag: 2 u r = 2n chunks
+            H = run.case.entry["shapes"]["query"][-3]
+            assert n >= 4 and H % 2 == 0 and (K % 2 == 0 or K == 1)
+            assert L % (2 * n) == 0 and S % (2 * n) == 0
         else:
             assert K % n == 0
     ids = {r.id for r in runs}

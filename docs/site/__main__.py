@@ -1,6 +1,9 @@
 """``python -m docs.site``: write the side-by-side page and refresh the README's excerpt.
 
-    python -m docs.site [--out build/docs] [--check-readme] [--source-url URL]
+    python -m docs.site [--out build/docs] [--check-readme] [--source-url URL] [--no-execute]
+
+The notebooks' rendered copies are executed first (about 40 s); --no-execute renders the cells
+alone.
 
 Exits 1 with the reason when the three implementations' steps do not line up, when an idiom
 note is stale, or (with --check-readme) when README.md's excerpt is not what the generator makes.
@@ -25,10 +28,15 @@ def main(argv: list[str] | None = None) -> int:
         "--check-readme", action="store_true", help="fail if the README excerpt is stale"
     )
     parser.add_argument("--source-url", help="base of the file:line links (default: the files)")
+    parser.add_argument(
+        "--no-execute", action="store_true", help="render the notebooks without running them"
+    )
     args = parser.parse_args(argv)
     t0 = time.perf_counter()
     try:
-        built = build(args.out.resolve(), source_url=args.source_url)
+        built = build(
+            args.out.resolve(), source_url=args.source_url, execute_notebooks=not args.no_execute
+        )
     except (DriftError, FileNotFoundError) as e:
         print(f"docs/site: the page was not built.\n{e}", file=sys.stderr)
         return 1
@@ -42,7 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     rows = sum(len(s.steps) for s in built.sections)
     print(
         f"wrote {built.index} ({len(built.sections)} sections, {rows} rows, "
-        f"{len(built.figures)} figures) in {time.perf_counter() - t0:.1f} s; "
+        f"{len(built.figures)} figures, {len(built.notebooks)} notebooks) "
+        f"in {time.perf_counter() - t0:.1f} s; "
         f"open file://{built.index}"
     )
     for reason in built.skipped:

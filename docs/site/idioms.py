@@ -151,9 +151,9 @@ IDIOMS: dict[str, dict[str, str]] = {
     },
     "rotary": {
         "1. frequencies": (
-            "The float64 numbers of `dims.frequencies` (computed once, in attention_spec) become "
-            "an array in the compute dtype: `np.asarray`, `torch.tensor` on `x.device`, "
-            "`jnp.asarray`."
+            "The float64 numbers of `dims.frequencies` (computed once, in attention_spec), or the "
+            "caller's `inv_freq` (llama3, YaRN) taken to float64, become an array in the compute "
+            "dtype: `np.asarray`, `torch.as_tensor` on `x.device`, `jnp.asarray`."
         ),
         "2. angles": (
             "Positions broadcast to `(..., L)` (`np.broadcast_to`, torch's `expand`, "

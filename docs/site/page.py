@@ -37,6 +37,7 @@ class Built:
     figures: list[str]
     missing_notes: list[str] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # optional sections not complete yet
+    notebooks: list = field(default_factory=list)  # docs.site.notebooks.Notebook, linked
 
 
 # ---------------------------------------------------------------------------------------------
@@ -158,15 +159,21 @@ def build(
     root: Path = ROOT,
     figures_dir: Path | None = None,
     source_url: str | None = None,
+    execute_notebooks: bool = False,
 ) -> Built:
-    """Write ``out/index.html``, ``out/style.css`` and ``out/figures/*.png``.
+    """Write ``out/index.html``, ``out/style.css``, ``out/figures/*.png``, the notebooks'
+    rendered copies and ``out/visualizer.js`` (the visualizer's data is in the page).
 
     ``source_url``: where the "file:line" links point, e.g. a repository's blob URL at a commit
     (``.../blob/<sha>/``); default: the files themselves, relative to ``out``.
+    ``execute_notebooks``: run each notebook before rendering it (``make docs``); otherwise
+    the rendered copies hold the cells alone.
     Raises DriftError when the three implementations' steps do not line up, and
     FileNotFoundError for a figure that has not been made (``make figures``).
     """
+    from docs.site import visualizer
     from docs.site.figures import FIGURES
+    from docs.site.notebooks import render, section_html
 
     figures_dir = figures_dir or root / "docs" / "figures"
     skipped: list[str] = []
@@ -190,6 +197,17 @@ def build(
     for f in FIGURES:
         shutil.copyfile(figures_dir / f"{f.name}.png", out / "figures" / f"{f.name}.png")
 
+    viz_data = visualizer.export(visualizer.prompts())
+    shutil.copyfile(HERE / "visualizer.js", out / "visualizer.js")
+
+    try:
+        notebooks = render(root, out, execute=execute_notebooks)
+    except ImportError as e:  # nbconvert and nbformat: the notebooks extra
+        notebooks = []
+        skipped.append(f"notebooks: not rendered ({e}; pip install -e '.[notebooks]')")
+    notebooks_html = section_html(notebooks, base) if notebooks else ""
+    nav_notebooks = '<li><a href="#notebooks">Notebooks</a></li>' if notebooks else ""
+
     nav = "".join(
         f'<li><a href="#{s.section.id}">{html.escape(s.section.title)}</a></li>' for s in sections
     )
@@ -210,17 +228,22 @@ def build(
 files by <code>make docs</code>: the step comments (<code># 1.</code>, <code># 2.</code>, ...)
 that the three scripts share line the columns up, and the build fails when they do not. Under
 each step, one sentence on what differs in the idiom; each cell links to its file and lines.</p>
-<nav><ul>{nav}<li><a href="#figures">Figures</a></li></ul></nav>
+<nav><ul>{nav}<li><a href="#figures">Figures</a></li>{nav_notebooks}
+<li><a href="#visualizer">Visualizer</a></li></ul></nav>
 </header>
 <main>
 {body}
 {_figures_html(list(FIGURES))}
+{notebooks_html}
+{visualizer.section_html(viz_data)}
 </main>
 </body>
 </html>
 """
     (out / "index.html").write_text(page)
-    return Built(out / "index.html", sections, [f.name for f in FIGURES], missing, skipped)
+    return Built(
+        out / "index.html", sections, [f.name for f in FIGURES], missing, skipped, notebooks
+    )
 
 
 # ---------------------------------------------------------------------------------------------

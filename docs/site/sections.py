@@ -105,13 +105,13 @@ UNCOMPARED: dict[str, str] = {
             "scaled_dot_product_attention's rows already show it: its step 0 is the same "
             "dequantize, its steps 1 to 5 are the same `_weights` helper, and it has no step 6"
         )
-        for fw in ("numpy", "torch", "jax")
+        for fw in FRAMEWORKS
     },
     # Not yet a section: its steps line up in the three, but its rows have no idiom notes yet.
     **{
         f"impl_{fw}/flash.py::paged_flash_attention": (
             "the paged tiled read (contract v3) is not on the page yet: its rows need idiom notes"
         )
-        for fw in ("numpy", "torch", "jax")
+        for fw in FRAMEWORKS
     },
 }
