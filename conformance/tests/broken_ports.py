@@ -348,6 +348,14 @@ BUGS: dict[str, tuple[str, str]] = {
         "fp8: each descale multiplied in twice (float(x) * d * d)",
         "sdpa.fp8.all.per_head.float8_e4m3fn",
     ),
+    "fp8_q_descale_dropped": (
+        "fp8: q_descale dropped (the key's and the value's applied)",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_sink_times_k_descale": (
+        "fp8: the sink logit multiplied by k_descale, as if it were a dequantized score",
+        "sdpa.fp8.all.sinks.gqa.h8_k1.float8_e4m3fn",
+    ),
     "fp8_value_with_k_descale": (
         "fp8: the value dequantized with k_descale (v_descale misread)",
         "sdpa.fp8.kv_cache.float32_query.decode.float8_e4m3fn",
@@ -523,13 +531,18 @@ def make_port(
         dims = validate(
             query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra
         )
-        query = dequantized(query, extra.get("q_descale"), bug)  # fp8: after validation
+        q_descale = None if bug == "fp8_q_descale_dropped" else extra.get("q_descale")
+        query = dequantized(query, q_descale, bug)  # fp8: after validation
         key = dequantized(key, extra.get("k_descale"), bug)
         allowed, offset = allowed_positions(
             dims, mask, bias, is_causal, causal_alignment, extra.get("q_segment_ids"),
             extra.get("kv_segment_ids"),
         )  # fmt: skip
-        w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, extra.get("sinks"),
+        sinks = extra.get("sinks")
+        if bug == "fp8_sink_times_k_descale" and sinks is not None and "k_descale" in extra:
+            d = np.asarray(extra["k_descale"], np.float32)  # one per key/value head, K = 1 here
+            sinks = sinks * d.reshape(()) if d.size == 1 else sinks
+        w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, sinks,
                             extra.get("alibi_slopes"))  # fmt: skip
         return dims, allowed, w, w_sink
 
