@@ -101,9 +101,11 @@ conformance: $(ENV_READY)
 # torch's and jax's kernels always; MLX's and keras's when the `frameworks` extra is installed
 # (each keras backend is its own port: keras picks its backend once per process).
 conformance-frameworks: $(ENV_READY)
-	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx"; \
+	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx --impl torch_flex"; \
 	if $(PY) -c "import onnx" 2>/dev/null; then impls="$$impls --impl onnx_ref"; \
 	else echo "conformance-frameworks: skipping onnx_ref: onnx is not installed (pip install -e '.[onnx]')"; fi; \
+	if $(PY) -c "import transformers" 2>/dev/null; then impls="$$impls --impl hf_eager --impl hf_sdpa --impl hf_gpt_oss_eager"; \
+	else echo "conformance-frameworks: skipping hf_eager, hf_sdpa, hf_gpt_oss_eager: transformers is not installed (pip install -e '.[hf]')"; fi; \
 	if $(PY) -c "import mlx.core" 2>/dev/null; then impls="$$impls --impl mlx_fast"; \
 	else echo "conformance-frameworks: skipping mlx_fast: mlx is not installed (pip install -e '.[frameworks]')"; fi; \
 	if $(PY) -c "import importlib.util as u, sys; sys.exit(u.find_spec('keras') is None)"; \

@@ -26,7 +26,6 @@ the same one in every framework:
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,6 +47,7 @@ from attention_spec.keywords import (
     check_window,
     divisors,
 )
+from attention_spec.varlen import check_cu_seqlens_values, cu_seqlens_spec
 
 __all__ = ["PagedCall", "check_paged_attention", "check_paged_cache_write", "pages_needed"]
 
@@ -203,20 +203,6 @@ def _token_descale(name: str, x: Any, dtype: str, N: int, letter: str,
     return checked
 
 
-def _check_cu_seqlens(cu: list[int], T: int) -> None:
-    """``cu_seqlens_q`` starts at 0, never decreases and ends at T (``cu_seqlens_value``)."""
-    bad = cu[0] != 0 or cu[-1] != T or any(b < a for a, b in itertools.pairwise(cu))
-    if bad:
-        shown = cu if len(cu) <= 12 else [*cu[:5], "...", *cu[-5:]]
-        raise make_error(
-            "cu_seqlens_value",
-            f"cu_seqlens_q must start at 0, never decrease and end at T={T} (the query tokens); "
-            f"got {shown}",
-            expected=f"0 = cu[0] <= cu[1] <= ... <= cu[N] = {T}",
-            actual=str(shown),
-        )
-
-
 def _check_seq_lens(seq_lens: list[int], cu: list[int] | None, max_len: int, max_pages: int,
                     page_size: int) -> None:  # fmt: skip
     """Each ``seq_lens[n]`` in ``[L_n, max_pages * page_size]`` (``seq_lens_value``)."""
@@ -327,17 +313,9 @@ def check_paged_attention(
         )
     _check_integer("block_table", "block_table_dtype", table, "page ids")
     _check_integer("seq_lens", "seq_lens_dtype", lens, "key counts")
-    _check_integer("cu_seqlens_q", "cu_seqlens_dtype", cu, "query offsets")
+    cu_seqlens_spec("cu_seqlens_q", cu_seqlens_q)  # varlen_attention's rule, and codes
     _check_rank("block_table", table.shape, "N, max_pages")
     _check_rank("seq_lens", lens.shape, "N")
-    if len(cu.shape) != 1 or cu.shape[0] < 1:  # as varlen_attention's cu_seqlens
-        raise make_error(
-            "cu_seqlens_count",
-            "cu_seqlens_q must have one axis of N + 1 >= 1 entries (0, then each sequence's "
-            f"end); got shape {cu.shape}",
-            expected="(N + 1,)",
-            actual=str(cu.shape),
-        )
     N, max_pages = table.shape
     if lens.shape[0] != N or cu.shape[0] != N + 1:
         listing = f"block_table {table.shape}, seq_lens {lens.shape}, cu_seqlens_q {cu.shape}"
@@ -363,7 +341,7 @@ def check_paged_attention(
     cu_values, len_values = _concrete(cu_seqlens_q), _concrete(seq_lens)
     table_values = _concrete(block_table)
     if cu_values is not None:
-        _check_cu_seqlens(cu_values, T)
+        check_cu_seqlens_values("cu_seqlens_q", cu_values, T, "T")
     if len_values is not None:
         _check_seq_lens(len_values, cu_values, max_pages * page_size, max_pages, page_size)
         if table_values is not None:

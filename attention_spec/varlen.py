@@ -162,9 +162,10 @@ def _int_values(x: Any) -> list[int] | None:
     return [int(v) for v in values]
 
 
-def _check_cu_seqlens(name: str, cu: Any, T: int, letter: str) -> tuple[int, list[int] | None]:
-    """One ``cu_seqlens``: integer, ``(N + 1,)``, and where concrete ``0 = cu[0] <= cu[1] <=
-    ... <= cu[N] = T``. Returns ``(N, values or None)``."""
+def cu_seqlens_spec(name: str, cu: Any) -> ArraySpec:
+    """One ``cu_seqlens`` array, given, integer (``cu_seqlens_dtype``) and of one axis of
+    ``N + 1 >= 1`` entries (``cu_seqlens_count``): varlen_attention's two and paged_attention's
+    ``cu_seqlens_q`` (attention_spec/paged.py)."""
     check_given(**{name: cu})
     spec = describe(cu)
     if not spec.dtype.startswith(("int", "uint")):
@@ -183,27 +184,41 @@ def _check_cu_seqlens(name: str, cu: Any, T: int, letter: str) -> tuple[int, lis
             expected="(N + 1,)",
             actual=str(spec.shape),
         )
+    return spec
+
+
+def check_cu_seqlens_values(name: str, values: list[int], T: int, letter: str) -> None:
+    """Concrete boundaries ``0 = cu[0] <= cu[1] <= ... <= cu[N] = T`` (``cu_seqlens_value``),
+    the first broken rule named."""
+    bad = ""
+    if values[0] != 0:
+        bad = f"{name}[0] = {values[0]}, not 0"
+    elif values[-1] != T:
+        bad = f"{name}[N] = {values[-1]}, not {letter}={T} (the packed tokens)"
+    else:
+        drop = next((n for n in range(len(values) - 1) if values[n + 1] < values[n]), None)
+        if drop is not None:
+            bad = (
+                f"{name}[{drop + 1}] = {values[drop + 1]} < {name}[{drop}] = {values[drop]} "
+                "(decreasing)"
+            )
+    if bad:
+        shown = values if len(values) <= 12 else [*values[:5], "...", *values[-5:]]
+        raise make_error(
+            "cu_seqlens_value",
+            f"{name} must start at 0, never decrease and end at {letter}={T}; got {bad}",
+            expected=f"0 = cu[0] <= ... <= cu[N] = {T}",
+            actual=str(tuple(shown)),
+        )
+
+
+def _check_cu_seqlens(name: str, cu: Any, T: int, letter: str) -> tuple[int, list[int] | None]:
+    """One varlen boundary array: :func:`cu_seqlens_spec`, then its values where concrete.
+    Returns ``(N, values or None)``."""
+    spec = cu_seqlens_spec(name, cu)
     values = _int_values(cu)
     if values is not None:
-        bad = ""
-        if values[0] != 0:
-            bad = f"{name}[0] = {values[0]}, not 0"
-        elif values[-1] != T:
-            bad = f"{name}[N] = {values[-1]}, not {letter}={T} (the packed tokens)"
-        else:
-            drop = next((n for n in range(len(values) - 1) if values[n + 1] < values[n]), None)
-            if drop is not None:
-                bad = (
-                    f"{name}[{drop + 1}] = {values[drop + 1]} < {name}[{drop}] = {values[drop]} "
-                    "(decreasing)"
-                )
-        if bad:
-            raise make_error(
-                "cu_seqlens_value",
-                f"{name} must start at 0, never decrease and end at {letter}={T}; got {bad}",
-                expected=f"0 = cu[0] <= ... <= cu[N] = {T}",
-                actual=str(tuple(values)),
-            )
+        check_cu_seqlens_values(name, values, T, letter)
     return spec.shape[0] - 1, values
 
 

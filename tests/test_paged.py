@@ -155,14 +155,14 @@ def _write(kc=(4, 3, 2, 4), vc=(4, 3, 2, 5), key=(2, 2, 4), value=(2, 2, 5), slo
 # id: (call, class, code, a distinctive part of the message)
 ERRORS = {
     "cu_float": (_call(cu=np.zeros(3, np.float32)), DTypeError, "cu_seqlens_dtype",
-                 "cu_seqlens_q must be integers (query offsets); got float32"),
+                 "cu_seqlens_q must be integers (the cumulative sequence lengths"),
     "table_float": (_call(table=np.zeros((2, 2), np.float32)), DTypeError, "block_table_dtype",
                     "block_table must be integers"),
     "lens_float": (_call(lens=np.zeros(2, np.float32)), DTypeError, "seq_lens_dtype",
                    "seq_lens must be integers"),
     "cu_end": (_call(cu=_ints(0, 1, 2)), ConfigError, "cu_seqlens_value", "end at T=3"),
     "cu_decreasing": (_call(cu=_ints(0, 2, 1, 3), table=_ints([0], [1], [2]), lens=_ints(2, 2, 2)),
-                      ConfigError, "cu_seqlens_value", "got [0, 2, 1, 3]"),
+                      ConfigError, "cu_seqlens_value", "cu_seqlens_q[2] = 1 < cu_seqlens_q[1] = 2"),
     "count": (_call(lens=_ints(4, 5, 1)), DimensionMismatchError, "cu_seqlens_count",
               "must agree on the number of sequences N"),
     "cu_rank": (_call(cu=_ints([0, 1, 3])), DimensionMismatchError, "cu_seqlens_count",

@@ -41,4 +41,9 @@ SHORT_NAMES: dict[str, str] = {
     "keras_ops_torch": "conformance.ports.keras_ops_torch",
     "flax_nnx": "conformance.ports.flax_nnx",
     "onnx_ref": "conformance.ports.onnx_ref",
+    # torch FlexAttention and Hugging Face's attention functions (issue 31)
+    "torch_flex": "conformance.ports.torch_flex",
+    "hf_eager": "conformance.ports.hf_eager",
+    "hf_sdpa": "conformance.ports.hf_sdpa",
+    "hf_gpt_oss_eager": "conformance.ports.hf_gpt_oss_eager",
 }

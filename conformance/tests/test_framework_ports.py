@@ -440,6 +440,11 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "mlx_fast": ("sdpa", "weights"),
     "keras_ops": ("sdpa", "weights"),
     "keras_ops_torch": ("sdpa", "weights"),
+    # issue 31: torch FlexAttention and Hugging Face's attention functions
+    "torch_flex": ("sdpa", "weights"),
+    "hf_eager": ("sdpa", "weights"),
+    "hf_sdpa": ("sdpa", "weights"),
+    "hf_gpt_oss_eager": ("sdpa", "weights"),
     "triton_flash": ("sdpa", "weights", "flash"),
     "pallas_flash": ("sdpa", "weights", "flash"),
 }
@@ -481,3 +486,79 @@ def test_conformance_md_shows_the_port_family_table_of_the_xfails() -> None:
     the strict tests above and test_kernel_ports.py hold to the measured failures)."""
     table = port_family_table()
     assert table in _DOCS.read_text(), f"paste this table into docs/CONFORMANCE.md:\n{table}"
+
+
+# ---------------------------------------------------------------------------------------------
+# What the frameworks' kernels get wrong, for porters (PORTING.md), from the same xfails files
+# ---------------------------------------------------------------------------------------------
+
+#: What each family of deviations means for a porter: one sentence, shown next to its count.
+#: A run listed by a ``float64`` glob counts as ``float64`` (the dtype, not the case's family).
+_DEVIATION_MEANING: dict[str, str] = {
+    "error": "bad input answered with the framework's own exception or a silent result, not the "
+    "taxonomy's error before any arithmetic: validate with `attention_spec`",
+    "garbage": "NaN or inf at a key no query attends leaks into the output (`0 * inf`); select "
+    "the allowed values, do not multiply by a zero weight",
+    "sinks": "the per-head sink logit missing, or dropped silently; it joins each row's softmax "
+    "denominator and adds no value",
+    "alibi": "ALiBi's distance taken from the top-left diagonal, or the bias built in a lower "
+    "precision than the scores",
+    "float64": "float64 computed (or its softmax) in float32: errors near 1e-7 against a 1e-12 "
+    "bound; list `*.float64`, never loosen the bound",
+    "softcap": "no `tanh` soft cap of the scores (or only on some backends)",
+    "causal": "one causal alignment only (top-left or bottom-right), so L != S cases fail",
+    "window": "the sliding window only one-sided, off by one, or on the other diagonal",
+    "mask": "a boolean mask read as a bias (or a float mask as boolean)",
+    "mask_broadcast": "a mask of fewer dims than the scores not broadcast as the contract says",
+    "fully_masked": "a row with no allowed key comes out uniform or NaN instead of zeros",
+    "segments": "segment ids not expressible, or a query with no key of its segment not zeroed",
+    "batch": "batch dims other than exactly one refused or not broadcast",
+    "shapes": "E != D, L = 0 or S = 0 refused or mishandled",
+    "bias": "a bias of the contract's broadcast shapes or dtypes refused",
+    "hand": "a hand-computed case (scores known exactly) off",
+    "gqa": "grouped heads paired `h % K` instead of in contiguous groups",
+    "scale": "a zero, negative or default scale taken differently",
+    "kernel": "the kernel's own tiling cases",
+    "basic": "the plain call itself",
+    "large_logits": "large logits overflow without the max shift",
+    "saturation": "a saturated softmax (one huge score) off",
+}
+
+
+def deviation_counts() -> list[tuple[str, int, int]]:
+    """``(family, ports, runs)`` over the ports of :data:`_FAMILY_TABLE_PORTS`: how many ports
+    list at least one run of the family in their xfails (on CPU), and how many runs they list in
+    all, most ports first (ties: most runs)."""
+    ports: dict[str, int] = {}
+    runs: dict[str, int] = {}
+    for port, functions in _FAMILY_TABLE_PORTS.items():
+        xfails = Xfails.from_file(_PORTS_DIR / f"{port}.xfails")
+        seen = set()
+        for run in runs_for(functions=functions):
+            entry = xfails.lookup(run.id, "cpu")
+            if entry is not None:
+                family = "float64" if "float64" in entry.pattern else run.case.feature
+                seen.add(family)
+                runs[family] = runs.get(family, 0) + 1
+        for family in seen:
+            ports[family] = ports.get(family, 0) + 1
+    return sorted(((f, n, runs[f]) for f, n in ports.items()), key=lambda t: (-t[1], -t[2]))
+
+
+def common_deviations(top: int = 5) -> str:
+    """PORTING.md's list of the ``top`` families most ports deviate in, with its counts."""
+    total = len(_FAMILY_TABLE_PORTS)
+    lines = []
+    for i, (family, n_ports, n_runs) in enumerate(deviation_counts()[:top], 1):
+        meaning = _DEVIATION_MEANING[family]
+        lines.append(f"{i}. **`{family}`**, {n_ports} of {total} ports ({n_runs} runs): {meaning}.")
+    return "\n".join(lines)
+
+
+def test_porting_md_lists_the_most_common_deviations_of_the_xfails() -> None:
+    """PORTING.md's "What the frameworks' kernels get wrong" is :func:`common_deviations` of
+    the xfails files, so it changes when a port's measured deviations do."""
+    assert set(_DEVIATION_MEANING) >= {f for f, _, _ in deviation_counts()}
+    text = common_deviations()
+    porting = (_DOCS.parents[1] / "conformance" / "PORTING.md").read_text()
+    assert text in porting, f"paste this list into conformance/PORTING.md:\n{text}"
