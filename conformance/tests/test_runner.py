@@ -559,3 +559,19 @@ def test_the_kernel_bound_of_an_fp8_case_is_opt_in() -> None:
     report = run_suite(declared, functions=["sdpa"], select=select)
     assert [o.status for o in report.outcomes] == ["pass"], report.outcomes[0].message
     assert f"bound {kernel:.3g}" in report.outcomes[0].message
+
+
+@pytest.mark.parametrize("port_name", ["impl_torch", "impl_jax"])
+@pytest.mark.parametrize("fmt", ["float8_e4m3fn", "float8_e5m2"])
+def test_the_builtin_adapters_carry_fp8_bytes_exactly(port_name: str, fmt: str) -> None:
+    """Every byte of an fp8 format (NaN patterns aside) through from_numpy and back: the
+    dtype kept, the bits equal (torch.from_numpy takes no fp8: the adapter views uint8)."""
+    import ml_dtypes
+
+    port = load_port(port_name)
+    bits = np.arange(256, dtype=np.uint8)
+    x = bits.view(getattr(ml_dtypes, fmt))
+    x = x[~np.isnan(x.astype(np.float32))]
+    back = port.to_numpy(port.from_numpy(x, "cpu"))
+    assert back.dtype == x.dtype and np.array_equal(back.view(np.uint8), x.view(np.uint8))
+    port.check_round_trip(fmt, "cpu")  # the runner's own check passes too
