@@ -264,7 +264,8 @@ IDIOMS: dict[str, dict[str, str]] = {
         "R2. the ring": (
             "The accumulators start at output 0 and log-sum-exp -inf in all three; NumPy and "
             "torch loop over the steps in Python (`for t in range(n)`), JAX marks the "
-            "accumulators as differing between devices (`jax.lax.pcast`, which lax.cond needs) "
+            "accumulators as differing between devices (`_varying`: lax.pcast along the mesh "
+            "axes the keys differ along, which lax.cond and lax.scan need) "
             "and runs steps 0 .. n-2 as one `jax.lax.scan`, then the last step, which sends "
             "nothing (`send=False`)."
         ),
