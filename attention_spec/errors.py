@@ -236,7 +236,8 @@ SHARDED_ERROR_CODES: frozenset[str] = frozenset(
 
 
 #: The codes of FP8 inputs: raised by scaled_dot_product_attention and attention_weights (the
-#: descales, the dtype combination) and by quantize_fp8; no fixtures yet (tests/test_fp8.py).
+#: descales, the dtype combination) and by quantize_fp8: the sdpa.error.fp8_* and
+#: quantize.error.* fixtures (conformance/cases/fp8.py) and tests/test_fp8.py.
 FP8_ERROR_CODES: frozenset[str] = frozenset(
     {"descale_shape", "descale_dtype", "descale_not_fp8", "descale_value", "axes_value",
      "fp8_combination", "fp8_nonfinite"}

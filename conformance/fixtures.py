@@ -5,8 +5,9 @@ value case and one ``manifest.json`` describing every case (error cases live in 
 only: they have no tensors). Everything here is NumPy plus the ``safetensors`` package, so any
 port, in any framework, can read the same files.
 
-Low-precision tensors are stored in their real dtype: safetensors' ``F16`` and ``BF16``
-(NumPy spells bfloat16 through ``ml_dtypes``). ``safetensors.numpy`` writes BF16 but cannot
+Low-precision tensors are stored in their real dtype: safetensors' ``F16``, ``BF16``, and the
+fp8 formats' ``F8_E4M3`` and ``F8_E5M2`` (their bytes; NumPy spells bfloat16 and the fp8
+formats through ``ml_dtypes``). ``safetensors.numpy`` writes BF16 but cannot
 read it back, so :func:`read_tensors` decodes the raw bytes itself.
 """
 
@@ -41,7 +42,8 @@ __all__ = [
 
 #: The optional array arguments of the attention functions, stored in a fixture when a case
 #: gives them: v1's mask and bias, v2's segment ids, sinks and ALiBi slopes.
-ARRAY_KEYWORDS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes")
+ARRAY_KEYWORDS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes",
+                  "q_descale", "k_descale", "v_descale")  # fmt: skip
 # The contract v2 keywords and the case family (``sdpa.<family>.*``) that pins each.
 KEYWORD_GROUPS = {
     "window": "window",
@@ -49,6 +51,9 @@ KEYWORD_GROUPS = {
     "kv_segment_ids": "segments",
     "sinks": "sinks",
     "alibi_slopes": "alibi",
+    "q_descale": "fp8",  # contract v3's fp8 descales: the sdpa.fp8.* family
+    "k_descale": "fp8",
+    "v_descale": "fp8",
 }
 
 #: The committed fixtures of this version of the contract.
@@ -63,6 +68,8 @@ NP_DTYPES: dict[str, np.dtype] = {
     "bool": np.dtype(bool),
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
+    "float8_e4m3fn": np.dtype(ml_dtypes.float8_e4m3fn),  # contract v3: stored as their bytes
+    "float8_e5m2": np.dtype(ml_dtypes.float8_e5m2),
 }
 
 #: safetensors dtype codes -> NumPy dtypes (the subset the fixtures use).
@@ -75,6 +82,8 @@ _SAFETENSORS_DTYPES: dict[str, np.dtype] = {
     "I32": np.dtype(np.int32),
     "I8": np.dtype(np.int8),
     "I64": np.dtype(np.int64),
+    "F8_E4M3": np.dtype(ml_dtypes.float8_e4m3fn),
+    "F8_E5M2": np.dtype(ml_dtypes.float8_e5m2),
 }
 
 
@@ -178,6 +187,18 @@ class Case:
     @property
     def tolerance(self) -> dict[str, float]:
         return dict(self.entry.get("tolerance", {}))
+
+    @property
+    def kernel_tolerance(self) -> dict[str, float]:
+        """The kernels' bound (an fp8 case's ``kernel_tolerance``; FORMAT.md): used instead of
+        :attr:`tolerance` for a port that declares ``KERNEL_TOLERANCE = True``."""
+        return dict(self.entry.get("kernel_tolerance", {}))
+
+    @property
+    def result_dtype(self) -> str:
+        """The dtype of the results (``result_dtype``: bfloat16 for an fp8 query), else the
+        case's dtype."""
+        return self.entry.get("result_dtype", self.entry["dtype"])
 
     @property
     def n_elements(self) -> int:

@@ -191,7 +191,7 @@ def test_every_functional_code_has_a_case():
     # and grad_output_shape, raised by the *_vjp functions only: the grad.error.* fixtures
     functional = set(ERROR_CODES) - MODULE_ERROR_CODES - SHARDED_ERROR_CODES - ROTARY_ERROR_CODES
     functional -= {"grad_output_shape"}
-    functional -= FP8_ERROR_CODES  # fp8's: tests/test_fp8.py, in all three (no fixtures yet)
+    functional -= FP8_ERROR_CODES  # fp8's: the sdpa.error.fp8_* and quantize.error.* fixtures
     functional -= VARLEN_ERROR_CODES  # varlen's: VARLEN_CASES below
     functional -= PAGED_ERROR_CODES  # the paged cache's: tests/test_paged.py, in all three
     assert functional - covered == set()

@@ -24,6 +24,9 @@ Read these files as documentation. Each case is a function registered by
   (``varlen.*``, ``varlen_grad.*`` and their errors);
 - :mod:`~conformance.cases.paged`: contract v3's paged key/value caches, ``paged_attention``
   (``paged.*``) and ``paged_cache_write`` (``paged_write.*``), their errors too.
+- :mod:`~conformance.cases.fp8`: contract v3's fp8 inputs with descales (``sdpa.fp8.*``),
+  ``quantize_fp8`` (``quantize.*``) and the fp8 error codes (registered last, so they follow
+  every other case of their group).
 
 ``conformance/generate/`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
@@ -49,3 +52,5 @@ from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
 from conformance.cases.decode import DECODE_CHUNKINGS, ROLLING_CHUNKINGS
 
 __all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases"]
+
+from conformance.cases import fp8  # noqa: F401  (registered last: after every sdpa case)

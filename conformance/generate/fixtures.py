@@ -41,7 +41,7 @@ def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, *
         "kind": case.kind,
         "functions": list(case.functions),
         "dtype": dtype,
-        "contract": "v3" if case.op in V3_OPS else _contract(fields),
+        "contract": "v3" if case.op in V3_OPS or _fp8(fields) else _contract(fields),
         "seed": case.seed if case.kind == "values" and case.op != "causal_mask" else None,
         **fields,
     }
@@ -53,10 +53,18 @@ def _entry(case_id: str, case: C.CaseDef, dtype: str, name: str | None = None, *
 V2_NAMES = frozenset(("window", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes"))
 V2_MODULE_SETTINGS = frozenset(("window", "sinks", "alibi", "softcap", "scale"))
 #: The ops of contract v3: every case of theirs pins "v3".
-V3_OPS = frozenset(("varlen", "varlen_grad"))
+V3_OPS = frozenset(("varlen", "varlen_grad", "quantize"))
 #: Contract v3's names (scaled rotary frequencies), and its module class (latent attention).
 V3_NAMES = frozenset(("inv_freq", "attention_factor", "rope_inv_freq", "rope_attention_factor"))
 V3_MODULES = frozenset(("MultiHeadLatentAttention",))
+
+
+def _fp8(fields: dict[str, Any]) -> bool:
+    """The case is an fp8 case of contract v3: a descale keyword or input, or an fp8 input."""
+    inputs = fields.get("inputs", {})
+    names = set(fields.get("keywords", {})) | set(inputs)
+    fp8 = any(spec.get("dtype", "").startswith("float8") for spec in inputs.values())
+    return fp8 or bool(names & {"q_descale", "k_descale", "v_descale"})
 
 
 def _contract(fields: dict[str, Any]) -> str:
@@ -129,6 +137,10 @@ def _attention_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     output only, and the shard counts the case was written for)."""
     rng = np.random.default_rng(case.seed)
     c = case.build(rng, dtype)
+    if isinstance(c, C.fp8.Fp8Call):  # sdpa.fp8.*: conformance/generate/fp8.py
+        from conformance.generate.fp8 import fp8_attention_fixture
+
+        return [fp8_attention_fixture(case, dtype, c)]
     inputs = _rounded_inputs(c, dtype)
     as64 = _as64(inputs)
 
@@ -301,7 +313,12 @@ def _causal_mask_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     return [Fixture(_entry(case_id, case, dtype, **fields), data)]
 
 
-def _spec(zeros: C.base.Zeros) -> dict[str, Any]:
+def _spec(zeros: C.base.Zeros | np.ndarray) -> dict[str, Any]:
+    """An error case's input spec: a :class:`Zeros`' shape and dtype, or an array given by its
+    ``values`` (an fp8 case's descales: zeros would be a ``descale_value`` error of their own)."""
+    if isinstance(zeros, np.ndarray):
+        return {"shape": list(zeros.shape), "dtype": zeros.dtype.name,
+                "values": zeros.reshape(-1).tolist()}  # fmt: skip
     return {"shape": list(zeros.shape), "dtype": zeros.dtype}
 
 
@@ -461,3 +478,9 @@ from conformance.generate.paged import PAGED_BUILDERS, PAGED_GROUPS  # noqa: E40
 
 BUILDERS |= PAGED_BUILDERS
 GROUPS += PAGED_GROUPS
+
+# FP8 (contract v3): sdpa.fp8.* values and quantize.*, in conformance/generate/fp8.py.
+from conformance.generate.fp8 import FP8_GROUPS, QUANTIZE_BUILDERS  # noqa: E402
+
+BUILDERS |= QUANTIZE_BUILDERS
+GROUPS += FP8_GROUPS

@@ -89,6 +89,8 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
     params = inspect.signature(function).parameters
     if "n_shards" in params:
         return _on_mesh(function, params)
+    if alias in _FP8_ALIASES and any(n in params for n in _DESCALES):  # a port that takes fp8
+        return _fp8_jitted(alias, function, params)
     jitted = jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])
     if alias in _VALUES_CHECKED_FIRST:
         return _values_checked_first(alias, jitted)
@@ -114,6 +116,51 @@ def _values_checked_first(alias: str, jitted: Callable[..., Any]) -> Callable[..
         return jitted(*args, **kwargs)
 
     return call
+
+
+#: The descales of the fp8 calls (Contract v3): a number is static under jit (a traced Python
+#: float would be a float64 array under x64, and its value unchecked), an array is traced.
+_DESCALES = ("q_descale", "k_descale", "v_descale", "descale")
+#: The aliases with fp8 fixtures (sdpa.fp8.*, quantize.*): jitted by :func:`_fp8_jitted`.
+_FP8_ALIASES = ("sdpa", "weights", "quantize")
+
+
+def _fp8_jitted(alias: str, function: Callable[..., Any], params) -> Callable[..., Any]:
+    """A function with descales (or ``quantize_fp8``, whose ``dtype`` and ``axes`` are static),
+    jitted once per set of descales given as numbers, those static (the arrays traced).
+    attention_spec checks the call on its concrete arrays first (a descale array's values, a
+    quantized x's finiteness are tracers under jit), as :func:`_values_checked_first` does."""
+    static = [n for n in (*_STATIC_KEYWORDS, "dtype", "axes") if n in params]
+    takes = [n for n in _DESCALES if n in params]
+    jitted: dict[tuple[str, ...], Callable[..., Any]] = {}
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        if alias != "quantize":  # the function's descales, None included: fp8 is taken
+            kwargs = {n: None for n in takes} | kwargs
+        _check_fp8(alias, *args, **kwargs)
+        numbers = tuple(n for n in takes if isinstance(kwargs.get(n), (int, float)))
+        if numbers not in jitted:
+            jitted[numbers] = jax.jit(function, static_argnames=[*static, *numbers])
+        return jitted[numbers](*args, **kwargs)
+
+    return call
+
+
+def _check_fp8(alias: str, *args: Any, **kwargs: Any) -> None:
+    """attention_spec's check of an fp8 call on its concrete arrays (the same errors as the
+    implementation's own check, raised before jit traces them)."""
+    from attention_spec import SUPPORTED_DTYPES, check_attention, check_quantize_fp8, dtype_name
+
+    if alias != "quantize":
+        check_attention(*args, **kwargs)
+        return
+    x, *rest = args
+    dtype = rest[0] if rest else kwargs.get("dtype", "float8_e4m3fn")
+    finite = None
+    if x is not None and dtype_name(x.dtype) in SUPPORTED_DTYPES:
+        with np.errstate(over="ignore"):  # a float64 beyond float32's range is inf: refused
+            finite = bool(np.isfinite(np.asarray(x).astype(np.float32)).all())
+    check_quantize_fp8(x, dtype, kwargs.get("axes", (-2, -1)), kwargs.get("descale"), finite)
 
 
 def _on_mesh(function: Callable[..., Any], params) -> Callable[..., Any]:

@@ -3,7 +3,8 @@
 ``impl_torch`` gets these through :data:`conformance.ports.BUILTIN_ADAPTERS`; a torch port of
 your own can import them (``from conformance.ports.torch_adapter import from_numpy, to_numpy``).
 NumPy has no native bfloat16 (it comes from ``ml_dtypes``) and ``torch.from_numpy`` does not
-take it, so bfloat16 goes through float32, which is exact in both directions.
+take it, so bfloat16 goes through float32, which is exact in both directions. Nor does it take
+the fp8 formats (contract v3): they go through their bytes, a ``uint8`` view on either side.
 
 :func:`prepare` runs a sharded function (one that takes ``n_shards``: ``ring_attention``,
 ``head_parallel_attention``, ``head_parallel_gqa``) the way ``torch.distributed`` code runs: on
@@ -40,10 +41,19 @@ import torch
 __all__ = ["from_numpy", "on_ranks", "prepare", "to_numpy"]
 
 
+#: The fp8 formats (contract v3), by name: NumPy's ``ml_dtypes`` dtype -> torch's.
+FP8_TORCH: dict[str, torch.dtype] = {
+    "float8_e4m3fn": torch.float8_e4m3fn,
+    "float8_e5m2": torch.float8_e5m2,
+}
+
+
 def from_numpy(array: np.ndarray, device: str = "cpu") -> torch.Tensor:
     """A torch tensor on ``device`` ("cpu", "cuda", "cuda:1", ...) equal to ``array``."""
     array = np.asarray(array)
-    if array.dtype == ml_dtypes.bfloat16:
+    if array.dtype.name in FP8_TORCH:  # the bytes as uint8, viewed as the torch fp8 dtype
+        tensor = torch.from_numpy(np.array(array).view(np.uint8)).view(FP8_TORCH[array.dtype.name])
+    elif array.dtype == ml_dtypes.bfloat16:
         tensor = torch.from_numpy(array.astype(np.float32)).to(torch.bfloat16)
     else:
         tensor = torch.from_numpy(np.array(array))  # a writable, contiguous copy
@@ -53,6 +63,9 @@ def from_numpy(array: np.ndarray, device: str = "cpu") -> torch.Tensor:
 def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     """The tensor as a NumPy array of the same dtype (bfloat16 as ``ml_dtypes.bfloat16``)."""
     tensor = tensor.detach().cpu()
+    for name, dtype in FP8_TORCH.items():
+        if tensor.dtype == dtype:
+            return tensor.view(torch.uint8).numpy().view(getattr(ml_dtypes, name))
     if tensor.dtype == torch.bfloat16:
         return tensor.float().numpy().astype(ml_dtypes.bfloat16)
     return tensor.numpy()

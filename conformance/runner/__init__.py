@@ -66,7 +66,8 @@ as "not implemented", one line each, and so does an optional one that is asked f
 (``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope``,
 ``varlen``, ``varlen_grad``, the paged ``paged``, ``paged_flash`` and ``paged_write``, and the
 sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``, ``ulysses``,
-``usp``: the rows of :data:`FUNCTIONS` with ``required=False``) are run only when the port has
+``usp``, and contract v3's ``quantize`` (``quantize_fp8``): the rows of :data:`FUNCTIONS`
+with ``required=False``) are run only when the port has
 them or when they are asked for; every port is run on ``sdpa``, ``weights``, ``causal_mask``,
 ``module`` and ``decode``.
 

@@ -15,6 +15,7 @@ builder                                    aliases
                                            ring_zigzag, head_parallel, ulysses, usp
 :func:`_causal_mask_arguments`             causal_mask
 :func:`_rope_arguments`                    rope
+:func:`_quantize_arguments`                quantize (contract v3's quantize_fp8)
 :func:`_module_arguments`                  module, head_parallel_gqa (and :func:`_case_module`)
 :func:`_decode_arguments`                  decode (and :func:`_case_module`,
                                            :func:`_decode_cache`)
@@ -43,10 +44,15 @@ Arguments = tuple[list[Any], dict[str, Any]]
 
 
 def _zeros(spec: dict[str, Any]) -> np.ndarray | None:
-    """Zeros of one input spec of an error case (``{"shape", "dtype"}``; dtype "none": None)."""
+    """Zeros of one input spec of an error case (``{"shape", "dtype"}``; dtype "none": None),
+    or its ``values`` when it gives them (an fp8 case's descales: zeros are an error of their
+    own), row-major."""
     if spec["dtype"] == "none":
         return None
-    return np.zeros(spec["shape"], dtype=NP_DTYPES[spec["dtype"]])
+    dtype = NP_DTYPES[spec["dtype"]]
+    if "values" in spec:
+        return np.asarray(spec["values"], np.float64).astype(dtype).reshape(spec["shape"])
+    return np.zeros(spec["shape"], dtype=dtype)
 
 
 def _case_arrays(case: Case) -> dict[str, np.ndarray | None]:
@@ -103,6 +109,8 @@ def _attention_arguments(
     for name in ARRAY_KEYWORDS:
         if name in arrays:
             kwargs[name] = _in(port, arrays[name], device)
+    if "value" not in spec.inputs:  # attention_weights reads no value: no v_descale either
+        kwargs.pop("v_descale", None)
     args = [_in(port, arrays[name], device) for name in spec.inputs]
     _require_keywords(fn, kwargs)
     return args, kwargs
@@ -122,6 +130,19 @@ def _rope_arguments(port: Port, fn: Callable, case: Case, device: str, spec: Fun
     x, positions = _in(port, arrays["x"], device), _in(port, arrays["positions"], device)
     scaled = {"inv_freq": _in(port, arrays["inv_freq"], device)} if "inv_freq" in arrays else {}
     return [x, positions], dict(case.keywords) | scaled
+
+
+def _quantize_arguments(
+    port: Port, fn: Callable, case: Case, device: str, spec: Function
+) -> Arguments:
+    """``quantize_fp8(x, **keywords)`` (Contract v3, fp8): x, the case's keywords (``dtype``,
+    ``axes``, a scalar ``descale``) and ``descale=`` when the case stores a static array."""
+    arrays = _case_arrays(case)
+    kwargs = dict(case.keywords)
+    if "descale" in arrays:
+        kwargs["descale"] = _in(port, arrays["descale"], device)
+    _require_keywords(fn, kwargs)
+    return [_in(port, arrays["x"], device)], kwargs
 
 
 def _module_keywords(port: Port, case: Case, device: str, spec: Function) -> dict[str, Any]:

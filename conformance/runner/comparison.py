@@ -40,7 +40,7 @@ def _compare(got: Any, golden: np.ndarray, dtype: str, bound: float, what: str) 
     with np.errstate(all="ignore"):
         values = got.astype(np.float64)
         want = golden.astype(np.float64)
-        diff = np.abs(values - want)
+        diff = np.asarray(np.abs(values - want))  # an array even 0-d (a scalar descale)
         exact = np.isinf(want) & (values == want)  # a golden -inf (an empty row's lse) is met
         exact |= np.isnan(want) & np.isnan(values)  # so is a golden NaN (+inf bias allowed)
         diff[~np.isfinite(values) & ~exact] = math.inf

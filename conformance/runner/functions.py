@@ -22,6 +22,7 @@ from conformance.runner.arguments import (
     _decode_cache,
     _module_arguments,
     _module_class,
+    _quantize_arguments,
     _rope_arguments,
     _takes,
 )
@@ -141,6 +142,21 @@ def _rope_values(port: Port, fn: Callable, case: Case, device: str, spec: Functi
     except Exception as exc:
         raise _raised(exc) from exc
     yield Comparison("output", port.array_out(result), case.tensors()["output"])
+
+
+def _quantize_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
+    """quantize: ``quantize_fp8(x, ...)`` returns ``(x_fp8, descale)``; both exactly, the fp8
+    values in the case's format and the descale in float32 (Contract v3, fp8)."""
+    args, kwargs = _quantize_arguments(port, fn, case, device, spec)
+    t = case.tensors()
+    try:
+        values, descale = fn(*args, **kwargs)
+    except Exception as exc:
+        raise _raised(exc) from exc
+    fmt = kwargs.get("dtype", "float8_e4m3fn")
+    yield Comparison("output", port.array_out(values), t["output"], dtype=fmt)
+    yield Comparison("output_descale", port.array_out(descale), t["output_descale"],
+                     dtype="float32")  # fmt: skip
 
 
 def _module_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):
@@ -422,6 +438,8 @@ FUNCTIONS: dict[str, Function] = {
     "paged_write": Function(
         "paged_cache_write", False, _paged_write_values, _call(_paged_write_arguments)
     ),
+    # -- fp8 (Contract v3): quantize_fp8, exact ----------------------------------------------
+    "quantize": Function("quantize_fp8", False, _quantize_values, _call(_quantize_arguments)),
 }
 
 #: The aliases run once per shard count.

@@ -55,6 +55,7 @@ class Port:
     xfails: Xfails = field(default_factory=Xfails)
     numpy_native: bool = True
     prepare: Callable[[str, Callable[..., Any]], Callable[..., Any]] | None = None
+    kernel_tolerance: bool = False  # the port's KERNEL_TOLERANCE: fp8's kernel bound (FORMAT.md)
     _prepared: dict[str, Any] = field(default_factory=dict, repr=False)
     _round_trips: dict[tuple[str, str], str | None] = field(default_factory=dict, repr=False)
 
@@ -87,7 +88,8 @@ class Port:
     def check_round_trip(self, dtype: str, device: str) -> None:
         """Fail when ``to_numpy(from_numpy(x))`` does not keep ``dtype`` (checked once per dtype
         and device): a port that silently turns float64 into float32 would otherwise fail every
-        case with a misleading dtype message about its own output."""
+        case with a misleading dtype message about its own output. The fp8 formats too (their
+        bytes: safetensors F8_E4M3 and F8_E5M2, ``ml_dtypes`` in NumPy)."""
         if self.numpy_native or dtype not in NP_DTYPES:
             return
         if (dtype, device) not in self._round_trips:
@@ -168,4 +170,5 @@ def load_port(port: str | ModuleType | Any, *, xfails: str | Path | Xfails | Non
         known = known + xfails
     elif xfails is not None:
         known = known + Xfails.from_file(xfails)
-    return Port(name, module, from_np, to_np, known, numpy_native, prepare)
+    kernel = bool(getattr(module, "KERNEL_TOLERANCE", False))
+    return Port(name, module, from_np, to_np, known, numpy_native, prepare, kernel)

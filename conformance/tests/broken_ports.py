@@ -29,6 +29,7 @@ from attention_spec import (
     check_causal_mask_args,
     check_rotary,
 )
+from conformance.tests.fp8_broken import broken_quantize, dequantized, result_dtype
 from conformance.tests.module_broken import broken_modules
 
 #: bug -> (what it does, a run id that must fail because of it)
@@ -338,6 +339,43 @@ BUGS: dict[str, tuple[str, str]] = {
         "paged_cache_write: a slot of -1 written as an index, to the pool's last slot",
         "paged_write.padding_slots.float32",
     ),
+    # -- fp8 inputs and quantize_fp8 (Contract v3): fp8_broken.py ---------------------------
+    "fp8_descale_ignored": (
+        "fp8: the descales ignored, the fp8 values attended as they are",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_descale_twice": (
+        "fp8: each descale multiplied in twice (float(x) * d * d)",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_q_descale_dropped": (
+        "fp8: q_descale dropped (the key's and the value's applied)",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_sink_times_k_descale": (
+        "fp8: the sink logit multiplied by k_descale, as if it were a dequantized score",
+        "sdpa.fp8.all.sinks.gqa.h8_k1.float8_e4m3fn",
+    ),
+    "fp8_value_with_k_descale": (
+        "fp8: the value dequantized with k_descale (v_descale misread)",
+        "sdpa.fp8.kv_cache.float32_query.decode.float8_e4m3fn",
+    ),
+    "fp8_output_in_fp8": (
+        "fp8: the output cast to the query's fp8 dtype, not bfloat16",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_descale_in_fp8": (
+        "fp8: the descale applied before the widening, x * d rounded back to fp8 (saturating)",
+        "sdpa.fp8.all.per_head.float8_e5m2",
+    ),
+    "fp8_quantize_not_saturating": (
+        "quantize_fp8: the quotient cast unclipped (e4m3fn NaN, e5m2 inf past the max)",
+        "quantize.saturation.e4m3.float32",
+    ),
+    "fp8_quantize_round_toward_zero": (
+        "quantize_fp8: the quotient truncated toward zero, not rounded to nearest even",
+        "quantize.ties_to_even.e5m2.float32",
+    ),
 }
 
 
@@ -364,6 +402,9 @@ def make_port(
                 H=H, K=K, L=L, S=S, D=D, G=H // K, scale=D**-0.5 if scale is None else scale,
                 window=extra.get("window"),
             )  # fmt: skip
+        descales = {"q_descale": None, "k_descale": None}
+        descales |= {} if value is NO_VALUE else {"v_descale": None}
+        descales = {name: None for name in descales if name not in extra}
         try:
             dims = check_attention(
                 query,
@@ -375,6 +416,7 @@ def make_port(
                 causal_alignment=causal_alignment,
                 scale=scale,
                 softcap=softcap,
+                **descales,  # fp8 taken (contract v3): the descales, None included
                 **extra,
             )
         except AttentionError as exc:
@@ -489,11 +531,18 @@ def make_port(
         dims = validate(
             query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra
         )
+        q_descale = None if bug == "fp8_q_descale_dropped" else extra.get("q_descale")
+        query = dequantized(query, q_descale, bug)  # fp8: after validation
+        key = dequantized(key, extra.get("k_descale"), bug)
         allowed, offset = allowed_positions(
             dims, mask, bias, is_causal, causal_alignment, extra.get("q_segment_ids"),
             extra.get("kv_segment_ids"),
         )  # fmt: skip
-        w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, extra.get("sinks"),
+        sinks = extra.get("sinks")
+        if bug == "fp8_sink_times_k_descale" and sinks is not None and "k_descale" in extra:
+            d = np.asarray(extra["k_descale"], np.float32)  # one per key/value head, K = 1 here
+            sinks = sinks * d.reshape(()) if d.size == 1 else sinks
+        w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, sinks,
                             extra.get("alibi_slopes"))  # fmt: skip
         return dims, allowed, w, w_sink
 
@@ -513,7 +562,7 @@ def make_port(
             _, _, w, _ = prepared(
                 query, key, NO_VALUE, mask, bias, is_causal, causal_alignment, scale, softcap, extra
             )
-        return w if bug == "output_not_cast" else w.astype(query.dtype)
+        return w if bug == "output_not_cast" else w.astype(result_dtype(query, bug))
 
     def scaled_dot_product_attention(
         query,
@@ -532,6 +581,8 @@ def make_port(
             dims, allowed, w, w_sink = prepared(
                 query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra
             )
+            v_descale = extra.get("k_descale" if bug == "fp8_value_with_k_descale" else "v_descale")
+            value = dequantized(value, v_descale, bug)
             K, H = value.shape[-3], dims.H
             heads = np.arange(H) % K if bug == "gqa_tiling" else np.arange(H) // (H // K)
             v = np.take(value.astype(w.dtype), heads, axis=-3)  # (..., H, S, E)
@@ -540,7 +591,7 @@ def make_port(
             out = w @ np.where(attended[..., None], v, 0.0)  # (..., H, L, E)
             if w_sink is not None and bug == "sink_has_value":
                 out = out + w_sink * v[..., :1, :]  # the first key's value row
-        return out if bug == "output_not_cast" else out.astype(query.dtype)
+        return out if bug == "output_not_cast" else out.astype(result_dtype(query, bug))
 
     def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False,
                      inv_freq=None, attention_factor=1.0):  # fmt: skip
@@ -593,6 +644,7 @@ def make_port(
         GroupedQueryAttention=GroupedQueryAttention,
         MultiHeadAttention=MultiHeadAttention,
         apply_rotary=apply_rotary,
+        quantize_fp8=broken_quantize(bug),
     )
     if flash or (bug or "").startswith("flash_"):
         from conformance.tests import flash_broken

@@ -29,6 +29,9 @@ GRAD_FUNCTIONS = ("grad", "flash_grad")
 #: The paged key/value cache bugs (paged_broken.py) and the aliases they are run on.
 PAGED_BUGS = [b for b in BUGS if b.startswith("paged_")]
 PAGED_FUNCTIONS = ("paged", "paged_write")
+#: The fp8 bugs (fp8_broken.py: dequantize, result dtype, quantize_fp8) and their aliases.
+FP8_BUGS = [b for b in BUGS if b.startswith("fp8_")]
+FP8_FUNCTIONS = ("sdpa", "weights", "quantize")
 
 
 def _report(bug: str | None) -> Report:
@@ -37,7 +40,9 @@ def _report(bug: str | None) -> Report:
     if bug not in _REPORTS:
         grad = bug is not None and bug.startswith("grad_")
         paged = bug is not None and bug.startswith("paged_")  # the paged runs alone, likewise
+        fp8 = bug is not None and bug.startswith("fp8_")  # the fp8 runs' aliases alone
         functions = GRAD_FUNCTIONS if grad else PAGED_FUNCTIONS if paged else None
+        functions = FP8_FUNCTIONS if fp8 else functions
         _REPORTS[bug] = run_suite(make_port(bug), functions=functions)
     return _REPORTS[bug]
 
@@ -47,7 +52,16 @@ def test_the_unbroken_port_passes_everything() -> None:
     assert report.ok, "\n".join(o.line() for o in report.failures)
     assert report.counts()["pass"] == len(report.outcomes) > 400
     ran = {o.run_id.split(".")[0] for o in report.outcomes}
-    assert ran == {"sdpa", "weights", "causal_mask", "flash", "module", "decode", "rope"}
+    assert ran == {
+        "sdpa",
+        "weights",
+        "causal_mask",
+        "flash",
+        "module",
+        "decode",
+        "rope",
+        "quantize",
+    }
 
 
 def test_the_unbroken_backward_passes_every_gradient_run() -> None:
@@ -124,7 +138,21 @@ def test_extra_keyword_bugs_fail_only_their_families(bug: str) -> None:
     families = {o.run_id.split(".")[1] for o in _report(bug).failures}
     # module.v2.* and decode.v2.*: the modules' own v2 settings (window, sinks, ALiBi, ...)
     # mla.*: latent attention with its window or sinks, on the port's functional API
-    assert families and families <= {*EXTRA_FAMILIES, "v2", "mla"}, f"{bug} failed {families}"
+    # fp8.*: the fp8 cases with a window or sinks (sdpa.fp8.all.sinks.*, ...)
+    assert families and families <= {*EXTRA_FAMILIES, "v2", "mla", "fp8"}, (
+        f"{bug} failed {families}"
+    )
+
+
+@pytest.mark.parametrize("bug", FP8_BUGS)
+def test_fp8_bugs_fail_only_fp8_runs(bug: str) -> None:
+    """A dequantize, result-dtype or quantize_fp8 bug fails fp8 runs only (every other case
+    has no fp8 input), each the run named for it (test_broken_port_is_caught)."""
+    failed = {o.run_id for o in _report(bug).failures}
+    quantize = "quantize" in bug
+    assert failed and all(
+        r.startswith("quantize.") if quantize else ".fp8." in r for r in failed
+    ), failed
 
 
 @pytest.mark.parametrize("bug", FLASH_BUGS)

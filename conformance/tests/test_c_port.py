@@ -84,9 +84,12 @@ def test_the_c_port_passes_every_run_it_claims(gcc, tmp_path):
     outcomes = _run(_build(gcc, PORT.read_text(), tmp_path / "port"), tmp_path)
     want = {r.id for r in runs_for(functions=ALIASES)}
     assert set(outcomes) == want
-    assert Counter(o["status"] for o in outcomes.values()) == {"pass": 429}
+    assert Counter(o["status"] for o in outcomes.values()) == {
+        "pass": 429,
+        "xfail": 42,
+    }  # xfail: sdpa.fp8.*, the fp8 errors
     by_alias = Counter(run_id.split(".")[0] for run_id in outcomes)
-    assert by_alias == {"sdpa": 208, "weights": 204, "causal_mask": 17}
+    assert by_alias == {"sdpa": 230, "weights": 224, "causal_mask": 17}
     assert Counter(o["dtype"] for o in outcomes.values())["bfloat16"] == 70
     v2 = [r.id for r in runs_for(functions=ALIASES) if r.case.contract == "v2"]
     assert Counter(i.split(".")[0] for i in v2) == {"sdpa": 55, "weights": 55}  # all passed
@@ -103,6 +106,7 @@ def test_a_fully_masked_row_of_nan_is_caught(gcc, tmp_path):
         r.id
         for r in runs_for(functions=["weights"])
         if r.case.kind == "values"
+        and r.case.feature != "fp8"  # xfail here (port.xfails: no fp8)
         and "sinks" not in r.case.entry["inputs"]
         and r.case.entry["shapes"]["weights"][-1] > 0
         and (~np.any(r.case.tensors()["weights"] != 0, axis=-1)).any()
@@ -123,6 +127,7 @@ def test_the_top_left_diagonal_for_bottom_right_is_caught(gcc, tmp_path):
         r.id
         for r in runs_for(functions=["sdpa"])
         if r.case.kind == "values"
+        and r.case.feature != "fp8"  # xfail here (port.xfails: no fp8)
         and r.case.keywords.get("causal_alignment") == "bottom_right"
         and r.case.entry["shapes"]["query"][-2] != r.case.entry["shapes"]["key"][-2]
         and (

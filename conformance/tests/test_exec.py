@@ -31,7 +31,7 @@ def test_every_sdpa_weights_and_causal_mask_run_passes_over_the_protocol(tmp_pat
     assert Counter(o["status"] for o in outcomes) == {"pass": len(outcomes)}
     want = Counter(r.function for r in runs_for(functions=ALIASES))
     assert Counter(o["run_id"].split(".")[0] for o in outcomes) == want
-    assert want == {"sdpa": 208, "weights": 204, "causal_mask": 17}
+    assert want == {"sdpa": 230, "weights": 224, "causal_mask": 17}
 
 
 def test_every_module_and_decode_run_passes_over_the_protocol(tmp_path):

@@ -540,6 +540,10 @@ def deviation_counts() -> list[tuple[str, int, int]]:
         xfails = Xfails.from_file(_PORTS_DIR / f"{port}.xfails")
         seen = set()
         for run in runs_for(functions=functions):
+            if (
+                "fp8" in run.id
+            ):  # contract v3's fp8, which no framework port takes yet: not a deviation
+                continue
             entry = xfails.lookup(run.id, "cpu")
             if entry is not None:
                 family = "float64" if "float64" in entry.pattern else run.case.feature

@@ -103,10 +103,10 @@ def _crowded_worker(release_every: int) -> tuple[int, list[dict]]:
 def test_without_the_release_xla_dies_when_the_mappings_run_out_and_with_it_every_run_passes():
     returncode, messages = _crowded_worker(release_every=0)
     outcomes = [m["outcome"] for m in messages if "outcome" in m]
-    assert returncode != 0 and len(outcomes) < 115, (returncode, len(outcomes))
+    assert returncode != 0 and len(outcomes) < 117, (returncode, len(outcomes))
     assert "start" in messages[-1]  # died inside a run: the crash the parent reports
 
     returncode, messages = _crowded_worker(release_every=5)
     outcomes = [m["outcome"] for m in messages if "outcome" in m]
-    assert returncode == 0 and len(outcomes) == 115
+    assert returncode == 0 and len(outcomes) == 117  # with the two float32 fp8 error cases
     assert all(o["status"] in ("pass", "xfail", "skip") for o in outcomes)
