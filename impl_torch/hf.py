@@ -43,6 +43,13 @@ The window, softcap, scale and sinks module options are contract v2's, taken by 
 option the module's ``from_canonical`` takes and refuses, naming them, any it does not take. A
 family is one row of :data:`FAMILIES`.
 
+DeepSeek-V3's ``DeepseekV3Attention`` (``LATENT_FAMILIES``) is a multi-head latent attention:
+:func:`module_options` gives :func:`mla_options` for it (``rope_interleave`` as
+``rope_interleaved``, YaRN as ``rope_inv_freq`` / ``rope_attention_factor`` from transformers'
+own rope function, ``scale`` with ``m(mscale_all_dim) ** 2``), :func:`from_hf_attention` and
+:func:`load_hf_attention` its canonical weights, :func:`attention_module` a
+``MultiHeadLatentAttention``; ``attention_bias=True`` is refused (``weight_shape``).
+
 Works on a ``transformers`` config object or on the plain dict of a ``config.json``, so a
 checkpoint can be read with safetensors alone; ``transformers`` is needed only for its layers.
 Shape letters (SEMANTICS.md): M model width, H query heads, K key/value heads, D head dim.
@@ -52,6 +59,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -63,6 +71,7 @@ import numpy as np
 import torch
 from safetensors import safe_open
 
+from attention_spec.errors import make_error
 from attention_spec.modules import PROJECTIONS
 from impl_torch.modules import linear_weight, tensor_from_numpy, tensor_to_numpy
 
@@ -73,7 +82,9 @@ __all__ = [
     "from_hf_attention",
     "hf_state_dict",
     "interleave_qk",
+    "latent_attention_module",
     "load_hf_attention",
+    "mla_options",
     "module_options",
 ]
 
@@ -167,7 +178,9 @@ def _rope_theta(config: Any) -> float:
     if rope_type != "default":
         raise NotImplementedError(
             f"rope_type {rope_type!r} rescales the rotary frequencies; SEMANTICS.md's RoPE is "
-            "theta ** (-2p / R) (rope_type 'default') only"
+            "theta ** (-2p / R) (rope_type 'default') only: GroupedQueryAttention takes no "
+            "rope_inv_freq / rope_attention_factor yet (Llama 3.1/3.2's 'llama3' scaling "
+            "included; MultiHeadLatentAttention takes them, see mla_options)"
         )
     return float(rope.get("rope_theta", _get(config, "rope_theta", 10000.0)))
 
@@ -183,6 +196,8 @@ def module_options(config: Any, layer: int = 0) -> dict[str, Any]:
     Raises:
         NotImplementedError: an unknown family, or a RoPE scaling SEMANTICS.md has no form for.
     """
+    if _is_latent(config):
+        return mla_options(config)
     family = _family(config)
     options = {
         "d_model": int(_get(config, "hidden_size")),
@@ -219,6 +234,9 @@ def from_hf_attention(attention: torch.nn.Module) -> dict[str, np.ndarray]:
     """The canonical weights of a Hugging Face attention layer (``LlamaAttention``, ...): the
     four kernels ``(in, out)``, their biases if it has them, and the family's extra weights
     (gpt-oss: ``sinks (H,)``), as NumPy arrays in the layer's dtype."""
+    if _is_latent(attention.config):
+        mla_options(attention.config)  # refuses attention_bias=True
+        return _mla_canonical_from_state(dict(attention.state_dict()))
     family = _family(attention.config)
     return _canonical_from_state(dict(attention.state_dict()), family.extra_weights)
 
@@ -256,7 +274,9 @@ def load_hf_attention(
     only that layer's tensors (``model.layers.N.self_attn.q_proj.weight``, ...)."""
     path = Path(path)
     config = json.loads(((path if path.is_dir() else path.parent) / "config.json").read_text())
-    family = _family(config)
+    latent = _is_latent(config)
+    options = module_options(config, layer)  # refuses what we cannot express, before reading
+    family = None if latent else _family(config)
     head = prefix.format(layer=layer)
     state: dict[str, torch.Tensor] = {}
     for file in _checkpoint_files(path):
@@ -264,9 +284,11 @@ def load_hf_attention(
             for key in f.keys():
                 if key.startswith(head):
                     state[key[len(head) :]] = f.get_tensor(key)
-    if "q_proj.weight" not in state:
-        raise KeyError(f"no tensor {head}q_proj.weight in {path}")
-    return _canonical_from_state(state, family.extra_weights), module_options(config, layer)
+    if "o_proj.weight" not in state:
+        raise KeyError(f"no tensor {head}o_proj.weight in {path}")
+    if latent:
+        return _mla_canonical_from_state(state), options
+    return _canonical_from_state(state, family.extra_weights), options
 
 
 def interleave_qk(weights: Mapping[str, np.ndarray], *, n_heads: int, n_kv_heads: int) -> dict:
@@ -301,6 +323,8 @@ def attention_module(
     Raises:
         NotImplementedError: an option the module does not take, named.
     """
+    if "qk_rope_head_dim" in options:  # mla_options: a latent attention layer
+        return latent_attention_module(impl, weights, options, **kw)
     load = impl.GroupedQueryAttention.from_canonical
     settings = {k: v for k, v in options.items() if k not in SIZE_KEYS}
     missing = [k for k in settings if k not in inspect.signature(load).parameters]
@@ -314,3 +338,120 @@ def attention_module(
         dict(weights), n_heads=options["n_heads"], n_kv_heads=options["n_kv_heads"], **settings,
         **kw,
     )  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# Multi-head latent attention (DeepSeek-V3: DeepseekV3Attention)
+# ---------------------------------------------------------------------------------------------
+
+#: ``config.model_type`` -> the transformers class of a multi-head latent attention layer.
+LATENT_FAMILIES = {"deepseek_v3": "DeepseekV3Attention"}
+
+
+def _is_latent(config: Any) -> bool:
+    return _get(config, "model_type") in LATENT_FAMILIES
+
+
+def _rope_parameters(config: Any) -> dict[str, Any]:
+    rope = dict(_get(config, "rope_parameters") or _get(config, "rope_scaling") or {})
+    rope.setdefault("rope_type", rope.pop("type", "default"))
+    rope.setdefault("rope_theta", _get(config, "rope_theta", 10000.0))
+    return rope
+
+
+def yarn_mscale(factor: float, mscale: float) -> float:
+    """YaRN's ``m(a) = 0.1 a ln(factor) + 1`` (1 when ``factor <= 1``), DeepSeek's form."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
+def mla_softmax_scale(config: Any) -> float:
+    """DeepSeek-V3's softmax scale: ``(Dn + Dr) ** -0.5``, times ``m(mscale_all_dim) ** 2``
+    under a rope scaling with ``mscale_all_dim`` (once for the query's, once for the key's
+    share of the correction the rotary factor divides out)."""
+    scale = (int(_get(config, "qk_nope_head_dim")) + int(_get(config, "qk_rope_head_dim"))) ** -0.5
+    rope = _rope_parameters(config)
+    if rope["rope_type"] != "default" and rope.get("mscale_all_dim"):
+        scale *= yarn_mscale(float(rope["factor"]), float(rope["mscale_all_dim"])) ** 2
+    return scale
+
+
+def _mla_rope(config: Any) -> dict[str, Any]:
+    """``rope_theta`` for the default RoPE; otherwise the frequencies and the cos/sin factor of
+    Hugging Face's own rope function (``ROPE_INIT_FUNCTIONS``, float32 as the layer holds them):
+    ``rope_inv_freq (Dr/2,)`` and ``rope_attention_factor``."""
+    rope = _rope_parameters(config)
+    if rope["rope_type"] == "default":
+        return {"rope_theta": float(rope["rope_theta"])}
+    import transformers
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    if rope["rope_type"] not in ROPE_INIT_FUNCTIONS:
+        raise NotImplementedError(f"transformers has no rope_type {rope['rope_type']!r}")
+    if isinstance(config, Mapping):  # a config.json: transformers' own config of it
+        config = transformers.DeepseekV3Config(
+            **{k: v for k, v in config.items() if k != "model_type"}
+        )
+    inv_freq, factor = ROPE_INIT_FUNCTIONS[rope["rope_type"]](config, "cpu")
+    return {
+        "rope_inv_freq": inv_freq.to(torch.float64).numpy(),  # (Dr/2,)
+        "rope_attention_factor": float(factor),
+    }
+
+
+def mla_options(config: Any, layer: int = 0) -> dict[str, Any]:
+    """The keywords of ``MultiHeadLatentAttention.from_canonical`` that reproduce an attention
+    layer of a DeepSeek-V3 model (every layer's is the same): ``n_heads``,
+    ``qk_rope_head_dim``, ``rope_interleaved`` (``rope_interleave``), the RoPE (``rope_theta``,
+    or YaRN's ``rope_inv_freq`` and ``rope_attention_factor = m(mscale) / m(mscale_all_dim)``),
+    ``scale`` (:func:`mla_softmax_scale`) and ``rms_norm_eps`` (the layer's norms use 1e-6
+    whatever the config says).
+
+    Raises:
+        DimensionMismatchError ``weight_shape``: ``attention_bias=True`` (biases on
+        ``q_a_proj``, ``kv_a_proj_with_mqa`` and ``o_proj``; MLA's canonical weights have none).
+    """
+    if _get(config, "attention_bias", False):
+        raise make_error(
+            "weight_shape",
+            f"{LATENT_FAMILIES[_get(config, 'model_type')]} with attention_bias=True has biases "
+            "on q_a_proj, kv_a_proj_with_mqa and o_proj; MultiHeadLatentAttention's canonical "
+            "weights have none",
+            expected="attention_bias=False",
+            actual="attention_bias=True",
+        )
+    return {
+        "n_heads": int(_get(config, "num_attention_heads")),
+        "qk_rope_head_dim": int(_get(config, "qk_rope_head_dim")),
+        "rope_interleaved": bool(_get(config, "rope_interleave", True)),
+        **_mla_rope(config),
+        "scale": mla_softmax_scale(config),
+        "rms_norm_eps": 1e-6,
+    }
+
+
+def _mla_canonical_from_state(state: Mapping[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """Canonical MLA weights: every ``nn.Linear`` weight ``(out, in)`` as a kernel ``(in, out)``,
+    the norms' ``*_layernorm.weight`` as they are; a bias is refused (``weight_shape``)."""
+    weights = {}
+    for name, tensor in state.items():
+        module, _, kind = name.rpartition(".")
+        if kind == "bias":
+            raise make_error(
+                "weight_shape",
+                f"MultiHeadLatentAttention's canonical weights have no biases; got {name}",
+                expected="no biases",
+                actual=name,
+            )
+        if module.endswith("layernorm"):
+            weights[name] = tensor_to_numpy(tensor)  # (Q,) or (R,)
+        else:
+            weights[f"{module}.kernel"] = tensor_to_numpy(linear_weight(tensor))
+    return weights
+
+
+def latent_attention_module(
+    impl: ModuleType, weights: Mapping[str, np.ndarray], options: Mapping[str, Any], **kw: Any
+) -> Any:
+    """``impl.MultiHeadLatentAttention`` holding ``weights`` with the settings of
+    :func:`mla_options`; ``kw`` goes to ``from_canonical`` (``dtype=``, torch's ``device=``)."""
+    return impl.MultiHeadLatentAttention.from_canonical(dict(weights), **options, **kw)

@@ -346,6 +346,10 @@ def test_module_options_of_each_family():
     assert options["sinks"] is True and options["bias"] is True and options["window"] == (2, 0)
     with pytest.raises(NotImplementedError, match="rope_type 'yarn'"):
         module_options({**_config("llama").to_dict(), "rope_parameters": {"rope_type": "yarn"}})
+    llama3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
+              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
+    with pytest.raises(NotImplementedError, match=r"rope_type 'llama3'.*no rope_inv_freq"):
+        module_options(transformers.LlamaConfig(**SIZES, rope_scaling=llama3))  # Llama 3.1/3.2
     with pytest.raises(NotImplementedError, match="no converter for model_type 'gpt2'"):
         module_options({"model_type": "gpt2"})
 

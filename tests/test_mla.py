@@ -8,8 +8,6 @@ Sizes pairwise distinct: B=2, L=9, M=17, H=3, Q=7, R=11, Dn=5, Dr=4, E=6.
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -21,6 +19,7 @@ import impl_numpy
 import impl_torch
 from attention_spec import AttentionError
 from conformance.oracle import mla_forward, tolerance_bound
+from impl_torch import hf
 from tests.frameworks import NP_DTYPES
 
 jax.config.update("jax_enable_x64", True)
@@ -39,6 +38,8 @@ def _np(t) -> np.ndarray:
         return impl_torch.modules.tensor_to_numpy(t)
     return np.asarray(t)
 
+
+IMPLS = {"numpy": impl_numpy, "torch": impl_torch, "jax": impl_jax}
 
 #: framework -> (module class, array from NumPy)
 FRAMEWORKS = {
@@ -210,24 +211,29 @@ def test_a_cache_of_the_other_kind_is_refused() -> None:
 # -- Hugging Face's DeepseekV3Attention ----------------------------------------------------------
 
 
-def _hf_layer(q_lora, interleave: bool, yarn: bool):
+def _config(q_lora, interleave: bool, yarn: bool, **extra):
     transformers = pytest.importorskip("transformers")
-    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as hf
-
     rope = {"rope_type": "default", "rope_theta": 10000.0}
     if yarn:
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
-                "mscale_all_dim": 0.707, "original_max_position_embeddings": 4,
+                "mscale_all_dim": 0.707, "original_max_position_embeddings": 16,
                 "beta_fast": 32.0, "beta_slow": 1.0}  # fmt: skip
-    config = transformers.DeepseekV3Config(
+    extra = {"attention_bias": False, **extra}
+    return transformers.DeepseekV3Config(
         hidden_size=M, num_attention_heads=H, num_key_value_heads=H, q_lora_rank=q_lora,
         kv_lora_rank=R, qk_nope_head_dim=Dn, qk_rope_head_dim=Dr, v_head_dim=E,
-        rope_interleave=interleave, rope_parameters=rope, attention_bias=False,
-        max_position_embeddings=64, rms_norm_eps=1e-6,
+        rope_interleave=interleave, rope_parameters=rope, max_position_embeddings=64,
+        rms_norm_eps=1e-6, **extra,
     )  # fmt: skip
+
+
+def _hf_layer(q_lora, interleave: bool, yarn: bool):
+    config = _config(q_lora, interleave, yarn)
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as modeling
+
     config._attn_implementation = "sdpa"  # eager runs its softmax in float32
     torch.manual_seed(0)
-    layer = hf.DeepseekV3Attention(config, layer_idx=0).double().eval()
+    layer = modeling.DeepseekV3Attention(config, layer_idx=0).double().eval()
     with torch.no_grad():
         for name, p in layer.named_parameters():
             if name.endswith("layernorm.weight"):
@@ -235,7 +241,7 @@ def _hf_layer(q_lora, interleave: bool, yarn: bool):
     for norm in (layer.q_a_layernorm, layer.kv_a_layernorm):
         if norm is not None:  # HF's norm runs in float32 even for float64: its formula in float64
             norm.forward = _float64_norm(norm)
-    return config, layer, hf.DeepseekV3RotaryEmbedding(config).double()
+    return config, layer, modeling.DeepseekV3RotaryEmbedding(config).double()
 
 
 def _float64_norm(norm):
@@ -245,59 +251,128 @@ def _float64_norm(norm):
     return forward
 
 
-def _from_hf(layer, rotary, yarn: bool) -> tuple[dict, dict]:
-    """Canonical weights ((in, out) kernels) and the module settings of a HF layer, the scale
-    from the contract's formula (checked against the layer's own)."""
-    weights = {}
-    for name, p in layer.state_dict().items():
-        key = name.replace(".weight", ".kernel") if "layernorm" not in name else name
-        weights[key] = p.detach().numpy().T.copy() if key.endswith(".kernel") else p.numpy()
-    settings = {"rope_interleaved": layer.config.rope_interleave,
-                "rope_inv_freq": rotary.inv_freq.double().numpy(),
-                "rope_attention_factor": float(rotary.attention_scaling)}  # fmt: skip
-    if yarn:
-        mscale = 0.1 * 0.707 * math.log(4.0) + 1.0
-        settings["scale"] = (Dn + Dr) ** -0.5 * mscale**2
-        assert abs(settings["scale"] - layer.scaling) <= 1e-15
-    return weights, settings
+def _ours_from_hf(layer, rotary) -> tuple[dict, dict]:
+    """The converter's canonical weights and settings of the HF layer, its frequencies and
+    factor checked against the layer's rotary module (float32 frequencies: 4 ulps)."""
+    weights, options = hf.from_hf_attention(layer), hf.module_options(layer.config)
+    inv_freq, factor = _frequencies(options)
+    want = rotary.inv_freq.double().numpy()
+    assert np.max(np.abs(inv_freq - want) / want) <= 4 * 2.0**-24
+    assert abs(factor - float(rotary.attention_scaling)) <= 1e-15
+    return weights, options
 
 
-def _hf_rope(rotary, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """HF's ``(cos, sin)`` in float64 from the layer's own ``inv_freq`` and attention scaling
-    (its rotary module computes the angles in float32, a 1e-7 difference that is not MLA's)."""
-    freqs = positions[..., None].double() * rotary.inv_freq.double()  # (B, L, Dr/2)
+def _frequencies(options: dict) -> tuple[np.ndarray, float]:
+    """``inv_freq (Dr/2,)`` in float64 and the cos/sin factor of the converter's settings."""
+    inv_freq = options.get("rope_inv_freq")
+    if inv_freq is None:
+        inv_freq = options["rope_theta"] ** (-np.arange(0, Dr, 2) / Dr)
+    return np.asarray(inv_freq, np.float64), float(options.get("rope_attention_factor", 1.0))
+
+
+def _hf_rope(options: dict, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """HF's ``(cos, sin)`` in float64 from the converter's frequencies and factor (checked
+    against the layer's own in :func:`_ours_from_hf`; HF's rotary module computes the angles in
+    float32, a 1e-7 difference that is not MLA's)."""
+    inv_freq, factor = _frequencies(options)
+    freqs = positions[..., None].double() * torch.tensor(inv_freq)  # (B, L, Dr/2)
     emb = torch.cat([freqs, freqs], dim=-1)  # (B, L, Dr)
-    return emb.cos() * rotary.attention_scaling, emb.sin() * rotary.attention_scaling
+    return emb.cos() * factor, emb.sin() * factor
+
+
+def _disagreement(q_lora, interleave: bool, yarn: bool, frameworks=tuple(FRAMEWORKS)) -> dict:
+    """The HF layer in float64, causal, against our modules converted from it: the largest
+    difference of the forward and of a generation of L steps, HF's cache against our absorbed
+    decode, per framework (and HF's own cache against its forward, ``"hf"``)."""
+    config, layer, rotary = _hf_layer(q_lora, interleave, yarn)
+    weights, options = _ours_from_hf(layer, rotary)
+    x = _x("float64")
+    xt = torch.tensor(x)
+    positions = torch.arange(L)[None].expand(B, L)
+    causal = torch.full((L, L), -torch.inf, dtype=torch.float64).triu(1)[None, None]
+    with torch.no_grad():
+        want, _ = layer(xt, _hf_rope(options, positions), causal)
+        from transformers import DynamicCache
+
+        hf_cache, steps = DynamicCache(config=config), []
+        for t in range(L):
+            out, _ = layer(xt[:, t : t + 1], _hf_rope(options, positions[:, t : t + 1]), None,
+                           cache=hf_cache)  # fmt: skip
+            steps.append(out.numpy())
+    want, hf_steps = want.numpy(), np.concatenate(steps, 1)
+    errors = {"hf": np.max(np.abs(hf_steps - want)),  # HF's own cache against its forward
+              "scale": abs(options["scale"] - layer.scaling)}  # fmt: skip
+    for fw in frameworks:
+        module = hf.attention_module(IMPLS[fw], weights, options)
+        convert = FRAMEWORKS[fw][1]
+        forward = np.max(np.abs(_np(module(convert(x), is_causal=True)) - want))
+        cache, ours = module.init_cache(B, L), []
+        for t in range(L):
+            y, cache = module.decode(convert(x[:, t : t + 1]), cache)
+            ours.append(_np(y))
+        errors[fw] = max(forward, np.max(np.abs(np.concatenate(ours, 1) - hf_steps)))
+    return errors
 
 
 @pytest.mark.parametrize("q_lora", [None, Q])
 @pytest.mark.parametrize("interleave", [False, True])
 @pytest.mark.parametrize("yarn", [False, True])
 def test_hugging_face_deepseek_v3_attention_agrees(q_lora, interleave, yarn) -> None:
-    """The HF layer in float64, causal, and our three modules from its weights: forward, and a
-    generation of several steps with HF's cache against our absorbed decode."""
-    config, layer, rotary = _hf_layer(q_lora, interleave, yarn)
-    weights, settings = _from_hf(layer, rotary, yarn)
-    x = _x("float64")
-    xt = torch.tensor(x)
-    positions = torch.arange(L)[None].expand(B, L)
-    causal = torch.full((L, L), -torch.inf, dtype=torch.float64).triu(1)[None, None]
-    with torch.no_grad():
-        want, _ = layer(xt, _hf_rope(rotary, positions), causal)
-        from transformers import DynamicCache
+    """impl_torch.hf's converter: the HF layer and our three modules agree in float64, forward
+    and a generation of several steps with HF's cache against our absorbed decode."""
+    errors = _disagreement(q_lora, interleave, yarn)
+    assert all(e <= 1e-12 for e in errors.values()), errors
 
-        hf_cache, steps = DynamicCache(config=config), []
-        for t in range(L):
-            out, _ = layer(xt[:, t : t + 1], _hf_rope(rotary, positions[:, t : t + 1]), None,
-                           cache=hf_cache)  # fmt: skip
-            steps.append(out.numpy())
-    want, hf_steps = want.numpy(), np.concatenate(steps, 1)
-    assert np.max(np.abs(hf_steps - want)) <= 1e-12  # HF's own cache against its forward
-    for fw, (cls, convert) in FRAMEWORKS.items():
-        module = cls.from_canonical(weights, n_heads=H, qk_rope_head_dim=Dr, **settings)
-        assert np.max(np.abs(_np(module(convert(x), is_causal=True)) - want)) <= 1e-12, fw
-        cache, ours = module.init_cache(B, L), []
-        for t in range(L):
-            y, cache = module.decode(convert(x[:, t : t + 1]), cache)
-            ours.append(_np(y))
-        assert np.max(np.abs(np.concatenate(ours, 1) - hf_steps)) <= 1e-12, fw
+
+def test_the_yarn_mscale_applied_once_in_the_converter_fails_the_agreement(monkeypatch) -> None:
+    """A converter scaling by ``m(mscale_all_dim)`` once instead of squared is caught."""
+    pytest.importorskip("transformers")
+
+    def once(config) -> float:
+        rope = hf._rope_parameters(config)
+        return (Dn + Dr) ** -0.5 * hf.yarn_mscale(rope["factor"], rope["mscale_all_dim"])
+
+    right = _disagreement(Q, True, True, frameworks=("numpy",))
+    monkeypatch.setattr(hf, "mla_softmax_scale", once)
+    wrong = _disagreement(Q, True, True, frameworks=("numpy",))
+    assert right["numpy"] <= 1e-12 and wrong["numpy"] > 1e-3, (right, wrong)
+
+
+def test_attention_bias_is_refused_with_the_taxonomy_error() -> None:
+    config = _config(Q, True, False, attention_bias=True)
+    with pytest.raises(AttentionError) as info:
+        hf.module_options(config)
+    assert info.value.code == "weight_shape" and "attention_bias=True" in str(info.value)
+    from transformers.models.deepseek_v3 import modeling_deepseek_v3 as modeling
+
+    with pytest.raises(AttentionError, match="attention_bias=True"):
+        hf.from_hf_attention(modeling.DeepseekV3Attention(config, layer_idx=0))
+
+
+def test_layer_n_of_a_save_pretrained_checkpoint_is_the_models_layer(tmp_path) -> None:
+    """A two-layer DeepSeek-V3 (YaRN, q_lora_rank set) saved in shards: layer 1 read alone
+    gives the weights and settings of the model's layer 1, and our module its output."""
+    transformers = pytest.importorskip("transformers")
+    config = _config(Q, True, True, num_hidden_layers=2, vocab_size=32, intermediate_size=8,
+                     moe_intermediate_size=4, n_routed_experts=2, num_experts_per_tok=1,
+                     n_group=1, topk_group=1, first_k_dense_replace=1)  # fmt: skip
+    torch.manual_seed(1)
+    model = transformers.DeepseekV3ForCausalLM(config).eval()
+    model.save_pretrained(tmp_path, max_shard_size="4KB")
+    assert (tmp_path / "model.safetensors.index.json").is_file()
+    weights, options = hf.load_hf_attention(tmp_path, 1)
+    layer = model.model.layers[1].self_attn
+    want = hf.from_hf_attention(layer)
+    assert weights.keys() == want.keys() and "q_a_layernorm.weight" in weights
+    assert all(np.array_equal(weights[n], want[n]) for n in want)
+    assert options.keys() == hf.module_options(config).keys()
+    assert np.array_equal(options["rope_inv_freq"], hf.module_options(config)["rope_inv_freq"])
+    assert abs(options["scale"] - layer.scaling) <= 1e-15
+    module = hf.attention_module(impl_numpy, weights, options)
+    x = _x("float32")
+    rotary = model.model.rotary_emb
+    positions = torch.arange(L)[None].expand(B, L)
+    causal = torch.full((L, L), -torch.inf).triu(1)[None, None]
+    with torch.no_grad():
+        hf_y, _ = layer(torch.tensor(x), rotary(torch.tensor(x), positions), causal)
+    assert np.max(np.abs(module(x, is_causal=True) - hf_y.numpy())) <= 1e-5

@@ -228,6 +228,25 @@ BUGS: dict[str, tuple[str, str]] = {
         "key once, later steps the unrotated one)",
         "decode.mla.q_lora.tokens.float32",
     ),
+    "mla_rope_on_nope": (
+        "mla: RoPE applied to the nope part too (q_nope and k_nope rotated over their first Dr "
+        "features, as a port rotating the whole head would)",
+        "module.mla.q_proj.causal.float32",
+    ),
+    "mla_rope_pairs_other": (
+        "mla: q_pe and k_pe rotated with the rope pairs of the other convention (rope_interleave "
+        "read inverted: half-split for interleaved, interleaved for half-split)",
+        "module.mla.q_lora.interleaved.causal.float32",
+    ),
+    "mla_absorb_uk_uv_swapped": (
+        "mla: W_UK and W_UV swapped in the absorption (each head's kv_b_proj columns read as "
+        "value then key: W_UV = [:E], W_UK = [E:])",
+        "decode.mla.q_lora.tokens.float32",
+    ),
+    "mla_q_norm_missing": (
+        "mla: the query latent used without its RMSNorm (q_a_layernorm)",
+        "module.mla.q_lora.interleaved.causal.float32",
+    ),
     "rolling_cache_drops_key": (
         "rolling KV cache: a chunk attends the last left - 1 kept tokens, not left (the ring's "
         "oldest key of the window is dropped)",

@@ -74,11 +74,12 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             y = xf / np.sqrt(np.mean(xf * xf, axis=-1, keepdims=True) + self.eps)
             return (y * self.w[f"{name}.weight"].astype(self._ct())).astype(self.dtype)
 
-        def _rotate(self, x, start):  # (B, heads, L, Dr) at positions start + i
+        def _rotate(self, x, start):  # (B, heads, L, Dr) at positions start + i (first Dr)
             r = self.rope
             inv = None if r.inv_freq is None else np.array(r.inv_freq)
+            interleaved = r.interleaved != (bug == "mla_rope_pairs_other")
             return apply_rotary(x, start + np.arange(x.shape[2]), theta=r.theta,
-                                interleaved=r.interleaved, inv_freq=inv,
+                                rotary_dim=self.dims.Dr, interleaved=interleaved, inv_freq=inv,
                                 attention_factor=r.attention_factor)  # fmt: skip
 
         def _project(self, x, start):
@@ -88,16 +89,20 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             if d.Q is None:
                 q = self._linear("q_proj", x)
             else:
-                q = self._linear(
-                    "q_b_proj", self._norm(self._linear("q_a_proj", x), "q_a_layernorm")
-                )
+                q_a = self._linear("q_a_proj", x)  # (B, L, Q)
+                if bug != "mla_q_norm_missing":
+                    q_a = self._norm(q_a, "q_a_layernorm")
+                q = self._linear("q_b_proj", q_a)
             q = q.reshape(B, L, d.H, d.Dn + d.Dr).transpose(0, 2, 1, 3)
             kv = self._linear("kv_a_proj_with_mqa", x)  # (B, L, R+Dr)
             c_kv = kv[..., : d.R] if bug == "mla_kv_norm_missing" else self._norm(
                 kv[..., : d.R], "kv_a_layernorm")  # fmt: skip
             k_pe = kv[:, None, :, d.R :]  # (B, 1, L, Dr)
             rotated = self._rotate(k_pe, start)
-            return q[..., : d.Dn], self._rotate(q[..., d.Dn :], start), c_kv[:, None], rotated, k_pe
+            q_nope = q[..., : d.Dn]
+            if bug == "mla_rope_on_nope":  # the nope features rotated too (their first Dr)
+                q_nope = self._rotate(q_nope, start)
+            return q_nope, self._rotate(q[..., d.Dn :], start), c_kv[:, None], rotated, k_pe
 
         def _attend(self, q, k, v, return_weights, scale, **keywords):
             o = self.options
@@ -127,7 +132,10 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             if bug == "mla_k_pe_not_shared":  # only head 0 gets the shared rotary key
                 k_pe = np.concatenate([k_pe[:, :1], np.zeros_like(k_pe[:, 1:])], axis=1)
             q = np.concatenate([q_nope, q_pe], -1)
-            k = np.concatenate([kv[..., : d.Dn], k_pe], -1)
+            k_nope = kv[..., : d.Dn]
+            if bug == "mla_rope_on_nope":
+                k_nope = self._rotate(k_nope, 0)
+            k = np.concatenate([k_nope, k_pe], -1)
             out, w = self._attend(q, k, kv[..., d.Dn :], return_weights, self.scale, mask=mask,
                                   bias=bias, is_causal=is_causal,
                                   causal_alignment=causal_alignment, **ids)  # fmt: skip
@@ -155,7 +163,10 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             q_nope, q_pe, c_new, k_pe_new, unrotated = self._project(x, position)
             ct = self._ct()
             w = self.w["kv_b_proj.kernel"].reshape(d.R, d.H, d.Dn + d.E).astype(ct)
-            q_lat = np.einsum("bhld,rhd->bhlr", q_nope.astype(ct), w[..., : d.Dn])
+            w_uk, w_uv = w[..., : d.Dn], w[..., d.Dn :]  # (R, H, Dn), (R, H, E)
+            if bug == "mla_absorb_uk_uv_swapped":  # each head's columns read as value, key
+                w_uv, w_uk = w[..., : d.E], w[..., d.E :]
+            q_lat = np.einsum("bhld,rhd->bhlr", q_nope.astype(ct), w_uk)
             stored = unrotated if bug == "mla_cache_k_pe_unrotated" else k_pe_new
             c_kv = np.concatenate([cache.key, c_new], axis=2)  # (B, 1, S, R)
             k_pe = np.concatenate([cache.value, k_pe_new], axis=2)  # (B, 1, S, Dr)
@@ -165,7 +176,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             o_lat, weights = self._attend(q, k, c_kv, return_weights, scale, mask=mask,
                                           bias=bias, is_causal=True,
                                           causal_alignment="bottom_right")  # fmt: skip
-            out = np.einsum("bhlr,rhe->bhle", o_lat.astype(ct), w[..., d.Dn :]).astype(self.dtype)
+            out = np.einsum("bhlr,rhe->bhle", o_lat.astype(ct), w_uv).astype(self.dtype)
             y = self._output(out)
             end = position + x.shape[1]
             new = _LatentCache(c_kv, np.concatenate([cache.value, stored], axis=2),

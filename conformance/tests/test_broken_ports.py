@@ -329,8 +329,12 @@ def test_latent_attention_bugs_fail_only_mla_runs(bug: str) -> None:
 
 
 def test_the_absorbed_scale_and_the_unrotated_cache_fail_decoding_only() -> None:
-    """Both decode bugs leave the forward right: module.mla.* all pass, decode.mla.* fail."""
-    for bug in ("mla_absorbed_scale_latent", "mla_cache_k_pe_unrotated"):
+    """The decode bugs leave the forward right: module.mla.* all pass, decode.mla.* fail."""
+    for bug in (
+        "mla_absorbed_scale_latent",
+        "mla_cache_k_pe_unrotated",
+        "mla_absorb_uk_uv_swapped",
+    ):
         failed = {o.run_id for o in _report(bug).failures}
         assert failed and all(r.startswith("decode.mla.") for r in failed), (bug, failed)
-    assert len(MLA_BUGS) >= 5
+    assert len(MLA_BUGS) >= 9
