@@ -386,4 +386,100 @@ IDIOMS: dict[str, dict[str, str]] = {
             "`out_specs=P()` says the shard_map result is the same on every device."
         ),
     },
+    "mla": {
+        "MultiHeadLatentAttention._project_query": (
+            "`q_proj`, or `q_a_proj`, the float32 RMSNorm and `q_b_proj` when the query has a "
+            "latent, then the heads split and cut into nope and rope parts: `reshape` and "
+            "`transpose(0, 2, 1, 3)` in NumPy and JAX, torch's `view` and `transpose(1, 2)`; JAX "
+            "reads the norm's nnx parameter as `self.q_a_layernorm[...]`."
+        ),
+        "MultiHeadLatentAttention._project_latent": (
+            "Identical in the three: one `kv_a_proj_with_mqa`, its first R features normed "
+            "(`rms_norm`) into the latent, the last Dr the one shared key head, both given a "
+            "head axis of 1 (`c_kv[:, None]`)."
+        ),
+        "MultiHeadLatentAttention._rotate": (
+            "The project's `apply_rotary` of the rope parts only, at positions "
+            "`start + np.arange(q_pe.shape[2])`, `torch.arange` on the query's device or "
+            "`jnp.arange`; a YaRN or llama3 `inv_freq` goes in as float64 (torch's "
+            "`torch.tensor(r.inv_freq, dtype=torch.float64, device=device)`)."
+        ),
+        "MultiHeadLatentAttention._expand": (
+            "`kv_b_proj` of the latent, its `(B, S, H, Dn + E)` rows split into keys and "
+            "values: `reshape` and `transpose(0, 2, 1, 3)` in NumPy and JAX, `view` and "
+            "`transpose(1, 2)` in torch."
+        ),
+        "MultiHeadLatentAttention._heads": (
+            "The one shared `k_pe` head is broadcast to the H heads without a copy "
+            "(`np.broadcast_to`, torch's `k_pe.expand`, `jnp.broadcast_to`) and each head's "
+            "query and key are the nope and rope parts side by side (`np.concatenate`, "
+            "`torch.cat`, `jnp.concatenate`)."
+        ),
+        "MultiHeadLatentAttention._project_output": (
+            "Merge the heads back to `(B, L, H * E)`: `transpose(0, 2, 1, 3)` in NumPy and JAX, "
+            "`transpose(1, 2)` in torch, then `self.o_proj`."
+        ),
+        "1. projections": (
+            "The same calls in the three: `self._project_query(x)` and "
+            "`self._project_latent(x)`, on inputs each framework converted first."
+        ),
+        "2. RoPE of q_pe and k_pe": (
+            "Identical in the three: `self._rotate(q_pe, k_pe, 0)`, the rope parts only."
+        ),
+        "3. keys and values of every head from the latent": (
+            "Identical in the three: `self._expand(c_kv)`, then `self._heads` joins the nope "
+            "and rope parts per head."
+        ),
+        "4. attention of every head, scale (Dn + Dr) ** -0.5 unless given": (
+            "Identical in the three: `self._attend` calls the functional attention with the "
+            "module's scale, window, softcap and sinks, every mask keyword passed through "
+            "(`q_segment_ids=q_segment_ids`), as GQA's does."
+        ),
+        "5. heads merged back, output projection": (
+            "Identical in the three: `self._project_output(out)`."
+        ),
+    },
+    "mla_decode": {
+        "MultiHeadLatentAttention._absorbed": (
+            "`kv_b_proj`'s kernel of R rows viewed per head (`(R, H, Dn + E)`) and split into "
+            "W_UK and W_UV: "
+            "NumPy reads its own `self.kv_b_proj.kernel`, JAX the nnx parameter's value "
+            "(`self.kv_b_proj.kernel[...]`), torch transposes nn.Linear's out-by-in weight "
+            "(`linear_weight(self.kv_b_proj.weight)`)."
+        ),
+        "MultiHeadLatentAttention.init_cache": (
+            "Two zero buffers of one head, `c_kv` of R and `k_pe` of Dr numbers per token "
+            "(`np.zeros`, `torch.zeros` on the RMSNorm weight's device, `jnp.zeros`), in the "
+            "project's `KVCache`: key and value slots hold the latent and the rotated key."
+        ),
+        "1. projections of the new tokens": (
+            "The same calls as the forward's (`self._project_latent(x)`), after the latent cache "
+            "was validated, before any write."
+        ),
+        "2. RoPE": (
+            "Identical in the three: `self._rotate(q_pe, k_pe_new, cache.position)`; the "
+            "rotated key is what the cache keeps, so a cached token is never rotated again."
+        ),
+        "3. absorption of kv_b_proj's key part into the query": (
+            "One einsum per framework in the compute dtype (`np.einsum`, `torch.einsum`, "
+            "`jnp.einsum` with `precision=_PRECISION`, as every JAX matmul of the project), "
+            "cast back with `astype(self.dtype)` or `to(self.dtype)`."
+        ),
+        "4. the latent cache": (
+            "`cache.append(c_kv_new, k_pe_new)`: NumPy and torch write into the buffers in "
+            "place, JAX returns new buffers; all three return the S cached rows to attend."
+        ),
+        "5. one MQA over [c_kv, k_pe]": (
+            "The project's own attention with K = 1: the query `[q_lat, q_pe]` and the key "
+            "`[c_kv, k_pe]` concatenated (`np.concatenate`, `torch.cat`, `jnp.concatenate`), "
+            "the value the latent itself (`q, k, c_kv, mask=mask`), bottom-right causal."
+        ),
+        "6. absorption of the value part into the output": (
+            'The second einsum, `"bhlr,rhe->bhle"` with W_UV in the compute dtype; JAX '
+            "casts on a line of its own (`out = out.astype(self.dtype)`)."
+        ),
+        "7. heads merged back, output projection": (
+            "Identical in the three: `self._project_output(out)`, the forward's own."
+        ),
+    },
 }

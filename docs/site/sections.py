@@ -90,6 +90,32 @@ SECTIONS: tuple[Section, ...] = (
         functions=("ring_attention", "head_parallel_attention", "head_parallel_gqa"),
         helpers=("_ring_device", "_ring_step", "_attend_block"),
     ),
+    Section(
+        "mla",
+        "Multi-head latent attention",
+        "mla.py",
+        functions=(
+            "MultiHeadLatentAttention._project_query",
+            "MultiHeadLatentAttention._project_latent",
+            "MultiHeadLatentAttention._rotate",
+            "MultiHeadLatentAttention._expand",
+            "MultiHeadLatentAttention._heads",
+            "MultiHeadLatentAttention._project_output",
+            "MultiHeadLatentAttention.__call__ | MultiHeadLatentAttention.forward",
+        ),
+    ),
+    # The naive decode (init_kv_cache, decode_naive) is the forward's steps with the cache append
+    # of the "decode" section between them: UNCOMPARED.
+    Section(
+        "mla_decode",
+        "Multi-head latent attention: the absorbed decode",
+        "mla.py",
+        functions=(
+            "MultiHeadLatentAttention._absorbed",
+            "MultiHeadLatentAttention.init_cache",
+            "MultiHeadLatentAttention.decode",
+        ),
+    ),
 )
 
 #: The functions (``"impl_<framework>/<file>::<qualified name>"``) whose numbered steps are on no
@@ -121,5 +147,12 @@ UNCOMPARED: dict[str, str] = {
         )
         for fw in FRAMEWORKS
         for name in ("ulysses_attention", "usp_attention")
+    },
+    **{
+        f"impl_{fw}/mla.py::MultiHeadLatentAttention.decode_naive": (
+            "the naive decode's steps are the forward's (section mla), with the KV cache's append "
+            "(section decode) in step 3: the page shows the absorbed decode instead"
+        )
+        for fw in FRAMEWORKS
     },
 }
