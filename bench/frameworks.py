@@ -55,6 +55,7 @@ __all__ = [
     "Numpy",
     "Prepared",
     "Torch",
+    "module_dims",
     "peak_memory_numpy",
     "peak_memory_torch_cpu",
     "peak_memory_torch_cuda",
@@ -89,7 +90,7 @@ def shapes(w: Workload, layout: str) -> list[Shape]:
     (B,L,M) and the cache buffers (B,K,T,D),(B,K,T,E) of its T slots (S = P + 1, or a rolling
     cache's ring); ``decode_heads_second`` (B,L,M),(B,S,K,D),(B,S,K,E); ``train`` /
     ``train_heads_second``: heads_first / heads_second and the ``grad_output`` (B,H,L,E) /
-    (B,L,H,E)."""
+    (B,L,H,E); ``mla_latent`` / ``mla_naive``: an MLA decode step's token and cache buffers."""
     first = [(w.B, w.H, w.L, w.D), (w.B, w.K, w.S, w.D), (w.B, w.K, w.S, w.E)]
     second = [(w.B, w.L, w.H, w.D), (w.B, w.S, w.K, w.D), (w.B, w.S, w.K, w.E)]
     token = (w.B, w.L, w.M)
@@ -101,7 +102,21 @@ def shapes(w: Workload, layout: str) -> list[Shape]:
         "decode_heads_second": [token, *second[1:]],
         "train": [*first, (w.B, w.H, w.L, w.E)],
         "train_heads_second": [*second, (w.B, w.L, w.H, w.E)],
+        # an MLA decode step's caches: the latent c_kv (B,1,S,R) and rotated k_pe (B,1,S,Dr),
+        # or the naive one's keys (B,H,S,Dn+Dr) and values (B,H,S,E)
+        "mla_latent": [token, (w.B, 1, w.S, w.R or 0), (w.B, 1, w.S, w.Dr or 0)],
+        "mla_naive": [token, (w.B, w.H, w.S, w.D + (w.Dr or 0)), (w.B, w.H, w.S, w.E)],
     }[layout]
+
+
+def module_dims(w: Workload) -> dict[str, int]:
+    """The size keywords of a project module for ``w``: ``head_dim=D``, or for an MLA decode
+    workload ``kv_lora_rank=R``, ``qk_nope_head_dim=D``, ``qk_rope_head_dim=Dr``,
+    ``v_head_dim=E``."""
+    if w.op != "mla_decode":
+        return {"head_dim": w.D}
+    return {"kv_lora_rank": w.R, "qk_nope_head_dim": w.D, "qk_rope_head_dim": w.Dr,
+            "v_head_dim": w.E}  # fmt: skip
 
 
 class Framework(abc.ABC):
@@ -183,7 +198,7 @@ class Numpy(Framework):
 
     def module(self, cls: type, args: list, w: Workload, fdevice: str, **options: Any) -> Any:
         rng = np.random.default_rng(0)
-        return cls(*args, head_dim=w.D, dtype=w.dtype, rng=rng, **options)
+        return cls(*args, **module_dims(w), dtype=w.dtype, rng=rng, **options)
 
     def matmul(self, precision: str) -> Callable[[Any, Any], Any]:
         return np.matmul
@@ -262,7 +277,7 @@ class Torch(Framework):
         import torch
 
         g = torch.Generator(device=fdevice).manual_seed(0)
-        m = cls(*args, head_dim=w.D, dtype=w.dtype, device=fdevice, generator=g, **options)
+        m = cls(*args, **module_dims(w), dtype=w.dtype, device=fdevice, generator=g, **options)
         return m.to(device=fdevice, dtype=getattr(torch, w.dtype)).eval()
 
     def matmul(self, precision: str) -> Callable[[Any, Any], Any]:
@@ -385,7 +400,7 @@ class Jax(Framework):
         from flax import nnx
 
         rngs = nnx.Rngs(self.key(0))
-        return cls(*args, head_dim=w.D, dtype=w.dtype, rngs=rngs, **options)
+        return cls(*args, **module_dims(w), dtype=w.dtype, rngs=rngs, **options)
 
     def bind(self, module: Any, method: str = "__call__") -> tuple[Callable, list]:
         """An ``nnx.Module`` is split once into its graph and state; ``fn`` merges them inside

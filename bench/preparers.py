@@ -4,8 +4,8 @@ A preparer says what the row computes on which inputs, as a function of them; th
 framework (``bench/frameworks.py``) makes the inputs, the timed callable and the memory probe.
 :func:`prepare` looks up the row's call style (``Row.call``, ``bench/rows.py``) in
 :data:`PREPARERS`. The project's call styles (``functional``, ``module``, ``decode``,
-``train``) serve the three frameworks with one path; a framework's own kernel has a preparer
-of its own (``torch_sdpa``, ``jax_dpa``, ...).
+``mla_decode``, ``mla_decode_naive``, ``train``) serve the three frameworks with one path; a
+framework's own kernel has a preparer of its own (``torch_sdpa``, ``jax_dpa``, ...).
 
 Decode rows time one KV-cache step at a fixed position P, every round the same work; training
 steps time one forward and its backward, their memory counted beyond the output and the
@@ -76,14 +76,37 @@ def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepare
     x, key, value = fw.inputs(w, fdevice, layout="decode")
     empty = module.init_cache(w.B, w.S if rolling else 1, rolling=rolling)
     cache = dataclasses.replace(empty, key=key, value=value, position=P)
-    step, state = fw.bind(module, "decode")  # step(*state, x, cache) -> (y, the cache at P + 1)
+    return _step_at(fw, module, "decode", x, cache, fdevice, "decode")
+
+
+def _prepare_mla_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """One decode step of the project's ``MultiHeadLatentAttention`` after P cached tokens:
+    ``decode`` through the latent cache (``init_cache``: c_kv and the rotated k_pe, call
+    ``mla_decode``) or ``decode_naive`` through every head's keys and values (``init_kv_cache``,
+    call ``mla_decode_naive``), the cache made at position P directly as for ``decode`` rows."""
+    fw = FRAMEWORKS[row.framework]
+    naive = row.call == "mla_decode_naive"
+    module = fw.module(target, [w.M, w.H], w, fdevice)
+    layout = "mla_naive" if naive else "mla_latent"
+    x, key, value = fw.inputs(w, fdevice, layout=layout)
+    empty = (module.init_kv_cache if naive else module.init_cache)(w.B, 1)
+    cache = dataclasses.replace(empty, key=key, value=value, position=w.P)
+    return _step_at(fw, module, "decode_naive" if naive else "decode", x, cache, fdevice, layout)
+
+
+def _step_at(fw: Framework, module: Any, method: str, x: Any, cache: Any, fdevice: str,
+             layout: str) -> Prepared:  # fmt: skip
+    """``module.method(x, cache)`` timed at the cache's position P, every round: the step's
+    written buffers are carried to the next round with the position set back to P."""
+    P = cache.position
+    step, state = fw.bind(module, method)  # step(*state, x, cache) -> (y, the cache at P + 1)
     args = [*state, x, cache]
 
     def carry(args: list, out: Any) -> Any:  # the written buffers, back at P
         args[-1] = dataclasses.replace(out[1], position=P)
         return out[0]
 
-    prepared = fw.prepare_step(step, args, fdevice, carry, (len(args) - 1,), "decode")
+    prepared = fw.prepare_step(step, args, fdevice, carry, (len(args) - 1,), layout)
     prepared.module = module
     return prepared
 
@@ -282,6 +305,8 @@ PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "jax_kernel": _prepare_functional,
     "module": _prepare_module,
     "decode": _prepare_decode,
+    "mla_decode": _prepare_mla_decode,
+    "mla_decode_naive": _prepare_mla_decode,
     "train": _prepare_train,
     "torch_sdpa": _prepare_torch_sdpa,
     "jax_dpa": _prepare_jax_dpa,

@@ -29,6 +29,7 @@ from typing import Any
 
 from bench.devices import peak_key
 from bench.rows import ROWS, Row
+from bench.workloads import MLA_GQA_GROUP
 
 __all__ = [
     "CONTENDED",
@@ -46,6 +47,7 @@ __all__ = [
     "goal_measured",
     "load_results",
     "memory_text",
+    "mla_cache_text",
     "render",
     "render_gates",
     "time_spent",
@@ -318,8 +320,23 @@ def _cache_note(w: dict) -> str:
     MHA's)``; empty for the other workloads."""
     if not w.get("cache_bytes"):
         return ""
+    if w.get("cache_bytes_per_token"):  # an MLA decode step: bytes per token, vs MHA and GQA
+        return "cache per token: " + mla_cache_text(w)
     share = "" if w["K"] == w["H"] else f" (K/H = {w['K']}/{w['H']} of MHA's)"
     return f"KV cache {fmt_bytes(w['cache_bytes'])}{share}"
+
+
+def mla_cache_text(w: dict) -> str:
+    """An MLA decode workload's cache bytes per token against MHA's and GQA's, e.g. ``latent
+    2.2 KiB (R + Dr), naive 20 KiB (H (Dn + Dr + E)), MHA 16 KiB (2 H D), GQA 16:4 4 KiB
+    (2 K D)``; the numbers are :meth:`Workload.cache_bytes_per_token`'s."""
+    per = w["cache_bytes_per_token"]
+    k = w["H"] // MLA_GQA_GROUP
+    return (
+        f"latent {fmt_bytes(per['MLA latent'])} (R + Dr), "
+        f"naive {fmt_bytes(per['MLA naive'])} (H (Dn + Dr + E)), "
+        f"MHA {fmt_bytes(per['MHA'])} (2 H D), GQA {w['H']}:{k} {fmt_bytes(per['GQA'])} (2 K D)"
+    )
 
 
 def _gflop(w: dict) -> str:

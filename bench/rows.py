@@ -19,6 +19,9 @@ the report as "not available" instead of disappearing.
   path would build the full scores for a causal mask) / ``flax.nnx.MultiHeadAttention``;
 - ``decode``: one KV-cache step of the project's ``GroupedQueryAttention``,
   ``module.decode(x (B, 1, M), cache at position P)``;
+- ``mla_decode`` / ``mla_decode_naive``: one decode step of the project's
+  ``MultiHeadLatentAttention``, ``module.decode(x, latent cache at P)`` (the absorbed step) /
+  ``module.decode_naive(x, naive cache at P)`` (every head's keys and values cached);
 - ``torch_kernel`` / ``jax_kernel``: a kernel port of ``conformance/ports/`` (the Triton and
   Pallas flash kernels), called like ``functional`` (``flash_attention(q, k, v, is_causal=...)``
   heads-first) on torch tensors / on JAX arrays (jitted with the keywords bound); the call's
@@ -46,6 +49,7 @@ from typing import Any
 from bench.workloads import (
     DECODE_GOAL_WORKLOADS,
     GOAL_WORKLOAD,
+    MLA_GOAL_WORKLOAD,
     ROLLING_GOAL_WORKLOAD,
     TRAIN_GOAL_WORKLOAD,
     TRAIN_MEMORY_WORKLOAD,
@@ -310,6 +314,22 @@ def _decode_goals(ref: str) -> tuple[Goal, ...]:
 
 
 _TDG, _JDG = _decode_goals(_TD), _decode_goals(_JD)  # the decode rows' goals
+_MLA = "mla:MultiHeadLatentAttention"
+# gated on the decode fixtures (decode.mla.* among them); CPU only: no GPU grid lists MLA yet
+_MLA_DECODE = {"workloads": "mla_decode", "variants": ("MLA",), "materializes": False,
+               "gate_op": "decode", "devices": ("cpu",)}  # fmt: skip
+
+
+def _mla_rows(fw: str) -> tuple[Row, Row]:
+    """The absorbed MLA decode step and the naive one of ``fw``; the absorbed one's ratio is
+    against the naive one, its goal (issue 29) at most 1.0x it at P = 8192, interleaved."""
+    naive = f"{fw} MLA naive decode"
+    goal = Goal("ratio", 1.0, naive, on=MLA_GOAL_WORKLOAD)
+    return (
+        Row(f"{fw} MLA decode", f"impl_{fw}.{_MLA}", "mla_decode", ref=naive, goals=(goal,),
+            **_MLA_DECODE),
+        Row(naive, f"impl_{fw}.{_MLA}", "mla_decode_naive", **_MLA_DECODE),
+    )  # fmt: skip
 
 
 def _train_goals(limit: float | None, ref: str, plain: str, kind: str = "ratio") -> tuple:
@@ -340,6 +360,8 @@ ROWS: tuple[Row, ...] = (
     Row("numpy decode", f"impl_numpy.{_GQA}", "decode", ref=_TD, goals=_TDG, **_DECODE),
     Row("torch decode", f"impl_torch.{_GQA}", "decode", ref=_TD, goals=_TDG, **_DECODE),
     Row("jax decode", f"impl_jax.{_GQA}", "decode", ref=_JD, goals=_JDG, **_DECODE),
+    # one decode step of the project's MultiHeadLatentAttention: absorbed (latent cache), naive
+    *_mla_rows("numpy"), *_mla_rows("torch"), *_mla_rows("jax"),
     # baselines: the frameworks' own kernels, each SDPA backend a row of its own
     Row(_TF, _T, "torch_sdpa", **_TILED),
     Row("torch F.sdpa[math]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="math"),

@@ -23,6 +23,17 @@ FLOPs are the four projections of that one token plus the attention over S keys
 workload with a ``window`` W steps a module with ``window=(W, 0)`` through a *rolling* cache
 (``init_cache(..., rolling=True)``): a ring of ``W + 1`` slots at position P, whose step
 attends the last W cached tokens and itself whatever P is (:attr:`Workload.slots`).
+
+An *MLA decode* workload (``op="mla_decode"``) is one decode step of the project's
+``MultiHeadLatentAttention`` after P cached tokens, with the latent dims ``R`` (kv_lora_rank)
+and ``Dr`` (the one shared rotary key head) besides ``D`` = Dn and ``E``; M = H * Dn. Two rows
+step it: the absorbed decode through the latent cache (R + Dr numbers per token) and the naive
+one through every head's keys and values (H (Dn + Dr + E) per token). Its FLOPs are the naive
+step's (:func:`mla_decode_flops`: the absorbed step does (2R + Dr) / (Dn + Dr + E) times the
+attention arithmetic per key, 3.4x at R = 512, Dr = 64, Dn = E = 128, and the same count is
+kept for both rows, so the TFLOP/s of the absorbed row is the naive-equivalent rate), and its
+cache bytes per token are set against an MHA and a GQA cache of the same H and D
+(:meth:`Workload.cache_bytes_per_token`).
 """
 
 from __future__ import annotations
@@ -34,6 +45,8 @@ __all__ = [
     "DTYPE_BYTES",
     "GOAL_WORKLOAD",
     "GRIDS",
+    "MLA_GOAL_WORKLOAD",
+    "MLA_GQA_GROUP",
     "ROLLING_GOAL_WORKLOAD",
     "TRAIN_GOAL_WORKLOAD",
     "TRAIN_MEMORY_WORKLOAD",
@@ -43,6 +56,7 @@ __all__ = [
     "attention_flops",
     "decode_flops",
     "grid",
+    "mla_decode_flops",
     "module_flops",
     "train_flops",
 ]
@@ -142,6 +156,27 @@ def decode_flops(
     return proj + 2 * B * H * keys * (D + E)
 
 
+def mla_decode_flops(
+    B: int, H: int, P: int, R: int, Dr: int, Dn: int, E: int, M: int, *, absorbed: bool
+) -> int:
+    """FLOPs of one MLA decode step (one new token after ``P`` cached ones, ``S = P + 1`` keys).
+
+    Both paths: q_proj ``2*B*M*H*(Dn+Dr)``, kv_a_proj_with_mqa ``2*B*M*(R+Dr)``, o_proj
+    ``2*B*H*E*M``. Naive: kv_b_proj of the new token ``2*B*R*H*(Dn+E)`` and the attention of
+    every head over S expanded keys, ``2*B*H*S*((Dn + Dr) + E)``. Absorbed: the two absorptions
+    ``2*B*H*Dn*R + 2*B*H*R*E`` and one MQA over the latent keys, ``2*B*H*S*((R + Dr) + R)``.
+    """
+    proj = 2 * B * (M * H * (Dn + Dr) + M * (R + Dr) + H * E * M)
+    S = P + 1
+    if absorbed:
+        return proj + 2 * B * H * R * (Dn + E) + 2 * B * H * S * (2 * R + Dr)
+    return proj + 2 * B * R * H * (Dn + E) + 2 * B * H * S * (Dn + Dr + E)
+
+
+#: The GQA cache an MLA decode workload's cache is set against: H / 4 key/value heads (16:4).
+MLA_GQA_GROUP = 4
+
+
 @dataclass(frozen=True)
 class Workload:
     """One benchmarked problem.
@@ -150,7 +185,9 @@ class Workload:
     value ``(B, K, S, E)``), ``"train"`` (the same inputs and a ``grad_output (B, H, L, E)``;
     a forward and a backward, the gradients of query, key and value), ``"module"`` (module
     rows: input ``(B, L, M)``, self-attention, so S = L and M = H * D) or ``"decode"`` (one
-    KV-cache decode step: input ``(B, 1, M)``, a cache holding ``P = S - 1`` tokens, L = 1).
+    KV-cache decode step: input ``(B, 1, M)``, a cache holding ``P = S - 1`` tokens, L = 1) or
+    ``"mla_decode"`` (the same step of ``MultiHeadLatentAttention``: K = H, D = Dn, and ``R``,
+    ``Dr`` set; None for every other op).
     """
 
     op: str
@@ -164,6 +201,8 @@ class Workload:
     is_causal: bool = False
     dtype: str = "float32"
     window: int | None = None  # window=(window, 0), the W keys before and itself (decode: rolling)
+    R: int | None = None  # mla_decode: kv_lora_rank, the latent's width
+    Dr: int | None = None  # mla_decode: qk_rope_head_dim, the one shared rotary key head
 
     @property
     def M(self) -> int:
@@ -185,11 +224,13 @@ class Workload:
     def seq(self) -> int:
         """The length a plot puts on its x axis: L (= S) for attention and modules, the cached
         context P for decode steps."""
-        return self.P if self.op == "decode" else self.L
+        return self.P if self.op in ("decode", "mla_decode") else self.L
 
     @property
     def variant(self) -> str:
-        """``MHA`` (K = H), ``MQA`` (K = 1) or ``GQA H:K``."""
+        """``MHA`` (K = H), ``MQA`` (K = 1) or ``GQA H:K``; ``MLA`` for an MLA decode step."""
+        if self.op == "mla_decode":
+            return "MLA"
         if self.K == self.H:
             return "MHA"
         if self.K == 1:
@@ -204,6 +245,9 @@ class Workload:
             "" if self.window is None else f".w{self.window}"
         )
         heads = f"{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
+        if self.op == "mla_decode":  # mla_decode.b1.h16.p8192.r512.dr64.dn128.e128.f32
+            dims = f"p{self.P}.r{self.R}.dr{self.Dr}.dn{self.D}.e{self.E}"
+            return f"mla_decode.b{self.B}.h{self.H}.{dims}.{_SHORT[self.dtype]}"
         if self.op == "decode":
             ring = "" if self.window is None else f".rolling{self.window}"
             return f"decode.{heads}.p{self.P}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}{ring}"
@@ -216,6 +260,9 @@ class Workload:
     def label(self) -> str:
         """Short human label, e.g. ``MHA B1 H8 L=S=2048 D64 f32 causal`` or
         ``decode GQA 8:2 B1 H8 P=4096 D64 f32``."""
+        if self.op == "mla_decode":
+            dims = f"B{self.B} H{self.H} P={self.P} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
+            return f"decode MLA {dims} {_SHORT[self.dtype]}"
         if self.op == "decode":
             dims = f"B{self.B} H{self.H} P={self.P} D{self.D}"
             ring = "" if self.window is None else f" rolling ({self.window}, 0)"
@@ -239,11 +286,19 @@ class Workload:
             else f" {'rolling' if self.op == 'decode' else 'window'} {self.window}"
         )
         kind = {"module": "module ", "decode": "decode ", "train": "train "}.get(self.op, "")
+        if self.op == "mla_decode":
+            dims = f"B{self.B} H{self.H} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
+            return f"decode MLA {dims} {_SHORT[self.dtype]}"
         return f"{kind}{self.variant} B{self.B} H{self.H} D{self.D} {_SHORT[self.dtype]}{mode}"
 
     def flops(self) -> tuple[int, int]:
         """``(dense, useful)`` FLOPs (see :func:`attention_flops`, :func:`module_flops`,
-        :func:`decode_flops`)."""
+        :func:`decode_flops`; an MLA decode step: the naive step's, :func:`mla_decode_flops`)."""
+        if self.op == "mla_decode":
+            n = mla_decode_flops(
+                self.B, self.H, self.P, self.R, self.Dr, self.D, self.E, self.M, absorbed=False
+            )
+            return n, n
         if self.op == "decode":
             n = decode_flops(
                 self.B, self.H, self.K, self.P, self.D, self.E, self.M, window=self.window
@@ -270,10 +325,28 @@ class Workload:
     def cache_bytes(self) -> int:
         """Decode workloads: bytes of the KV cache, ``B * K * T * (D + E) * itemsize`` (it holds
         exactly the S = P + 1 tokens of the step; a rolling cache its T = W + 1 ring slots,
-        :attr:`slots`); 0 for the other ops."""
+        :attr:`slots`); an MLA decode step: its naive cache, the larger of its two (the latent
+        one is :meth:`cache_bytes_per_token` ``["MLA latent"]`` per token); 0 for the other ops."""
+        if self.op == "mla_decode":
+            return self.B * self.S * self.cache_bytes_per_token()["MLA naive"]
         if self.op != "decode":
             return 0
         return self.B * self.K * self.slots * (self.D + self.E) * DTYPE_BYTES[self.dtype]
+
+    def cache_bytes_per_token(self) -> dict[str, int]:
+        """MLA decode workloads: the bytes one cached token takes, ``itemsize`` times ``R + Dr``
+        (``MLA latent``: c_kv and the rotated k_pe), ``H * (Dn + Dr + E)`` (``MLA naive``: every
+        head's key and value), ``2 * H * D`` (``MHA`` of the same H and D = Dn = E) and
+        ``2 * K * D`` (``GQA``, K = H / :data:`MLA_GQA_GROUP`); empty for the other ops."""
+        if self.op != "mla_decode":
+            return {}
+        n, H, D = DTYPE_BYTES[self.dtype], self.H, self.D
+        return {
+            "MLA latent": (self.R + self.Dr) * n,
+            "MLA naive": H * (D + self.Dr + self.E) * n,
+            "MHA": 2 * H * D * n,
+            "GQA": 2 * (H // MLA_GQA_GROUP) * D * n,
+        }
 
     def result_bytes(self) -> int:
         """Train workloads: bytes of the output ``(B, H, L, E)`` and the gradients dQ
@@ -290,7 +363,7 @@ class Workload:
         and the KV cache for decode steps; for a training step also ``grad_output`` and the
         gradients)."""
         n = DTYPE_BYTES[self.dtype]
-        if self.op == "decode":
+        if self.op in ("decode", "mla_decode"):
             return 2 * self.B * self.M * n + self.cache_bytes()
         if self.op == "module":
             return 2 * self.B * self.L * self.M * n
@@ -310,6 +383,7 @@ class Workload:
             "series": self.series,
             "seq": self.seq,
             "cache_bytes": self.cache_bytes(),
+            "cache_bytes_per_token": self.cache_bytes_per_token(),
             "flops_dense": dense,
             "flops_useful": useful,
         }
@@ -318,7 +392,9 @@ class Workload:
     def from_dict(cls, d: dict) -> Workload:
         """Inverse of :meth:`to_dict` (extra keys ignored)."""
         fields = ("op", "B", "H", "K", "L", "S", "D", "E", "is_causal", "dtype")
-        return cls(**{f: d[f] for f in fields}, window=d.get("window"))
+        return cls(
+            **{f: d[f] for f in fields}, window=d.get("window"), R=d.get("R"), Dr=d.get("Dr")
+        )
 
 
 def _attn(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
@@ -339,6 +415,13 @@ def _decode(B, H, K, P, D, *, dtype="float32", rolling: int | None = None) -> Wo
     return Workload("decode", B, H, K, 1, P + 1, D, D, False, dtype, window=rolling)
 
 
+def _mla_decode(P: int, *, B: int = 1, H: int = 16, R: int = 512, Dr: int = 64, D: int = 128
+                ) -> Workload:  # fmt: skip
+    """One MLA decode step after ``P`` cached tokens (issue 29's sizes: H = 16, R = 512,
+    Dr = 64, Dn = E = 128; M = H * Dn = 2048), float32."""
+    return Workload("mla_decode", B, H, H, 1, P + 1, D, D, R=R, Dr=Dr)
+
+
 #: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
 #: N=2048); the causal goal compares its causal twin with it.
 GOAL_WORKLOAD = _attn(1, 8, 8, 2048, 64)
@@ -351,6 +434,9 @@ DECODE_GOAL_WORKLOADS = (_decode(1, 8, 8, 4096, 64), _decode(1, 8, 2, 4096, 64))
 #: The rolling-cache goal's workload (issue 11): a step through a rolling cache of a (256, 0)
 #: window at P = 4096, compared with the same row's step at P = 1024 (O(W): the same time).
 ROLLING_GOAL_WORKLOAD = _decode(1, 8, 8, 4096, 64, rolling=256)
+#: The MLA goal's workload (issue 29): the absorbed decode step at P = 8192, at most 1.0x the
+#: naive step on the same workload, timed interleaved.
+MLA_GOAL_WORKLOAD = _mla_decode(8192)
 #: The training-step goals of issue 10: the time goals on the goal workload's shapes as one
 #: forward + backward; the memory goal (peak extra memory of the tiled step) at L = S = 8192.
 TRAIN_GOAL_WORKLOAD = _train(1, 8, 8, 2048, 64)
@@ -367,6 +453,7 @@ def _cpu_quick() -> list[Workload]:
     w += [_module(1, 8, 2, 1024, 64)]  # GQA module
     w += [_train(1, 8, 8, n, 64) for n in (512, 2048)]  # training steps, incl. the goal
     w += [_train(1, 8, 8, 1024, 64, causal=True)]  # a causal step: the skipped blocks
+    w += [_mla_decode(1024)]  # MLA absorbed vs naive (P = 8192 and its goal: the full grid's)
     w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 4096)]  # rolling cache: O(W)
     return w
@@ -385,6 +472,7 @@ def _cpu_full() -> list[Workload]:
     # decode, incl. the goals' P = 4096 (MHA, GQA 8:2) and the rolling goal's P = 1024, 4096
     w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 4096, 8192, 32768)]
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 2048, 4096, 32768)]  # O(W)
+    w += [_mla_decode(p) for p in (1024, 8192)]  # MLA absorbed vs naive, incl. the goal's 8192
     return w
 
 
