@@ -39,12 +39,15 @@ __all__ = [
     "GATE_CASES",
     "GateCache",
     "GateResult",
+    "SHARDED_OPS",
     "gate_scope",
     "kernel_case",
     "run_gate",
     "run_gates",
 ]
 
+#: The sharded rows' gate aliases (bench/sharded.py), run on 4 devices in a child process.
+SHARDED_OPS = ("ring", "ulysses", "usp")
 #: How many fixtures the gate runs per (port, op, device, pin).
 GATE_CASES = 8
 #: The port a pinned gate's kernel belongs to (for its "not supported" messages).
@@ -134,6 +137,30 @@ def _unsupported(kernel: str | None, outcome: Any) -> bool:
     )
 
 
+def _sharded_report(
+    port: str, op: str, device: str, run_suite: Callable[..., Any], n_cases: int
+) -> Any:
+    """A sharded alias (``ring``, ``ulysses``, ``usp``: the sharded rows, bench/sharded.py) on
+    its ``n_cases`` smallest fixtures at n = 4 devices. This process's JAX has one device, so
+    they run isolated: conformance's child with 4 host devices (torch: 4 forked gloo
+    processes per call). The report reads as ``quick_check``'s."""
+    from conformance import QuickCheckResult, load_port, plan_runs
+
+    from bench.workloads import SHARDS
+
+    runs = [r for r in plan_runs(load_port(port), functions=[op], shards=(SHARDS,))
+            if r.case.kind == "values"]  # fmt: skip
+    runs.sort(key=lambda r: (r.case.n_elements, r.id))
+    only = [r.id for r in runs[:n_cases]]
+    report = run_suite(port, device=device, functions=[op], isolate=True, shards=(SHARDS,),
+                       only=only)  # fmt: skip
+    outcomes = [o for o in report.outcomes if o.status != "skip"]
+    failures = [o.line() for o in outcomes if not o.ok or o.status == "xpass"]
+    if report.error:
+        failures.append(f"crash {port}: {report.error}")
+    return QuickCheckResult(not failures, len(outcomes), failures, port, device)
+
+
 def _pinned_report(
     port: str, pin: str, op: str, device: str, run_suite: Callable[..., Any], n_cases: int
 ) -> GateResult:
@@ -201,8 +228,11 @@ def run_gate(
         with gate_scope():
             if pin is not None:
                 return _pinned_report(port, pin, op, device, run_suite, n_cases)
-            port_module = importlib.import_module(port)
-            report = quick_check(port_module, device=device, op=op, n_cases=n_cases)
+            if op in SHARDED_OPS:  # needs 4 devices: conformance's isolated child
+                report = _sharded_report(port, op, device, run_suite, n_cases)
+            else:
+                port_module = importlib.import_module(port)
+                report = quick_check(port_module, device=device, op=op, n_cases=n_cases)
     except (ImportError, AttributeError) as e:
         return result("error", detail=f"cannot load the gate: {type(e).__name__}: {e}")
     except Exception as e:  # the gate crashed: not a pass
