@@ -37,16 +37,16 @@ from bench.errors import UNSUPPORTED
 
 __all__ = [
     "GATE_CASES",
+    "SHARDED_OPS",
     "GateCache",
     "GateResult",
-    "SHARDED_OPS",
     "gate_scope",
     "kernel_case",
     "run_gate",
     "run_gates",
 ]
 
-#: The sharded rows' gate aliases (bench/sharded.py), run on 4 devices in a child process.
+#: The sharded rows' gate aliases (bench/sharded.py), run on 4 devices in the rows' child.
 SHARDED_OPS = ("ring", "ulysses", "usp")
 #: How many fixtures the gate runs per (port, op, device, pin).
 GATE_CASES = 8
@@ -137,28 +137,21 @@ def _unsupported(kernel: str | None, outcome: Any) -> bool:
     )
 
 
-def _sharded_report(
-    port: str, op: str, device: str, run_suite: Callable[..., Any], n_cases: int
-) -> Any:
+def _sharded_report(port: str, op: str, device: str, n_cases: int) -> Any:
     """A sharded alias (``ring``, ``ulysses``, ``usp``: the sharded rows, bench/sharded.py) on
-    its ``n_cases`` smallest fixtures at n = 4 devices. This process's JAX has one device, so
-    they run isolated: conformance's child with 4 host devices (torch: 4 forked gloo
-    processes per call). The report reads as ``quick_check``'s."""
-    from conformance import QuickCheckResult, load_port, plan_runs
-
+    its ``n_cases`` smallest fixtures at n = 4 devices, run where the row is timed: in the
+    bench's child with 4 JAX host devices, or on its 4 gloo ranks (this process's JAX has one
+    device, and conformance's torch adapter forks ranks only for ``n_shards`` functions, which
+    USP is not). The report reads as ``quick_check``'s."""
+    from bench.sharded import run_fixtures
     from bench.workloads import SHARDS
+    from conformance import QuickCheckResult, load_port, plan_runs
 
     runs = [r for r in plan_runs(load_port(port), functions=[op], shards=(SHARDS,))
             if r.case.kind == "values"]  # fmt: skip
     runs.sort(key=lambda r: (r.case.n_elements, r.id))
-    only = [r.id for r in runs[:n_cases]]
-    report = run_suite(port, device=device, functions=[op], isolate=True, shards=(SHARDS,),
-                       only=only)  # fmt: skip
-    outcomes = [o for o in report.outcomes if o.status != "skip"]
-    failures = [o.line() for o in outcomes if not o.ok or o.status == "xpass"]
-    if report.error:
-        failures.append(f"crash {port}: {report.error}")
-    return QuickCheckResult(not failures, len(outcomes), failures, port, device)
+    n_run, failures = run_fixtures(port, op, [r.id for r in runs[:n_cases]])
+    return QuickCheckResult(not failures, n_run, failures, port, device)
 
 
 def _pinned_report(
@@ -229,7 +222,7 @@ def run_gate(
             if pin is not None:
                 return _pinned_report(port, pin, op, device, run_suite, n_cases)
             if op in SHARDED_OPS:  # needs 4 devices: conformance's isolated child
-                report = _sharded_report(port, op, device, run_suite, n_cases)
+                report = _sharded_report(port, op, device, n_cases)
             else:
                 port_module = importlib.import_module(port)
                 report = quick_check(port_module, device=device, op=op, n_cases=n_cases)

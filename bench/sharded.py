@@ -16,7 +16,8 @@ the bytes one device sends per call by the formulas of docs/SHARDED.md (:func:`s
 
 ``python -m bench.sharded jax|torch METHOD WORKLOAD_JSON`` is the child (the protocol: it
 prints ``bench-sharded ready <compile seconds>``, then answers each ``call`` line on stdin with
-``bench-sharded done``, and ends at ``stop`` or at the end of its input).
+``bench-sharded done``, and ends at ``stop`` or at the end of its input). The rows' gate runs
+there too (``METHOD`` ``gate``: :func:`run_fixtures`), since their fixtures need the 4 devices.
 """
 
 from __future__ import annotations
@@ -82,21 +83,21 @@ def sent_bytes(method: str, w: Workload) -> int:
 
 
 class _Child:
-    """A running child (:func:`worker_main`): ``call()`` runs one sharded call there."""
+    """A running child (:func:`worker_main`): ``call()`` runs one sharded call there; ``spec``
+    is the workload's dict, or the gate's (:func:`run_fixtures`)."""
 
-    def __init__(self, framework: str, method: str, w: Workload) -> None:
+    def __init__(self, framework: str, method: str, spec: dict[str, Any]) -> None:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
             "PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
                          f"--xla_force_host_platform_device_count={SHARDS}".strip()}  # fmt: skip
         self._log = tempfile.TemporaryFile(mode="w+")
-        spec = json.dumps(w.to_dict())
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "bench.sharded", framework, method, spec],
+            [sys.executable, "-m", "bench.sharded", framework, method, json.dumps(spec)],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._log, text=True, bufsize=1,
         )  # fmt: skip
-        self.compile_s = float(self._answer("ready"))
+        self.compile_s = None if method == "gate" else float(self._answer("ready"))
 
     def _answer(self, word: str) -> str:
         """The rest of the child's next ``bench-sharded <word> ...`` line (other output is
@@ -132,13 +133,26 @@ def prepare_sharded(row: Any, target: Any, w: Workload, fdevice: str) -> Prepare
     """The ``sharded`` call style: ``row.gate_op`` (ring, ulysses or usp) of ``row.framework``
     on ``w`` in a child (module docstring); ``compile_s``: the child's setup and first call
     (JAX: the compile)."""
-    child = _Child(row.framework, row.gate_op, w)
+    child = _Child(row.framework, row.gate_op, w.to_dict())
     return Prepared(
         call=child.call,
         memory=lambda: (None, f"not measured ({SHARDS} child devices)"),
         compile_s=child.compile_s,
         layout="sharded",
     )
+
+
+def run_fixtures(port: str, op: str, run_ids: list[str]) -> tuple[int, list[str]]:
+    """The gate of a sharded row (bench/gate.py): conformance's runs ``run_ids`` of alias
+    ``op`` against ``port`` (``impl_jax``, ``impl_torch``) in the rows' child, on its 4 devices;
+    returns (runs made, one line per failure). Runs skipped there are not counted."""
+    framework = port.removeprefix("impl_")
+    child = _Child(framework, "gate", {"port": port, "op": op, "only": run_ids})
+    try:
+        result = json.loads(child._answer("gate"))
+    finally:
+        child.close()
+    return result["n_run"], result["failures"]
 
 
 # ------------------------------------------------------------------------------- the child side
@@ -177,7 +191,25 @@ def _serve(run: Any, after: Any = None, signal: Any = None) -> None:
         signal(False)
 
 
-def _jax_main(method: str, w: Workload) -> None:
+def _gate(spec: dict[str, Any]) -> Any:
+    """The fixtures of :func:`run_fixtures`, run here (every torch rank runs them, in the same
+    order: the collectives meet); prints the result line."""
+
+    def run() -> None:
+        from conformance import run_suite
+
+        report = run_suite(spec["port"], functions=[spec["op"]], shards=(SHARDS,),
+                           only=spec["only"])  # fmt: skip
+        outcomes = [o for o in report.outcomes if o.status != "skip"]
+        failures = [o.line() for o in outcomes if not o.ok or o.status == "xpass"]
+        failures += [f"crash {spec['port']}: {report.error}"] if report.error else []
+        result = {"n_run": len(outcomes), "failures": failures}
+        print(f"{_TAG} gate {json.dumps(result)}", flush=True)
+
+    return run
+
+
+def _jax_main(method: str, spec: dict[str, Any]) -> None:
     import functools
 
     import jax
@@ -185,12 +217,17 @@ def _jax_main(method: str, w: Workload) -> None:
 
     from impl_jax import sharded
 
+    if method == "gate":  # float64 is one of the fixtures' dtypes; IEEE float32 matmuls
+        jax.config.update("jax_enable_x64", True)
+        jax.config.update("jax_default_matmul_precision", "highest")
+        return _gate(spec)()
+    w = Workload.from_dict(spec)
     fn = jax.jit(functools.partial(getattr(sharded, METHODS[method]), **keywords(method, w)))
     q, k, v = (jnp.asarray(x) for x in _inputs(w))
     _serve(lambda: fn(q, k, v).block_until_ready())
 
 
-def _torch_rank(method: str, w: Workload, rank: int, port: int) -> None:
+def _torch_rank(method: str, spec: dict[str, Any], rank: int, port: int) -> None:
     """One rank of the gloo group; rank 0 talks to the parent and starts the others."""
     import torch
     import torch.distributed as dist
@@ -200,6 +237,12 @@ def _torch_rank(method: str, w: Workload, rank: int, port: int) -> None:
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // SHARDS))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=SHARDS)  # fmt: skip
+    if method == "gate":
+        torch.backends.cuda.matmul.allow_tf32 = False
+        _gate(spec)()  # ranks 1-3 print to nothing
+        dist.destroy_process_group()
+        return
+    w = Workload.from_dict(spec)
     fn = getattr(sharded, METHODS[method])
     q, k, v = (torch.from_numpy(x) for x in _inputs(w))
     kw = keywords(method, w)
@@ -224,18 +267,20 @@ def _torch_rank(method: str, w: Workload, rank: int, port: int) -> None:
     dist.destroy_process_group()
 
 
-def _torch_main(method: str, w: Workload, spec: str) -> None:
+def _torch_main(method: str, spec: str) -> None:
     with socket.socket() as s:  # a free port for the group's store
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     others = [
-        subprocess.Popen([sys.executable, "-m", "bench.sharded", "torch", method, spec,
-                          str(rank), str(port)], stdin=subprocess.DEVNULL,
-                         stdout=subprocess.DEVNULL)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, "-m", "bench.sharded", "torch", method, spec, str(rank), str(port)],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+        )
         for rank in range(1, SHARDS)
     ]
     try:
-        _torch_rank(method, w, 0, port)
+        _torch_rank(method, json.loads(spec), 0, port)
     finally:
         for p in others:
             try:
@@ -247,13 +292,12 @@ def _torch_main(method: str, w: Workload, spec: str) -> None:
 def worker_main(argv: list[str]) -> None:
     """``jax|torch METHOD WORKLOAD_JSON [RANK PORT]`` (module docstring)."""
     framework, method, spec, *rank = argv
-    w = Workload.from_dict(json.loads(spec))
     if framework == "jax":
-        _jax_main(method, w)
+        _jax_main(method, json.loads(spec))
     elif rank:
-        _torch_rank(method, w, int(rank[0]), int(rank[1]))
+        _torch_rank(method, json.loads(spec), int(rank[0]), int(rank[1]))
     else:
-        _torch_main(method, w, spec)
+        _torch_main(method, spec)
 
 
 if __name__ == "__main__":
