@@ -380,9 +380,9 @@ def _cpu_quick() -> list[Workload]:
     w += [_module(1, 8, 2, 1024, 64)]  # GQA module
     w += [_train(1, 8, 8, n, 64) for n in (512, 2048)]  # training steps, incl. the goal
     w += [_train(1, 8, 8, 1024, 64, causal=True)]  # a causal step: the skipped blocks
+    w += [_sharded(1, 8, 8, 1024, 64)]  # ring, Ulysses, USP on 4 devices (4096: the full grid)
     w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 4096)]  # rolling cache: O(W)
-    w += [_sharded(1, 8, 8, 1024, 64)]  # ring, Ulysses, USP on 4 devices (4096: the full grid)
     return w
 
 
@@ -396,10 +396,10 @@ def _cpu_full() -> list[Workload]:
         w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_train(1, 8, 8, n, 64, causal=causal) for n in lengths]  # 8192: the memory point
+    w += [_sharded(1, 8, 8, n, 64) for n in (1024, 4096)]  # issue 30's L = S = 4096 on 4 devices
     # decode, incl. the goals' P = 4096 (MHA, GQA 8:2) and the rolling goal's P = 1024, 4096
     w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 4096, 8192, 32768)]
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 2048, 4096, 32768)]  # O(W)
-    w += [_sharded(1, 8, 8, n, 64) for n in (1024, 4096)]  # issue 30's L = S = 4096 on 4 devices
     return w
 
 
