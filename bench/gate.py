@@ -37,6 +37,7 @@ from bench.errors import UNSUPPORTED
 
 __all__ = [
     "GATE_CASES",
+    "SHARDED_OPS",
     "GateCache",
     "GateResult",
     "gate_scope",
@@ -45,6 +46,8 @@ __all__ = [
     "run_gates",
 ]
 
+#: The sharded rows' gate aliases (bench/sharded.py), run on 4 devices in the rows' child.
+SHARDED_OPS = ("ring", "ulysses", "usp")
 #: How many fixtures the gate runs per (port, op, device, pin).
 GATE_CASES = 8
 #: The port a pinned gate's kernel belongs to (for its "not supported" messages).
@@ -134,6 +137,23 @@ def _unsupported(kernel: str | None, outcome: Any) -> bool:
     )
 
 
+def _sharded_report(port: str, op: str, device: str, n_cases: int) -> Any:
+    """A sharded alias (``ring``, ``ulysses``, ``usp``: the sharded rows, bench/sharded.py) on
+    its ``n_cases`` smallest fixtures at n = 4 devices, run where the row is timed: in the
+    bench's child with 4 JAX host devices, or on its 4 gloo ranks (this process's JAX has one
+    device, and conformance's torch adapter forks ranks only for ``n_shards`` functions, which
+    USP is not). The report reads as ``quick_check``'s."""
+    from bench.sharded import run_fixtures
+    from bench.workloads import SHARDS
+    from conformance import QuickCheckResult, load_port, plan_runs
+
+    runs = [r for r in plan_runs(load_port(port), functions=[op], shards=(SHARDS,))
+            if r.case.kind == "values"]  # fmt: skip
+    runs.sort(key=lambda r: (r.case.n_elements, r.id))
+    n_run, failures = run_fixtures(port, op, [r.id for r in runs[:n_cases]])
+    return QuickCheckResult(not failures, n_run, failures, port, device)
+
+
 def _pinned_report(
     port: str, pin: str, op: str, device: str, run_suite: Callable[..., Any], n_cases: int
 ) -> GateResult:
@@ -201,8 +221,11 @@ def run_gate(
         with gate_scope():
             if pin is not None:
                 return _pinned_report(port, pin, op, device, run_suite, n_cases)
-            port_module = importlib.import_module(port)
-            report = quick_check(port_module, device=device, op=op, n_cases=n_cases)
+            if op in SHARDED_OPS:  # needs 4 devices: conformance's isolated child
+                report = _sharded_report(port, op, device, n_cases)
+            else:
+                port_module = importlib.import_module(port)
+                report = quick_check(port_module, device=device, op=op, n_cases=n_cases)
     except (ImportError, AttributeError) as e:
         return result("error", detail=f"cannot load the gate: {type(e).__name__}: {e}")
     except Exception as e:  # the gate crashed: not a pass

@@ -22,6 +22,7 @@ from typing import Any
 from bench.errors import unsupported_in_own_words
 from bench.frameworks import FRAMEWORKS, JAX, TORCH, Framework, Prepared
 from bench.rows import Row
+from bench.sharded import prepare_sharded
 from bench.workloads import Workload
 
 __all__ = ["PREPARERS", "prepare"]
@@ -316,4 +317,5 @@ PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "jax_decode": _prepare_jax_decode,
     "torch_sdpa_train": _prepare_torch_sdpa_train,
     "jax_dpa_train": _prepare_jax_dpa_train,
+    "sharded": prepare_sharded,  # ring, Ulysses, USP on 4 devices in child processes
 }

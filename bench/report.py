@@ -10,8 +10,10 @@ Derived per timed record:
   ``tflops_dense``: dense FLOPs / median (the convention that credits masked work);
 - ``frac_peak``: useful FLOP/s / the device's peak, the best ``n x n`` matmul of the same
   dtype measured in the same run by any of the frameworks;
-- ``ratio``: median / the median of the row's ``ref`` (the framework's fused kernel) on the
-  same workload.
+- ``ratio``: median / the median of the row's ``ref`` (the framework's fused kernel; a sharded
+  row's: the same framework's ring) on the same workload;
+- ``sent_bytes`` (sharded rows only): the bytes one device sends per call by the formulas of
+  docs/SHARDED.md (``bench.sharded.sent_bytes``), not a measurement.
 
 Goals (``goals`` in results.json) come from the goal records: each goal's two calls timed
 interleaved in one process (``bench/goals.py``), the median of the per-round ratios with its
@@ -29,7 +31,8 @@ from typing import Any
 
 from bench.devices import peak_key
 from bench.rows import ROWS, Row
-from bench.workloads import MLA_GQA_GROUP
+from bench.sharded import USP_SIZES, sent_bytes
+from bench.workloads import MLA_GQA_GROUP, SHARDS, Workload
 
 __all__ = [
     "CONTENDED",
@@ -134,6 +137,7 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
     """Add ``derived`` numbers to every timed row record, in place (module docstring)."""
     peaks = device_peaks(records)
     refs = {r.name: r.ref for r in rows}
+    methods = {r.name: r.gate_op for r in rows if r.call == "sharded"}
     by_key = {
         (r["row"], r["workload"]["id"]): r for r in records if r["kind"] == "row" and r["workload"]
     }
@@ -157,6 +161,8 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
         ref = by_key.get((d["ref"], w["id"])) if d["ref"] else None
         if ref is not None and ref["status"] == "ok" and ref.get("stats"):
             d["ratio"] = med / ref["stats"]["median"]
+        if r["row"] in methods:
+            d["sent_bytes"] = sent_bytes(methods[r["row"]], Workload.from_dict(w))
         r["derived"] = d
 
 
@@ -318,6 +324,10 @@ def goal_measured(g: dict) -> str:
 def _cache_note(w: dict) -> str:
     """A decode step's KV cache for its section line, e.g. ``KV cache 4 MiB (K/H = 2/8 of
     MHA's)``; empty for the other workloads."""
+    if w["op"] == "sharded":
+        u, r = USP_SIZES.values()
+        return (f"{SHARDS} devices (JAX: simulated CPU devices, torch: gloo processes); "
+                f"USP u={u} x r={r}; x fused: against the framework's ring")  # fmt: skip
     if not w.get("cache_bytes"):
         return ""
     if w.get("cache_bytes_per_token"):  # an MLA decode step: bytes per token, vs MHA and GQA
@@ -348,6 +358,12 @@ def _masked(r: dict) -> str:
     if not r["workload"]["is_causal"]:
         return ""
     return {True: "skips", False: "computes", None: "?"}[r.get("skips_masked")]
+
+
+def _sent_cell(d: dict) -> str:
+    """A sharded row's bytes per device and call, by the formula (its last column)."""
+    n = d.get("sent_bytes")
+    return "" if n is None else f"sends {fmt_bytes(n)}/device (formula)"
 
 
 def _goal_cell(r: dict, goals: list[dict], esc: Any) -> str:
@@ -433,7 +449,7 @@ def render(results: dict, console: Any) -> None:
                 fmt_bytes(r.get("memory_bytes")) if r["status"] == "ok" else "",
                 _masked(r),
                 f"{r['compile_s']:.2f} s" if r.get("compile_s") is not None else "",
-                _goal_cell(r, goals, esc),
+                _goal_cell(r, goals, esc) or _sent_cell(d),
             )
     console.print(t)
     for reason, n in notes.items():

@@ -36,7 +36,10 @@ the report as "not available" instead of disappearing.
 - ``torch_decode`` / ``jax_decode``: the same step written with framework ops around the fused
   kernel: the four projections of the token, the cache write at P, and
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
-  ``jax.nn.dot_product_attention`` of the one query over the S = P + 1 cached keys.
+  ``jax.nn.dot_product_attention`` of the one query over the S = P + 1 cached keys;
+- ``sharded``: ``impl_*.sharded``'s ``ring_attention``, ``ulysses_attention`` or
+  ``usp_attention`` (``gate_op``: ``ring``, ``ulysses``, ``usp``) on 4 devices in child
+  processes (bench/sharded.py), the ratio against the same framework's ring.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
+from bench.sharded import METHODS
 from bench.workloads import (
     DECODE_GOAL_WORKLOADS,
     GOAL_WORKLOAD,
@@ -295,6 +299,15 @@ _TRITON, _PALLAS = f"{_TRITON_PORT}:flash_attention", f"{_PALLAS_PORT}:flash_att
 _VJP, _FLASH_VJP = "functional:scaled_dot_product_attention_vjp", "flash:flash_attention_vjp"
 _TFT, _JFT = "torch F.sdpa train", "jax.nn.dpa[xla] train"  # the frameworks' fwd+bwd
 _TRAIN = {"workloads": "train", "variants": ("MHA", "GQA", "MQA")}
+_SHARDED = {"workloads": "sharded", "devices": ("cpu",), "skips_masked": True,
+            "materializes": False}  # fmt: skip
+
+
+def _sharded(framework: str, method: str) -> Row:
+    """A sharded row (``call="sharded"``), gated on its conformance alias on 4 devices, its ratio
+    against the same framework's ring."""
+    return Row(f"{framework} {method}", f"impl_{framework}.sharded:{METHODS[method]}", "sharded",
+               ref=f"{framework} ring", gate_op=method, **_SHARDED)  # fmt: skip
 
 
 def _ratio(limit: float, ref: str = _TF) -> Goal:
@@ -390,6 +403,9 @@ ROWS: tuple[Row, ...] = (
         goals=_train_goals(1.0, _JFT, "jax sdpa train", kind="faster")),
     Row(_TFT, _T, "torch_sdpa_train", **_TRAIN, **_TILED),
     Row(_JFT, _J, "jax_dpa_train", backend="xla", **_TRAIN),
+    # sequence parallelism on 4 devices (issue 30): JAX's simulated CPU devices, torch's gloo
+    # processes; each against its own framework's ring, the formula's bytes per device beside
+    *(_sharded(fw, m) for fw in ("torch", "jax") for m in ("ring", "ulysses", "usp")),
 )  # fmt: skip
 
 

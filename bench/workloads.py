@@ -48,6 +48,7 @@ __all__ = [
     "MLA_GOAL_WORKLOAD",
     "MLA_GQA_GROUP",
     "ROLLING_GOAL_WORKLOAD",
+    "SHARDS",
     "TRAIN_GOAL_WORKLOAD",
     "TRAIN_MEMORY_WORKLOAD",
     "WINDOW_GOAL_WORKLOAD",
@@ -63,6 +64,9 @@ __all__ = [
 
 #: Bytes per element of the benchmarked dtypes.
 DTYPE_BYTES: dict[str, int] = {"float64": 8, "float32": 4, "bfloat16": 2, "float16": 2}
+#: The devices of a ``sharded`` workload (bench/sharded.py): 4 simulated JAX CPU devices, 4 torch
+#: gloo processes.
+SHARDS = 4
 _SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 
 
@@ -185,9 +189,10 @@ class Workload:
     value ``(B, K, S, E)``), ``"train"`` (the same inputs and a ``grad_output (B, H, L, E)``;
     a forward and a backward, the gradients of query, key and value), ``"module"`` (module
     rows: input ``(B, L, M)``, self-attention, so S = L and M = H * D) or ``"decode"`` (one
-    KV-cache decode step: input ``(B, 1, M)``, a cache holding ``P = S - 1`` tokens, L = 1) or
+    KV-cache decode step: input ``(B, 1, M)``, a cache holding ``P = S - 1`` tokens, L = 1),
     ``"mla_decode"`` (the same step of ``MultiHeadLatentAttention``: K = H, D = Dn, and ``R``,
-    ``Dr`` set; None for every other op).
+    ``Dr`` set, None for every other op) or ``"sharded"`` (the attention inputs on
+    :data:`SHARDS` devices: bench/sharded.py).
     """
 
     op: str
@@ -268,7 +273,9 @@ class Workload:
             ring = "" if self.window is None else f" rolling ({self.window}, 0)"
             return f"decode {self.variant} {dims} {_SHORT[self.dtype]}{ring}"
         lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
-        kind = {"module": "module ", "train": "train "}.get(self.op, "")
+        kind = {"module": "module ", "train": "train ", "sharded": f"sharded n={SHARDS} "}.get(
+            self.op, ""
+        )
         mode = (" causal" if self.is_causal else "") + (
             "" if self.window is None else f" window ({self.window}, 0)"
         )
@@ -285,7 +292,8 @@ class Workload:
             if self.window is None
             else f" {'rolling' if self.op == 'decode' else 'window'} {self.window}"
         )
-        kind = {"module": "module ", "decode": "decode ", "train": "train "}.get(self.op, "")
+        kind = {"module": "module ", "decode": "decode ", "train": "train ",
+                "sharded": f"sharded n={SHARDS} "}.get(self.op, "")  # fmt: skip
         if self.op == "mla_decode":
             dims = f"B{self.B} H{self.H} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
             return f"decode MLA {dims} {_SHORT[self.dtype]}"
@@ -409,6 +417,11 @@ def _module(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
     return Workload("module", B, H, K, L, L, D, D, causal, dtype)
 
 
+def _sharded(B, H, K, L, D, *, causal=False, dtype="float32") -> Workload:
+    """Attention on :data:`SHARDS` devices (the ring, Ulysses and USP rows, bench/sharded.py)."""
+    return Workload("sharded", B, H, K, L, L, D, D, causal, dtype)
+
+
 def _decode(B, H, K, P, D, *, dtype="float32", rolling: int | None = None) -> Workload:
     """One decode step after ``P`` cached tokens: L = 1, S = P + 1 (``rolling=W``: through a
     rolling cache of a module with ``window=(W, 0)``)."""
@@ -454,6 +467,7 @@ def _cpu_quick() -> list[Workload]:
     w += [_train(1, 8, 8, n, 64) for n in (512, 2048)]  # training steps, incl. the goal
     w += [_train(1, 8, 8, 1024, 64, causal=True)]  # a causal step: the skipped blocks
     w += [_mla_decode(1024)]  # MLA absorbed vs naive (P = 8192 and its goal: the full grid's)
+    w += [_sharded(1, 8, 8, 1024, 64)]  # ring, Ulysses, USP on 4 devices (4096: the full grid)
     w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 4096)]  # rolling cache: O(W)
     return w
@@ -469,6 +483,7 @@ def _cpu_full() -> list[Workload]:
         w += [_module(1, 8, 8, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_module(1, 8, 2, n, 64, causal=causal) for n in lengths[:-1]]
         w += [_train(1, 8, 8, n, 64, causal=causal) for n in lengths]  # 8192: the memory point
+    w += [_sharded(1, 8, 8, n, 64) for n in (1024, 4096)]  # issue 30's L = S = 4096 on 4 devices
     # decode, incl. the goals' P = 4096 (MHA, GQA 8:2) and the rolling goal's P = 1024, 4096
     w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 4096, 8192, 32768)]
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 2048, 4096, 32768)]  # O(W)

@@ -68,8 +68,9 @@ _STATIC_KEYWORDS = (
 #: Keywords of the module call and the decode step that are Python scalars or strings.
 _MODULE_STATIC_KEYWORDS = ("is_causal", "causal_alignment", "return_weights")
 
-#: Keywords of the sharded functions that decide the mesh and the program.
-_SHARD_KEYWORDS = ("n_shards", "layout")
+#: Keywords of the sharded functions that decide the mesh and the program (USP's two sizes too:
+#: it takes no ``n_shards``).
+_SHARD_KEYWORDS = ("n_shards", "layout", "ulysses_shards", "ring_shards")
 
 
 def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
@@ -87,7 +88,7 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
     if alias == "causal_mask":
         return jax.jit(function, static_argnums=(0, 1), static_argnames=("alignment",))
     params = inspect.signature(function).parameters
-    if "n_shards" in params:
+    if "n_shards" in params or "ulysses_shards" in params:  # usp_attention: u x r devices
         return _on_mesh(function, params)
     if alias in _FP8_ALIASES and any(n in params for n in _DESCALES):  # a port that takes fp8
         return _fp8_jitted(alias, function, params)
