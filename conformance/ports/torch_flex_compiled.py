@@ -98,29 +98,28 @@ def _mods(
     if causal_alignment not in ("top_left", "bottom_right"):
         raise ValueError(f"no causal alignment {causal_alignment!r}")
     n = math.prod(batch)
-    pad = columns - S  # the sink column: no bias, always attended
     offset = torch.tensor(0 if causal_alignment == "top_left" else S - L)
     sink_at = torch.tensor(S if sinks is not None else columns)  # past the end: no sink
-    dense_bias = torch.zeros(n, H, L, columns, dtype=dtype)
+    rows, cols = max(L, 1), max(columns, 1)  # never empty: a traced read of one is an error
+    dense_bias = torch.zeros(n, H, rows, cols, dtype=dtype)
     if bias is not None:
-        dense_bias[..., :S] = _per_score(bias, batch, H, L, S)
+        dense_bias[..., :L, :S] = _per_score(bias, batch, H, L, S)
     use_cap = torch.tensor(softcap is not None)
     cap = torch.tensor(1.0 if softcap is None else softcap, dtype=torch.float32)
     slopes = torch.zeros(H, dtype=torch.float32) if alibi_slopes is None else alibi_slopes
     sink = torch.zeros(H, dtype=torch.float32) if sinks is None else sinks
-    dense_mask = torch.ones(n, H, L, columns, dtype=torch.bool)
+    dense_mask = torch.ones(n, H, rows, cols, dtype=torch.bool)
     if mask is not None:
-        dense_mask[..., :S] = _per_score(mask, batch, H, L, S)
+        dense_mask[..., :L, :S] = _per_score(mask, batch, H, L, S)
     causal = torch.tensor(bool(is_causal))
     left, right = window if window is not None else (None, None)
     low = torch.tensor(L + S if left is None else left)  # kv >= q + offset - low
     high = torch.tensor(L + S if right is None else right)  # kv <= q + offset + high
-    q_ids = torch.zeros(n, L, dtype=torch.int64)
-    kv_ids = torch.zeros(n, columns, dtype=torch.int64)
+    q_ids = torch.zeros(n, rows, dtype=torch.int64)
+    kv_ids = torch.zeros(n, cols, dtype=torch.int64)  # the sink column's id: never read
     if q_segment_ids is not None:
-        q_ids = q_segment_ids.expand(*batch, L).reshape(n, L).to(torch.int64)
-        ids = kv_segment_ids.expand(*batch, S).reshape(n, S).to(torch.int64)
-        kv_ids = torch.nn.functional.pad(ids, (0, pad))
+        q_ids[:, :L] = q_segment_ids.expand(*batch, L).reshape(n, L)
+        kv_ids[:, :S] = kv_segment_ids.expand(*batch, S).reshape(n, S)
 
     def score_mod(score, b, h, q, kv):
         score = torch.where(use_cap, cap * torch.tanh(score / cap), score)
