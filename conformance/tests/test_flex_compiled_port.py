@@ -68,6 +68,7 @@ _PINNED = {
     "sdpa.window.causal.bottom_right.float32": "pass",
     "sdpa.sinks.basic.float32": "pass",  # the sink column
     "sdpa.basic.mha.float64": "xfail",  # refused at lowering
+    "sdpa.garbage.padding.float32": "xfail",  # 0 * NaN inside a partly masked block
 }
 
 
