@@ -157,18 +157,20 @@ def _compiled_call(q, k, v, score_mod, block_mask, scale, enable_gqa) -> torch.T
         _since_reset["graphs"], resets = 0, 1
     graphs, breaks, start = _graphs(), _graph_breaks(), time.perf_counter()
     flex_module._WARNINGS_SHOWN.discard("flex_attention_performance")  # warn every time
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        out = _COMPILED(
-            q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-            enable_gqa=enable_gqa,
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            out = _COMPILED(
+                q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
+                enable_gqa=enable_gqa,
+            )  # fmt: skip
+    finally:  # a call torch refuses (float64: at lowering) is counted too
+        new = _graphs() - graphs
+        _since_reset["graphs"] += new
+        _record(
+            dict(calls=1, graphs=new, graph_breaks=_graph_breaks() - breaks, resets=resets,
+                 seconds=time.perf_counter() - start)
         )  # fmt: skip
-    new = _graphs() - graphs
-    _since_reset["graphs"] += new
-    _record(
-        dict(calls=1, graphs=new, graph_breaks=_graph_breaks() - breaks, resets=resets,
-             seconds=time.perf_counter() - start)
-    )  # fmt: skip
     if any(_EAGER_WARNING in str(w.message) for w in caught):
         raise RuntimeError(
             "fell back to eager: torch ran flex_attention uncompiled (its unfused-path "
