@@ -53,7 +53,7 @@ help:
 	@echo "make gpu-check    on a GPU box, with python3, installing nothing: every check, one summary"
 	@echo "make conformance  run the golden fixtures against impl_numpy, impl_torch, impl_jax (DEVICE=$(CONFORMANCE_DEVICE))"
 	@echo "make conformance-frameworks  the same suite against the frameworks' own kernels"
-	@echo "                  (torch SDPA and FlexAttention, jax, flax; onnx, onnxruntime, tinygrad and hf with their extras; mlx and keras with the frameworks extra)"
+	@echo "                  (torch SDPA and FlexAttention eager and compiled, jax, flax; onnx, onnxruntime, tinygrad and hf with their extras; mlx and keras with the frameworks extra)"
 	@echo "make conformance-kernels  every fixture against the Triton and Pallas kernel ports"
 	@echo "                 (interpreted on CPU: slow, several minutes; DEVICE=cuda on a GPU)"
 	@echo "make lint         ruff"
@@ -101,7 +101,7 @@ conformance: $(ENV_READY)
 # torch's and jax's kernels always; MLX's and keras's when the `frameworks` extra is installed
 # (each keras backend is its own port: keras picks its backend once per process).
 conformance-frameworks: $(ENV_READY)
-	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx --impl torch_flex"; \
+	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx --impl torch_flex --impl torch_flex_compiled"; \
 	if $(PY) -c "import onnx" 2>/dev/null; then impls="$$impls --impl onnx_ref"; \
 	else echo "conformance-frameworks: skipping onnx_ref: onnx is not installed (pip install -e '.[onnx]')"; fi; \
 	if $(PY) -c "import transformers" 2>/dev/null; then impls="$$impls --impl hf_eager --impl hf_sdpa --impl hf_gpt_oss_eager"; \

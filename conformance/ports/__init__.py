@@ -43,6 +43,7 @@ SHORT_NAMES: dict[str, str] = {
     "onnx_ref": "conformance.ports.onnx_ref",
     # torch FlexAttention and Hugging Face's attention functions (issue 31)
     "torch_flex": "conformance.ports.torch_flex",
+    "torch_flex_compiled": "conformance.ports.torch_flex_compiled",
     "hf_eager": "conformance.ports.hf_eager",
     "hf_sdpa": "conformance.ports.hf_sdpa",
     "hf_gpt_oss_eager": "conformance.ports.hf_gpt_oss_eager",

@@ -447,6 +447,7 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "keras_ops_torch": ("sdpa", "weights"),
     # issue 31: torch FlexAttention and Hugging Face's attention functions
     "torch_flex": ("sdpa", "weights"),
+    "torch_flex_compiled": ("sdpa", "weights"),  # measured on every sdpa and weights run
     "hf_eager": ("sdpa", "weights"),
     "hf_sdpa": ("sdpa", "weights"),
     "hf_gpt_oss_eager": ("sdpa", "weights"),
