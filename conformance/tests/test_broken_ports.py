@@ -6,13 +6,21 @@ too), so each failure below is caused by its bug; each bug also fails the one ru
 bugs of ``flash_broken.py``. The sharded ports of ``sharded_broken.py`` (ring and head-parallel
 mistakes around the real block) are run through the runner's sharded aliases the same way, and
 the packed variable-length ports of ``varlen_broken.py`` through ``varlen`` and ``varlen_grad``.
+
+Two tiers. ``make test`` runs every unbroken suite whole and, for each bug, the runs a test names
+(``run_suite(only=...)``: the named run fails, the named neighbours pass or fail as stated): a
+few milliseconds a bug. The tests marked ``slow`` (``make test-slow``, which CI also runs) run
+each broken port through its whole suite, about 5 s a bug, and check *where* it fails: that a
+module bug leaves every functional run alone, a window bug every v1 run, and so on.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import pytest
 
-from conformance.runner import SHARDED_ALIASES, Report, run_suite
+from conformance.runner import SHARDED_ALIASES, Outcome, Report, run_suite
 from conformance.tests import sharded_broken, varlen_broken
 from conformance.tests.broken_ports import BUGS, make_port
 
@@ -38,13 +46,35 @@ def _report(bug: str | None) -> Report:
     """The whole suite for a bug; the gradient runs alone for a backward bug (the forward is
     the unbroken port's, which the first test proves)."""
     if bug not in _REPORTS:
-        grad = bug is not None and bug.startswith("grad_")
-        paged = bug is not None and bug.startswith("paged_")  # the paged runs alone, likewise
-        fp8 = bug is not None and bug.startswith("fp8_")  # the fp8 runs' aliases alone
-        functions = GRAD_FUNCTIONS if grad else PAGED_FUNCTIONS if paged else None
-        functions = FP8_FUNCTIONS if fp8 else functions
-        _REPORTS[bug] = run_suite(make_port(bug), functions=functions)
+        _REPORTS[bug] = run_suite(make_port(bug), functions=_functions(bug))
     return _REPORTS[bug]
+
+
+def _functions(bug: str | None) -> tuple[str, ...] | None:
+    """The aliases a bug's port is run on: the gradient, paged or fp8 ones alone for those bugs
+    (the rest of the port is the unbroken one, which the first tests prove), else all."""
+    if bug is not None and bug.startswith("grad_"):
+        return GRAD_FUNCTIONS
+    if bug is not None and bug.startswith("paged_"):
+        return PAGED_FUNCTIONS
+    if bug is not None and bug.startswith("fp8_"):
+        return FP8_FUNCTIONS
+    return None
+
+
+def _named(bug: str, run_ids: Iterable[str], port=None, functions=None) -> dict[str, Outcome]:
+    """The outcomes of just ``run_ids`` for ``bug``'s port, by run id; every id must be a run."""
+    wanted = set(run_ids)
+    port = make_port(bug) if port is None else port
+    functions = _functions(bug) if functions is None else functions
+    outcomes = run_suite(port, functions=functions, only=wanted).outcomes
+    missing = wanted - {o.run_id for o in outcomes}
+    assert not missing, f"no such runs: {sorted(missing)}"
+    return {o.run_id: o for o in outcomes}
+
+
+def _failed_of(bug: str, run_ids: Iterable[str], **kw) -> set[str]:
+    return {r for r, o in _named(bug, run_ids, **kw).items() if not o.ok}
 
 
 def test_the_unbroken_port_passes_everything() -> None:
@@ -74,12 +104,10 @@ def test_the_unbroken_backward_passes_every_gradient_run() -> None:
 @pytest.mark.parametrize("bug", list(BUGS))
 def test_broken_port_is_caught(bug: str) -> None:
     what, must_fail = BUGS[bug]
-    report = _report(bug)
-    failed = {o.run_id: o for o in report.failures}
-    assert failed, f"{bug} ({what}) passed every run"
-    assert must_fail in failed, f"{bug} ({what}) passed {must_fail}"
+    assert _failed_of(bug, [must_fail]) == {must_fail}, f"{bug} ({what}) passed {must_fail}"
 
 
+@pytest.mark.slow
 def test_every_broken_port_is_caught_and_counted(capsys: pytest.CaptureFixture) -> None:
     caught = {bug: len(_report(bug).failures) for bug in BUGS}
     with capsys.disabled():
@@ -95,16 +123,15 @@ def test_every_broken_port_is_caught_and_counted(capsys: pytest.CaptureFixture) 
 def test_tiling_is_told_apart_from_contiguous_groups() -> None:
     """GQA 6:2 and 6:3 fail for a tiling port in every dtype; with K = 1 (MQA 8:1) tiling and
     contiguous groups are the same mapping (h % 1 == h // 8 == 0), so it passes there."""
-    failed = {o.run_id for o in _report("gqa_tiling").failures}
-    for dtype in ("float64", "float32", "float16", "bfloat16"):
-        assert f"sdpa.gqa.h6_k2.{dtype}" in failed
-        assert f"sdpa.gqa.h8_k1.{dtype}" not in failed
-        assert f"module.gqa.h6_k2.{dtype}" in failed  # the module runs on the port's SDPA
-        assert f"module.mqa.h6_k1.{dtype}" not in failed
-    assert "sdpa.gqa.h6_k3.float32" in failed
-    assert "weights.gqa.h6_k2.head_mask.float32" in failed
+    dtypes = ("float64", "float32", "float16", "bfloat16")
+    told = [f"{r}.{d}" for r in ("sdpa.gqa.h6_k2", "module.gqa.h6_k2") for d in dtypes]
+    same = [f"{r}.{d}" for r in ("sdpa.gqa.h8_k1", "module.mqa.h6_k1") for d in dtypes]
+    told += ["sdpa.gqa.h6_k3.float32", "weights.gqa.h6_k2.head_mask.float32"]
+    # the module runs on the port's SDPA, so it is told apart too
+    assert _failed_of("gqa_tiling", told + same) == set(told)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", MODULE_BUGS)
 def test_module_bugs_leave_the_functional_runs_alone(bug: str) -> None:
     """A bug in the module or the cache fails module or decode runs only: the suite says where."""
@@ -113,24 +140,24 @@ def test_module_bugs_leave_the_functional_runs_alone(bug: str) -> None:
 
 
 def test_module_bugs_fail_in_every_dtype() -> None:
+    dtypes = ("float64", "float32", "float16", "bfloat16")
+    runs = [f"{r}.{d}" for r in ("module.mha.self", "decode.mha.h6.tokens") for d in dtypes]
     for bug in ("o_proj_transposed", "qk_swapped", "heads_wrong_end", "bias_missing"):
-        failed = {o.run_id for o in _report(bug).failures}
-        for dtype in ("float64", "float32", "float16", "bfloat16"):
-            assert f"module.mha.self.{dtype}" in failed, (bug, dtype)
-            assert f"decode.mha.h6.tokens.{dtype}" in failed, (bug, dtype)
+        assert _failed_of(bug, runs) == set(runs), bug
 
 
 def test_top_left_decoding_is_caught_token_by_token_and_in_chunks() -> None:
     """The first prefill (L = S) is the same under both alignments; the next steps are not."""
-    failures = {o.run_id: o for o in _report("decode_top_left").failures}
-    for layout in ("mha.h6", "gqa.h6_k2", "mqa.h6_k1"):
-        for chunking in ("tokens", "chunks_2_1_2"):
-            assert f"decode.{layout}.{chunking}.float32" in failures
-    message = failures["decode.gqa.h6_k2.chunks_2_1_2.float32"].message
+    layouts, chunkings = ("mha.h6", "gqa.h6_k2", "mqa.h6_k1"), ("tokens", "chunks_2_1_2")
+    runs = [f"decode.{lay}.{ch}.float32" for lay in layouts for ch in chunkings]
+    forward = [f"module.{lay}.float32" for lay in ("mha.self", "gqa.h6_k2", "mqa.h6_k1")]
+    outcomes = _named("decode_top_left", runs + forward)
+    assert {r for r, o in outcomes.items() if not o.ok} == set(runs)  # the forward is right
+    message = outcomes["decode.gqa.h6_k2.chunks_2_1_2.float32"].message
     assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
-    assert not any(r.startswith("module.") for r in failures)  # the forward itself is right
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", EXTRA_BUGS)
 def test_extra_keyword_bugs_fail_only_their_families(bug: str) -> None:
     """A window, segment, sink or ALiBi bug changes nothing a v1 case asks (those cases give no
@@ -144,6 +171,7 @@ def test_extra_keyword_bugs_fail_only_their_families(bug: str) -> None:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", FP8_BUGS)
 def test_fp8_bugs_fail_only_fp8_runs(bug: str) -> None:
     """A dequantize, result-dtype or quantize_fp8 bug fails fp8 runs only (every other case
@@ -155,6 +183,7 @@ def test_fp8_bugs_fail_only_fp8_runs(bug: str) -> None:
     ), failed
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", FLASH_BUGS)
 def test_flash_bugs_fail_flash_runs_only(bug: str) -> None:
     failed = {o.run_id for o in _report(bug).failures}
@@ -163,11 +192,8 @@ def test_flash_bugs_fail_flash_runs_only(bug: str) -> None:
 
 
 def test_a_failure_names_case_index_error_bound_device_and_dtype() -> None:
-    (line,) = [
-        o.line()
-        for o in _report("scale_missing").failures
-        if o.run_id == "sdpa.saturation.default_scale.bfloat16"
-    ]
+    run_id = "sdpa.saturation.default_scale.bfloat16"
+    line = _named("scale_missing", [run_id])[run_id].line()
     assert line.startswith("FAIL sdpa.saturation.default_scale.bfloat16 [cpu bfloat16]: ")
     assert "output max error" in line and " at (" in line and "> bound" in line
 
@@ -196,10 +222,12 @@ def test_the_unbroken_sharded_port_passes_every_sharded_run() -> None:
 @pytest.mark.parametrize("bug", list(sharded_broken.BUGS))
 def test_broken_sharded_port_is_caught(bug: str) -> None:
     what, must_fail = sharded_broken.BUGS[bug]
-    failed = {o.run_id for o in _sharded_report(bug).failures}
-    assert must_fail in failed, f"{bug} ({what}) passed {must_fail}"
+    port, functions = sharded_broken.make_port(bug), SHARDED_ALIASES
+    failed = _failed_of(bug, [must_fail], port=port, functions=functions)
+    assert failed == {must_fail}, f"{bug} ({what}) passed {must_fail}"
 
 
+@pytest.mark.slow
 def test_every_broken_sharded_port_is_caught_and_counted(capsys: pytest.CaptureFixture) -> None:
     bugs = sharded_broken.BUGS
     caught = {bug: len(_sharded_report(bug).failures) for bug in bugs}
@@ -220,6 +248,7 @@ def _rope_run(run_id: str) -> bool:
     return run_id.startswith("rope.") or ".rope." in run_id or ".rope_" in run_id or mla
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", ROPE_BUGS)
 def test_rope_bugs_fail_rope_runs_only(bug: str) -> None:
     """A RoPE bug fails rope.*, module.rope.* or decode.rope.* runs and nothing the unbroken
@@ -240,14 +269,14 @@ def test_rope_bugs_fail_rope_runs_only(bug: str) -> None:
 def test_gradient_tiling_is_told_apart_from_contiguous_groups() -> None:
     """dK and dV summed over h % K: GQA 6:2 fails in every dtype, MQA 8:1 (one key/value head,
     where both mappings agree) passes; not summing at all fails 6:2 and 8:1."""
-    tiled = {o.run_id for o in _report("grad_kv_summed_tiling").failures}
-    unsummed = {o.run_id for o in _report("grad_kv_not_summed").failures}
-    for dtype in ("float64", "float32", "float16", "bfloat16"):
-        assert f"grad.gqa.h6_k2.{dtype}" in tiled and f"grad.gqa.h6_k2.{dtype}" in unsummed
-    assert "grad.gqa.h8_k1.float32" not in tiled and "grad.gqa.h8_k1.float32" in unsummed
-    assert "grad.basic.mha.float32" not in tiled | unsummed  # G = 1: nothing to sum
+    grouped = [f"grad.gqa.h6_k2.{d}" for d in ("float64", "float32", "float16", "bfloat16")]
+    mqa, mha = "grad.gqa.h8_k1.float32", "grad.basic.mha.float32"  # mha: G = 1, nothing to sum
+    runs = [*grouped, mqa, mha]
+    assert _failed_of("grad_kv_summed_tiling", runs) == set(grouped)
+    assert _failed_of("grad_kv_not_summed", runs) == {*grouped, mqa}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", ["grad_lse_offset"])
 def test_tiled_backward_bugs_fail_only_the_tiled_runs(bug: str) -> None:
     """With one block the key block's offset is the query block's: only flash_grad sees it."""
@@ -293,6 +322,7 @@ def test_the_unbroken_paged_port_passes_every_paged_run() -> None:
     assert {o.run_id.split(".")[0] for o in report.outcomes} == set(PAGED_FUNCTIONS)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", PAGED_BUGS)
 def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
     """A paged bug fails paged runs (the rest of the port is the unbroken one); every value
@@ -305,6 +335,7 @@ def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
             assert f"paged.page3.decode_and_prefill.causal.{dtype}" in failed, (bug, dtype)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "bug",
     ["rope_inv_freq_ignored", "rope_attention_factor_cos_only", "rope_attention_factor_squared"],
@@ -321,6 +352,7 @@ def test_scaled_rotary_bugs_fail_only_contract_v3_runs(bug: str) -> None:
 MLA_BUGS = [b for b in BUGS if b.startswith("mla_")]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("bug", MLA_BUGS)
 def test_latent_attention_bugs_fail_only_mla_runs(bug: str) -> None:
     """An MLA bug leaves every GQA module and decode run passing: the suite says where it is."""
@@ -328,6 +360,7 @@ def test_latent_attention_bugs_fail_only_mla_runs(bug: str) -> None:
     assert failed and all(".mla." in o.run_id for o in failed), [o.run_id for o in failed]
 
 
+@pytest.mark.slow
 def test_the_absorbed_scale_and_the_unrotated_cache_fail_decoding_only() -> None:
     """The decode bugs leave the forward right: module.mla.* all pass, decode.mla.* fail."""
     for bug in (

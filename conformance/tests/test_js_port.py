@@ -3,7 +3,8 @@ weights and causal_mask run passes (its xfails are the modules, which the protoc
 carry); and broken copies of it (one line changed) fail exactly the runs named for each bug.
 
 Skips when ``node`` is missing, unless ROSETTA_REQUIRE_NODE=1 (set by .ci/run, which installs
-node): then a missing node is a failure, not a skip.
+node): then a missing node is a failure, not a skip. The two tests that run every sdpa run
+through node (about 40 s and 17 s) are marked ``slow``: ``make test-slow``, which CI also runs.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def _failed(outcomes: dict[str, dict]) -> set[str]:
     return {run_id for run_id, o in outcomes.items() if o["status"] not in ("pass", "xfail")}
 
 
+@pytest.mark.slow
 def test_the_js_port_passes_every_run_it_claims(node, tmp_path):
     outcomes = _run(node, PORT, tmp_path)
     want = {r.id for r in runs_for(functions=ALIASES)}
@@ -79,6 +81,7 @@ def test_the_js_port_passes_every_run_it_claims(node, tmp_path):
     assert Counter(i.split(".")[0] for i in v2) == {"sdpa": 55, "weights": 55}  # all passed
 
 
+@pytest.mark.slow
 def test_a_nan_leaking_from_an_unattended_key_is_caught(node, tmp_path):
     """Output summed over every key, 0 * NaN included, instead of over the allowed ones."""
     broken = _broken(tmp_path, "if (!allowed[row * S + j]) continue;", "")
