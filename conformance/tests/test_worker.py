@@ -61,6 +61,25 @@ def test_run_suite_in_process_releases_every_release_every_runs(monkeypatch) -> 
     assert releases == [3, 7]  # the release comes after the 4th and 8th run, before its report
 
 
+def test_a_release_drops_the_programs_only_when_the_mappings_run_short(monkeypatch) -> None:
+    """With ``RESERVE`` or more free mappings JAX keeps its programs; with fewer, or where
+    ``/proc`` says nothing, they are dropped."""
+    import jax
+    import jax.numpy as jnp
+
+    from conformance.runner import release
+
+    cleared: list[int] = []
+    monkeypatch.setattr(jax, "clear_caches", lambda: cleared.append(1))
+    jnp.tanh(jnp.ones(3)).block_until_ready()
+    free = release.free_mappings()
+    assert free is not None and 0 < free < 10**9  # this suite runs on Linux
+    assert not release.release_compiled_programs(reserve=free // 2) and not cleared
+    assert release.release_compiled_programs(reserve=free + 10**6) and cleared == [1]
+    monkeypatch.setattr(release, "free_mappings", lambda: None)
+    assert release.release_compiled_programs(reserve=0) and cleared == [1, 1]
+
+
 #: The child of the slow test: JAX started (its threads made), then all but HEADROOM of the
 #: kernel's memory mappings taken (every other page of one block made read-only: one mapping
 #: per page), then the worker.
