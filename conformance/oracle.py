@@ -1,5 +1,10 @@
 """The float64 oracle: attention written out one query row at a time, for clarity, not speed.
 
+Why one file of ~1,100 lines: it is the specification in code, read top to bottom in the
+order of SEMANTICS.md (attention, modules, rotary, caches, then contract v2 and v3's functions),
+and nothing else in the repository may be imported by it; its sections share the row loop and
+the rounding helpers, so splitting would scatter the one definition a golden value comes from.
+
 This file is the definition the golden fixtures are computed from. It follows the steps of
 SEMANTICS.md literally, with explicit loops over the batch, the query heads and the query rows,
 Python's ``math.fsum`` for every sum (exactly rounded, so the result does not depend on a BLAS

@@ -1,4 +1,7 @@
 /*
+ * One file of ~850 lines on purpose: a porter copies one file and one build line; the
+ * safetensors reader and writer (with float16/bfloat16 bits by hand) are a third of it.
+ *
  * The attention contract (docs/SEMANTICS.md, v1 and v2) in C99 with Debian's libcjson for JSON:
  * scaled_dot_product_attention, attention_weights and causal_mask for float64, float32, float16
  * and bfloat16, with the same numbered steps and names as impl_numpy/functional.py and
