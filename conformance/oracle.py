@@ -1,7 +1,8 @@
 """The float64 oracle: attention written out one query row at a time, for clarity, not speed.
 
 Why one file of ~1,100 lines: it is the specification in code, read top to bottom in the
-order of SEMANTICS.md (attention, modules, rotary, caches, then contract v2 and v3's functions),
+order of SEMANTICS.md (attention, rotary, modules, the backward, then contract v3's varlen,
+paged and latent attention),
 and nothing else in the repository may be imported by it; its sections share the row loop and
 the rounding helpers, so splitting would scatter the one definition a golden value comes from.
 
