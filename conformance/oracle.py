@@ -2,9 +2,9 @@
 
 Why one file of ~1,100 lines: it is the specification in code, read top to bottom in the
 order of SEMANTICS.md (attention, rotary, modules, the backward, then contract v3's varlen,
-paged and latent attention),
-and nothing else in the repository may be imported by it; its sections share the row loop and
-the rounding helpers, so splitting would scatter the one definition a golden value comes from.
+paged and latent attention), and nothing else in the repository may be imported by it; its
+sections share the row loop and the rounding helpers, so splitting would scatter the one
+definition a golden value comes from.
 
 This file is the definition the golden fixtures are computed from. It follows the steps of
 SEMANTICS.md literally, with explicit loops over the batch, the query heads and the query rows,
