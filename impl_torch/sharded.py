@@ -13,9 +13,13 @@ same function with the same whole arrays, works on its own shard, and returns th
   key/value shard to rank r + 1 and the receive of the next one from rank r - 1, the step's
   blocks are computed while the transfer runs, and the step ends by waiting for it. Two shards
   are alive on a rank during a step: the one it computes with and the one arriving.
-- The functions are forward only: ``torch.distributed``'s point-to-point and gather operations
-  record no autograd graph, so they run under ``torch.no_grad()`` and the result has no
-  gradient history (``impl_jax/sharded.py`` is the differentiable one).
+- The ring, head-parallel and USP functions are forward only: ``torch.distributed``'s
+  point-to-point and gather operations record no autograd graph, so they run under
+  ``torch.no_grad()`` and the result has no gradient history (``impl_jax/sharded.py`` is the
+  differentiable one). ``ulysses_attention`` is differentiable: its collectives are small
+  ``torch.autograd.Function`` s whose backward is the conjugate exchange (an all-to-all's is
+  the same all-to-all; a gather's is this rank's part; the cut of this rank's part from an
+  array every rank holds has a gather), so one code runs with and without autograd.
 - ``stats=[]`` collects this rank's :class:`~attention_spec.sharded.RingStep` records: the blocks
   it computed at each step and the bytes it handed to ``batch_isend_irecv``.
 
@@ -327,21 +331,99 @@ def ring_attention(
     return out
 
 
+class _Split(torch.autograd.Function):
+    """This rank's part r of n equal parts along ``axis`` of an array every rank holds whole;
+    backward: the parts of the gradient gathered from every rank, the whole gradient."""
+
+    @staticmethod
+    def forward(ctx, x, axis, r, n, group):
+        ctx.axis, ctx.n, ctx.group = axis, n, group
+        size = x.shape[axis] // n
+        return x.narrow(axis, r * size, size).contiguous()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _gather(grad, ctx.axis, ctx.n, ctx.group), None, None, None, None
+
+
+class _Whole(torch.autograd.Function):
+    """An array every rank uses whole; backward: the ranks' gradients summed."""
+
+    @staticmethod
+    def forward(ctx, x, group):
+        ctx.group = group
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.contiguous()
+        dist.all_reduce(grad, op=dist.ReduceOp.SUM, group=ctx.group)
+        return grad, None
+
+
+class _Gather(torch.autograd.Function):
+    """Every rank's part, joined along ``axis`` in rank order (``_Split``'s inverse); backward:
+    this rank's part r of the gradient (every rank holds the same whole gradient)."""
+
+    @staticmethod
+    def forward(ctx, x, axis, r, n, group):
+        ctx.axis, ctx.r, ctx.size = axis, r, x.shape[axis]
+        return _gather(x, axis, n, group)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad.narrow(ctx.axis, ctx.r * ctx.size, ctx.size), None, None, None, None
+
+
+class _AllToAll(torch.autograd.Function):
+    """``dist.all_to_all_single`` over dim 0 (piece d to rank d); backward: the same exchange of
+    the gradient (an all-to-all of equal pieces is its own transpose)."""
+
+    @staticmethod
+    def forward(ctx, pieces, group):
+        ctx.group = group
+        received = torch.empty_like(pieces)  # received[src]: what rank src sent this rank
+        dist.all_to_all_single(received, pieces, group=group)
+        return received
+
+    @staticmethod
+    def backward(ctx, grad):
+        return _AllToAll.apply(grad.contiguous(), ctx.group), None
+
+
+def _gather(x, axis, n, group):
+    """``dist.all_gather`` of every rank's ``x``, joined along ``axis`` in rank order."""
+    x = x.contiguous()
+    pieces = [torch.empty_like(x) for _ in range(n)]
+    dist.all_gather(pieces, x, group=group)
+    return torch.cat(pieces, dim=axis)
+
+
+def _held(x, axis, r, n, group):
+    """This rank's heads of a per-head keyword every rank holds whole (bias, sinks, ALiBi
+    slopes; ``axis`` its head axis), as ``_block`` cuts it, with the whole gradient on every
+    rank: part r of n (:class:`_Split`), or the whole array when it has no head axis or one of
+    size 1 (:class:`_Whole`). None stays None."""
+    if x is None:
+        return None
+    if x.dim() < -axis or x.shape[axis] == 1:
+        return _Whole.apply(x, group)
+    return _Split.apply(x, axis, r, n, group)
+
+
 def _exchange(name, piece, n, r, axis, stats, group, rank=None):
     """One all-to-all of Ulysses, this rank's side: it sends ``piece(r, dst)`` to every rank
-    dst (``dist.all_to_all_single`` over the pieces stacked in rank order) and joins what it
-    received along ``axis`` in source order. Records the bytes it sent to the others, under
-    its rank r in ``group`` or ``rank`` (USP: its rank among all the devices)."""
+    dst (:class:`_AllToAll` over the pieces stacked in rank order) and joins what it received
+    along ``axis`` in source order. Records the bytes it sent to the others, under its rank r
+    in ``group`` or ``rank`` (USP: its rank among all the devices)."""
     pieces = torch.stack([piece(r, dst) for dst in range(n)])  # (n, ...): piece dst to rank dst
-    received = torch.empty_like(pieces)  # received[src]: what rank src sent this rank
-    dist.all_to_all_single(received, pieces, group=group)
+    received = _AllToAll.apply(pieces, group)  # received[src]: what rank src sent this rank
     if stats is not None:
         sent = pieces.nbytes // n * (n - 1)
         stats.append(UlyssesExchange(name, r if rank is None else rank, sent))
     return torch.cat(list(received.unbind(0)), dim=axis)
 
 
-@torch.no_grad()
 def ulysses_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -381,7 +463,11 @@ def ulysses_attention(
         stats: a list to append this rank's :class:`~attention_spec.sharded.UlyssesExchange`
             per all-to-all to (the bytes it sent), or None.
 
-    Forward only, like the ring: the result has no autograd history.
+    Differentiable (the ring is not): autograd records both all-to-alls and the gather, and
+    every rank that calls backward with the same gradient of the whole output gets the whole
+    gradient of query, key, value, bias, sinks and ALiBi slopes, as the unsharded call gives
+    it (:class:`_Split` and :class:`_Gather`: what a rank cuts from an array every rank holds,
+    its backward gathers; what it gathers, its backward cuts).
 
     Raises the errors of ``scaled_dot_product_attention``; ConfigError ``non_positive_size``,
     ``shard_devices``; DimensionMismatchError ``ulysses_heads``, ``ulysses_length``,
@@ -398,9 +484,9 @@ def ulysses_attention(
 
     # U1. split: this rank holds a contiguous 1/n of the positions, every head: query rows
     #     r*Lc .. (r+1)*Lc - 1, key and value positions r*Sc .. (r+1)*Sc - 1.
-    q_rows = query[..., r * Lc : (r + 1) * Lc, :]  # (..., H, Lc, D)
-    k_rows = key[..., r * Sc : (r + 1) * Sc, :]  # (..., K, Sc, D)
-    v_rows = value[..., r * Sc : (r + 1) * Sc, :]  # (..., K, Sc, E)
+    q_rows = _Split.apply(query, -2, r, n, group)  # (..., H, Lc, D)
+    k_rows = _Split.apply(key, -2, r, n, group)  # (..., K, Sc, D)
+    v_rows = _Split.apply(value, -2, r, n, group)  # (..., K, Sc, E)
 
     # U2. all-to-all, positions to heads: this rank sends rank d its positions of d's query
     #     heads and of the key/value heads they read; it joins what it gets along the
@@ -415,9 +501,9 @@ def ulysses_attention(
     #     sinks and ALiBi slopes: its query heads; segment ids and head-less masks: whole).
     on_heads = kw | {
         "mask": _block(kw["mask"], -3, *heads[r]),
-        "bias": _block(kw["bias"], -3, *heads[r]),
-        "sinks": _block(kw["sinks"], -1, *heads[r]),
-        "alibi_slopes": _block(kw["alibi_slopes"], -1, *heads[r]),
+        "bias": _held(kw["bias"], -3, r, n, group),
+        "sinks": _held(kw["sinks"], -1, r, n, group),
+        "alibi_slopes": _held(kw["alibi_slopes"], -1, r, n, group),
     }  # this rank's heads of mask, bias, sinks and slopes; every other keyword whole
     out = scaled_dot_product_attention(q, k, v, **on_heads)  # (..., H/n, L, E)
 
@@ -425,10 +511,8 @@ def ulysses_attention(
     #     joins what it gets along the heads, in source order: its rows, every head. Then every
     #     rank's rows to every rank, in order (the whole output).
     mine = _exchange("output", lambda r, d: out[..., d * Lc : (d + 1) * Lc, :], n, r, -3,
-                     stats, grp).contiguous()  # (..., H, Lc, E)  # fmt: skip
-    pieces = [torch.empty_like(mine) for _ in range(n)]
-    dist.all_gather(pieces, mine, group=group)
-    return torch.cat(pieces, dim=-2)  # (..., H, L, E)
+                     stats, grp)  # (..., H, Lc, E)  # fmt: skip
+    return _Gather.apply(mine, -2, r, n, group)  # (..., H, L, E)
 
 
 #: USP's sub-groups, made once per (u, r, process group): new_group is collective.
@@ -555,13 +639,11 @@ def usp_attention(
         d = plan.rank(i, d)  # member d's rank
         return out[..., rows[d * Lm : (d + 1) * Lm], :]
 
-    mine = _exchange("output", its_rows, u, j, -3, stats, mates, g).contiguous()
+    mine = _exchange("output", its_rows, u, j, -3, stats, mates, g)
 
     # S5. gather: every rank's rows to every rank; in rank order they are the sequence in shard
     #     order; back to their positions.
-    pieces = [torch.empty_like(mine) for _ in range(u * r)]
-    dist.all_gather(pieces, mine, group=group)
-    return torch.cat(pieces, dim=-2)[..., torch.argsort(rows), :]  # (..., H, L, E)
+    return _gather(mine, -2, u * r, group)[..., torch.argsort(rows), :]  # (..., H, L, E)
 
 
 @torch.no_grad()

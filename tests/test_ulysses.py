@@ -347,8 +347,13 @@ def test_torch_every_rank_gets_the_contract_and_sends_the_formula(world, worker_
     for rank in range(world):
         with np.load(folder / f"torch_{world}_{rank}.npz") as data:
             got = {name: data[name] for name in data.files}
-        names = [n for n in got if not n.endswith(".bytes")]
+        names = [n for n in got if not n.endswith(".bytes") and not n.startswith("grad.")]
         assert any(n.startswith("encoding.8_1") for n in names)
+        grads = [n for n in got if n.startswith("grad.") and not n.endswith(".ref")]
+        assert len(grads) == 13  # q, k, v of 3 calls; sinks, slopes; 2 biases
+        for name in grads:  # through both all-to-alls, split (n = 2) and replicated (4) kv heads
+            np.testing.assert_allclose(got[name], got[f"{name}.ref"], rtol=1e-12, atol=1e-12,
+                                       err_msg=f"rank {rank}: {name}")  # fmt: skip
         assert any(n.startswith("usp.") for n in names) == (world == 4)
         for name in names:
             np.testing.assert_allclose(got[name], _expected(name), rtol=1e-12, atol=1e-12,

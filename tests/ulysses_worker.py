@@ -4,7 +4,8 @@
 ``XLA_FLAGS=--xla_force_host_platform_device_count=8``, tests/test_ulysses.py does this), every
 call of tests/ulysses_calls.py jitted, and the gradients of one GQA causal call against the
 unsharded ones. ``python -m tests.ulysses_worker torch OUT``: forks 2, then 4, gloo processes;
-every rank runs every call that fits its world. Outputs go to ``OUT/<which>[_<world>_<rank>].npz``;
+every rank runs every call that fits its world, and the gradients of :data:`TORCH_GRAD_CALLS`
+against the unsharded ones. Outputs go to ``OUT/<which>[_<world>_<rank>].npz``;
 nothing is judged here.
 """
 
@@ -130,8 +131,45 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
                             layout=layout, stats=stats, **given)  # fmt: skip
         results[name] = got.numpy()
         results[f"{name}.bytes"] = np.array([s.bytes_sent for s in stats])
+    results |= _torch_gradients(world)
     np.savez(out / f"torch_{world}_{rank}.npz", **results)
     dist.destroy_process_group()
+
+
+#: The torch gradient calls: GQA 8/2 (key/value heads split at n = 2, each replicated to 2
+#: ranks at n = 4), causal with sinks and ALiBi; a bias with a head axis and one of size 1
+#: (every rank uses it whole) under softcap.
+TORCH_GRAD_CALLS = ("sinks_alibi", "bias_with_heads_softcap", "bias_without_heads_softcap")
+
+
+def _torch_gradients(world: int) -> dict[str, np.ndarray]:
+    """``grad.<call>.<input>`` of ``sum(ulysses_attention(...) * cot)`` on this rank and
+    ``grad.<call>.<input>.ref`` of the unsharded impl_torch call, by autograd, float64, for
+    query, key, value and every float keyword."""
+    import torch
+
+    import impl_torch
+    from impl_torch.sharded import ulysses_attention
+
+    results = {}
+    for name in TORCH_GRAD_CALLS:
+        (q, k, v), kw, _ = random_calls()[name.replace("without", "with")]
+        if name == "bias_without_heads_softcap":
+            kw = kw | {"bias": kw["bias"][:1]}  # (1, L, S)
+        cot = torch.from_numpy(np.random.default_rng(1).standard_normal((*q.shape[:-1], 3)))
+        for which, f in (
+            ("", ulysses_attention),
+            (".ref", impl_torch.scaled_dot_product_attention),
+        ):
+            leaves = {x: torch.tensor(a, requires_grad=True) for x, a in zip("qkv", (q, k, v))}
+            given = {x: torch.tensor(a, requires_grad=a.dtype.kind == "f")
+                     if isinstance(a, np.ndarray) else a for x, a in kw.items()}  # fmt: skip
+            extra = {"n_shards": world} if f is ulysses_attention else {}
+            (f(leaves["q"], leaves["k"], leaves["v"], **given, **extra) * cot).sum().backward()
+            for x, t in (leaves | given).items():
+                if isinstance(t, torch.Tensor) and t.requires_grad:
+                    results[f"grad.{name}.{x}{which}"] = t.grad.numpy()
+    return results
 
 
 def torch_main(out: Path) -> None:

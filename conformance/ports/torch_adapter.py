@@ -7,8 +7,10 @@ take it, so bfloat16 goes through float32, which is exact in both directions. No
 the fp8 formats (contract v3): they go through their bytes, a ``uint8`` view on either side.
 
 :func:`prepare` runs a sharded function (one that takes ``n_shards``: ``ring_attention``,
-``head_parallel_attention``, ``head_parallel_gqa``) the way ``torch.distributed`` code runs: on
-n processes at once, one per rank. Outside a process group it forks n ranks for each call
+``head_parallel_attention``, ``head_parallel_gqa``, ``ulysses_attention``; or the group sizes
+``ulysses_shards`` and ``ring_shards``: ``usp_attention``, on their product of ranks, which it
+splits into its own sub-groups) the way ``torch.distributed`` code runs: on n processes at
+once, one per rank. Outside a process group it forks n ranks for each call
 (gloo; they meet through a file store in a temporary folder, which needs no server thread here:
 a thread that holds a lock at the moment of a fork, say the resolver's, leaves the child unable
 ever to take it), each rank calls the function with the same arguments, and every rank's
@@ -16,12 +18,14 @@ result comes back; they must be equal (every rank returns the whole output), and
 the call's result. A call that raises in a rank raises here; a rank that dies or hangs (past
 :data:`RANK_TIMEOUT`) is a :class:`RankError`. Forking needs no new interpreter, so a call
 costs about 0.1 s (2 ranks) to 0.2 s (4) on a loaded 2-core machine. Inside a process group
-already (``torchrun``) the function is called as it is, and the group must have n ranks.
+already (``torchrun``), or with a size that is not a positive integer (the function's own
+error says so), the function is called as it is, and the group must have n ranks.
 """
 
 from __future__ import annotations
 
 import inspect
+import math
 import os
 import pickle
 import select
@@ -71,13 +75,22 @@ def to_numpy(tensor: torch.Tensor) -> np.ndarray:
     return tensor.numpy()
 
 
+#: The keywords whose product is a sharded function's number of ranks, by the function's kind:
+#: ``n_shards`` (ring, head-parallel, Ulysses), or USP's two group sizes.
+SIZE_KEYWORDS: tuple[tuple[str, ...], ...] = (("n_shards",), ("ulysses_shards", "ring_shards"))
+
+
 def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """A sharded function (it takes ``n_shards``) as :func:`on_ranks`; any other as it is."""
+    """A sharded function (it takes the keywords of one of :data:`SIZE_KEYWORDS`) as
+    :func:`on_ranks`; any other as it is."""
     try:
-        sharded = "n_shards" in inspect.signature(function).parameters
+        parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):  # a builtin without a signature
-        sharded = False
-    return on_ranks(function) if sharded else function
+        return function
+    for sizes in SIZE_KEYWORDS:
+        if all(name in parameters for name in sizes):
+            return on_ranks(function, sizes)
+    return function
 
 
 #: Seconds a rank waits for the others (rendezvous, collectives) before it gives up; a call
@@ -89,16 +102,20 @@ class RankError(RuntimeError):
     """A rank died, or raised something that could not be sent back as it was."""
 
 
-def on_ranks(function: Callable[..., Any]) -> Callable[..., Any]:
-    """``function(*args, n_shards=n, **kwargs)`` on n gloo ranks; rank 0's result."""
+def on_ranks(
+    function: Callable[..., Any], sizes: tuple[str, ...] = ("n_shards",)
+) -> Callable[..., Any]:
+    """``function(*args, **kwargs)`` on n gloo ranks, n the product of the keywords ``sizes``
+    (``n_shards=n``; USP: ``ulysses_shards * ring_shards``); rank 0's result."""
 
-    def call(*args: Any, n_shards: Any, **kwargs: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
         import torch.distributed as dist
 
-        ok = isinstance(n_shards, int) and not isinstance(n_shards, bool) and n_shards >= 1
-        if dist.is_initialized() or not ok:  # torchrun's group, or a bad n for it to refuse
-            return function(*args, n_shards=n_shards, **kwargs)
-        results = _fork_ranks(function, args, kwargs, n_shards)
+        given = [kwargs.get(name) for name in sizes]
+        ok = all(isinstance(s, int) and not isinstance(s, bool) and s >= 1 for s in given)
+        if dist.is_initialized() or not ok:  # torchrun's group, or a bad size for it to refuse
+            return function(*args, **kwargs)
+        results = _fork_ranks(function, args, kwargs, math.prod(given))
         for rank, result in enumerate(results[1:], 1):
             if not _same(results[0], result):
                 raise RankError(f"rank {rank} returned another output than rank 0")
@@ -185,7 +202,7 @@ def _rank_main(function, args, kwargs, n, rank, store, write) -> None:
         # still connecting to it ("Connection closed by peer" in connectFullMesh).
         dist.barrier()
         try:
-            result: Any = function(*args, n_shards=n, **kwargs)
+            result: Any = function(*args, **kwargs)
         except Exception as exc:  # the port's error is the answer
             result = exc if hasattr(exc, "code") else _located(exc, rank)
         finally:

@@ -4,6 +4,7 @@ and a torch port its processes, and what a port without sharded functions sees (
 from __future__ import annotations
 
 from types import SimpleNamespace
+from unittest import mock
 
 import numpy as np
 import pytest
@@ -153,10 +154,34 @@ def test_torch_runs_each_sharded_call_on_n_forked_gloo_processes() -> None:
         "head_parallel.n2.mask_broadcast.hls.float32",
         "head_parallel_gqa.n2.gqa.h6_k2.float32",
         "ring.error.length_not_divisible.float32",
+        "ulysses.n4.ulysses.gqa.h8_k1.causal.l32_s32.float64",
+        "usp.n4.ulysses.gqa.h8_k2.head_mask.sinks.alibi.l32_s48.float64",  # 2 x 2 ranks
+        "usp.error.usp_without_group_sizes.float32",  # no sizes: refused before any fork
     }
     report = run_suite("impl_torch", functions=SHARDED_ALIASES, select=lambda r: r.id in chosen)
     assert {o.run_id for o in report.outcomes} == chosen
     assert report.ok and {o.status for o in report.outcomes} == {"pass"}, report.table()
+
+
+def test_torch_usp_with_its_ring_inside_the_ulysses_group_is_caught() -> None:
+    """The broken port ``usp_ring_inside_group`` of sharded_broken.py in torch: every rank's
+    ring is its own Ulysses group (u == r == 2 here), whose members hold different heads of the
+    same positions. The forked ranks inherit the patch; the run fails on its values."""
+    import torch.distributed as dist
+
+    import impl_torch.sharded as torch_sharded
+
+    made = torch_sharded._usp_groups
+
+    def ring_inside_group(u, r, group):  # ring j: this rank's Ulysses group, not member j's
+        ulysses, _ = made(u, r, group)
+        return ulysses, [ulysses[dist.get_rank() // u]] * u
+
+    run_id = "usp.n4.causal.top_left.l64_s64.float64"
+    with mock.patch.object(torch_sharded, "_usp_groups", ring_inside_group):
+        report = run_suite("impl_torch", functions=["usp"], select=lambda r: r.id == run_id)
+    assert [(o.run_id, o.status) for o in report.outcomes] == [(run_id, "fail")], report.table()
+    assert report.outcomes[0].message.startswith("output max error"), report.outcomes[0].message
 
 
 def test_torch_ranks_must_agree_and_their_errors_come_back() -> None:
