@@ -28,8 +28,14 @@ from attention_spec import (
     check_attention,
     check_causal_mask_args,
     check_rotary,
+    is_fp8,
 )
-from conformance.tests.fp8_broken import broken_quantize, dequantized, result_dtype
+from conformance.tests.fp8_broken import (
+    broken_quantize,
+    dequantized,
+    key_by_query_head,
+    result_dtype,
+)
 from conformance.tests.module_broken import broken_modules
 
 #: bug -> (what it does, a run id that must fail because of it)
@@ -387,6 +393,22 @@ BUGS: dict[str, tuple[str, str]] = {
         "fp8: the descale applied before the widening, x * d rounded back to fp8 (saturating)",
         "sdpa.fp8.all.per_head.float8_e5m2",
     ),
+    "fp8_v_descale_dropped": (
+        "fp8: v_descale dropped (the query's and the key's applied)",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_k_descale_twice": (
+        "fp8: k_descale multiplied in twice (float(k) * d * d), the others once",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_k_descale_by_query_head": (
+        "fp8: k_descale indexed by the query head h (h % K), not by its key/value head h // G",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "fp8_e5m2_rounding_for_e4m3": (
+        "fp8: e4m3 data rounded to e5m2 (2 mantissa bits, not 3) before the descale",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+    ),
     "fp8_quantize_not_saturating": (
         "quantize_fp8: the quotient cast unclipped (e4m3fn NaN, e5m2 inf past the max)",
         "quantize.saturation.e4m3.float32",
@@ -551,8 +573,10 @@ def make_port(
             query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra
         )
         q_descale = None if bug == "fp8_q_descale_dropped" else extra.get("q_descale")
-        query = dequantized(query, q_descale, bug)  # fp8: after validation
-        key = dequantized(key, extra.get("k_descale"), bug)
+        query = dequantized(query, q_descale, bug, "query")  # fp8: after validation
+        if bug == "fp8_k_descale_by_query_head" and is_fp8(key.dtype.name):
+            key = key_by_query_head(key, extra.get("k_descale"), dims.H)
+        key = dequantized(key, extra.get("k_descale"), bug, "key")
         allowed, offset = allowed_positions(
             dims, mask, bias, is_causal, causal_alignment, extra.get("q_segment_ids"),
             extra.get("kv_segment_ids"),
@@ -601,7 +625,7 @@ def make_port(
                 query, key, value, mask, bias, is_causal, causal_alignment, scale, softcap, extra
             )
             v_descale = extra.get("k_descale" if bug == "fp8_value_with_k_descale" else "v_descale")
-            value = dequantized(value, v_descale, bug)
+            value = dequantized(value, v_descale, bug, "value")
             K, H = value.shape[-3], dims.H
             heads = np.arange(H) % K if bug == "gqa_tiling" else np.arange(H) // (H // K)
             v = np.take(value.astype(w.dtype), heads, axis=-3)  # (..., H, S, E)

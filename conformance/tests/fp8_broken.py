@@ -14,25 +14,44 @@ import numpy as np
 
 from attention_spec import SUPPORTED_DTYPES, check_quantize_fp8, dtype_name, is_fp8
 
-__all__ = ["broken_quantize", "dequantized", "result_dtype"]
+__all__ = ["broken_quantize", "dequantized", "key_by_query_head", "result_dtype"]
 
 
-def dequantized(x: np.ndarray, descale: Any, bug: str | None) -> np.ndarray:
+def dequantized(x: np.ndarray, descale: Any, bug: str | None, which: str = "") -> np.ndarray:
     """An fp8 input ``(..., H|K, L|S, D|E)`` as float32 times its descale (None: 1.0), broadcast
-    over the length and head-dim axes; any other input as it is."""
+    over the length and head-dim axes; any other input as it is. ``which``: ``"query"``,
+    ``"key"`` or ``"value"`` (the bugs of one descale)."""
     if not is_fp8(x.dtype.name):
         return x
     d = np.float32(1.0) if descale is None else np.asarray(descale, np.float32)
     d = d[..., None, None]  # (..., H|K, 1, 1)
+    if bug == "fp8_e5m2_rounding_for_e4m3" and x.dtype.name == "float8_e4m3fn":
+        x = x.astype(np.float32).astype(ml_dtypes.float8_e5m2)  # 2 mantissa bits, not 3
     if bug == "fp8_descale_ignored":
         return x.astype(np.float32)
     if bug == "fp8_descale_twice":
         return x.astype(np.float32) * d * d
+    if bug == "fp8_k_descale_twice" and which == "key":
+        return x.astype(np.float32) * d * d
+    if bug == "fp8_v_descale_dropped" and which == "value":
+        return x.astype(np.float32)
     if bug == "fp8_descale_in_fp8":  # x * d in the fp8 format, saturated, then widened
         top = float(ml_dtypes.finfo(x.dtype).max)
         scaled = np.clip(x.astype(np.float32) * d, -top, top).astype(x.dtype)
         return scaled.astype(np.float32)
     return x.astype(np.float32) * d
+
+
+def key_by_query_head(key: np.ndarray, k_descale: Any, H: int) -> np.ndarray:
+    """An fp8 key ``(..., K, S, D)`` widened to the H query heads ``(..., H, S, D)`` (query
+    head h reads key/value head h // G) and dequantized with ``k_descale[..., h % K]``: the
+    descale's head index taken from the query head (wrapped into K), not from the key/value
+    head. A scalar descale (or none) is the same for every head, so only a per-head one shows."""
+    K = key.shape[-3]
+    d = np.float32(1.0) if k_descale is None else np.asarray(k_descale, np.float32)
+    d = np.broadcast_to(d, (*d.shape[:-1], K) if d.ndim else (K,))  # (..., K)
+    wide = np.take(key, np.arange(H) // (H // K), axis=-3).astype(np.float32)  # (..., H, S, D)
+    return wide * np.take(d, np.arange(H) % K, axis=-1)[..., None, None]
 
 
 def result_dtype(query: np.ndarray, bug: str | None) -> np.dtype:

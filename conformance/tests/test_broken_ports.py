@@ -23,6 +23,7 @@ import pytest
 from conformance.runner import SHARDED_ALIASES, Outcome, Report, run_suite
 from conformance.tests import sharded_broken, varlen_broken
 from conformance.tests.broken_ports import BUGS, make_port
+from conformance.tests.fp8_table import TABLE_BUGS, bounds_table
 
 _REPORTS: dict[str | None, Report] = {}
 MODULE_BUGS = [b for b in BUGS if BUGS[b][1].startswith(("module.", "decode."))]
@@ -371,3 +372,13 @@ def test_the_absorbed_scale_and_the_unrotated_cache_fail_decoding_only() -> None
         failed = {o.run_id for o in _report(bug).failures}
         assert failed and all(r.startswith("decode.mla.") for r in failed), (bug, failed)
     assert len(MLA_BUGS) >= 9
+
+
+def test_fp8_bounds_table_on_three_fixtures() -> None:
+    """docs/SEMANTICS.md's fixture table (fp8_table.py): on each of its three fixtures the
+    correct port is inside the strict bound, the kernels' bound is at least the strict one, and
+    each of the four broken ports is outside both."""
+    for row in bounds_table():
+        assert row["kernel bound"] >= row["strict bound"] > row["correct port"], row
+        for title in TABLE_BUGS:
+            assert row[title] > row["kernel bound"], (row["fixture"], title)
