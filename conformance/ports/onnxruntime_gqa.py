@@ -27,8 +27,19 @@ never fixing semantics:
 - ``scale`` and ``softcap`` are its attributes; ``sinks`` is ``head_sink`` (H,);
 - :func:`attention_weights` reads ``output_qk`` with ``qk_output=2`` (after the softmax).
 
-Not mapped: ``do_rotary`` (the contract's rotary embedding is ``apply_rotary`` on one tensor,
-not inside attention), the quantized caches, ``smooth_softmax`` (``head_sink`` with zeros).
+:func:`apply_rotary` is ``do_rotary=1``: the operator rotates the new keys (and queries) with
+the ``cos_cache``/``sin_cache`` rows of each token's position before it stores them, so the
+rotated x is ``present_key``'s new rows. The wrapper builds the caches as exporters do (row p:
+``cos(p * inv_freq)``, ``sin(p * inv_freq)``, in float32, times ``attention_factor``, cast to
+the operator's type T) and passes the positions as ``position_ids`` behind a past cache of one
+zero key (without a past the kernel reads only ``position_ids[0]`` and counts up from it). The
+CPU kernel wants ``cos_cache`` C = a multiple of 8 columns (C <= head_size / 2) and a head size
+that is a multiple of 16, so the wrapper lays x out on the operator's pairs: the contract's
+pair p (features p and p + R/2, or 2p and 2p + 1 interleaved) on the operator's pair p (p and
+p + C, or 2p and 2p + 1), pairs R/2..C-1 with cos 1 and sin 0 (unrotated zeros), the R..D-1
+features that pass through after 2C, zero-padded to the head size.
+
+Not mapped: the quantized caches, ``smooth_softmax`` (``head_sink`` with zeros).
 """
 
 from __future__ import annotations
@@ -43,7 +54,7 @@ from onnx import helper
 
 from conformance.ports import onnx_ref
 
-__all__ = ["attention_weights", "scaled_dot_product_attention"]
+__all__ = ["apply_rotary", "attention_weights", "scaled_dot_product_attention"]
 
 #: The CPU kernel's head size must be a multiple of this.
 _HEAD_MULTIPLE = 8
@@ -213,3 +224,84 @@ def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np
     key = np.asarray(key)
     value = np.zeros((*key.shape[:-1], 1), key.dtype)  # (..., K, S, 1)
     return _run(query, key, value, weights=True, **onnx_ref._defaults(keywords))
+
+
+#: With ``do_rotary`` the CPU kernel's head size must be a multiple of this.
+_ROTARY_HEAD_MULTIPLE = 16
+
+
+def _rotary_layout(D: int, R: int, C: int, interleaved: bool) -> np.ndarray:
+    """Per contract feature (D,), its column in the operator's head (R rotated, C cache
+    columns): pair p on the operator's pair p, the unrotated features after 2C."""
+    half = np.arange(R // 2)
+    if interleaved:
+        rotated = np.arange(R)  # pairs (2p, 2p + 1) on both sides
+    else:
+        rotated = np.concatenate([half, C + half])  # (p, p + R/2) -> (p, p + C)
+    return np.concatenate([rotated, 2 * C + np.arange(D - R)])
+
+
+def apply_rotary(
+    x: np.ndarray,
+    positions: np.ndarray,
+    *,
+    theta: float = 10000.0,
+    rotary_dim: int | None = None,
+    interleaved: bool = False,
+    inv_freq: np.ndarray | None = None,
+    attention_factor: float = 1.0,
+) -> np.ndarray:
+    """x (..., K, L, D) rotated at integer ``positions`` (broadcastable to (..., L)) by
+    GroupQueryAttention's ``do_rotary``: its ``present_key`` rows of x as the new keys."""
+    x, positions = np.asarray(x), np.asarray(positions)
+    K, L, D = x.shape[-3:]
+    R = D if rotary_dim is None else int(rotary_dim)
+    batch = x.shape[:-3]
+    B = math.prod(batch)
+    C = max(_HEAD_MULTIPLE, -(-(R // 2) // _HEAD_MULTIPLE) * _HEAD_MULTIPLE)
+    width = -(-max(2 * C, 2 * C + D - R) // _ROTARY_HEAD_MULTIPLE) * _ROTARY_HEAD_MULTIPLE
+    columns = _rotary_layout(D, R, C, interleaved)
+
+    if inv_freq is None:
+        inv_freq = np.float32(theta) ** (-np.arange(0, R, 2, dtype=np.float32) / np.float32(R))
+    rows = max(int(positions.max(initial=0)) + 1, L + 1)  # positions 0..max, >= the total length
+    angles = np.arange(rows, dtype=np.float32)[:, None] * np.asarray(inv_freq, np.float32)
+    cos = np.ones((rows, C), np.float32)
+    sin = np.zeros((rows, C), np.float32)
+    cos[:, : R // 2] = np.cos(angles) * np.float32(attention_factor)
+    sin[:, : R // 2] = np.sin(angles) * np.float32(attention_factor)
+
+    keys = np.zeros((B, K, L, width), x.dtype)
+    keys[..., columns] = x.reshape(B, K, L, D)
+    ids = np.broadcast_to(positions, (*batch, L)).reshape(B, L).astype(np.int64)
+    past = np.zeros((1, K, 1, width), x.dtype)  # one zero key: position_ids read per token
+    names = _INPUTS[:10]  # up to position_ids
+    node = helper.make_node(
+        "GroupQueryAttention", list(names), ["output", "present_key", "present_value"],
+        domain="com.microsoft", num_heads=int(K), kv_num_heads=int(K), do_rotary=1,
+        rotary_interleaved=int(bool(interleaved)),
+    )  # fmt: skip
+    rotated = []
+    for b in range(B):  # a multi-token chunk after a past cache: one batch row per call
+        new = _bsh(keys[b : b + 1])
+        feeds = {
+            "query": new, "key": new, "value": new, "past_key": past, "past_value": past,
+            "seqlens_k": np.array([L], np.int32),
+            "total_sequence_length": np.array(L + 1, np.int32),
+            "cos_cache": cos.astype(x.dtype), "sin_cache": sin.astype(x.dtype),
+            "position_ids": ids[b : b + 1],
+        }  # fmt: skip
+        elem = onnx_ref._elem(x)
+        graph = helper.make_graph(
+            [node],
+            "group_query_attention_rotary",
+            [
+                helper.make_tensor_value_info(n, onnx_ref._elem(v), v.shape)
+                for n, v in feeds.items()
+            ],
+            [helper.make_tensor_value_info(o, elem, None) for o in node.output],
+        )
+        opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
+        present_key = _session(helper.make_model(graph, opset_imports=opsets), feeds)[1]
+        rotated.append(np.asarray(present_key)[:, :, 1:, columns])  # (1, K, L, D)
+    return np.concatenate(rotated).reshape(*batch, K, L, D)

@@ -2,7 +2,8 @@
 
 ``conformance/ports/onnxruntime_attention*.xfails`` list where the ONNX ``Attention`` operator at
 opsets 23, 24 and 25, run by onnxruntime's CPU provider, differs from the contract, and
-``onnxruntime_gqa.xfails`` where ``com.microsoft.GroupQueryAttention`` does. Every ``sdpa`` and
+``onnxruntime_gqa.xfails`` where ``com.microsoft.GroupQueryAttention`` does (its ``do_rotary``
+as ``apply_rotary`` too: every ``rope`` run). Every ``sdpa`` and
 ``weights`` run of each port runs here (a session per run, seconds in all); the measured
 differences between the opsets, and GroupQueryAttention's window, are pinned by their numbers,
 and the reproductions in docs/peers/ are run as a user would run them.
@@ -149,3 +150,24 @@ def test_the_gqa_window_reproduction_still_shows_one_key_fewer() -> None:
     assert "W = 2: GroupQueryAttention keys [4, 5], Attention (opset 25) keys [3, 4, 5]" in (
         done.stdout
     )
+
+
+def test_gqa_do_rotary_is_the_contracts_rope_at_non_negative_positions() -> None:
+    """``apply_rotary`` through ``do_rotary=1`` (cos/sin caches, ``position_ids`` behind a one-key
+    past cache, the rotated keys read from ``present_key``): every rope run is exactly the
+    xfails, float16 at 1e5 positions passes, a negative position is refused."""
+    pytest.importorskip("onnxruntime")
+    report = run_suite("conformance.ports.onnxruntime_gqa", functions=["rope"])
+    assert report.ok, "\n".join(o.line() for o in report.failures) or report.error
+    status = {o.run_id: o for o in report.outcomes}
+    for run_id in (
+        "rope.half.d12.float32",
+        "rope.interleaved.d12.float16",
+        "rope.partial.interleaved.r6_d12.float32",
+        "rope.positions.per_example.float32",
+        "rope.positions.large_1e5.float16",
+        "rope.inv_freq.yarn.interleaved.r8_d12.float32",
+    ):
+        assert status[run_id].status == "pass", run_id
+    negative = status["rope.positions.negative.float32"]
+    assert negative.status == "xfail" and "out of range" in negative.message
