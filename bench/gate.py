@@ -141,8 +141,8 @@ def _sharded_report(port: str, op: str, device: str, n_cases: int) -> Any:
     """A sharded alias (``ring``, ``ulysses``, ``usp``: the sharded rows, bench/sharded.py) on
     its ``n_cases`` smallest fixtures at n = 4 devices, run where the row is timed: in the
     bench's child with 4 JAX host devices, or on its 4 gloo ranks (this process's JAX has one
-    device, and conformance's torch adapter forks ranks only for ``n_shards`` functions, which
-    USP is not). The report reads as ``quick_check``'s."""
+    device; the timed rows and their check share one group of ranks, where conformance's
+    torch adapter would fork ranks per call). The report reads as ``quick_check``'s."""
     from bench.sharded import run_fixtures
     from bench.workloads import SHARDS
     from conformance import QuickCheckResult, load_port, plan_runs

@@ -417,6 +417,25 @@ def ring_attention(
     return out.astype(query.dtype)  # (..., H, L, E)
 
 
+def _exchange(piece, n, axis, name):
+    """One all-to-all of Ulysses, this device's side: it sends ``piece(d)`` to every device d
+    of the mesh axis ``name`` (``lax.all_to_all`` over the pieces stacked in device order) and
+    joins what it received along ``axis`` in source order."""
+    pieces = jnp.stack([piece(d) for d in range(n)])  # (n, ...): piece d to device d
+    received = lax.all_to_all(pieces, name, 0, 0)  # received[src]: what device src sent
+    return jnp.concatenate([received[src] for src in range(n)], axis=axis)
+
+
+def _heads(x, span):
+    """The heads ``span = (start, stop)`` of ``x (..., heads, positions, features)``."""
+    return lax.slice_in_dim(x, *span, axis=x.ndim - 3)
+
+
+def _rows(x, start, size):
+    """The positions ``start .. start + size - 1`` of ``x (..., heads, positions, features)``."""
+    return lax.slice_in_dim(x, start, start + size, axis=x.ndim - 2)
+
+
 def ulysses_attention(
     query: jax.Array,
     key: jax.Array,
@@ -464,7 +483,7 @@ def ulysses_attention(
     _check_x64(query.dtype)
     mesh = _mesh(n_shards, SEQ)
     query, key, value, kw = _on_device(query, key, value, keywords=kw)
-    n, K = plan.n, call.K
+    n, heads, kv_heads, Lc = plan.n, plan.heads, plan.kv_heads, plan.Lc
     if call.L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked)
         return jnp.zeros((*call.batch, call.H, call.L, call.E), query.dtype)
 
@@ -484,26 +503,23 @@ def ulysses_attention(
             x[name], specs[name] = a, P(SEQ) if name in per_head else P()
 
     def device(x):
-        # U2. all-to-all, positions to heads: lax.all_to_all cuts the head axis into n pieces,
-        #     piece d to device d, and joins what arrives along the positions in source order.
-        #     With n % K == 0 each key/value head is first repeated n / K times, so that piece
-        #     d is the head d*K // n that device d's query heads read.
-        def to_heads(a, reps=1):
-            a = jnp.repeat(a, reps, axis=-3) if reps > 1 else a
-            return lax.all_to_all(a, SEQ, a.ndim - 3, a.ndim - 2, tiled=True)
-
-        reps = max(n // K, 1)  # 1 when K % n == 0
-        q = to_heads(x["query"])  # (..., H/n, L, D)
-        k, v = to_heads(x["key"], reps), to_heads(x["value"], reps)  # (..., K/n or 1, S, D|E)
+        # U2. all-to-all, positions to heads: this device sends device d its positions of d's
+        #     query heads and of the key/value heads they read; it joins what it gets along
+        #     the positions, in source order: every position of its heads.
+        q_rows, k_rows, v_rows = x["query"], x["key"], x["value"]  # (..., H|K, Lc|Sc, D|E)
+        q = _exchange(lambda d: _heads(q_rows, heads[d]), n, -2, SEQ)
+        k = _exchange(lambda d: _heads(k_rows, kv_heads[d]), n, -2, SEQ)
+        v = _exchange(lambda d: _heads(v_rows, kv_heads[d]), n, -2, SEQ)
+        # q (..., H/n, L, D), k (..., K/n or 1, S, D), v (..., K/n or 1, S, E)
 
         # U3. attend: the unsharded contract on the device's heads, every position (mask, bias,
         #     sinks and ALiBi slopes: its query heads; segment ids and head-less masks: whole).
         on_heads = kw | {name: x.get(name) for name in ARRAY_KEYWORDS}  # the device's pieces
         out = scaled_dot_product_attention(q, k, v, **on_heads)  # (..., H/n, L, E)
 
-        # U4. all-to-all, heads to positions: the rows cut into n pieces, piece r to device r,
-        #     joined along the heads in source order: this device's rows, every head.
-        return lax.all_to_all(out, SEQ, out.ndim - 2, out.ndim - 3, tiled=True)
+        # U4. all-to-all, heads to positions: this device sends device d its heads at d's rows
+        #     and joins what it gets along the heads, in source order: its rows, every head.
+        return _exchange(lambda d: _rows(out, d * Lc, Lc), n, -3, SEQ)  # (..., H, Lc, E)
 
     out_spec = P(*([None] * (len(call.batch) + 1)), SEQ, None)  # rows r*L/n .. on device r
     return jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)
@@ -571,6 +587,8 @@ def usp_attention(
     plan = check_usp(call, ulysses_shards, ring_shards, layout)
     _check_x64(query.dtype)
     u, r, ring, K = plan.u, plan.r, plan.ring, call.K
+    heads, kv_heads = plan.ulysses.heads, plan.ulysses.kv_heads  # member j's query, kv heads
+    Lm = plan.ulysses.Lc  # the rows each device starts with
     mesh = Mesh(_mesh(u * r, SEQ).devices.reshape(r, u), (SEQ, ULY))  # device i*u + j at (i, j)
     query, key, value, kw = _on_device(query, key, value, keywords=kw)
     if call.L == 0 or call.S == 0:  # no rows, or no keys (every row fully masked)
@@ -602,24 +620,24 @@ def usp_attention(
     local = replace(call, H=call.H // u, K=max(K // u, 1))  # one member's heads
 
     def device(x):
-        # S2. all-to-all inside the ring group, positions to heads (Ulysses' U2, over the
-        #     "ulysses" axis): every position of the group of member j's query heads, and of
-        #     the key/value heads they read (repeated u / K times first when u % K == 0).
-        def to_heads(a, reps=1):
-            a = jnp.repeat(a, reps, axis=-3) if reps > 1 else a
-            return lax.all_to_all(a, ULY, a.ndim - 3, a.ndim - 2, tiled=True)
+        # S2. all-to-all inside the ring group, positions to heads (Ulysses' U2): over the
+        #     "ulysses" axis, every position of the group (ring shard i, in shard order) of
+        #     member j's query heads and of the key/value heads they read.
+        q_rows, k_rows, v_rows = x["query"], x["key"], x["value"]  # (..., H|K, Lm|Sm, D|E)
+        held = x | {
+            "query": _exchange(lambda d: _heads(q_rows, heads[d]), u, -2, ULY),
+            "key": _exchange(lambda d: _heads(k_rows, kv_heads[d]), u, -2, ULY),
+            "value": _exchange(lambda d: _heads(v_rows, kv_heads[d]), u, -2, ULY),
+        }  # member j's heads, every position of ring shard i
 
-        reps = max(u // K, 1)
-        held = x | {"query": to_heads(x["query"]), "key": to_heads(x["key"], reps),
-                    "value": to_heads(x["value"], reps)}  # fmt: skip
-
-        # S3. the ring across the groups (over the "seq" axis): this device is device i of
+        # S3. the ring across the groups: over the "seq" axis, this device is device i of
         #     member j's ring, holding ring shard i of its heads: the ring's own steps.
         out = _ring_device(held, ring=ring, dims=local, offset=call.offset)
         out = out.astype(query.dtype)  # (..., H/u, c*Lc, E), one rounding to the input dtype
 
-        # S4. all-to-all inside the ring group, heads to positions (Ulysses' U4).
-        return lax.all_to_all(out, ULY, out.ndim - 2, out.ndim - 3, tiled=True)
+        # S4. all-to-all inside the ring group, heads to positions (Ulysses' U4): member j
+        #     sends member d its heads at d's rows; joined along the heads: its rows, every head.
+        return _exchange(lambda d: _rows(out, d * Lm, Lm), u, -3, ULY)  # (..., H, Lm, E)
 
     out_spec = P(*([None] * (len(call.batch) + 1)), both, None)
     out = jax.shard_map(device, mesh=mesh, in_specs=(specs,), out_specs=out_spec)(x)

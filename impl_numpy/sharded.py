@@ -518,9 +518,9 @@ def usp_attention(
     keys_held = [k_sh[..., g * Sm : (g + 1) * Sm, :] for g in range(u * r)]  # (..., K, Sm, D)
     values_held = [v_sh[..., g * Sm : (g + 1) * Sm, :] for g in range(u * r)]  # (..., K, Sm, E)
 
-    # S2. all-to-all inside each ring group, positions to heads (Ulysses' U2): member j of
-    #     group i gets every position of its group (ring shard i, in shard order) of its query
-    #     heads and of the key/value heads they read.
+    # S2. all-to-all inside the ring group, positions to heads (Ulysses' U2): in each ring
+    #     group, member j of group i gets every position of its group (ring shard i, in shard
+    #     order) of its query heads and of the key/value heads they read.
     def to_heads(x, d):
         return _block(x, -3, *heads[d])  # member d's query heads
 
@@ -559,8 +559,9 @@ def usp_attention(
         for step in steps or ():  # the ring's device i is device (i, j)
             stats.append(replace(step, r=plan.rank(step.r, j), src=plan.rank(step.src, j)))
 
-    # S4. all-to-all inside each ring group, heads to positions (Ulysses' U4): member j sends
-    #     member d its heads at d's rows; member d joins them along the heads, in source order.
+    # S4. all-to-all inside the ring group, heads to positions (Ulysses' U4): in each ring
+    #     group, member j sends member d its heads at d's rows; member d joins them along the
+    #     heads, in source order.
     mine = []  # [g]: (..., H, Lm, E), the rows device g started with, every head
     for i in range(r):
         group = [plan.rank(i, j) for j in range(u)]

@@ -113,7 +113,7 @@ def test_a_tiny_run_of_the_six_rows_gives_records_with_their_fields(tmp_path):
 
 @pytest.mark.slow
 def test_the_gate_of_torch_usp_runs_its_fixtures_on_four_gloo_ranks():
-    """conformance's torch adapter forks ranks only for ``n_shards`` functions; the bench's
-    child is a group of 4, so USP's fixtures run there (~25 s)."""
+    """The bench's child is a group of 4 gloo ranks, and USP's fixtures run there, in the
+    group its rows are timed in (~25 s)."""
     g = run_gate("impl_torch", "usp", "cpu")
     assert (g.status, g.n_run, g.n_failed) == ("passed", 8, 0), g.detail

@@ -386,6 +386,67 @@ IDIOMS: dict[str, dict[str, str]] = {
             "`out_specs=P()` says the shard_map result is the same on every device."
         ),
     },
+    "ulysses": {
+        "U1. split": (
+            "NumPy cuts every device's positions into lists indexed by rank; a torch rank cuts "
+            "only its own, with `_Split.apply(query, -2, r, n, group)` (an autograd Function "
+            "whose backward gathers the ranks' parts, so every rank gets the whole gradient); "
+            "JAX gives shard_map specs that cut along the positions (`_spec(a, -2, SEQ)`), and "
+            "along the heads for a mask or bias with H heads, sinks and slopes (`P(SEQ)`)."
+        ),
+        "U2. all-to-all, positions to heads": (
+            "One text in the three: piece d is the device's positions of device d's query "
+            "heads and of the key/value heads they read, read off the plan "
+            "(`kv_heads[d]`: split, or the one head d*K // n when n % K == 0, sent as it "
+            "is, never repeated into extra heads first), and `_exchange` joins what arrives "
+            "along the positions. Its all-to-all: NumPy transposes a list of lists, torch "
+            "stacks the pieces in rank order for dist.all_to_all_single (gloo has it on CPU; "
+            "an autograd Function whose backward is the same exchange), JAX stacks them for "
+            "lax.all_to_all over dim 0 inside shard_map (its transpose is the reverse "
+            "all-to-all)."
+        ),
+        "U3. attend": (
+            "The framework's own `scaled_dot_product_attention` on the device's heads, every "
+            "position; NumPy and torch cut the mask's heads (`_block`), torch the differentiable "
+            "keywords with `_held` (the whole gradient back to every rank), JAX's come cut by "
+            "shard_map (`x.get(name)`)."
+        ),
+        "U4. all-to-all, heads to positions": (
+            "The same `_exchange`, pieces the device's heads at device d's rows, joined along "
+            "the heads; then NumPy concatenates the devices' rows, torch gathers them on every "
+            "rank (`_Gather.apply(mine, -2, r, n, group)`: its backward is the rank's own "
+            "part), and JAX returns the rows as they are: shard_map's out_specs make them one "
+            "array sharded along L."
+        ),
+        "S1. split": (
+            "Rows and keys in ring shard order, then device g = i*u + j takes the g-th 1/(u r): "
+            "NumPy cuts lists from `query[..., rows, :]`, a torch rank indexes only its own "
+            "(`rows[g * Lm : (g + 1) * Lm]`), JAX reorders with `jnp.take` and lets shard_map "
+            "cut along both mesh axes (`both = (SEQ, ULY)`)."
+        ),
+        "S2. all-to-all inside the ring group, positions to heads (Ulysses' U2)": (
+            "Ulysses' exchange among the u members of a ring group: NumPy runs it per group "
+            "(`_in_group`), a torch rank in its Ulysses sub-group (`mates`, made once by "
+            "new_group), JAX over the mesh's `ULY` axis; the pieces are the plan's heads in "
+            "the three."
+        ),
+        "S3. the ring across the groups": (
+            "Member j's heads ring across the groups: NumPy and torch call their own "
+            "`ring_attention` (torch in its ring sub-group, `group=ring_mates`, on arrays that "
+            "hold this rank's shard in place and zeros it never reads), JAX runs the ring's "
+            "per-device body `_ring_device` over the mesh's seq axis inside the same shard_map."
+        ),
+        "S4. all-to-all inside the ring group, heads to positions (Ulysses' U4)": (
+            "The second exchange of the group, member d's rows of every member's heads; torch "
+            "finds member d's rows in the whole ring output (`its_rows`), JAX's ring device "
+            "holds only its shard's rows (`_rows(out, d * Lm, Lm)`)."
+        ),
+        "S5. gather": (
+            "The devices' rows in device order are the sequence in shard order: NumPy "
+            "concatenates, torch gathers on every rank (`_gather`), JAX's result is sharded "
+            "along L; all three put the rows back with the inverse order (`argsort(rows)`)."
+        ),
+    },
     "mla": {
         "MultiHeadLatentAttention._project_query": (
             "`q_proj`, or `q_a_proj`, the float32 RMSNorm and `q_b_proj` when the query has a "

@@ -90,6 +90,14 @@ SECTIONS: tuple[Section, ...] = (
         functions=("ring_attention", "head_parallel_attention", "head_parallel_gqa"),
         helpers=("_ring_device", "_ring_step", "_attend_block"),
     ),
+    # USP's ring is a call of the ring (NumPy's and torch's ring_attention, JAX's _ring_device,
+    # shown in the section above): no helpers here, so S3 is one row in the three.
+    Section(
+        "ulysses",
+        "All-to-all sequence parallelism (Ulysses, USP)",
+        "sharded.py",
+        functions=("ulysses_attention", "usp_attention"),
+    ),
     Section(
         "mla",
         "Multi-head latent attention",
@@ -139,14 +147,6 @@ UNCOMPARED: dict[str, str] = {
             "the paged tiled read (contract v3) is not on the page yet: its rows need idiom notes"
         )
         for fw in FRAMEWORKS
-    },
-    # Not yet on the sharded section either: its U and S steps line up in the three, no notes yet.
-    **{
-        f"impl_{fw}/sharded.py::{name}": (
-            f"{name} (contract v3) is not on the page yet: its rows need idiom notes"
-        )
-        for fw in FRAMEWORKS
-        for name in ("ulysses_attention", "usp_attention")
     },
     **{
         f"impl_{fw}/mla.py::MultiHeadLatentAttention.decode_naive": (
