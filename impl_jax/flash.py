@@ -73,6 +73,7 @@ from impl_jax.functional import (
     _check_x64,
     _compute_dtype,
     _converted,
+    _dequantized,
     _on_device,
     _output_dtype,
     _unattended_zeroed,
@@ -630,6 +631,9 @@ def flash_attention(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
     return_lse: bool = False,
@@ -641,8 +645,9 @@ def flash_attention(
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
-            kv_segment_ids, sinks, alibi_slopes: as in
-            :func:`impl_jax.functional.attention_weights`.
+            kv_segment_ids, sinks, alibi_slopes, q_descale, k_descale, v_descale: as in
+            :func:`impl_jax.functional.scaled_dot_product_attention` (fp8 inputs,
+            Contract v3: dequantized first, step 0; the output of an fp8 query is bfloat16).
         block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it);
             None: the default, ``attention_spec.tiled_blocks``: ``BLOCK_Q``, or fewer rows
             under a narrow window (``BAND_BLOCKS``).
@@ -667,15 +672,23 @@ def flash_attention(
     return_lse = check_flag("return_lse", return_lse)
     _check_x64(query.dtype)
     query, key, value, kw = _on_device(query, key, value, keywords=kw)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query = _dequantized(query, "q_descale", call, kw)
+    key, value = (
+        _dequantized(key, "k_descale", call, kw),
+        _dequantized(value, "v_descale", call, kw),
+    )
     H, L, S, E = call.H, call.L, call.S, call.E
     if L == 0 or S == 0:  # no block to scan: no rows, or no keys (every row fully masked)
-        out = jnp.zeros((*call.batch, H, L, E), query.dtype)
+        out = jnp.zeros((*call.batch, H, L, E), out_dtype)
         lse = jnp.full((*call.batch, H, L), -jnp.inf, _compute_dtype(query.dtype))
         return (out, lse) if return_lse else out
 
     tiling = _Tiling(call, min(block_q, L), min(block_k, S))
     out, lse = _flash(_arrays(query, key, value, kw), tiling)
-    out = out.astype(query.dtype)  # back to the input dtype
+    out = out.astype(out_dtype)  # back to the input dtype (bfloat16 for fp8)
     return (out, lse) if return_lse else out
 
 

@@ -55,6 +55,7 @@ from impl_numpy.functional import (
     _cast,
     _compute_dtype,
     _converted,
+    _dequantized,
     _output_dtype,
     _sum_to,
     _unattended_zeroed,
@@ -357,6 +358,9 @@ def flash_attention(
     kv_segment_ids: np.ndarray | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale: np.ndarray | float | None = None,
+    k_descale: np.ndarray | float | None = None,
+    v_descale: np.ndarray | float | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
     return_lse: bool = False,
@@ -368,8 +372,9 @@ def flash_attention(
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
-            kv_segment_ids, sinks, alibi_slopes: as in
-            :func:`impl_numpy.functional.attention_weights`.
+            kv_segment_ids, sinks, alibi_slopes, q_descale, k_descale, v_descale: as in
+            :func:`impl_numpy.functional.scaled_dot_product_attention` (fp8 inputs,
+            Contract v3: dequantized first, step 0; the output of an fp8 query is bfloat16).
         block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it);
             None: the default, ``attention_spec.tiled_blocks``: ``BLOCK_Q``, or fewer rows
             under a narrow window (``BAND_BLOCKS``).
@@ -391,10 +396,18 @@ def flash_attention(
     call = check_attention(query, key, value, **kw)
     block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
     return_lse = check_flag("return_lse", return_lse)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query = _dequantized(query, "q_descale", call, kw)
+    key, value = (
+        _dequantized(key, "k_descale", call, kw),
+        _dequantized(value, "v_descale", call, kw),
+    )
     x = _arrays(query, key, value, kw)
     blocks = _Blocks(call, _in_compute_dtype(x, call), block_q, block_k)
     out, lse = _forward(blocks)  # (..., H, L, E), (..., H, L) in the compute dtype
-    out = out.astype(query.dtype, copy=False)  # back to the input dtype
+    out = out.astype(out_dtype, copy=False)  # back to the input dtype (bfloat16 for fp8)
     return (out, lse) if return_lse else out
 
 

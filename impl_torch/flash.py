@@ -57,6 +57,7 @@ from impl_torch.functional import (
     _cast,
     _compute_dtype,
     _converted,
+    _dequantized,
     _output_dtype,
     _unattended_zeroed,
     _vjp_by_autograd,
@@ -408,6 +409,9 @@ def flash_attention(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
     block_q: int | None = None,
     block_k: int | None = None,
     return_lse: bool = False,
@@ -419,8 +423,9 @@ def flash_attention(
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
         value: ``(..., K, S, E)``; the same dtype as query and key.
         mask, bias, is_causal, causal_alignment, scale, softcap, window, q_segment_ids,
-            kv_segment_ids, sinks, alibi_slopes: as in
-            :func:`impl_torch.functional.attention_weights`.
+            kv_segment_ids, sinks, alibi_slopes, q_descale, k_descale, v_descale: as in
+            :func:`impl_torch.functional.scaled_dot_product_attention` (fp8 inputs,
+            Contract v3: dequantized first, step 0; the output of an fp8 query is bfloat16).
         block_q: query rows per block (any integer >= 1; it need not divide L, and may exceed it);
             None: the default, ``attention_spec.tiled_blocks``: ``BLOCK_Q``, or fewer rows
             under a narrow window (``BAND_BLOCKS``).
@@ -443,8 +448,17 @@ def flash_attention(
     call = check_attention(query, key, value, **kw)
     block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
     return_lse = check_flag("return_lse", return_lse)
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    out_dtype = _output_dtype(query.dtype)
+    query = _dequantized(query, "q_descale", call, kw)
+    key, value = (
+        _dequantized(key, "k_descale", call, kw),
+        _dequantized(value, "v_descale", call, kw),
+    )
     x = _arrays(query, key, value, kw)
     out, lse = FlashAttention.apply(*x, _Tiling(call, block_q, block_k))
+    out = out.to(out_dtype)  # the input dtype (bfloat16 for fp8)
     return (out, lse) if return_lse else out  # lse: (..., H, L) in the compute dtype
 
 

@@ -225,8 +225,10 @@ ERRORS = {
         ConfigError, "descale_value", "nan"),
     "descale_overflow": (lambda fw: fw.module.scaled_dot_product_attention(
         Q8, K8, V8, q_descale=1e39), ConfigError, "descale_value", "inf"),
-    "flash_refuses": (lambda fw: fw.module.flash_attention(Q8, K8, V8),
-                      DTypeError, "unsupported_dtype", "flash_attention"),
+    "varlen_refuses": (lambda fw: fw.module.varlen_attention(
+        Q8[0].transpose(1, 0, 2), K8[0].transpose(1, 0, 2), V8[0].transpose(1, 0, 2),
+        np.array([0, L], np.int32), np.array([0, S], np.int32)),
+        DTypeError, "unsupported_dtype", "*_vjp"),
     "vjp_refuses": (lambda fw: fw.module.scaled_dot_product_attention_vjp(
         Q32, K8, V8, np.ones((B, H, L, E), np.float32)),
         DTypeError, "unsupported_dtype", "*_vjp"),

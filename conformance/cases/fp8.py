@@ -63,7 +63,7 @@ class QuantizeCall:
     descale: np.ndarray | None = None
 
 
-fp8_case = partial(case, "sdpa", functions=("sdpa", "weights"))
+fp8_case = partial(case, "sdpa", functions=("sdpa", "weights", "flash"))
 quantize_case = partial(case, "quantize", functions=("quantize",))
 
 
@@ -295,14 +295,14 @@ Q8, K8, V8 = (
     z(B, K, S, E, dtype=E4M3[0]),
 )
 Q32, K32, V32 = z(B, H, L, D), z(B, K, S, D), z(B, K, S, E)
-fp8_error = partial(case, "sdpa", functions=("sdpa", "weights"))
+fp8_error = partial(case, "sdpa", functions=("sdpa", "weights", "flash"))
 
 
 def _ones(*shape: int, dtype=np.float32, fill=1.0) -> np.ndarray:
     return np.full(shape, fill, dtype)
 
 
-@case("sdpa", "fp8_combination.one_of_kv", functions=("sdpa",),
+@case("sdpa", "fp8_combination.one_of_kv", functions=("sdpa", "flash"),
       error=("DTypeError", "fp8_combination"))  # fmt: skip
 def err_one_of_kv():
     """Key fp8, value float32: outside the two allowed combinations (scaled_dot_product_attention
@@ -316,7 +316,7 @@ def err_fp8_query():
     return call(Q8, K32, V32)
 
 
-@case("sdpa", "fp8_combination.formats_mixed", E4M3, functions=("sdpa",),
+@case("sdpa", "fp8_combination.formats_mixed", E4M3, functions=("sdpa", "flash"),
       error=("DTypeError", "fp8_combination"))  # fmt: skip
 def err_formats_mixed():
     """Query and key e4m3fn, value e5m2: one format only (scaled_dot_product_attention only)."""

@@ -123,7 +123,9 @@ def _values_checked_first(alias: str, jitted: Callable[..., Any]) -> Callable[..
 #: float would be a float64 array under x64, and its value unchecked), an array is traced.
 _DESCALES = ("q_descale", "k_descale", "v_descale", "descale")
 #: The aliases with fp8 fixtures (sdpa.fp8.*, quantize.*): jitted by :func:`_fp8_jitted`.
-_FP8_ALIASES = ("sdpa", "weights", "quantize")
+_FP8_ALIASES = ("sdpa", "weights", "flash", "quantize")
+#: flash_attention's own keywords, which check_attention does not take.
+_TILING_KEYWORDS = ("block_q", "block_k", "return_lse")
 
 
 def _fp8_jitted(alias: str, function: Callable[..., Any], params) -> Callable[..., Any]:
@@ -153,7 +155,7 @@ def _check_fp8(alias: str, *args: Any, **kwargs: Any) -> None:
     from attention_spec import SUPPORTED_DTYPES, check_attention, check_quantize_fp8, dtype_name
 
     if alias != "quantize":
-        check_attention(*args, **kwargs)
+        check_attention(*args, **{n: x for n, x in kwargs.items() if n not in _TILING_KEYWORDS})
         return
     x, *rest = args
     dtype = rest[0] if rest else kwargs.get("dtype", "float8_e4m3fn")
