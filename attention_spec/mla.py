@@ -32,11 +32,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from attention_spec.arrays import ArraySpec, check_dtype, describe, format_dims
+from attention_spec.arrays import check_dtype, describe, format_dims
 from attention_spec.errors import make_error
 from attention_spec.keywords import check_flag, check_size, is_int, real_keyword, value_text
 from attention_spec.modules import ModuleDims
-from attention_spec.rotary import _check_inv_freq, check_attention_factor, check_theta
+from attention_spec.rotary import check_attention_factor, check_rope_inv_freq, check_theta
 from attention_spec.weights import METADATA_KEY
 
 __all__ = [
@@ -206,15 +206,7 @@ def check_mla_rope(
     interleaved = check_flag("rope_interleaved", rope_interleaved)
     theta = check_theta(rope_theta, "rope_theta")
     factor = check_attention_factor(rope_attention_factor, "rope_attention_factor")
-    inv_freq = None
-    if rope_inv_freq is not None:
-        if isinstance(rope_inv_freq, (list, tuple)):  # a weight file's JSON list
-            inv_freq = tuple(float(f) for f in rope_inv_freq)
-            if len(inv_freq) != dims.Dr // 2:
-                _check_inv_freq(ArraySpec((len(inv_freq),), "float64"), dims.Dr)
-        else:
-            _check_inv_freq(rope_inv_freq, dims.Dr)
-            inv_freq = tuple(float(f) for f in rope_inv_freq.tolist())
+    inv_freq = check_rope_inv_freq(rope_inv_freq, dims.Dr)
     return MlaRope(theta, interleaved, dims.Dr, inv_freq, factor)
 
 

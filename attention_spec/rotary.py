@@ -24,6 +24,7 @@ from typing import Any
 
 from attention_spec.arrays import (
     FLOAT_DTYPES,
+    ArraySpec,
     broadcast_shapes,
     check_dtype,
     check_given,
@@ -39,6 +40,7 @@ __all__ = [
     "RopeConfig",
     "RotaryDims",
     "check_rope_config",
+    "check_rope_inv_freq",
     "check_rotary",
     "rotary_frequencies",
 ]
@@ -266,43 +268,81 @@ def check_rotary(
 
 @dataclass(frozen=True)
 class RopeConfig:
-    """How a module rotates its queries and keys: ``apply_rotary``'s keywords, resolved."""
+    """How a module rotates its queries and keys: ``apply_rotary``'s keywords, resolved;
+    ``inv_freq`` as Python floats (None: theta's frequencies)."""
 
     theta: float
     interleaved: bool
     rotary_dim: int
+    inv_freq: tuple[float, ...] | None = None
+    attention_factor: float = 1.0
 
     def keywords(self) -> dict[str, Any]:
-        """``apply_rotary``'s keywords: ``theta=, rotary_dim=, interleaved=``."""
+        """``apply_rotary``'s keywords but ``inv_freq`` (an array of the module's framework,
+        built from :attr:`inv_freq`): ``theta=, rotary_dim=, interleaved=, attention_factor=``."""
         return {"theta": self.theta, "rotary_dim": self.rotary_dim,
-                "interleaved": self.interleaved}  # fmt: skip
+                "interleaved": self.interleaved,
+                "attention_factor": self.attention_factor}  # fmt: skip
 
     def module_keywords(self) -> dict[str, Any]:
-        """The module constructor's keywords that rebuild this configuration."""
-        return {"rope_theta": self.theta, "rope_interleaved": self.interleaved,
-                "rotary_dim": self.rotary_dim}  # fmt: skip
+        """The module constructor's keywords that rebuild this configuration (JSON values;
+        ``rope_inv_freq`` and ``rope_attention_factor`` only when given, so a file without
+        them is the same bytes as before they existed)."""
+        config = {"rope_theta": self.theta, "rope_interleaved": self.interleaved,
+                  "rotary_dim": self.rotary_dim}  # fmt: skip
+        if self.inv_freq is not None:
+            config["rope_inv_freq"] = list(self.inv_freq)
+        if self.attention_factor != 1.0:
+            config["rope_attention_factor"] = self.attention_factor
+        return config
+
+
+def check_rope_inv_freq(rope_inv_freq: Any, rotary_dim: int) -> tuple[float, ...] | None:
+    """A module's ``rope_inv_freq`` (an array, or the JSON list of a weight file) as Python
+    floats, checked like ``apply_rotary``'s ``inv_freq``: floating (DTypeError
+    ``inv_freq_dtype``) of shape ``(rotary_dim/2,)`` (DimensionMismatchError
+    ``inv_freq_shape``). None stays None (theta's frequencies)."""
+    if rope_inv_freq is None:
+        return None
+    if isinstance(rope_inv_freq, (list, tuple)):  # a weight file's JSON list
+        _check_inv_freq(ArraySpec((len(rope_inv_freq),), "float64"), rotary_dim)
+        return tuple(float(f) for f in rope_inv_freq)
+    _check_inv_freq(rope_inv_freq, rotary_dim)
+    return tuple(float(f) for f in rope_inv_freq.tolist())
 
 
 def check_rope_config(
-    rope_theta: object, rope_interleaved: object, rotary_dim: object, head_dim: int
+    rope_theta: object,
+    rope_interleaved: object,
+    rotary_dim: object,
+    head_dim: int,
+    rope_inv_freq: Any = None,
+    rope_attention_factor: object = 1.0,
 ) -> RopeConfig | None:
     """A module's RoPE keywords, validated against its query/key head dim D; None when RoPE is
     off (``rope_theta=None``).
 
-    ``rotary_dim`` or ``rope_interleaved=True`` without ``rope_theta`` is refused rather than
-    ignored (ConfigError ``rope_theta``): RoPE is on exactly when ``rope_theta`` is given.
+    ``rope_inv_freq`` (``(rotary_dim/2,)`` floating) replaces theta's frequencies and
+    ``rope_attention_factor`` multiplies cos and sin, as ``apply_rotary``'s ``inv_freq`` and
+    ``attention_factor`` (Contract v3, "Scaled rotary frequencies"). ``rotary_dim``,
+    ``rope_interleaved=True``, ``rope_inv_freq`` or ``rope_attention_factor != 1`` without
+    ``rope_theta`` is refused rather than ignored (ConfigError ``rope_theta``): RoPE is on
+    exactly when ``rope_theta`` is given.
 
     Raises:
-        ConfigError ``not_a_bool``, ``rope_theta``, ``rotary_dim``.
+        ConfigError ``not_a_bool``, ``rope_theta``, ``rotary_dim``, ``attention_factor``;
+        DTypeError ``inv_freq_dtype``; DimensionMismatchError ``inv_freq_shape``.
     """
     interleaved = check_flag("rope_interleaved", rope_interleaved)
+    factor = check_attention_factor(rope_attention_factor, "rope_attention_factor")
     if rope_theta is None:
-        if rotary_dim is not None or interleaved:
-            given = ", ".join(
-                f"{name}={_text(value)}"
-                for name, value in (("rotary_dim", rotary_dim), ("rope_interleaved", interleaved))
-                if value not in (None, False)
-            )
+        options = {"rotary_dim": rotary_dim is not None, "rope_interleaved": interleaved,
+                   "rope_inv_freq": rope_inv_freq is not None,
+                   "rope_attention_factor": factor != 1.0}  # fmt: skip
+        values = {"rotary_dim": rotary_dim, "rope_interleaved": interleaved,
+                  "rope_inv_freq": rope_inv_freq, "rope_attention_factor": factor}  # fmt: skip
+        given = ", ".join(f"{name}={_text(values[name])}" for name, on in options.items() if on)
+        if given:
             raise make_error(
                 "rope_theta",
                 f"{given} given without rope_theta: RoPE is on only when rope_theta is given "
@@ -312,4 +352,6 @@ def check_rope_config(
             )
         return None
     theta = check_theta(rope_theta, "rope_theta")
-    return RopeConfig(theta, interleaved, _resolve_rotary_dim(rotary_dim, head_dim))
+    resolved = _resolve_rotary_dim(rotary_dim, head_dim)
+    inv_freq = check_rope_inv_freq(rope_inv_freq, resolved)
+    return RopeConfig(theta, interleaved, resolved, inv_freq, factor)

@@ -111,9 +111,9 @@ def shapes(w: Workload, layout: str) -> list[Shape]:
 
 def module_dims(w: Workload) -> dict[str, int]:
     """The size keywords of a project module for ``w``: ``head_dim=D``, or for an MLA decode
-    workload ``kv_lora_rank=R``, ``qk_nope_head_dim=D``, ``qk_rope_head_dim=Dr``,
+    or prefill workload ``kv_lora_rank=R``, ``qk_nope_head_dim=D``, ``qk_rope_head_dim=Dr``,
     ``v_head_dim=E``."""
-    if w.op != "mla_decode":
+    if w.op not in ("mla_decode", "mla_prefill"):
         return {"head_dim": w.D}
     return {"kv_lora_rank": w.R, "qk_nope_head_dim": w.D, "qk_rope_head_dim": w.Dr,
             "v_head_dim": w.E}  # fmt: skip

@@ -148,7 +148,7 @@ def estimate_bytes(row: Row, w: Workload) -> int:
     n = w.input_bytes()
     if row.materializes:
         n += (7 if w.op == "train" else 3) * w.score_bytes()
-    if w.op in ("module", "decode", "mla_decode"):
+    if w.op in ("module", "decode", "mla_decode", "mla_prefill"):
         n += 4 * w.B * w.L * w.M * 4
     return n
 

@@ -4,8 +4,9 @@ A preparer says what the row computes on which inputs, as a function of them; th
 framework (``bench/frameworks.py``) makes the inputs, the timed callable and the memory probe.
 :func:`prepare` looks up the row's call style (``Row.call``, ``bench/rows.py``) in
 :data:`PREPARERS`. The project's call styles (``functional``, ``module``, ``decode``,
-``mla_decode``, ``mla_decode_naive``, ``train``) serve the three frameworks with one path; a
-framework's own kernel has a preparer of its own (``torch_sdpa``, ``jax_dpa``, ...).
+``mla_decode``, ``mla_decode_naive``, ``mla_prefill``, ``mla_prefill_gqa``, ``train``) serve
+the three frameworks with one path; a framework's own kernel has a preparer of its own
+(``torch_sdpa``, ``jax_dpa``, ...).
 
 Decode rows time one KV-cache step at a fixed position P, every round the same work; training
 steps time one forward and its backward, their memory counted beyond the output and the
@@ -93,6 +94,25 @@ def _prepare_mla_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Pre
     empty = (module.init_kv_cache if naive else module.init_cache)(w.B, 1)
     cache = dataclasses.replace(empty, key=key, value=value, position=w.P)
     return _step_at(fw, module, "decode_naive" if naive else "decode", x, cache, fdevice, layout)
+
+
+def _prepare_mla_prefill(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """One causal self-attention forward on ``x (B, L, M)``: of the project's
+    ``MultiHeadLatentAttention`` (call ``mla_prefill``), or of the same-size
+    ``GroupedQueryAttention`` (call ``mla_prefill_gqa``: K = w.K, head_dim Dn + Dr, E, RoPE on
+    the Dr leading features, bench/workloads.py)."""
+    fw = FRAMEWORKS[row.framework]
+    if row.call == "mla_prefill":
+        module = fw.module(target, [w.M, w.H], w, fdevice)
+    else:  # the GQA twin: module_dims of a plain module workload with D = Dn + Dr
+        twin = dataclasses.replace(w, op="module", D=w.D + w.Dr, R=None, Dr=None)
+        rope = dict(rope_theta=10000.0, rotary_dim=w.Dr, value_head_dim=w.E)
+        module = fw.module(target, [w.M, w.H, w.K], twin, fdevice, **rope)
+    fn, state = fw.bind(module)
+    args = [*state, *fw.inputs(w, fdevice, layout="module")]
+    prepared = fw.prepare(functools.partial(fn, is_causal=w.is_causal), args, fdevice, "module")
+    prepared.module = module
+    return prepared
 
 
 def _step_at(fw: Framework, module: Any, method: str, x: Any, cache: Any, fdevice: str,
@@ -308,6 +328,8 @@ PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "decode": _prepare_decode,
     "mla_decode": _prepare_mla_decode,
     "mla_decode_naive": _prepare_mla_decode,
+    "mla_prefill": _prepare_mla_prefill,
+    "mla_prefill_gqa": _prepare_mla_prefill,
     "train": _prepare_train,
     "torch_sdpa": _prepare_torch_sdpa,
     "jax_dpa": _prepare_jax_dpa,

@@ -22,6 +22,9 @@ the report as "not available" instead of disappearing.
 - ``mla_decode`` / ``mla_decode_naive``: one decode step of the project's
   ``MultiHeadLatentAttention``, ``module.decode(x, latent cache at P)`` (the absorbed step) /
   ``module.decode_naive(x, naive cache at P)`` (every head's keys and values cached);
+- ``mla_prefill`` / ``mla_prefill_gqa``: one causal forward of the project's
+  ``MultiHeadLatentAttention`` on ``x (B, L, M)`` / of the same-size ``GroupedQueryAttention``
+  (K = H / 4, head_dim Dn + Dr, value_head_dim E, RoPE on Dr features);
 - ``torch_kernel`` / ``jax_kernel``: a kernel port of ``conformance/ports/`` (the Triton and
   Pallas flash kernels), called like ``functional`` (``flash_attention(q, k, v, is_causal=...)``
   heads-first) on torch tensors / on JAX arrays (jitted with the keywords bound); the call's
@@ -345,6 +348,21 @@ def _mla_rows(fw: str) -> tuple[Row, Row]:
     )  # fmt: skip
 
 
+# gated on the module fixtures (module.mla.* among them); CPU only, as the decode rows
+_MLA_PREFILL = {"workloads": "mla_prefill", "variants": ("MLA",), "materializes": False,
+                "gate_op": "module", "devices": ("cpu",)}  # fmt: skip
+
+
+def _mla_prefill_rows(fw: str) -> tuple[Row, Row]:
+    """MLA's causal prefill of ``fw`` and the same-size GQA module's; MLA's ratio is against
+    the GQA module (no goal: issue 29 asks for the comparison, not a bound)."""
+    gqa = f"{fw} GQA prefill (MLA size)"
+    return (
+        Row(f"{fw} MLA prefill", f"impl_{fw}.{_MLA}", "mla_prefill", ref=gqa, **_MLA_PREFILL),
+        Row(gqa, f"impl_{fw}.{_GQA}", "mla_prefill_gqa", **_MLA_PREFILL),
+    )
+
+
 def _train_goals(limit: float | None, ref: str, plain: str, kind: str = "ratio") -> tuple:
     """A tiled training step's goals (issue 10): its time against the framework's fwd+bwd, and
     its peak extra memory at L = S = 8192 under 64 MiB, the plain path's shown next to it."""
@@ -375,6 +393,8 @@ ROWS: tuple[Row, ...] = (
     Row("jax decode", f"impl_jax.{_GQA}", "decode", ref=_JD, goals=_JDG, **_DECODE),
     # one decode step of the project's MultiHeadLatentAttention: absorbed (latent cache), naive
     *_mla_rows("numpy"), *_mla_rows("torch"), *_mla_rows("jax"),
+    # MLA's prefill against the same-size GQA module
+    *_mla_prefill_rows("numpy"), *_mla_prefill_rows("torch"), *_mla_prefill_rows("jax"),
     # baselines: the frameworks' own kernels, each SDPA backend a row of its own
     Row(_TF, _T, "torch_sdpa", **_TILED),
     Row("torch F.sdpa[math]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="math"),

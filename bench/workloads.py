@@ -34,6 +34,13 @@ attention arithmetic per key, 3.4x at R = 512, Dr = 64, Dn = E = 128, and the sa
 kept for both rows, so the TFLOP/s of the absorbed row is the naive-equivalent rate), and its
 cache bytes per token are set against an MHA and a GQA cache of the same H and D
 (:meth:`Workload.cache_bytes_per_token`).
+
+An *MLA prefill* workload (``op="mla_prefill"``) is one causal self-attention forward of
+``MultiHeadLatentAttention`` on ``x (B, L, M)`` (the same sizes, M = H * Dn), against the
+same-size GQA module: ``GroupedQueryAttention(M, H, K = H / MLA_GQA_GROUP, head_dim = Dn + Dr,
+value_head_dim = E, rope_theta=10000.0, rotary_dim = Dr)``, whose scores have MLA's width and
+whose RoPE turns the same Dr features. Its FLOPs are MLA's (:func:`mla_prefill_flops`), kept for
+both rows as for the decode step.
 """
 
 from __future__ import annotations
@@ -58,6 +65,7 @@ __all__ = [
     "decode_flops",
     "grid",
     "mla_decode_flops",
+    "mla_prefill_flops",
     "module_flops",
     "train_flops",
 ]
@@ -177,6 +185,18 @@ def mla_decode_flops(
     return proj + 2 * B * R * H * (Dn + E) + 2 * B * H * S * (Dn + Dr + E)
 
 
+def mla_prefill_flops(
+    B: int, H: int, L: int, R: int, Dr: int, Dn: int, E: int, M: int, *, is_causal: bool = True
+) -> tuple[int, int]:
+    """``(dense, useful)`` FLOPs of one MLA forward on ``L`` tokens (self-attention): q_proj
+    ``2*B*L*M*H*(Dn+Dr)``, kv_a_proj_with_mqa ``2*B*L*M*(R+Dr)``, kv_b_proj ``2*B*L*R*H*(Dn+E)``,
+    o_proj ``2*B*L*H*E*M``, and the attention of H heads of ``Dn + Dr`` and E
+    (:func:`attention_flops`)."""
+    proj = 2 * B * L * (M * H * (Dn + Dr) + M * (R + Dr) + R * H * (Dn + E) + H * E * M)
+    dense, useful = attention_flops(B, H, L, L, Dn + Dr, E, is_causal=is_causal)
+    return proj + dense, proj + useful
+
+
 #: The GQA cache an MLA decode workload's cache is set against: H / 4 key/value heads (16:4).
 MLA_GQA_GROUP = 4
 
@@ -234,7 +254,7 @@ class Workload:
     @property
     def variant(self) -> str:
         """``MHA`` (K = H), ``MQA`` (K = 1) or ``GQA H:K``; ``MLA`` for an MLA decode step."""
-        if self.op == "mla_decode":
+        if self.op in ("mla_decode", "mla_prefill"):
             return "MLA"
         if self.K == self.H:
             return "MHA"
@@ -250,6 +270,9 @@ class Workload:
             "" if self.window is None else f".w{self.window}"
         )
         heads = f"{self.variant.split()[0].lower()}.b{self.B}.h{self.H}.k{self.K}"
+        if self.op == "mla_prefill":  # mla_prefill.b1.h16.k4.l512.r512.dr64.dn128.e128.f32
+            dims = f"k{self.K}.l{self.L}.r{self.R}.dr{self.Dr}.dn{self.D}.e{self.E}"
+            return f"mla_prefill.b{self.B}.h{self.H}.{dims}.{_SHORT[self.dtype]}.{mode}"
         if self.op == "mla_decode":  # mla_decode.b1.h16.p8192.r512.dr64.dn128.e128.f32
             dims = f"p{self.P}.r{self.R}.dr{self.Dr}.dn{self.D}.e{self.E}"
             return f"mla_decode.b{self.B}.h{self.H}.{dims}.{_SHORT[self.dtype]}"
@@ -268,6 +291,9 @@ class Workload:
         if self.op == "mla_decode":
             dims = f"B{self.B} H{self.H} P={self.P} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
             return f"decode MLA {dims} {_SHORT[self.dtype]}"
+        if self.op == "mla_prefill":
+            dims = f"B{self.B} H{self.H} L=S={self.L} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
+            return f"prefill MLA {dims} {_SHORT[self.dtype]}{' causal' * self.is_causal}"
         if self.op == "decode":
             dims = f"B{self.B} H{self.H} P={self.P} D{self.D}"
             ring = "" if self.window is None else f" rolling ({self.window}, 0)"
@@ -294,14 +320,18 @@ class Workload:
         )
         kind = {"module": "module ", "decode": "decode ", "train": "train ",
                 "sharded": f"sharded n={SHARDS} "}.get(self.op, "")  # fmt: skip
-        if self.op == "mla_decode":
+        if self.op in ("mla_decode", "mla_prefill"):
             dims = f"B{self.B} H{self.H} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
-            return f"decode MLA {dims} {_SHORT[self.dtype]}"
+            step = "decode" if self.op == "mla_decode" else "prefill"
+            return f"{step} MLA {dims} {_SHORT[self.dtype]}"
         return f"{kind}{self.variant} B{self.B} H{self.H} D{self.D} {_SHORT[self.dtype]}{mode}"
 
     def flops(self) -> tuple[int, int]:
         """``(dense, useful)`` FLOPs (see :func:`attention_flops`, :func:`module_flops`,
         :func:`decode_flops`; an MLA decode step: the naive step's, :func:`mla_decode_flops`)."""
+        if self.op == "mla_prefill":
+            return mla_prefill_flops(self.B, self.H, self.L, self.R, self.Dr, self.D, self.E,
+                                     self.M, is_causal=self.is_causal)  # fmt: skip
         if self.op == "mla_decode":
             n = mla_decode_flops(
                 self.B, self.H, self.P, self.R, self.Dr, self.D, self.E, self.M, absorbed=False
@@ -373,7 +403,7 @@ class Workload:
         n = DTYPE_BYTES[self.dtype]
         if self.op in ("decode", "mla_decode"):
             return 2 * self.B * self.M * n + self.cache_bytes()
-        if self.op == "module":
+        if self.op in ("module", "mla_prefill"):
             return 2 * self.B * self.L * self.M * n
         q = self.B * self.H * self.L * self.D
         kv = self.B * self.K * self.S * (self.D + self.E)
@@ -435,6 +465,13 @@ def _mla_decode(P: int, *, B: int = 1, H: int = 16, R: int = 512, Dr: int = 64, 
     return Workload("mla_decode", B, H, H, 1, P + 1, D, D, R=R, Dr=Dr)
 
 
+def _mla_prefill(L: int, *, B: int = 1, H: int = 16, R: int = 512, Dr: int = 64, D: int = 128
+                 ) -> Workload:  # fmt: skip
+    """One causal MLA forward on L tokens (the decode rows' sizes), K = H / MLA_GQA_GROUP for
+    the same-size GQA module it is set against, float32."""
+    return Workload("mla_prefill", B, H, H // MLA_GQA_GROUP, L, L, D, D, True, R=R, Dr=Dr)
+
+
 #: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
 #: N=2048); the causal goal compares its causal twin with it.
 GOAL_WORKLOAD = _attn(1, 8, 8, 2048, 64)
@@ -467,6 +504,7 @@ def _cpu_quick() -> list[Workload]:
     w += [_train(1, 8, 8, n, 64) for n in (512, 2048)]  # training steps, incl. the goal
     w += [_train(1, 8, 8, 1024, 64, causal=True)]  # a causal step: the skipped blocks
     w += [_mla_decode(1024)]  # MLA absorbed vs naive (P = 8192 and its goal: the full grid's)
+    w += [_mla_prefill(512)]  # MLA prefill vs the same-size GQA module (2048: the full grid)
     w += [_sharded(1, 8, 8, 1024, 64)]  # ring, Ulysses, USP on 4 devices (4096: the full grid)
     w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 4096)]  # rolling cache: O(W)
@@ -488,6 +526,7 @@ def _cpu_full() -> list[Workload]:
     w += [_decode(1, 8, k, p, 64) for k in (8, 2, 1) for p in (512, 2048, 4096, 8192, 32768)]
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 2048, 4096, 32768)]  # O(W)
     w += [_mla_decode(p) for p in (1024, 8192)]  # MLA absorbed vs naive, incl. the goal's 8192
+    w += [_mla_prefill(n) for n in (512, 2048)]  # MLA prefill vs the same-size GQA module
     return w
 
 

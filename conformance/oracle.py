@@ -464,6 +464,8 @@ def module_forward(
     rope_theta: float | None = None,
     rope_interleaved: bool = False,
     rotary_dim: int | None = None,
+    rope_inv_freq: np.ndarray | list | None = None,
+    rope_attention_factor: float = 1.0,
     window: tuple | list | None = None,
     alibi: bool = False,
     softcap: float | None = None,
@@ -484,6 +486,8 @@ def module_forward(
             after the projections, when ``rope_theta`` is given: query i at position
             ``i + offset``, key j at position ``j``, with ``offset`` the causal alignment's
             (0 for top_left, S - L for bottom_right; 0 for self-attention either way).
+        rope_inv_freq, rope_attention_factor: :func:`rotary`'s ``inv_freq`` (the frequencies
+            of pair p, instead of theta's) and ``attention_factor`` (on cos and sin).
         window, softcap, scale: the module's own settings, passed to :func:`attention`; alibi:
             ALiBi with :func:`alibi_slopes` of H; the weight ``sinks (H,)``, if present, is the
             sink logit of each query head; q_segment_ids, kv_segment_ids: as in
@@ -504,7 +508,9 @@ def module_forward(
     if rope_theta is not None:  # rotary positions: query i at i + offset, key j at j
         q_len, kv_len = q.shape[2], k.shape[2]
         offset = 0 if causal_alignment == "top_left" else kv_len - q_len
+        inv = None if rope_inv_freq is None else np.asarray(rope_inv_freq, np.float64)
         rope = dict(theta=rope_theta, rotary_dim=rotary_dim, interleaved=rope_interleaved,
+                    inv_freq=inv, attention_factor=rope_attention_factor,
                     round_to=round_to)  # fmt: skip
         q = rotary(q, np.array([i + offset for i in range(q_len)]), **rope)  # (B, H, L, D)
         k = rotary(k, np.array(list(range(kv_len))), **rope)  # (B, K, S, D)

@@ -35,8 +35,12 @@ pre-scale or attention sinks. This module is the one place that says how such a 
                       head, concatenated to every row          step 5: the same formula)
   =================== ======================================= ===================================
 
-  Only ``rope_type="default"`` maps onto SEMANTICS.md's RoPE; Llama 3's ``"llama3"``, gpt-oss's
-  ``"yarn"``, ``"linear"`` and ``"dynamic"`` rescale the frequencies and are refused.
+  ``rope_type="default"`` is SEMANTICS.md's RoPE of ``rope_theta``. The static scalings become
+  the module's ``rope_inv_freq`` / ``rope_attention_factor`` (Contract v3, "Scaled rotary
+  frequencies"), computed here from the published formulas: ``"linear"`` (every frequency
+  divided by ``factor``), Llama 3.1/3.2's ``"llama3"`` (:func:`llama3_frequencies`), and
+  ``"yarn"`` (gpt-oss; :func:`yarn_frequencies`, its cos/sin factor too). ``"dynamic"`` (NTK
+  theta recomputed from each forward's length) and the others are refused, named.
 
 The window, softcap, scale and sinks module options are contract v2's, taken by the modules'
 ``from_canonical`` (sinks as the weight ``sinks (H,)``): :func:`attention_module` passes every
@@ -83,9 +87,11 @@ __all__ = [
     "hf_state_dict",
     "interleave_qk",
     "latent_attention_module",
+    "llama3_frequencies",
     "load_hf_attention",
     "mla_options",
     "module_options",
+    "yarn_frequencies",
 ]
 
 #: The keys of the constructor's sizes among :func:`module_options`' result.
@@ -171,18 +177,95 @@ def _head_dim(config: Any) -> int:
     )
 
 
-def _rope_theta(config: Any) -> float:
-    """``rope_theta`` of a config (transformers 5: ``rope_parameters``; 4: top-level fields)."""
-    rope = _get(config, "rope_parameters") or _get(config, "rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default":
+#: The ``rope_type`` values whose frequencies a module holds as ``rope_inv_freq`` (fixed at
+#: construction); ``"default"`` is ``rope_theta`` alone.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def _theta_frequencies(theta: float, dim: int) -> np.ndarray:
+    """``theta ** (-2p / dim)``, p = 0 .. dim/2 - 1, in float64 (SEMANTICS.md's RoPE)."""
+    return np.array([theta ** (-2 * p / dim) for p in range(dim // 2)], np.float64)
+
+
+def llama3_frequencies(rope: Mapping[str, Any], dim: int) -> np.ndarray:
+    """Llama 3.1's ``"llama3"`` scaling, from Meta's published rule: a pair whose wavelength
+    ``2 pi / f`` exceeds ``original_max_position_embeddings / low_freq_factor`` turns ``factor``
+    times slower, one shorter than ``original / high_freq_factor`` is kept, and between the two
+    ``f`` blends ``(1 - s) f / factor + s f`` with ``s = (original / wavelength - low) / (high -
+    low)``. ``(dim/2,)`` float64."""
+    base = _theta_frequencies(float(rope["rope_theta"]), dim)
+    factor, original = float(rope["factor"]), float(rope["original_max_position_embeddings"])
+    low, high = float(rope["low_freq_factor"]), float(rope["high_freq_factor"])
+    wavelength = 2 * math.pi / base
+    smooth = (original / wavelength - low) / (high - low)
+    blended = (1 - smooth) * base / factor + smooth * base
+    slow, fast = wavelength > original / low, wavelength < original / high
+    return np.where(slow, base / factor, np.where(fast, base, blended))
+
+
+def yarn_frequencies(rope: Mapping[str, Any], dim: int, config: Any) -> tuple[np.ndarray, float]:
+    """YaRN (Peng et al. 2023) as Hugging Face's layers run it: pairs turning fewer than
+    ``beta_slow`` (1) times over ``original_max_position_embeddings`` are interpolated
+    (``f / factor``), more than ``beta_fast`` (32) times kept, a linear ramp of the pair index
+    between (its ends floored and ceiled unless ``truncate`` is false, gpt-oss). The cos/sin
+    factor is ``attention_factor`` if given, else ``m(mscale) / m(mscale_all_dim)`` when both
+    are set, else ``m(1)``, with :func:`yarn_mscale`. ``factor`` missing is
+    ``max_position_embeddings / original``. Returns ``(inv_freq (dim/2,), attention_factor)``."""
+    theta, original = float(rope["rope_theta"]), float(rope["original_max_position_embeddings"])
+    factor = rope.get("factor") or float(_get(config, "max_position_embeddings")) / original
+    mscale, mscale_all_dim = rope.get("mscale"), rope.get("mscale_all_dim")
+    attention_factor = rope.get("attention_factor")
+    if attention_factor is None and mscale and mscale_all_dim:
+        attention_factor = yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+    elif attention_factor is None:
+        attention_factor = yarn_mscale(factor, 1.0)
+
+    def pair_turning(turns: float) -> float:  # the (fractional) pair index turning `turns` times
+        return dim * math.log(original / (turns * 2 * math.pi)) / (2 * math.log(theta))
+
+    low, high = pair_turning(rope.get("beta_fast") or 32), pair_turning(rope.get("beta_slow") or 1)
+    if rope.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    ramp = np.clip((np.arange(dim // 2) - low) / ((high - low) or 0.001), 0.0, 1.0)
+    base = _theta_frequencies(theta, dim)
+    return base / factor * ramp + base * (1 - ramp), float(attention_factor)
+
+
+def _rope(config: Any) -> dict[str, Any]:
+    """The module's RoPE keywords of a config's ``rope_parameters`` (transformers 5) or
+    ``rope_scaling`` (4): ``rope_theta``, and for a static scaling (``linear``: every frequency
+    divided by ``factor``; ``llama3``: :func:`llama3_frequencies`; ``yarn``:
+    :func:`yarn_frequencies`) the frequencies ``rope_inv_freq (D/2,)`` float64 and
+    ``rope_attention_factor``.
+
+    Raises:
+        NotImplementedError: ``dynamic`` (its frequencies change with the sequence length of
+        each forward) or a rope_type without a static form here (``longrope``, ...).
+    """
+    rope = _rope_parameters(config)
+    rope_type, theta, dim = rope["rope_type"], float(rope["rope_theta"]), _head_dim(config)
+    if rope_type == "dynamic":
         raise NotImplementedError(
-            f"rope_type {rope_type!r} rescales the rotary frequencies; SEMANTICS.md's RoPE is "
-            "theta ** (-2p / R) (rope_type 'default') only: GroupedQueryAttention takes no "
-            "rope_inv_freq / rope_attention_factor yet (Llama 3.1/3.2's 'llama3' scaling "
-            "included; MultiHeadLatentAttention takes them, see mla_options)"
+            "rope_type 'dynamic' (dynamic NTK) recomputes theta from the sequence length of every "
+            "forward past max_position_embeddings: a module's rope_inv_freq is fixed at "
+            "construction, so it has no static form (static scalings: "
+            f"{', '.join(STATIC_ROPE_TYPES)})"
         )
-    return float(rope.get("rope_theta", _get(config, "rope_theta", 10000.0)))
+    if rope_type not in STATIC_ROPE_TYPES:
+        raise NotImplementedError(
+            f"rope_type {rope_type!r} rescales the rotary frequencies in a way this converter "
+            f"does not compute; the static scalings are {', '.join(STATIC_ROPE_TYPES)}"
+        )
+    options: dict[str, Any] = {"rope_theta": theta}
+    if rope_type == "linear":
+        options["rope_inv_freq"] = _theta_frequencies(theta, dim) / float(rope["factor"])
+    elif rope_type == "llama3":
+        options["rope_inv_freq"] = llama3_frequencies(rope, dim)
+    elif rope_type == "yarn":
+        inv_freq, factor = yarn_frequencies(rope, dim, config)
+        options |= {"rope_inv_freq": inv_freq, "rope_attention_factor": factor}
+    return options
 
 
 def module_options(config: Any, layer: int = 0) -> dict[str, Any]:
@@ -190,7 +273,8 @@ def module_options(config: Any, layer: int = 0) -> dict[str, Any]:
 
     ``config`` is a ``transformers`` config or a ``config.json`` dict. The result holds the
     sizes (``d_model``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``bias``), the RoPE settings
-    (``rope_theta``, ``rope_interleaved=False``) and the family's attention options (``window``,
+    (``rope_theta``, ``rope_interleaved=False``; a static rope scaling as ``rope_inv_freq`` and
+    ``rope_attention_factor``, see :func:`_rope`) and the family's attention options (``window``,
     ``scale``, ``softcap``, ``sinks``), already converted to our semantics.
 
     Raises:
@@ -207,7 +291,7 @@ def module_options(config: Any, layer: int = 0) -> dict[str, Any]:
         ),
         "head_dim": _head_dim(config),
         "bias": bool(_get(config, "attention_bias", False)),
-        "rope_theta": _rope_theta(config),
+        **_rope(config),  # rope_theta, and rope_inv_freq / rope_attention_factor if scaled
         "rope_interleaved": False,  # rotate_half: pairs (x[p], x[p + D/2])
     }
     return options | family.options(config, layer)

@@ -160,6 +160,12 @@ class GroupedQueryAttention(nn.Module):
             keys are rotated after the projections (``apply_rotary``); see ``_rotate``.
         rope_interleaved: RoPE pairs ``(x[2p], x[2p+1])`` instead of ``(x[p], x[p + R/2])``.
         rotary_dim: R, the leading features of each query/key head rotated (default D).
+        rope_inv_freq: ``(R/2,)`` floating, the frequencies to rotate by instead of
+            ``rope_theta ** (-2p / R)`` (Llama 3.1's ``llama3``, YaRN, linear scaling); None:
+            theta's. As ``apply_rotary``'s ``inv_freq``.
+        rope_attention_factor: multiplies cos and sin of queries and keys (YaRN's mscale), so
+            the scores by its square; 1.0 is plain RoPE. As ``apply_rotary``'s
+            ``attention_factor``.
         window: ``(left, right)``, the sliding window of every attention call (SEMANTICS.md v2,
             inclusive, on the causal alignment's diagonal); None: no window. ``(W - 1, 0)`` is
             Mistral's and Hugging Face's ``sliding_window=W``.
@@ -190,6 +196,8 @@ class GroupedQueryAttention(nn.Module):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        rope_inv_freq: torch.Tensor | np.ndarray | None = None,
+        rope_attention_factor: float = 1.0,
         window: tuple[int | None, int | None] | None = None,
         sinks: bool = False,
         alibi: bool = False,
@@ -206,7 +214,9 @@ class GroupedQueryAttention(nn.Module):
             dtype=dtype_name(dtype), sinks=sinks, memory_bytes=_memory_bytes(),
         )  # fmt: skip
         self.dims = dims
-        self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, dims.D)  # or None
+        self.rope = check_rope_config(
+            rope_theta, rope_interleaved, rotary_dim, dims.D, rope_inv_freq, rope_attention_factor
+        )  # or None
         self.options = check_attention_options(
             dtype_name(dtype), window=window, sinks=sinks, alibi=alibi, softcap=softcap,
             scale=scale,
@@ -263,7 +273,11 @@ class GroupedQueryAttention(nn.Module):
         if self.rope is None:
             return q, k
         L, S = q.shape[2], k.shape[2]
-        rope = self.rope.keywords()  # theta, rotary_dim, interleaved
+        r = self.rope
+        inv_freq = None  # theta's frequencies, or the module's rope_inv_freq (R/2,) in float64
+        if r.inv_freq is not None:
+            inv_freq = torch.tensor(r.inv_freq, dtype=torch.float64, device=q.device)
+        rope = r.keywords() | {"inv_freq": inv_freq}  # theta, rotary_dim, interleaved, factor
         q = apply_rotary(q, q_start + torch.arange(L, device=q.device), **rope)  # (B, H, L, D)
         k = apply_rotary(k, k_start + torch.arange(S, device=k.device), **rope)  # (B, K, S, D)
         return q, k
@@ -479,6 +493,8 @@ class GroupedQueryAttention(nn.Module):
         rope_theta: float | None = None,
         rope_interleaved: bool = False,
         rotary_dim: int | None = None,
+        rope_inv_freq: torch.Tensor | np.ndarray | None = None,
+        rope_attention_factor: float = 1.0,
         window: tuple[int | None, int | None] | None = None,
         sinks: bool | None = None,
         alibi: bool = False,
@@ -490,8 +506,9 @@ class GroupedQueryAttention(nn.Module):
         shapes (``sinks=True``/``False``, if given, must agree with them).
 
         ``dtype`` defaults to the weights' own dtype (a name such as ``"bfloat16"`` works too);
-        ``rope_theta``, ``rope_interleaved``, ``rotary_dim``, ``window``, ``alibi``,
-        ``softcap``, ``scale`` are the constructor's.
+        ``rope_theta``, ``rope_interleaved``, ``rotary_dim``, ``rope_inv_freq``,
+        ``rope_attention_factor``, ``window``, ``alibi``, ``softcap``, ``scale`` are the
+        constructor's.
         """
         weights = {name: np.asarray(w) for name, w in weights.items()}
         dims = check_canonical(weights, n_heads=n_heads, n_kv_heads=n_kv_heads, sinks=sinks)
@@ -499,8 +516,9 @@ class GroupedQueryAttention(nn.Module):
         # The constructor's keywords: sizes and flags from the shapes, the caller's options.
         keywords = dict(head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias, sinks=dims.sinks,
                         dtype=dtype, device=device, rope_theta=rope_theta,
-                        rope_interleaved=rope_interleaved, rotary_dim=rotary_dim, window=window,
-                        alibi=alibi, softcap=softcap, scale=scale)  # fmt: skip
+                        rope_interleaved=rope_interleaved, rotary_dim=rotary_dim,
+                        rope_inv_freq=rope_inv_freq, rope_attention_factor=rope_attention_factor,
+                        window=window, alibi=alibi, softcap=softcap, scale=scale)  # fmt: skip
         module = cls._unloaded(dims.M, dims.H, dims.K, **keywords)
         module.load_canonical(weights)
         return module

@@ -149,17 +149,21 @@ def test_hf_layer_and_our_three_modules_agree_within_the_float32_bound(model_typ
 
 class _Float64Rotary(torch.nn.Module):
     """A Hugging Face rotary embedding computing cos and sin in float64: theirs computes them
-    in float32 whatever the model's dtype (``position_ids.float() * inv_freq``), then casts."""
+    in float32 whatever the model's dtype (``position_ids.float() * inv_freq``), then casts.
+    ``inv_freq`` and ``factor``: a scaled rope's frequencies and cos/sin factor."""
 
-    def __init__(self, theta: float, dim: int) -> None:
+    def __init__(self, theta: float, dim: int, inv_freq=None, factor: float = 1.0) -> None:
         super().__init__()
         frequencies = [theta ** (-2 * p / dim) for p in range(dim // 2)]
-        self.inv_freq = torch.tensor(frequencies, dtype=torch.float64)
+        given = frequencies if inv_freq is None else inv_freq
+        self.inv_freq = torch.tensor(np.asarray(given), dtype=torch.float64)
+        self.factor = factor
 
     def forward(self, x, position_ids):
         freqs = position_ids[..., None].double() * self.inv_freq  # (B, L, D/2)
         angle = torch.cat([freqs, freqs], dim=-1)  # rotate_half's layout: (B, L, D)
-        return angle.cos().to(x.dtype), angle.sin().to(x.dtype)
+        cos, sin = angle.cos() * self.factor, angle.sin() * self.factor
+        return cos.to(x.dtype), sin.to(x.dtype)
 
 
 def _float64(module):
@@ -184,6 +188,64 @@ def test_float64_layers_agree_to_rounding_given_float64_angles():
         assert np.abs(got - hf).max() < 1e-12, name
     float32_angles = np.abs(_hf_forward(attention64, rotary, x) - hf).max()
     assert 1e-10 < float32_angles < 1e-6
+
+
+#: Scaled ropes of the tiny Llama (theta 100, D = 8, positions 0..5), so every pair's frequency
+#: changes: llama3 with original 16 blends pair 0 and divides pairs 1..3 by 4; YaRN kept pair 0,
+#: divides pairs 1..3 by 4 and puts 0.1 ln 4 + 1 on cos and sin.
+SCALED = {
+    "llama3": {"rope_type": "llama3", "rope_theta": 100.0, "factor": 4.0, "low_freq_factor": 1.0,
+               "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
+    "yarn": {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0,
+             "original_max_position_embeddings": 16},
+}  # fmt: skip
+
+
+def _scaled_expected(rope_type: str) -> tuple[np.ndarray, float]:
+    """The frequencies and cos/sin factor of :data:`SCALED` from the conformance cases' own
+    formulas (written apart from impl_torch/hf.py and from transformers)."""
+    from conformance.cases.rope import llama3_inv_freq, yarn_inv_freq
+
+    if rope_type == "llama3":
+        return llama3_inv_freq(100.0, D, 4.0, 1.0, 4.0, 16), 1.0
+    return yarn_inv_freq(100.0, D, 4.0, 16)
+
+
+@pytest.mark.parametrize("rope_type", list(SCALED))
+def test_scaled_rope_llama_layers_agree_in_float32_and_float64(rope_type):
+    """A Llama 3.1 (``llama3``) or YaRN-scaled LlamaAttention: the converter's rope_inv_freq and
+    rope_attention_factor make our three modules agree with Hugging Face's layer (its own
+    rotary embedding) within the float32 bound of the oracle, and to 1e-12 in float64 given
+    float64 angles; the same layer run with theta's frequencies is far off."""
+    config = transformers.LlamaConfig(**SIZES, rope_parameters=dict(SCALED[rope_type]))
+    modeling = _family_module("llama")
+    torch.manual_seed(7)
+    attention = modeling.LlamaAttention(config, layer_idx=0).eval()
+    rotary = modeling.LlamaRotaryEmbedding(config)
+    weights, options = from_hf_attention(attention), module_options(config, 0)
+    inv_freq, factor = _scaled_expected(rope_type)
+    x = _x(2)
+    w64 = {n: a.astype(np.float64) for n, a in weights.items()}
+    kw = dict(n_heads=H, n_kv_heads=K, is_causal=True, rope_theta=100.0, rope_inv_freq=inv_freq,
+              rope_attention_factor=factor)  # fmt: skip
+    golden = module_forward(w64, x.astype(np.float64), **kw).output
+    plain = module_forward(w64, x.astype(np.float64), **kw, round_to="float32").output
+    bound = tolerance_bound(golden, plain, "float32")
+    results = {"hf": _hf_forward(attention, rotary, x)}
+    for name, impl in IMPLS.items():
+        results[name] = _ours(name, attention_module(impl, weights, options), x)
+    errors = {name: float(np.abs(y - golden).max()) for name, y in results.items()}
+    assert all(e <= bound for e in errors.values()), (errors, bound)
+    unscaled = {k: v for k, v in options.items() if not k.startswith("rope_") or k == "rope_theta"}
+    plain_rope = _ours("numpy", attention_module(impl_numpy, weights, unscaled), x)
+    assert np.abs(plain_rope - golden).max() > 100 * bound  # the scaling matters
+    attention64 = _float64(attention)
+    x64 = _x(3, np.float64)
+    hf64 = _hf_forward(attention64, _Float64Rotary(100.0, D, inv_freq, factor), x64)
+    weights64 = from_hf_attention(attention64)
+    for name, impl in IMPLS.items():
+        got = _ours(name, attention_module(impl, weights64, options), x64)
+        assert np.abs(got - hf64).max() < 1e-12, name
 
 
 def test_the_interleaved_layout_is_a_permutation_of_the_qk_features():
@@ -344,12 +406,14 @@ def test_module_options_of_each_family():
     assert "window" not in module_options(gemma, 1)  # layer 1 is a full-attention layer
     options = module_options(_config("gpt_oss", sliding_window=3), 0)
     assert options["sinks"] is True and options["bias"] is True and options["window"] == (2, 0)
-    with pytest.raises(NotImplementedError, match="rope_type 'yarn'"):
-        module_options({**_config("llama").to_dict(), "rope_parameters": {"rope_type": "yarn"}})
-    llama3 = {"rope_type": "llama3", "rope_theta": 5e5, "factor": 8.0, "low_freq_factor": 1.0,
-              "high_freq_factor": 4.0, "original_max_position_embeddings": 16}  # fmt: skip
-    with pytest.raises(NotImplementedError, match=r"rope_type 'llama3'.*no rope_inv_freq"):
-        module_options(transformers.LlamaConfig(**SIZES, rope_scaling=llama3))  # Llama 3.1/3.2
+    dynamic = {"rope_type": "dynamic", "rope_theta": 100.0, "factor": 2.0}
+    with pytest.raises(NotImplementedError, match=r"rope_type 'dynamic'.*sequence length"):
+        module_options({**_config("llama").to_dict(), "rope_parameters": dynamic})
+    with pytest.raises(NotImplementedError, match="rope_type 'longrope'"):
+        module_options({**_config("llama").to_dict(), "rope_parameters": {"rope_type": "longrope"}})
+    linear = module_options({**_config("llama").to_dict(), "rope_parameters": {
+        "rope_type": "linear", "rope_theta": 100.0, "factor": 4.0}})  # fmt: skip
+    assert np.allclose(linear["rope_inv_freq"], [100 ** (-p / 4) / 4 for p in range(4)])
     with pytest.raises(NotImplementedError, match="no converter for model_type 'gpt2'"):
         module_options({"model_type": "gpt2"})
 

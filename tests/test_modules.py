@@ -160,12 +160,14 @@ def test_multi_head_attention_is_gqa_with_k_equal_h(mf):
     np.testing.assert_allclose(mf.forward(mha, x, ctx), want_y, rtol=0, atol=1e-12)
 
 
-def test_multi_head_attention_hands_every_keyword_on(mf):
+def test_multi_head_attention_hands_every_keyword_on(mf, tmp_path):
     """MultiHeadAttention declares only K = H and hands every other keyword to
     GroupedQueryAttention: from the same (default) seed, the same sizes, settings and weights; a
-    K of its own is refused; from_canonical with settings gives a MultiHeadAttention with them."""
+    K of its own is refused; from_canonical with settings gives a MultiHeadAttention with them,
+    and a weight file carries them (the scaled rotary's frequencies as a JSON list too)."""
     kw = dict(
-        head_dim=3, value_head_dim=5, bias=False, rope_theta=500.0, rotary_dim=2, window=(2, 0),
+        head_dim=3, value_head_dim=5, bias=False, rope_theta=500.0, rotary_dim=2,
+        rope_inv_freq=np.array([0.3]), rope_attention_factor=1.25, window=(2, 0),
         sinks=True, alibi=True, softcap=30.0, scale=0.5, dtype="float64",
     )  # fmt: skip
     mha = mf.modules.MultiHeadAttention(10, 4, **kw)
@@ -177,12 +179,16 @@ def test_multi_head_attention_hands_every_keyword_on(mf):
         np.testing.assert_array_equal(w, weights[name])
     with pytest.raises(TypeError):
         mf.modules.MultiHeadAttention(10, 4, 4, **kw)
-    settings = ("rope_theta", "rotary_dim", "window", "alibi", "softcap", "scale")
+    settings = ("rope_theta", "rotary_dim", "rope_inv_freq", "rope_attention_factor", "window",
+                "alibi", "softcap", "scale")  # fmt: skip
     loaded = mf.modules.MultiHeadAttention.from_canonical(
         weights, n_heads=4, **{k: kw[k] for k in settings}
     )
     assert type(loaded) is mf.modules.MultiHeadAttention
     assert (loaded.dims, loaded.rope, loaded.options) == (gqa.dims, gqa.rope, gqa.options)
+    assert (gqa.rope.inv_freq, gqa.rope.attention_factor) == ((0.3,), 1.25)
+    gqa.save(tmp_path / "scaled.safetensors")
+    assert mf.modules.GroupedQueryAttention.load(tmp_path / "scaled.safetensors").rope == gqa.rope
 
 
 def test_query_head_reads_kv_head_h_div_g_not_h_mod_k(mf):

@@ -19,7 +19,7 @@ from bench.workloads import (
     grid,
     mla_decode_flops,
 )
-from conformance.oracle import mla_forward
+from conformance.oracle import mla_forward, module_forward
 
 from .helpers import assert_within_bound, fake_gpu, to_np
 
@@ -188,3 +188,58 @@ def test_the_timed_step_is_the_last_row_of_the_float64_layer(name, x64):
     for y in outs[1:]:
         np.testing.assert_array_equal(y, outs[0])  # the same step, bit for bit
     assert p.inputs[-1].position == w.P
+
+
+# -- MLA prefill against the same-size GQA module --------------------------------------------
+
+_WP = Workload("mla_prefill", 2, 4, 1, 6, 6, 5, 7, True, "float64", R=10, Dr=4)
+
+
+def test_the_prefill_rows_and_their_workloads():
+    """Each framework: MLA's prefill, its ratio against the GQA module of the same H, score
+    width Dn + Dr and E with K = H / 4, no goal; the grids hold L = 512 (quick) and 2048
+    (full); the FLOPs are MLA's projections and attention."""
+    for fw in _FRAMEWORKS:
+        mla, gqa = row_by_name(f"{fw} MLA prefill"), row_by_name(f"{fw} GQA prefill (MLA size)")
+        assert (mla.call, gqa.call, mla.ref, mla.goals) == ("mla_prefill", "mla_prefill_gqa",
+                                                           gqa.name, ())  # fmt: skip
+        assert gqa.target == f"impl_{fw}.modules:GroupedQueryAttention"
+        assert mla.gate_alias == gqa.gate_alias == "module"
+    prefill = {n: [w for w in grid("cpu", n) if w.op == "mla_prefill"] for n in ("quick", "full")}
+    assert [w.L for w in prefill["quick"]] == [512] and [w.L for w in prefill["full"]] == [
+        512,
+        2048,
+    ]
+    w = prefill["quick"][0]
+    assert (w.H, w.K, w.R, w.Dr, w.D, w.E, w.M, w.is_causal) == (
+        16,
+        4,
+        512,
+        64,
+        128,
+        128,
+        2048,
+        True,
+    )
+    proj = 2 * 512 * (2048 * 16 * 192 + 2048 * 576 + 512 * 16 * 256 + 16 * 128 * 2048)
+    assert w.flops()[0] == proj + 2 * 16 * 512 * 512 * (192 + 128)
+    assert w.variant == "MLA" and w.id.startswith("mla_prefill.b1.h16.k4.l512.")
+
+
+@pytest.mark.parametrize("fw", ["numpy", "torch"])
+def test_the_timed_prefills_are_the_float64_layers(fw):
+    """The timed MLA call is the oracle's causal MLA layer; the GQA twin is the oracle's GQA
+    module with head_dim Dn + Dr, E and RoPE on Dr features, from its canonical weights."""
+    pytest.importorskip(fw)
+    for name in (f"{fw} MLA prefill", f"{fw} GQA prefill (MLA size)"):
+        p = preparers.prepare(row_by_name(name), _WP, "cpu")
+        weights = {k: to_np(a) for k, a in p.module.to_canonical().items()}
+        x = to_np(p.inputs[-1])  # (B, L, M)
+        if "MLA prefill" in name:
+            golden = mla_forward(weights, x, n_heads=4, qk_rope_head_dim=4, is_causal=True)
+        else:
+            assert (p.module.dims.K, p.module.dims.D, p.module.dims.E) == (1, 9, 7)
+            golden = module_forward(weights, x, n_heads=4, n_kv_heads=1, is_causal=True,
+                                    rope_theta=10000.0, rotary_dim=4)  # fmt: skip
+        out = to_np(p.call())
+        assert_within_bound(out, golden.output, golden.output, "float64")

@@ -19,7 +19,8 @@ Read these files as documentation. Each case is a function registered by
 - :mod:`~conformance.cases.ring`: sharded attention, ring and head-parallel (``ring.*``), and
   the sharded rules of the taxonomy (``ring.error.*``);
 - :mod:`~conformance.cases.rope`: ``apply_rotary`` (``rope.*``, its errors too) and the modules
-  and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``);
+  and KV-cache decoding with RoPE (``module.rope.*``, ``decode.rope.*``; scaled frequencies:
+  ``module.rope_scaled.*``, ``decode.rope_scaled.*``);
 - :mod:`~conformance.cases.varlen`: contract v3's packed variable-length batches
   (``varlen.*``, ``varlen_grad.*`` and their errors);
 - :mod:`~conformance.cases.paged`: contract v3's paged key/value caches, ``paged_attention``

@@ -6,8 +6,9 @@
 functions give the shapes, dtypes and keywords of a call that must raise
 (``rope.error.<name>.<dtype>``). The module and decode cases at the end build
 ``GroupedQueryAttention``/``MultiHeadAttention`` with ``rope_theta`` (``module.rope.*``,
-``decode.rope.*``): the settings travel in the manifest's module spec, which the runner passes to
-``from_canonical``.
+``decode.rope.*``) and with scaled frequencies, ``rope_inv_freq`` / ``rope_attention_factor``
+(``module.rope_scaled.*``, ``decode.rope_scaled.*``): the settings travel in the manifest's
+module spec, which the runner passes to ``from_canonical``.
 
 Sizes: B=2, 3 heads, L=5, D=12 (pairwise distinct with the pair count P = 6), so a pair built
 across the wrong axis or from the wrong end is a wrong number, not a silent pass.
@@ -515,4 +516,74 @@ _construct_error(
     "ConfigError",
     "rope_theta",
     "rotary_dim=2 without rope_theta: refused, not ignored.",
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modules with scaled rotary frequencies: rope_inv_freq, rope_attention_factor (Contract v3)
+# ---------------------------------------------------------------------------------------------
+
+#: Llama 3.1's scaling shrunk to the module cases' few positions: theta 100 over D = 8 has the
+#: wavelengths 6.3, 19.9, 62.8, 199; with original 16, low 1, high 4 and factor 4, pair 0 is
+#: blended and pairs 1..3 divided by 4, so every pair turns differently from theta's.
+MODULE_LLAMA3 = llama3_inv_freq(100.0, MRD, 4.0, 1.0, 4.0, 16)
+#: YaRN (factor 4, original 16) of theta 100 on rotary_dim 4: pair 0 kept, pair 1 divided by
+#: 4; attention_factor 0.1 ln 4 + 1 on cos and sin (so 1.296 on the scores).
+MODULE_YARN = yarn_inv_freq(100.0, 4, 4.0, 16)
+
+
+def _scaled_options(inv_freq, attention_factor=1.0, theta=100.0, **rope) -> dict[str, Any]:
+    """A module's RoPE options with ``rope_inv_freq`` as the JSON list a fixture holds."""
+    options = _rope_options(theta, **rope) | {"rope_inv_freq": [float(f) for f in inv_freq]}
+    if attention_factor != 1.0:
+        options["rope_attention_factor"] = float(attention_factor)
+    return options
+
+
+@case("module", "rope_scaled.llama3.gqa.h6_k2", ALL_DTYPES)
+def module_rope_scaled_llama3(rng, dtype):
+    """GQA 6:2 with Llama 3.1's scaled frequencies as ``rope_inv_freq`` (:data:`MODULE_LLAMA3`),
+    rope_theta 100 given and unused: a module rotating by theta's frequencies fails on every
+    score (with the weights of every head)."""
+    return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
+                      n_kv_heads=K, keywords={"return_weights": True, "is_causal": True},
+                      options=_scaled_options(MODULE_LLAMA3))  # fmt: skip
+
+
+@case("module", "rope_scaled.yarn.mha.interleaved.r4", ("float64", "float32"))
+def module_rope_scaled_yarn(rng, dtype):
+    """MultiHeadAttention with YaRN on the first 4 of D = 8 features, interleaved:
+    ``rope_inv_freq`` and ``rope_attention_factor`` 1.1386 on cos and sin of queries and keys,
+    so the rotated part of every score by 1.296; a module applying the factor once (to the
+    queries only) or not at all fails."""
+    inv_freq, factor = MODULE_YARN
+    return ModuleCall(canonical(rng, k=H, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
+                      n_kv_heads=H, cls="MultiHeadAttention", keywords={"return_weights": True},
+                      options=_scaled_options(inv_freq, factor, rotary_dim=4,
+                                              interleaved=True))  # fmt: skip
+
+
+@case("decode", "rope_scaled.gqa.h6_k2", F32)
+def decode_rope_scaled_gqa(rng, dtype):
+    """KV-cache decoding with Llama 3.1's frequencies and an attention factor of 1.25: each
+    chunk's queries and keys rotated at cache.position + i with the module's rope_inv_freq, the
+    cache holding the scaled rotated keys; any chunking gives the full forward."""
+    return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, DECODE_T, MM), n_heads=H,
+                      n_kv_heads=K, keywords={"is_causal": True},
+                      options=_scaled_options(MODULE_LLAMA3, 1.25))  # fmt: skip
+
+
+_construct_error(
+    "rope_inv_freq_shape",
+    {**_SIZES, "rope_theta": 10000.0, "rope_inv_freq": [1.0, 0.5, 0.25]},
+    "DimensionMismatchError",
+    "inv_freq_shape",
+    "rope_inv_freq of 3 frequencies for D = 4 (2 pairs): one per rotated pair.",
+)
+_construct_error(
+    "rope_attention_factor_without_theta",
+    {**_SIZES, "rope_attention_factor": 1.5},
+    "ConfigError",
+    "rope_theta",
+    "rope_attention_factor=1.5 without rope_theta: refused, not ignored.",
 )

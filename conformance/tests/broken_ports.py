@@ -282,6 +282,21 @@ BUGS: dict[str, tuple[str, str]] = {
         "decode: new tokens rotated at 0 .. L-1, not cache.position + 0 .. L-1",
         "decode.rope.gqa.h6_k2.tokens.float32",
     ),
+    # -- modules with scaled rotary frequencies (rope_inv_freq=, rope_attention_factor=) -
+    "module_rope_inv_freq_ignored": (
+        "module: rope_inv_freq accepted but theta's frequencies used (a llama3-scaled Llama "
+        "3.1 layer run with its plain rope_theta)",
+        "module.rope_scaled.llama3.gqa.h6_k2.float32",
+    ),
+    "module_rope_attention_factor_once": (
+        "module: rope_attention_factor on the queries' cos and sin only, not the keys' (the "
+        "scores scaled by the factor, not its square)",
+        "module.rope_scaled.yarn.mha.interleaved.r4.float32",
+    ),
+    "decode_rope_inv_freq_ignored": (
+        "decode: the forward rotates with rope_inv_freq, decode with theta's frequencies",
+        "decode.rope_scaled.gqa.h6_k2.tokens.float32",
+    ),
     # -- flash_attention: flash_broken.py ---------------------------------------------
     "flash_no_rescale": (
         "flash: the accumulator and running sum are not rescaled when the row max grows",

@@ -38,14 +38,17 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
     class GroupedQueryAttention:
         def __init__(self, d_model, n_heads, n_kv_heads, *, head_dim=None, value_head_dim=None,
                      bias=True, rope_theta=None, rope_interleaved=False, rotary_dim=None,
-                     window=None, sinks=False, alibi=False, softcap=None, scale=None,
-                     dtype="float32"):  # fmt: skip
+                     rope_inv_freq=None, rope_attention_factor=1.0, window=None, sinks=False,
+                     alibi=False, softcap=None, scale=None, dtype="float32"):  # fmt: skip
             dtype = np.dtype(module_dtype(dtype))
             self.dims = check_module_config(
                 d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
                 dtype=dtype.name, sinks=sinks,
             )  # fmt: skip
-            self.rope = check_rope_config(rope_theta, rope_interleaved, rotary_dim, self.dims.D)
+            self.rope = check_rope_config(
+                rope_theta, rope_interleaved, rotary_dim, self.dims.D, rope_inv_freq,
+                rope_attention_factor,
+            )  # fmt: skip
             self.options = check_attention_options(
                 dtype.name, window=window, sinks=sinks, alibi=alibi, softcap=softcap, scale=scale
             )
@@ -92,11 +95,18 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
                 return out.transpose(0, 2, 3, 1).reshape(B, L, E * H)
             return out.transpose(0, 2, 1, 3).reshape(B, L, H * E)
 
-        def _rotate(self, q, k, q_start, k_start):  # RoPE: query i at q_start + i, key j at ...
+        def _rotate(self, q, k, q_start, k_start, decode=False):  # RoPE: query i at q_start + i
             if self.rope is None:
                 return q, k
-            kw = self.rope.keywords()
+            kw = self.rope.keywords()  # theta, rotary_dim, interleaved, attention_factor
+            if self.rope.inv_freq is not None and not (
+                bug == "module_rope_inv_freq_ignored"
+                or (bug == "decode_rope_inv_freq_ignored" and decode)
+            ):
+                kw["inv_freq"] = np.asarray(self.rope.inv_freq, np.float64)
             q = apply_rotary(q, q_start + np.arange(q.shape[2]), **kw)
+            if bug == "module_rope_attention_factor_once":  # the factor on the queries only
+                kw["attention_factor"] = 1.0
             return q, apply_rotary(k, k_start + np.arange(k.shape[2]), **kw)
 
         def _names(self):  # the projections of the queries and of the keys
@@ -182,7 +192,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
             new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
             start = 0 if bug == "rope_decode_not_offset" else position
-            q, new_k = self._rotate(q, new_k, start, start)
+            q, new_k = self._rotate(q, new_k, start, start, decode=True)
             keep = cache.key.shape[2]  # a plain cache: every token so far
             if cache.slots is not None:  # a rolling cache: the window's last left tokens
                 keep = min(position, cache.slots - 1)

@@ -164,6 +164,7 @@ def test_contract_versions_as_documented():
     v3 globs exactly the v3 cases (a v2 port's); 55 of the 230 sdpa runs are v2, 22 v3 (fp8)."""
     globs = re.findall(r"`([\w.]*\*[\w.*]*)`", _section("Contract versions"))
     v3_globs = ["*inv_freq*", "*attention_factor*", "*.mla.*", "*.error.mla_*"]
+    v3_globs += ["*.rope_scaled.*"]  # the modules' rope_inv_freq / rope_attention_factor
     v3_globs += ["*.fp8.*", "*.error.fp8_*"]  # fp8 inputs and descales (quantize: its own op)
     assert len(globs) >= 9 and set(v3_globs) <= set(globs), globs
     assert {e["contract"] for e in ENTRIES} == {"v1", "v2", "v3"}

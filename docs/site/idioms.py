@@ -543,4 +543,34 @@ IDIOMS: dict[str, dict[str, str]] = {
             "Identical in the three: `self._project_output(out)`, the forward's own."
         ),
     },
+    "mla_decode_naive": {
+        "MultiHeadLatentAttention.init_kv_cache": (
+            "Two zero buffers of all H heads, keys of Dn + Dr and values of E numbers per token "
+            "(`np.zeros`, `torch.zeros` with the module's dtype and device, `jnp.zeros`), in the "
+            "project's `KVCache`, the GQA module's cache with K = H: H (Dn + Dr + E) numbers "
+            "per token against the latent cache's R + Dr."
+        ),
+        "1. projections of the new tokens": (
+            "The forward's calls, `self._project_query(x)` and `self._project_latent(x)`, after "
+            "the cache was validated (against the naive cache's shapes), "
+            "before any write."
+        ),
+        "2. RoPE": (
+            "Identical in the three: `self._rotate(q_pe, k_pe, cache.position)`, so the cached "
+            "keys hold their rope part already rotated, as the GQA cache does."
+        ),
+        "3. keys and values of every head, appended to the cache": (
+            "The forward's `self._expand(c_kv)` and `self._heads` of the new tokens only, "
+            "then `cache.append(k_new, v_new)`: NumPy and torch write into the buffers in "
+            "place, JAX returns new ones; all three give back the S cached keys and values."
+        ),
+        "4. attention over the S keys, bottom-right causal": (
+            "Identical in the three: `self._attend` with `is_causal=True` and "
+            '`causal_alignment="bottom_right"`, the module\'s scale, (Dn + Dr) ** -0.5 '
+            "unless given, and every mask keyword passed through."
+        ),
+        "5. heads merged back, output projection": (
+            "Identical in the three: `self._project_output(out)`, the forward's own."
+        ),
+    },
 }

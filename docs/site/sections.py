@@ -112,8 +112,6 @@ SECTIONS: tuple[Section, ...] = (
             "MultiHeadLatentAttention.__call__ | MultiHeadLatentAttention.forward",
         ),
     ),
-    # The naive decode (init_kv_cache, decode_naive) is the forward's steps with the cache append
-    # of the "decode" section between them: UNCOMPARED.
     Section(
         "mla_decode",
         "Multi-head latent attention: the absorbed decode",
@@ -122,6 +120,16 @@ SECTIONS: tuple[Section, ...] = (
             "MultiHeadLatentAttention._absorbed",
             "MultiHeadLatentAttention.init_cache",
             "MultiHeadLatentAttention.decode",
+        ),
+    ),
+    # The naive decode: the forward's steps with the KV cache's append (section decode) in step 3.
+    Section(
+        "mla_decode_naive",
+        "Multi-head latent attention: the naive decode",
+        "mla.py",
+        functions=(
+            "MultiHeadLatentAttention.init_kv_cache",
+            "MultiHeadLatentAttention.decode_naive",
         ),
     ),
 )
@@ -145,13 +153,6 @@ UNCOMPARED: dict[str, str] = {
     **{
         f"impl_{fw}/flash.py::paged_flash_attention": (
             "the paged tiled read (contract v3) is not on the page yet: its rows need idiom notes"
-        )
-        for fw in FRAMEWORKS
-    },
-    **{
-        f"impl_{fw}/mla.py::MultiHeadLatentAttention.decode_naive": (
-            "the naive decode's steps are the forward's (section mla), with the KV cache's append "
-            "(section decode) in step 3: the page shows the absorbed decode instead"
         )
         for fw in FRAMEWORKS
     },
