@@ -149,6 +149,13 @@ UNCOMPARED: dict[str, str] = {
         )
         for fw in FRAMEWORKS
     },
+    **{
+        f"impl_{fw}/flash.py::flash_attention": (
+            "its one numbered step is the functional section's step 0 (the same `_dequantized` "
+            "call, row 'dequantize' there); the tiled steps are `_forward`'s, in the flash section"
+        )
+        for fw in FRAMEWORKS
+    },
     # Not yet a section: its steps line up in the three, but its rows have no idiom notes yet.
     **{
         f"impl_{fw}/flash.py::paged_flash_attention": (
