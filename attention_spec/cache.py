@@ -21,8 +21,11 @@ from attention_spec.errors import make_error
 from attention_spec.keywords import check_flag, check_size
 from attention_spec.modules import ModuleDims, check_sequence
 from attention_spec.validate import check_attention
+from attention_spec.varlen import _check_cu_seqlens
 
-__all__ = ["check_cache_size", "check_decode_inputs", "check_paged_decode_inputs"]
+__all__ = [
+    "check_cache_size", "check_decode_inputs", "check_paged_decode_inputs", "check_prefill_inputs",
+]  # fmt: skip
 
 
 def check_cache_size(
@@ -315,3 +318,32 @@ def _check_rolling(length: int, slots: int, **refused: Any) -> None:
             expected="no mask, bias or segment ids with a rolling cache",
             actual=", ".join(given) + " given",
         )
+
+
+def check_prefill_inputs(
+    dims: ModuleDims, param_dtype: str, x: Any, cu_seqlens: Any, *, is_causal: object = True
+) -> int:
+    """Validate a packed prefill ``module.prefill(x, cu_seqlens)`` before any projection: N
+    sequences of different lengths packed into ``x (1, T, M)`` (one row, as Hugging Face's
+    padding-free batches), sequence n being tokens ``cu_seqlens[n] .. cu_seqlens[n + 1] - 1``.
+    Returns N.
+
+    Raises:
+        the errors of :func:`check_module_inputs` for x; ConfigError ``not_a_bool``;
+        DimensionMismatchError ``batch_not_broadcastable``: x's batch is not 1;
+        the ``cu_seqlens_*`` errors of ``varlen_attention`` (its values against T).
+    """
+    check_flag("is_causal", is_causal)
+    check_given(x=x)
+    x = describe(x)
+    check_sequence("x", x, dims, param_dtype)
+    if x.shape[0] != 1:
+        raise make_error(
+            "batch_not_broadcastable",
+            f"a packed prefill takes its sequences in one row, x (1, T, M); got x {x.shape}. "
+            "Concatenate them along L and pass their boundaries as cu_seqlens",
+            expected="B=1",
+            actual=f"B={x.shape[0]}",
+        )
+    n, _ = _check_cu_seqlens("cu_seqlens", cu_seqlens, x.shape[1], "T")
+    return n

@@ -49,7 +49,7 @@ from safetensors import safe_open
 from safetensors.numpy import save_file
 
 from attention_spec import alibi_slope_values, causal_offset, check_rope_config, compute_dtype
-from attention_spec.cache import check_paged_decode_inputs
+from attention_spec.cache import check_paged_decode_inputs, check_prefill_inputs
 from attention_spec.modules import (
     PROJECTIONS,
     check_attention_options,
@@ -74,6 +74,7 @@ from impl_jax.functional import (
 )
 from impl_jax.paged import paged_attention
 from impl_jax.rotary import apply_rotary
+from impl_jax.varlen import varlen_attention
 
 __all__ = [
     "GroupedQueryAttention", "KVCache", "MultiHeadAttention", "PagedKVCache", "padding_mask",
@@ -449,6 +450,37 @@ class GroupedQueryAttention(nnx.Module):
         out = out.reshape(B, L, self.dims.H, self.dims.E).transpose(0, 2, 1, 3)  # (B, H, L, E)
         # 4. heads merged back, output projection.
         return self._project_output(out), cache  # (B, L, M)
+
+    def prefill(self, x: jax.Array, cu_seqlens: jax.Array, *, is_causal: bool = True) -> jax.Array:
+        """Self-attention of N sequences of different lengths packed into one row, ``x (1, T,
+        M)`` (no padding): sequence n is tokens ``cu_seqlens[n] .. cu_seqlens[n + 1] - 1``
+        (``cu_seqlens (N + 1,)`` integers, 0 to T), its tokens at positions 0, 1, ... of their
+        own (RoPE), attending only its own tokens through ``varlen_attention`` (causal by
+        default), with the module's window, sinks, ALiBi, softcap and scale.
+
+        Returns ``(1, T, M)``: row t is what the module gives the token in a forward of its own
+        sequence alone. It writes no cache.
+        """
+        x, cu_seqlens = _asarray(x), _asarray(cu_seqlens)
+        check_prefill_inputs(self.dims, self.dtype.name, x, cu_seqlens, is_causal=is_causal)
+        _, T, _ = x.shape
+        # 1. projections of the packed tokens, token-major: q (T, H, D), k (T, K, D), v (T, K, E).
+        q = self._project_query(x)  # (1, H, T, D)
+        k, v = self._project_key_value(x)  # (1, K, T, D), (1, K, T, E)
+        #    RoPE: token t of sequence n at position t - cu_seqlens[n], its place in its own.
+        cu = cu_seqlens.astype(jnp.int32)  # (N + 1,)
+        t = jnp.arange(T)  # (T,)
+        positions = t - cu[jnp.searchsorted(cu, t, side="right") - 1]  # (T,)
+        if self.rope is not None:
+            q = apply_rotary(q, positions, **self.rope.keywords())  # (1, H, T, D)
+            k = apply_rotary(k, positions, **self.rope.keywords())  # (1, K, T, D)
+        q, k, v = (a[0].transpose(1, 0, 2) for a in (q, k, v))  # (T, H|K, D|E)
+        # 2. attention of each sequence over its own keys.
+        out = varlen_attention(
+            q, k, v, cu_seqlens, cu_seqlens, is_causal=is_causal, **self._option_keywords()
+        )  # (T, H, E)
+        # 3. heads merged back, output projection.
+        return self._project_output(out.transpose(1, 0, 2)[None])  # (1, T, M)
 
     # -- canonical weights ---------------------------------------------------------------------
 

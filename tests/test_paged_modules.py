@@ -13,7 +13,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from attention_spec import ConfigError
+from attention_spec import ConfigError, DimensionMismatchError
 from tests.frameworks import same_error
 from tests.module_frameworks import MODULE_FRAMEWORKS, TOLERANCE, B, H, M, random_canonical
 from tests.module_frameworks import reference_forward as reference
@@ -113,4 +113,50 @@ def test_paged_cache_refusals_are_identical():
     same_error(
         lambda mf: decode(mf, return_weights=True), ConfigError, "paged_cache",
         "takes no return_weights=True", frameworks=MODULE_FRAMEWORKS,
+    )  # fmt: skip
+
+
+# -- packed prefill of sequences of different lengths (module.prefill, varlen_attention) ------
+
+
+@pytest.mark.parametrize(
+    "name",
+    [pytest.param(n, marks=[pytest.mark.slow] if n == "jax" else []) for n in MODULE_FRAMEWORKS],
+)
+def test_packed_prefill_is_each_sequence_alone(name):
+    """Sequences of 3, 0, 5 and 1 tokens packed into x (1, 9, M): each token's row is the
+    oracle's causal forward of its own sequence alone (RoPE from its own position 0, a window,
+    sinks, ALiBi, softcap, GQA 6:2)."""
+    mf = MODULE_FRAMEWORKS[name]
+    rng = np.random.default_rng(43)
+    weights = random_canonical(rng, K=2)
+    weights["sinks"] = rng.standard_normal(H)
+    kw = dict(rope_theta=500.0, rotary_dim=10, window=(2, 0), alibi=True, softcap=4.0)
+    module = mf.build(weights, H, 2, **kw)
+    lengths = [3, 0, 5, 1]
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    x = rng.standard_normal((1, int(cu[-1]), M))
+    got = mf.to_numpy(module.prefill(mf.asarray(x), mf.asarray(cu)))
+    assert got.shape == x.shape
+    for n in range(len(lengths)):
+        if lengths[n] == 0:
+            continue
+        alone = x[:, cu[n] : cu[n + 1]]
+        want, _ = reference(weights, alone, None, n_heads=H, n_kv_heads=2, is_causal=True, **kw)
+        np.testing.assert_allclose(got[:, cu[n] : cu[n + 1]], want, rtol=0, atol=1e-12)
+
+
+def test_packed_prefill_refusals_are_identical():
+    def prefill(mf, x_shape, cu):
+        module = mf.build(random_canonical(np.random.default_rng(44), K=2), H, 2)
+        module.prefill(mf.asarray(np.zeros(x_shape)), mf.asarray(np.asarray(cu, np.int32)))
+
+    same_error(
+        lambda mf: prefill(mf, (2, 4, M), [0, 4]), DimensionMismatchError,
+        "batch_not_broadcastable", "a packed prefill takes its sequences in one row",
+        frameworks=MODULE_FRAMEWORKS,
+    )  # fmt: skip
+    same_error(
+        lambda mf: prefill(mf, (1, 4, M), [0, 3]), ConfigError, "cu_seqlens_value",
+        "cu_seqlens[N] = 3, not T=4", frameworks=MODULE_FRAMEWORKS,
     )  # fmt: skip
