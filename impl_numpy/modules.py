@@ -418,9 +418,9 @@ class GroupedQueryAttention:
         # 2. the cache: each sequence takes the pages its new tokens need from the pool, and
         #    the new keys and values are written into them.
         cache = cache.write(k_new, v_new)
-        # 3. attention of each sequence's L new queries (token-major, sequence b's rows
-        #    b*L .. b*L + L - 1) over its S = position + L keys, read page by page through its
-        #    block-table row; bottom-right causal, within the module's window.
+        # 3. attention through paged_attention: each sequence's L new queries (token-major,
+        #    sequence b's rows b*L .. b*L + L - 1) over its S = position + L keys, read through
+        #    its block-table row; bottom-right causal, within the module's window.
         q = q.transpose(0, 2, 1, 3).reshape(B * L, self.dims.H, self.dims.D)  # (B*L, H, D)
         seq_lens = np.full((B,), cache.position, np.int32)  # (B,)
         cu_seqlens_q = np.arange(B + 1, dtype=np.int32) * L  # (B + 1,)

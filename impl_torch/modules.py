@@ -479,9 +479,9 @@ class GroupedQueryAttention(nn.Module):
         # 2. the cache: each sequence takes the pages its new tokens need from the pool, and
         #    the new keys and values are written into them.
         cache = cache.write(k_new, v_new)
-        # 3. attention of each sequence's L new queries (token-major, sequence b's rows
-        #    b*L .. b*L + L - 1) over its S = position + L keys, read page by page through its
-        #    block-table row; bottom-right causal, within the module's window.
+        # 3. attention through paged_attention: each sequence's L new queries (token-major,
+        #    sequence b's rows b*L .. b*L + L - 1) over its S = position + L keys, read through
+        #    its block-table row; bottom-right causal, within the module's window.
         q = q.transpose(1, 2).reshape(B * L, self.dims.H, self.dims.D)  # (B*L, H, D)
         device = q.device
         seq_lens = torch.full((B,), cache.position, dtype=torch.int32, device=device)  # (B,)

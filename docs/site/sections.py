@@ -104,6 +104,24 @@ SECTIONS: tuple[Section, ...] = (
             "MultiHeadLatentAttention.__call__ | MultiHeadLatentAttention.forward",
         ),
     ),
+    Section(
+        "paged_decode",
+        "KV-cache decoding on a paged cache",
+        "modules.py",
+        functions=("GroupedQueryAttention._decode_paged",),
+    ),
+    Section(
+        "prefill",
+        "Packed prefill of sequences of different lengths",
+        "modules.py",
+        functions=("GroupedQueryAttention.prefill",),
+    ),
+    Section(
+        "paged_flash",
+        "Paged tiled read (paged_flash_attention)",
+        "flash.py",
+        functions=("paged_flash_attention",),
+    ),
     # The naive decode (init_kv_cache, decode_naive) is the forward's steps with the cache append
     # of the "decode" section between them: UNCOMPARED.
     Section(
@@ -130,13 +148,6 @@ UNCOMPARED: dict[str, str] = {
         f"impl_{fw}/functional.py::attention_weights": (
             "scaled_dot_product_attention's rows already show it: its step 0 is the same "
             "dequantize, its steps 1 to 5 are the same `_weights` helper, and it has no step 6"
-        )
-        for fw in FRAMEWORKS
-    },
-    # Not yet a section: its steps line up in the three, but its rows have no idiom notes yet.
-    **{
-        f"impl_{fw}/flash.py::paged_flash_attention": (
-            "the paged tiled read (contract v3) is not on the page yet: its rows need idiom notes"
         )
         for fw in FRAMEWORKS
     },
