@@ -21,24 +21,48 @@ from attention_spec.errors import make_error
 from attention_spec.keywords import check_flag, check_size
 from attention_spec.modules import ModuleDims, check_sequence
 from attention_spec.validate import check_attention
+from attention_spec.varlen import _check_cu_seqlens
 
-__all__ = ["check_cache_size", "check_decode_inputs"]
+__all__ = [
+    "check_cache_size", "check_decode_inputs", "check_paged_decode_inputs", "check_prefill_inputs",
+]  # fmt: skip
 
 
 def check_cache_size(
-    batch_size: int, max_len: int, *, rolling: object = False, left: int | None = None
+    batch_size: int,
+    max_len: int,
+    *,
+    rolling: object = False,
+    left: int | None = None,
+    page_size: int | None = None,
 ) -> int:
-    """Validate ``init_cache(batch_size, max_len, rolling=)`` and return the buffers' length T:
-    ``max_len`` for a plain cache, ``min(left + 1, max_len)`` slots for a rolling one (the
-    window of one decoded token: itself and the ``left`` before it).
+    """Validate ``init_cache(batch_size, max_len, rolling=, page_size=)`` and return the
+    buffers' length T: ``max_len`` for a plain cache, ``min(left + 1, max_len)`` slots for a
+    rolling one (the window of one decoded token: itself and the ``left`` before it); a paged
+    cache (``page_size`` given) returns ``max_len`` too (its pool holds ``batch_size *
+    ceil(max_len / page_size)`` pages).
 
     Raises:
         ConfigError ``non_positive_size``; ``not_a_bool`` (rolling);
         ConfigError ``rolling_cache``: ``rolling=True`` for a module without a window's left side.
+        ConfigError ``paged_cache``: ``rolling=True`` with a ``page_size``.
     """
     check_size("batch_size (B)", batch_size)
     check_size("max_len", max_len)
-    if not check_flag("rolling", rolling):
+    rolling = check_flag("rolling", rolling)
+    if page_size is not None:
+        check_size("page_size", page_size)
+        if rolling:
+            raise make_error(
+                "paged_cache",
+                "a KV cache is rolling or paged, not both: a paged cache keeps every token "
+                "(a window's keys are chosen by paged_attention). Pass rolling=True or "
+                "page_size=, not both",
+                expected="rolling=False with page_size, or page_size=None",
+                actual=f"rolling=True, page_size={page_size}",
+            )
+        return int(max_len)
+    if not rolling:
         return int(max_len)
     if left is None:
         raise make_error(
@@ -144,9 +168,23 @@ def check_decode_inputs(
         slots = check_cache_size(1, max_len, rolling=True, left=left)
         _check_rolling(describe(cache_key).shape[2], slots, mask=mask, bias=bias,
                        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)  # fmt: skip
-    x_shape = x.shape
+    n_batch, new_len, _ = x.shape
+    _check_batch_and_length(x.shape, describe(cache_key).shape[0], position, max_len)
+    S = position + new_len
+    return check_attention(
+        ArraySpec((n_batch, dims.H, new_len, dims.D), param_dtype),  # q of the new tokens
+        ArraySpec((n_batch, dims.K, S, dims.D), param_dtype),  # k: cached and new
+        ArraySpec((n_batch, dims.K, S, dims.E), param_dtype),  # v
+        mask=mask, bias=bias, causal_alignment="bottom_right",
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+    )  # fmt: skip
+
+
+def _check_batch_and_length(
+    x_shape: tuple[int, ...], cache_batch: int, position: int, max_len: int
+) -> None:
+    """x ``(B, L, M)`` has the cache's batch, and ``position + L`` fits ``max_len``."""
     n_batch, new_len, _ = x_shape
-    cache_batch = describe(cache_key).shape[0]
     if n_batch != cache_batch:
         raise make_error(
             "batch_not_broadcastable",
@@ -162,14 +200,71 @@ def check_decode_inputs(
             expected=f"position + L <= max_len={max_len}",
             actual=f"{position} + {new_len} = {position + new_len}",
         )
-    S = position + new_len
-    return check_attention(
-        ArraySpec((n_batch, dims.H, new_len, dims.D), param_dtype),  # q of the new tokens
-        ArraySpec((n_batch, dims.K, S, dims.D), param_dtype),  # k: cached and new
-        ArraySpec((n_batch, dims.K, S, dims.E), param_dtype),  # v
-        mask=mask, bias=bias, causal_alignment="bottom_right",
-        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-    )  # fmt: skip
+
+
+def check_paged_decode_inputs(
+    dims: ModuleDims,
+    param_dtype: str,
+    x: Any,
+    *,
+    key_pages: Any,
+    value_pages: Any,
+    batch_size: int,
+    position: int,
+    max_len: int,
+    return_weights: object = False,
+    **refused: Any,
+) -> None:
+    """Validate a decode step on a paged cache (``init_cache(..., page_size=)``) before any
+    projection or write: new tokens ``x (B, L, M)`` into a pool ``key_pages (P, page_size, K,
+    D)``, ``value_pages (P, page_size, K, E)`` of ``batch_size`` sequences holding ``position``
+    of at most ``max_len`` tokens each.
+
+    A paged decode goes through ``paged_attention``, which takes no mask, bias or segment ids
+    and gives no weights: ``refused`` (mask, bias, q_segment_ids, kv_segment_ids) must be None
+    and ``return_weights`` False.
+
+    Raises:
+        the errors of :func:`check_module_inputs` for x; ConfigError ``not_a_bool``;
+        DimensionMismatchError ``cache_mismatch``, DTypeError ``dtype_mismatch``: a pool of
+        another module; ConfigError ``paged_cache``: a refused keyword given;
+        DimensionMismatchError ``batch_not_broadcastable``; ConfigError ``cache_overflow``.
+    """
+    weights = check_flag("return_weights", return_weights)
+    check_given(x=x, key_pages=key_pages, value_pages=value_pages)
+    x = describe(x)
+    check_sequence("x", x, dims, param_dtype)
+    key, value = describe(key_pages), describe(value_pages)
+    for name, spec, last in (("key", key, dims.D), ("value", value, dims.E)):
+        want = f"(P, page_size, K={dims.K}, {'D' if name == 'key' else 'E'}={last})"
+        if len(spec.shape) != 4 or spec.shape[2] != dims.K or spec.shape[3] != last:
+            raise make_error(
+                "cache_mismatch",
+                f"the paged KV cache's {name} pages must be {want} for this module {dims}; got "
+                f"{spec.shape}. A cache belongs to the module that made it (init_cache)",
+                expected=want,
+                actual=str(spec.shape),
+            )
+        if spec.dtype != param_dtype:
+            raise make_error(
+                "dtype_mismatch",
+                f"the paged KV cache's {name} dtype must be the module's ({param_dtype}); got "
+                f"{spec.dtype}",
+                expected=param_dtype,
+                actual=spec.dtype,
+            )
+    given = [name for name, value in refused.items() if value is not None]
+    given += ["return_weights=True"] if weights else []
+    if given:
+        raise make_error(
+            "paged_cache",
+            f"a paged KV cache's decode takes no {', '.join(given)}: it runs paged_attention, "
+            "which reads every sequence's own keys by its block table (no mask, bias or ids) "
+            "and gives no weights. Use a plain cache (no page_size) for them",
+            expected="no mask, bias, segment ids or return_weights with a paged cache",
+            actual=", ".join(given) + " given",
+        )
+    _check_batch_and_length(x.shape, batch_size, position, max_len)
 
 
 def _check_decode_inputs_1_0(
@@ -223,3 +318,32 @@ def _check_rolling(length: int, slots: int, **refused: Any) -> None:
             expected="no mask, bias or segment ids with a rolling cache",
             actual=", ".join(given) + " given",
         )
+
+
+def check_prefill_inputs(
+    dims: ModuleDims, param_dtype: str, x: Any, cu_seqlens: Any, *, is_causal: object = True
+) -> int:
+    """Validate a packed prefill ``module.prefill(x, cu_seqlens)`` before any projection: N
+    sequences of different lengths packed into ``x (1, T, M)`` (one row, as Hugging Face's
+    padding-free batches), sequence n being tokens ``cu_seqlens[n] .. cu_seqlens[n + 1] - 1``.
+    Returns N.
+
+    Raises:
+        the errors of :func:`check_module_inputs` for x; ConfigError ``not_a_bool``;
+        DimensionMismatchError ``batch_not_broadcastable``: x's batch is not 1;
+        the ``cu_seqlens_*`` errors of ``varlen_attention`` (its values against T).
+    """
+    check_flag("is_causal", is_causal)
+    check_given(x=x)
+    x = describe(x)
+    check_sequence("x", x, dims, param_dtype)
+    if x.shape[0] != 1:
+        raise make_error(
+            "batch_not_broadcastable",
+            f"a packed prefill takes its sequences in one row, x (1, T, M); got x {x.shape}. "
+            "Concatenate them along L and pass their boundaries as cu_seqlens",
+            expected="B=1",
+            actual=f"B={x.shape[0]}",
+        )
+    n, _ = _check_cu_seqlens("cu_seqlens", cu_seqlens, x.shape[1], "T")
+    return n

@@ -209,6 +209,11 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         DimensionMismatchError,
         "USP: ulysses_shards does not fit H or K, or u * r (2 u r zigzag) does not divide L and S",
     ),
+    # -- the modules' paged KV cache (init_cache(..., page_size=); attention_spec/cache.py) -----
+    "paged_cache": (
+        ConfigError,
+        "a paged KV cache asked to be rolling too, or its decode given mask/bias/ids/weights",
+    ),
 }
 
 
@@ -217,6 +222,7 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
 MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
      "cache_mismatch", "rolling_cache", "mla_dims"}
+    | {"paged_cache"}  # the modules' paged KV cache
 )  # fmt: skip
 
 #: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,

@@ -6,10 +6,11 @@ and leaves the old one as it was.
 
 A module makes the cache (``GroupedQueryAttention.init_cache`` in ``impl_jax/modules.py``) and
 ``decode`` appends to it; the checks of its sizes and of a cached forward's inputs are
-``attention_spec.cache``'s.
+``attention_spec.cache``'s. ``init_cache(..., page_size=)`` makes a :class:`PagedKVCache`
+instead: a pool of pages that the sequences take as they grow, read by ``paged_attention``.
 
 Shape letters (SEMANTICS.md): B batch, K key/value heads, T cache slots, L new tokens, S keys
-attended, D query/key head dim, E value head dim.
+attended, D query/key head dim, E value head dim, P pages.
 """
 
 from __future__ import annotations
@@ -21,7 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-__all__ = ["KVCache"]
+from attention_spec.paged import pages_needed
+from impl_jax.paged import paged_cache_write
+
+__all__ = ["KVCache", "PagedKVCache"]
 
 
 @partial(
@@ -112,3 +116,80 @@ class KVCache:
         k_old, v_old = self.read()  # (B, K, S_old, D|E)
         cache = self.write(k, v)
         return cache, jnp.concatenate([k_old, k], axis=2), jnp.concatenate([v_old, v], axis=2)
+
+
+@partial(
+    jax.tree_util.register_dataclass,
+    data_fields=["key_pages", "value_pages"],
+    meta_fields=["pages", "free", "max_len", "position"],
+)
+@dataclass(frozen=True)
+class PagedKVCache:
+    """A paged KV cache: a pool of P pages of ``page_size`` slots, taken by the B sequences as
+    they grow (vLLM's block manager, in one cache).
+
+    ``key_pages (P, page_size, K, D)`` and ``value_pages (P, page_size, K, E)`` are the pool;
+    ``pages[b]`` lists the pages sequence b holds, in order (its key p is slot
+    ``p % page_size`` of page ``pages[b][p // page_size]``); ``free`` lists the pages no
+    sequence holds, taken first to last. ``position`` (a Python int) counts the tokens written
+    to every sequence. The pool and the bookkeeping belong to this cache: they are freed with it.
+
+    ``write`` gives each sequence the pages its new tokens need (page index by page index, the
+    sequences in turn, so a sequence's pages are not contiguous in the pool), stores the tokens
+    with ``paged_cache_write`` and returns a cache holding the new pool (pure: the old cache is
+    unchanged).
+    """
+
+    key_pages: jax.Array
+    value_pages: jax.Array
+    pages: tuple[tuple[int, ...], ...]
+    free: tuple[int, ...]
+    max_len: int
+    position: int = 0
+
+    @property
+    def page_size(self) -> int:
+        """The slots of one page."""
+        return self.key_pages.shape[1]
+
+    @property
+    def max_pages(self) -> int:
+        """The pages one sequence of ``max_len`` tokens holds: ``ceil(max_len / page_size)``."""
+        return pages_needed(self.max_len, self.page_size)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the pool: ``P * page_size * K * (D + E) * itemsize``."""
+        return self.key_pages.nbytes + self.value_pages.nbytes
+
+    def block_table(self) -> jax.Array:
+        """``(B, max_pages)`` int32: row b is ``pages[b]``, then -1 (pages not taken)."""
+        table = np.full((len(self.pages), self.max_pages), -1, np.int32)  # (B, max_pages)
+        for b, held in enumerate(self.pages):
+            table[b, : len(held)] = held
+        return jnp.asarray(table)
+
+    def _grow(self, end: int) -> tuple[tuple[tuple[int, ...], ...], tuple[int, ...]]:
+        """The pages and free list once every sequence holds ``ceil(end / page_size)`` pages:
+        page index by page index, sequence by sequence, each from the front of ``free``."""
+        pages, free = [list(held) for held in self.pages], list(self.free)
+        for _ in range(len(pages[0]), pages_needed(end, self.page_size)):
+            for held in pages:
+                held.append(free.pop(0))  # the pool holds B * max_pages: never empty here
+        return tuple(tuple(held) for held in pages), tuple(free)
+
+    def write(self, k: jax.Array, v: jax.Array) -> PagedKVCache:
+        """Write ``k (B, K, L, D)`` and ``v (B, K, L, E)`` as the next L tokens of every
+        sequence: token p of sequence b into slot ``page * page_size + p % page_size`` of its
+        page ``pages[b][p // page_size]``."""
+        B, K, L, _ = k.shape
+        end = self.position + L
+        pages, free = self._grow(end)
+        p = np.arange(self.position, end)  # (L,), the new positions
+        held = np.asarray(pages, np.int64)  # (B, pages held)
+        slots = held[:, p // self.page_size] * self.page_size + p % self.page_size  # (B, L)
+        key_pages, value_pages = paged_cache_write(
+            self.key_pages, self.value_pages, k.transpose(0, 2, 1, 3).reshape(B * L, K, -1),
+            v.transpose(0, 2, 1, 3).reshape(B * L, K, -1), jnp.asarray(slots.reshape(B * L)),
+        )  # fmt: skip
+        return PagedKVCache(key_pages, value_pages, pages, free, self.max_len, end)

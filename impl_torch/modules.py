@@ -53,6 +53,7 @@ from attention_spec import (
     compute_dtype,
     dtype_name,
 )
+from attention_spec.cache import check_paged_decode_inputs, check_prefill_inputs
 from attention_spec.modules import (
     PROJECTIONS,
     check_attention_options,
@@ -67,14 +68,18 @@ from attention_spec.modules import (
     options_from_metadata,
     weights_metadata,
 )
-from impl_torch.cache import KVCache
+from attention_spec.paged import pages_needed
+from impl_torch.cache import KVCache, PagedKVCache
 from impl_torch.functional import _as_tensors, attention_weights, scaled_dot_product_attention
+from impl_torch.paged import paged_attention
 from impl_torch.rotary import apply_rotary
+from impl_torch.varlen import varlen_attention
 
 __all__ = [
     "GroupedQueryAttention",
     "KVCache",
     "MultiHeadAttention",
+    "PagedKVCache",
     "linear_weight",
     "padding_mask",
     "tensor_from_numpy",
@@ -368,16 +373,31 @@ class GroupedQueryAttention(nn.Module):
 
     # -- KV-cache decoding ---------------------------------------------------------------------
 
-    def init_cache(self, batch_size: int, max_len: int, *, rolling: bool = False) -> KVCache:
+    def init_cache(
+        self, batch_size: int, max_len: int, *, rolling: bool = False, page_size: int | None = None
+    ) -> KVCache | PagedKVCache:
         """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads).
 
         ``rolling=True`` (a module with ``window=(left, ...)``): a ring of
         T = ``min(left + 1, max_len)`` slots instead of ``max_len``, T/max_len of the bytes,
         whatever the sequence's length (see :class:`KVCache`).
+
+        ``page_size`` given: a :class:`PagedKVCache`, a pool of ``B * ceil(max_len /
+        page_size)`` pages of ``page_size`` slots that the sequences take as they grow;
+        ``decode`` reads it through ``paged_attention``.
         """
-        T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
+        T = check_cache_size(
+            batch_size, max_len, rolling=rolling, left=self.options.left, page_size=page_size
+        )
         B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
         device = self.q_proj.weight.device
+        if page_size is not None:
+            P = B * pages_needed(max_len, page_size)
+            shape = (P, page_size, K, D)
+            key = torch.zeros(shape, dtype=self.dtype, device=device)  # (P, page_size, K, D)
+            shape = (P, page_size, K, E)
+            value = torch.zeros(shape, dtype=self.dtype, device=device)  # (P, page_size, K, E)
+            return PagedKVCache(key, value, ((),) * B, tuple(range(P)), max_len)
         shape = (B, K, T, D)
         key = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, K, T, D)
         shape = (B, K, T, E)
@@ -416,12 +436,20 @@ class GroupedQueryAttention(nn.Module):
         Returns ``(y, cache)``: the output ``(B, L, M)`` and the cache holding ``position + L``
         tokens; ``(y, weights, cache)`` when ``return_weights``.
 
+        A paged cache (``init_cache(..., page_size=)``) gives the same outputs through
+        ``paged_attention`` (:meth:`_decode_paged`); it takes no mask, bias, ids or weights.
+
         Raises:
             ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or a
                 truncation).
         """
         x, mask, bias = _as_tensors(x, mask, bias)
         q_segment_ids, kv_segment_ids = _as_tensors(q_segment_ids, kv_segment_ids)
+        if isinstance(cache, PagedKVCache):
+            return self._decode_paged(
+                x, cache, mask=mask, bias=bias, return_weights=return_weights,
+                q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+            )  # fmt: skip
         check_decode_inputs(
             self.dims, dtype_name(self.dtype), x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
@@ -447,6 +475,77 @@ class GroupedQueryAttention(nn.Module):
         # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
+
+    def _decode_paged(self, x: torch.Tensor, cache: PagedKVCache, **refused) -> tuple:
+        """:meth:`decode` on a paged cache: ``(y (B, L, M), cache)``, the new tokens written
+        into the sequences' pages, then ``paged_attention`` over each sequence's pages."""
+        check_paged_decode_inputs(
+            self.dims, dtype_name(self.dtype), x, key_pages=cache.key_pages,
+            value_pages=cache.value_pages, batch_size=len(cache.pages),
+            position=cache.position, max_len=cache.max_len, **refused,
+        )  # fmt: skip
+        B, L, _ = x.shape
+        # 1. projections of the new tokens: their queries, keys and values.
+        q = self._project_query(x)  # (B, H, L, D)
+        k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
+        #    RoPE: new token i at cache.position + i; the cache keeps the rotated keys.
+        q, k_new = self._rotate(q, k_new, cache.position, cache.position)
+        # 2. the cache: each sequence takes the pages its new tokens need from the pool, and
+        #    the new keys and values are written into them.
+        cache = cache.write(k_new, v_new)
+        # 3. attention through paged_attention: each sequence's L new queries (token-major,
+        #    sequence b's rows b*L .. b*L + L - 1) over its S = position + L keys, read through
+        #    its block-table row; bottom-right causal, within the module's window.
+        q = q.transpose(1, 2).reshape(B * L, self.dims.H, self.dims.D)  # (B*L, H, D)
+        device = q.device
+        seq_lens = torch.full((B,), cache.position, dtype=torch.int32, device=device)  # (B,)
+        cu_seqlens_q = torch.arange(B + 1, dtype=torch.int32, device=device) * L  # (B + 1,)
+        out = paged_attention(
+            q,
+            cache.key_pages,
+            cache.value_pages,
+            cache.block_table(),
+            seq_lens,
+            cu_seqlens_q,
+            is_causal=True,
+            **self._option_keywords(),
+        )  # fmt: skip  (B*L, H, E)
+        out = out.reshape(B, L, self.dims.H, self.dims.E).transpose(1, 2)  # (B, H, L, E)
+        # 4. heads merged back, output projection.
+        return self._project_output(out), cache  # (B, L, M)
+
+    def prefill(
+        self, x: torch.Tensor, cu_seqlens: torch.Tensor, *, is_causal: bool = True
+    ) -> torch.Tensor:
+        """Self-attention of N sequences of different lengths packed into one row, ``x (1, T,
+        M)`` (no padding): sequence n is tokens ``cu_seqlens[n] .. cu_seqlens[n + 1] - 1``
+        (``cu_seqlens (N + 1,)`` integers, 0 to T), its tokens at positions 0, 1, ... of their
+        own (RoPE), attending only its own tokens through ``varlen_attention`` (causal by
+        default), with the module's window, sinks, ALiBi, softcap and scale.
+
+        Returns ``(1, T, M)``: row t is what the module gives the token in a forward of its own
+        sequence alone. It writes no cache.
+        """
+        x, cu_seqlens = _as_tensors(x, cu_seqlens)
+        check_prefill_inputs(self.dims, dtype_name(self.dtype), x, cu_seqlens, is_causal=is_causal)
+        _, T, _ = x.shape
+        # 1. projections of the packed tokens, token-major: q (T, H, D), k (T, K, D), v (T, K, E).
+        q = self._project_query(x)  # (1, H, T, D)
+        k, v = self._project_key_value(x)  # (1, K, T, D), (1, K, T, E)
+        #    RoPE: token t of sequence n at position t - cu_seqlens[n], its place in its own.
+        cu = cu_seqlens.to(torch.int64)  # (N + 1,)
+        t = torch.arange(T, device=cu.device)  # (T,)
+        positions = t - cu[torch.searchsorted(cu, t, right=True) - 1]  # (T,)
+        if self.rope is not None:
+            q = apply_rotary(q, positions, **self.rope.keywords())  # (1, H, T, D)
+            k = apply_rotary(k, positions, **self.rope.keywords())  # (1, K, T, D)
+        q, k, v = (a[0].transpose(0, 1) for a in (q, k, v))  # (T, H|K, D|E)
+        # 2. attention of each sequence over its own keys.
+        out = varlen_attention(
+            q, k, v, cu_seqlens, cu_seqlens, is_causal=is_causal, **self._option_keywords()
+        )  # (T, H, E)
+        # 3. heads merged back, output projection.
+        return self._project_output(out.transpose(0, 1)[None])  # (1, T, M)
 
     # -- canonical weights ---------------------------------------------------------------------
 

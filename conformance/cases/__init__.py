@@ -50,8 +50,17 @@ from conformance.cases import (  # noqa: F401
     varlen,
 )
 from conformance.cases.base import ALL_DTYPES, REGISTRY, CaseDef, cases
-from conformance.cases.decode import DECODE_CHUNKINGS, ROLLING_CHUNKINGS
+from conformance.cases.decode import (
+    DECODE_CHUNKINGS,
+    PAGED_CHUNKINGS,
+    PAGED_DECODE_CASES,
+    PAGED_DTYPE,
+    ROLLING_CHUNKINGS,
+)
 
-__all__ = ["ALL_DTYPES", "DECODE_CHUNKINGS", "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases"]
+__all__ = [
+    "ALL_DTYPES", "DECODE_CHUNKINGS", "PAGED_CHUNKINGS", "PAGED_DECODE_CASES", "PAGED_DTYPE",
+    "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases",
+]  # fmt: skip
 
 from conformance.cases import fp8  # noqa: F401  (registered last: after every sdpa case)

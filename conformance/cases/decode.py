@@ -39,6 +39,19 @@ ROLLING_CHUNKINGS: dict[str, dict[str, Any]] = {
     "rolling.chunks_2_1_2": {"chunks": [2, 1, 2], "max_len": 8, "rolling": True},
 }
 
+#: The chunkings the decode cases of :data:`PAGED_DECODE_CASES` also get, in float32, into a
+#: paged cache (``init_cache(..., page_size=)``, contract v3): pages of 2 (the last one partial
+#: at T = 5) token by token, and pages of 3 that the chunks straddle. No weights: a paged decode
+#: gives none.
+PAGED_CHUNKINGS: dict[str, dict[str, Any]] = {
+    "paged.tokens": {"chunks": [1, 1, 1, 1, 1], "max_len": 5, "page_size": 2},
+    "paged.chunks_2_1_2": {"chunks": [2, 1, 2], "max_len": 8, "page_size": 3},
+}
+#: The decode cases run on a paged cache too: GQA, RoPE with GQA, and a window with sinks,
+#: ALiBi and softcap.
+PAGED_DECODE_CASES = ("gqa.h6_k2", "rope.gqa.h6_k2", "v2.window_sinks_alibi_softcap.mha")
+PAGED_DTYPE = "float32"
+
 
 @decode_case("mha.h6", ALL_DTYPES)
 def decode_mha(rng, dtype):

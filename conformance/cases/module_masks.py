@@ -148,6 +148,25 @@ def err_rolling_cache_without_window() -> ModuleErrorCall:
     return call
 
 
+@module_error_case("paged_cache_rolling", "ConfigError", "paged_cache")
+def err_paged_cache_rolling() -> ModuleErrorCall:
+    """init_cache(..., rolling=True, page_size=2): a KV cache is rolling or paged, not both
+    (contract v3's paged cache keeps every token)."""
+    call = decode([1], max_len=6)
+    call.decode |= {"rolling": True, "page_size": 2}
+    return call
+
+
+@module_error_case("paged_cache_weights", "ConfigError", "paged_cache")
+def err_paged_cache_weights() -> ModuleErrorCall:
+    """decode(..., return_weights=True) on a paged cache: it runs paged_attention, which gives
+    no weights (never a silent plain-cache fallback)."""
+    call = decode([2], max_len=6)
+    call.decode["page_size"] = 2
+    call.keywords["return_weights"] = True
+    return call
+
+
 @module_error_case("construct_window_negative", "ConfigError", "window_value")
 def err_construct_window() -> ModuleErrorCall:
     """GroupedQueryAttention(24, 6, 2, window=(-1, 0)): a window side is an int >= 0 or None."""

@@ -75,7 +75,8 @@ def _contract(fields: dict[str, Any]) -> str:
     settings = set(module) | set(module.get("arguments", {}))
     names = set(fields.get("keywords", {})) | set(fields.get("shapes", {}))
     names |= set(fields.get("inputs", {})) | set(fields.get("weights", {})) | settings
-    if names & V3_NAMES or module.get("class") in V3_MODULES:
+    paged = "page_size" in fields.get("decode", {})  # the modules' paged KV cache is v3's
+    if names & V3_NAMES or module.get("class") in V3_MODULES or paged:
         return "v3"
     rolling = bool(fields.get("decode", {}).get("rolling"))  # the rolling KV cache is v2's
     return "v2" if names & V2_NAMES or settings & V2_MODULE_SETTINGS or rolling else "v1"
@@ -249,6 +250,8 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     plans = dict(C.DECODE_CHUNKINGS)
     if (c.options.get("window") or [None])[0] is not None:  # a window's left side: rolling too
         plans |= C.ROLLING_CHUNKINGS
+    if case.name in C.PAGED_DECODE_CASES and dtype == C.PAGED_DTYPE:  # a paged cache too (v3)
+        plans |= C.PAGED_CHUNKINGS
     for chunking, plan in plans.items():
         tensors = {**weights, "x": inputs["x"], "output": golden.output}
         bounds = {"output": tolerance_bound(golden.output, plain.output, dtype)}
@@ -262,6 +265,8 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         decode = {"max_len": plan["max_len"], "chunks": list(plan["chunks"])}
         if plan.get("rolling"):
             decode["rolling"] = True
+        if plan.get("page_size"):
+            decode["page_size"] = plan["page_size"]
         entry = _entry(case_id, case, dtype, f"{case.name}.{chunking}", **fields,
                        module=_module_spec(c), decode=decode)  # fmt: skip
         out.append(Fixture(entry, data))

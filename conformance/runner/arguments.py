@@ -229,7 +229,8 @@ def _case_module(cls: Any, case: Case, device: str) -> Any:
 
 def _decode_cache(cls: Any, module: Any, case: Case, device: str) -> Any:
     """``init_cache(batch_size, max_len)`` of the case's decode plan (``rolling=True`` only for
-    a rolling cache, so a port without them still runs every plain decode case); an error
+    a rolling cache, ``page_size=`` only for a paged one, so a port without them still runs
+    every plain decode case); an error
     case's plan may give the batch size, and a ``cache_from``: another module (other sizes,
     another dtype) makes the cache."""
     plan = case.entry["decode"]
@@ -242,4 +243,5 @@ def _decode_cache(cls: Any, module: Any, case: Case, device: str) -> Any:
     x = _case_arrays(case)["x"]  # (B, T, M)
     batch_size = plan.get("batch_size", x.shape[0])
     rolling = {"rolling": True} if plan.get("rolling") else {}
-    return maker.init_cache(batch_size, plan["max_len"], **rolling)
+    paged = {"page_size": plan["page_size"]} if "page_size" in plan else {}  # paged (v3)
+    return maker.init_cache(batch_size, plan["max_len"], **rolling, **paged)

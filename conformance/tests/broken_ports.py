@@ -176,6 +176,17 @@ BUGS: dict[str, tuple[str, str]] = {
         "decode: no max_len check, the cache just grows (never the cache_overflow error)",
         "decode.error.cache_overflow.float32",
     ),
+    # the modules' paged KV cache (init_cache(..., page_size=); contract v3)
+    "decode_paged_contiguous_pages": (
+        "paged decode: sequence b's pages read as b * max_pages + i, not its own block-table "
+        "row (the pool hands pages out interleaved: another sequence's page, or a NaN one)",
+        "decode.gqa.h6_k2.paged.tokens.float32",
+    ),
+    "decode_paged_offset_from_chunk": (
+        "paged decode: a new token written at page offset i % page_size of its index in the "
+        "chunk, not p % page_size of its position (it overwrites an earlier token)",
+        "decode.v2.window_sinks_alibi_softcap.mha.paged.chunks_2_1_2.float32",
+    ),
     # -- rotary position embedding ---------------------------------------------------------
     "rope_pairs_swapped": (
         "rope: interleaved pairs (x[2p], x[2p+1]) where half-split (x[p], x[p + R/2]) is asked, "

@@ -1,6 +1,6 @@
 """The broken port's modules: ``GroupedQueryAttention`` and ``MultiHeadAttention`` with a KV
-cache (plain and rolling), built on the broken port's own functions, with the module and cache
-bugs of :data:`conformance.tests.broken_ports.BUGS` switched in (:func:`broken_modules`)."""
+cache (plain, rolling and paged), built on the broken port's own functions, with the module and
+cache bugs of :data:`conformance.tests.broken_ports.BUGS` switched in (:func:`broken_modules`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attention_spec import alibi_slope_values, causal_offset, check_rope_config
+from attention_spec.cache import check_paged_decode_inputs
 from attention_spec.modules import (
     check_attention_options,
     check_cache_size,
@@ -18,6 +19,7 @@ from attention_spec.modules import (
     check_module_inputs,
     module_dtype,
 )
+from attention_spec.paged import pages_needed
 from attention_spec.validate import ArraySpec
 
 
@@ -30,6 +32,50 @@ class _Cache(NamedTuple):
     max_len: int
     position: int = 0
     slots: int | None = None  # a rolling cache's min(left + 1, max_len)
+
+
+class _PagedCache(NamedTuple):
+    """The broken ports' paged KV cache: a pool ``(P, page_size, K, D|E)``, each sequence's
+    pages in order (taken page index by page index, the sequences in turn, so sequence b's
+    pages are not ``b * max_pages ..``), the free pages, and how many tokens were written."""
+
+    key_pages: np.ndarray
+    value_pages: np.ndarray
+    pages: tuple[tuple[int, ...], ...]
+    free: tuple[int, ...]
+    max_len: int
+    position: int = 0
+
+
+def _paged_write(cache: _PagedCache, new_k, new_v, bug: str | None) -> _PagedCache:
+    """The new tokens ``(B, K, L, D|E)`` into the pool, each sequence taking the pages it needs."""
+    ps, end = cache.key_pages.shape[1], cache.position + new_k.shape[2]
+    pages, free = [list(p) for p in cache.pages], list(cache.free)
+    while len(pages[0]) < pages_needed(end, ps):
+        for held in pages:
+            held.append(free.pop(0))
+    for b, held in enumerate(pages):
+        for i, p in enumerate(range(cache.position, end)):
+            offset = p % ps
+            if bug == "decode_paged_offset_from_chunk":  # the chunk's own index, not p's
+                offset = i % ps
+            cache.key_pages[held[p // ps], offset] = new_k[b, :, i]
+            cache.value_pages[held[p // ps], offset] = new_v[b, :, i]
+    pages = tuple(tuple(p) for p in pages)
+    return _PagedCache(cache.key_pages, cache.value_pages, pages, tuple(free), cache.max_len, end)
+
+
+def _paged_read(cache: _PagedCache, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
+    """Every sequence's ``position`` keys ``(B, K, S, D)`` and values, page by page."""
+    ps, max_pages = cache.key_pages.shape[1], pages_needed(cache.max_len, cache.key_pages.shape[1])
+    keys, values = [], []
+    for b, held in enumerate(cache.pages):
+        if bug == "decode_paged_contiguous_pages":  # pages assumed b * max_pages + i
+            held = [b * max_pages + i for i in range(len(held))]
+        rows = [(held[p // ps], p % ps) for p in range(cache.position)]
+        keys.append(np.stack([cache.key_pages[page, off] for page, off in rows], axis=1))
+        values.append(np.stack([cache.value_pages[page, off] for page, off in rows], axis=1))
+    return np.stack(keys), np.stack(values)
 
 
 def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weights, apply_rotary):
@@ -164,16 +210,43 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             )  # fmt: skip
             return result if return_weights else result[0]
 
-        def init_cache(self, batch_size, max_len, *, rolling=False):
-            T = check_cache_size(batch_size, max_len, rolling=rolling, left=self.options.left)
+        def init_cache(self, batch_size, max_len, *, rolling=False, page_size=None):
+            T = check_cache_size(
+                batch_size, max_len, rolling=rolling, left=self.options.left, page_size=page_size
+            )
             B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
+            if page_size is not None:
+                P = B * pages_needed(max_len, page_size)
+                key = np.full((P, page_size, K, D), np.nan, self.dtype)  # NaN: a stray read shows
+                value = np.full((P, page_size, K, E), np.nan, self.dtype)
+                return _PagedCache(key, value, ((),) * B, tuple(range(P)), max_len)
             empty_k, empty_v = (
                 np.zeros((B, K, 0, D), self.dtype),
                 np.zeros((B, K, 0, E), self.dtype),
             )
             return _Cache(empty_k, empty_v, max_len, 0, T if rolling else None)
 
+        def _decode_paged(self, x, cache, **refused):
+            check_paged_decode_inputs(
+                self.dims, self.dtype.name, x, key_pages=cache.key_pages,
+                value_pages=cache.value_pages, batch_size=len(cache.pages),
+                position=cache.position, max_len=cache.max_len, **refused,
+            )  # fmt: skip
+            q_name, k_name = self._names()
+            q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
+            new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
+            new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
+            q, new_k = self._rotate(q, new_k, cache.position, cache.position)
+            cache = _paged_write(cache, new_k, new_v, bug)
+            k, v = _paged_read(cache, bug)  # (B, K, S, D|E)
+            (y,) = self._attend(q, k, v, False, is_causal=True, causal_alignment="bottom_right")
+            return y, cache
+
         def decode(self, x, cache, *, mask=None, bias=None, return_weights=False, **ids):
+            if isinstance(cache, _PagedCache):
+                return self._decode_paged(
+                    x, cache, mask=mask, bias=bias, return_weights=return_weights, **ids
+                )
             position, max_len = cache.position, cache.max_len
             if bug == "cache_no_overflow_check":
                 max_len = max(max_len, position + x.shape[1])

@@ -204,6 +204,76 @@ IDIOMS: dict[str, dict[str, str]] = {
             "Identical in the three: `self._project_output(out)`."
         ),
     },
+    "paged_decode": {
+        "1. projections of the new tokens": (
+            "The contiguous decode's step, after check_paged_decode_inputs (before any page is "
+            "taken or written, so an error leaves the cache as it was)."
+        ),
+        "2. the cache": (
+            "`cache.write` takes each sequence's new pages from the front of the pool's free "
+            "list (Python bookkeeping, the same in the three) and stores the tokens with "
+            "paged_cache_write: NumPy and torch into the pool in place, JAX into a new pool."
+        ),
+        "3. attention through paged_attention": (
+            "The queries go token-major, NumPy and JAX with `transpose(0, 2, 1, 3)`, torch with "
+            "`transpose(1, 2)`; `seq_lens` and `cu_seqlens_q` are built in the framework "
+            "(`torch.full`/`torch.arange` on the queries' device, `jnp.full`) and the block "
+            "table comes from `cache.block_table()`, -1 past the pages held."
+        ),
+        "4. heads merged back, output projection": (
+            "Back to heads-first, then `self._project_output` as in the contiguous decode."
+        ),
+    },
+    "prefill": {
+        "1. projections of the packed tokens, token-major": (
+            "The row x (1, T, M) goes through the usual projections; each token's own position "
+            'comes from a search over `cu` (`np.searchsorted` with `side="right"`, torch\'s '
+            "`right=True`, `jnp.searchsorted`), and RoPE rotates with it."
+        ),
+        "2. attention of each sequence over its own keys": (
+            "Identical in the three: `varlen_attention` with `cu_seqlens` for both queries and "
+            "keys and the module's options."
+        ),
+        "3. heads merged back, output projection": (
+            "Back to heads-first (`transpose(1, 0, 2)`, torch `transpose(0, 1)`), then "
+            "`self._project_output`."
+        ),
+    },
+    "paged_flash": {
+        "0. the page": (
+            "One page of every token's sequence per step, read by fancy indexing "
+            "(`key_cache[page]`, the same in the three); torch indexes with `table[seq, p]`, "
+            "its int64 copy of the block table. NumPy and torch loop over the pages in Python; "
+            "JAX runs the same body as one step of a lax.fori_loop over a static page count."
+        ),
+        "1. scores": (
+            "One `einsum` over the page in each (`tkgd,tjkd->tkgj`); JAX passes "
+            "`precision=_PRECISION` so float32 stays float32 on every backend."
+        ),
+        "2. softcap": (
+            "The formula as it reads, out of place in the three (`np.tanh`, `torch.tanh`, "
+            "`jnp.tanh`)."
+        ),
+        "3. ALiBi, -slope[h] * |pos_t - j|": (
+            "The shared rule `alibi` of attention_spec on the token's position and the page's keys."
+        ),
+        "4. allowed": (
+            "The shared rules `causal` and `window_rule` on `pos`; the masked scores go to "
+            "-inf with `where` (`np.where`, `torch.where`, `jnp.where`)."
+        ),
+        "5. online softmax, as flash_attention's": (
+            "flash_attention's update: `np.minimum`/`jnp.minimum` where torch writes "
+            "`clamp(max=0.0)`, and `amax` for torch's row max."
+        ),
+        "6. output, accumulated": (
+            "NumPy and torch rebind `acc` in the loop; JAX returns `m_new, l, acc` as the "
+            "loop's carry."
+        ),
+        "5. (end) the sink joins the denominator once": (
+            "After the loop, the same lines in the three: the sink rescales `l` and `acc` once, "
+            "and an empty row divides by 1."
+        ),
+    },
     "flash_backward": {
         "4. allowed, whole blocks": (
             "The forward's tiling, visited again in the same order: NumPy and torch reuse the "

@@ -113,6 +113,24 @@ SECTIONS: tuple[Section, ...] = (
         ),
     ),
     Section(
+        "paged_decode",
+        "KV-cache decoding on a paged cache",
+        "modules.py",
+        functions=("GroupedQueryAttention._decode_paged",),
+    ),
+    Section(
+        "prefill",
+        "Packed prefill of sequences of different lengths",
+        "modules.py",
+        functions=("GroupedQueryAttention.prefill",),
+    ),
+    Section(
+        "paged_flash",
+        "Paged tiled read (paged_flash_attention)",
+        "flash.py",
+        functions=("paged_flash_attention",),
+    ),
+    Section(
         "mla_decode",
         "Multi-head latent attention: the absorbed decode",
         "mla.py",
@@ -153,13 +171,6 @@ UNCOMPARED: dict[str, str] = {
         f"impl_{fw}/flash.py::flash_attention": (
             "its one numbered step is the functional section's step 0 (the same `_dequantized` "
             "call, row 'dequantize' there); the tiled steps are `_forward`'s, in the flash section"
-        )
-        for fw in FRAMEWORKS
-    },
-    # Not yet a section: its steps line up in the three, but its rows have no idiom notes yet.
-    **{
-        f"impl_{fw}/flash.py::paged_flash_attention": (
-            "the paged tiled read (contract v3) is not on the page yet: its rows need idiom notes"
         )
         for fw in FRAMEWORKS
     },
