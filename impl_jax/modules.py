@@ -232,14 +232,18 @@ class GroupedQueryAttention(nnx.Module):
         if self.rope is None:
             return q, k
         L, S = q.shape[2], k.shape[2]
-        r = self.rope
-        inv_freq = None  # theta's frequencies, or the module's rope_inv_freq (R/2,) in float64
-        if r.inv_freq is not None:
-            inv_freq = np.asarray(r.inv_freq, np.float64)
-        rope = r.keywords() | {"inv_freq": inv_freq}  # theta, rotary_dim, interleaved, factor
+        rope = self._rope_keywords()  # theta, rotary_dim, interleaved, factor, inv_freq
         q = apply_rotary(q, q_start + jnp.arange(L), **rope)  # (B, H, L, D)
         k = apply_rotary(k, k_start + jnp.arange(S), **rope)  # (B, K, S, D)
         return q, k
+
+    def _rope_keywords(self) -> dict:
+        """``apply_rotary``'s keywords for the module's RoPE: its theta, rotary_dim, interleaved
+        and attention_factor, and ``inv_freq``: None (theta's frequencies) or the module's
+        ``rope_inv_freq (R/2,)`` in float64."""
+        r = self.rope
+        inv_freq = None if r.inv_freq is None else np.asarray(r.inv_freq, np.float64)
+        return r.keywords() | {"inv_freq": inv_freq}
 
     def _option_keywords(self) -> dict:
         """The module's options as the functional API's keywords: ``window``, ``softcap``,
@@ -486,8 +490,8 @@ class GroupedQueryAttention(nnx.Module):
         t = jnp.arange(T)  # (T,)
         positions = t - cu[jnp.searchsorted(cu, t, side="right") - 1]  # (T,)
         if self.rope is not None:
-            q = apply_rotary(q, positions, **self.rope.keywords())  # (1, H, T, D)
-            k = apply_rotary(k, positions, **self.rope.keywords())  # (1, K, T, D)
+            q = apply_rotary(q, positions, **self._rope_keywords())  # (1, H, T, D)
+            k = apply_rotary(k, positions, **self._rope_keywords())  # (1, K, T, D)
         q, k, v = (a[0].transpose(1, 0, 2) for a in (q, k, v))  # (T, H|K, D|E)
         # 2. attention of each sequence over its own keys.
         out = varlen_attention(

@@ -278,14 +278,22 @@ class GroupedQueryAttention(nn.Module):
         if self.rope is None:
             return q, k
         L, S = q.shape[2], k.shape[2]
-        r = self.rope
-        inv_freq = None  # theta's frequencies, or the module's rope_inv_freq (R/2,) in float64
-        if r.inv_freq is not None:
-            inv_freq = torch.tensor(r.inv_freq, dtype=torch.float64, device=q.device)
-        rope = r.keywords() | {"inv_freq": inv_freq}  # theta, rotary_dim, interleaved, factor
+        rope = self._rope_keywords(q.device)  # theta, rotary_dim, interleaved, factor, inv_freq
         q = apply_rotary(q, q_start + torch.arange(L, device=q.device), **rope)  # (B, H, L, D)
         k = apply_rotary(k, k_start + torch.arange(S, device=k.device), **rope)  # (B, K, S, D)
         return q, k
+
+    def _rope_keywords(self, device: torch.device) -> dict:
+        """``apply_rotary``'s keywords for the module's RoPE: its theta, rotary_dim, interleaved
+        and attention_factor, and ``inv_freq``: None (theta's frequencies) or the module's
+        ``rope_inv_freq (R/2,)`` in float64."""
+        r = self.rope
+        inv_freq = (
+            None
+            if r.inv_freq is None
+            else torch.tensor(r.inv_freq, dtype=torch.float64, device=device)
+        )
+        return r.keywords() | {"inv_freq": inv_freq}
 
     def _option_keywords(self) -> dict:
         """The module's options as the functional API's keywords: ``window``, ``softcap``,
@@ -537,8 +545,8 @@ class GroupedQueryAttention(nn.Module):
         t = torch.arange(T, device=cu.device)  # (T,)
         positions = t - cu[torch.searchsorted(cu, t, right=True) - 1]  # (T,)
         if self.rope is not None:
-            q = apply_rotary(q, positions, **self.rope.keywords())  # (1, H, T, D)
-            k = apply_rotary(k, positions, **self.rope.keywords())  # (1, K, T, D)
+            q = apply_rotary(q, positions, **self._rope_keywords(x.device))  # (1, H, T, D)
+            k = apply_rotary(k, positions, **self._rope_keywords(x.device))  # (1, K, T, D)
         q, k, v = (a[0].transpose(0, 1) for a in (q, k, v))  # (T, H|K, D|E)
         # 2. attention of each sequence over its own keys.
         out = varlen_attention(

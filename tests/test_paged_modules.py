@@ -123,15 +123,19 @@ def test_paged_cache_refusals_are_identical():
     "name",
     [pytest.param(n, marks=[pytest.mark.slow] if n == "jax" else []) for n in MODULE_FRAMEWORKS],
 )
-def test_packed_prefill_is_each_sequence_alone(name):
+@pytest.mark.parametrize("scaled", [False, True], ids=["theta", "inv_freq"])
+def test_packed_prefill_is_each_sequence_alone(name, scaled):
     """Sequences of 3, 0, 5 and 1 tokens packed into x (1, 9, M): each token's row is the
     oracle's causal forward of its own sequence alone (RoPE from its own position 0, a window,
-    sinks, ALiBi, softcap, GQA 6:2)."""
+    sinks, ALiBi, softcap, GQA 6:2); RoPE by theta, or by the module's rope_inv_freq and
+    rope_attention_factor (which the prefill must rotate by as the forward does)."""
     mf = MODULE_FRAMEWORKS[name]
     rng = np.random.default_rng(43)
     weights = random_canonical(rng, K=2)
     weights["sinks"] = rng.standard_normal(H)
     kw = dict(rope_theta=500.0, rotary_dim=10, window=(2, 0), alibi=True, softcap=4.0)
+    if scaled:  # 5 frequencies far from theta's, and a factor on cos and sin
+        kw |= dict(rope_inv_freq=np.array([0.9, 0.3, 0.05, 0.01, 0.002]), rope_attention_factor=1.2)
     module = mf.build(weights, H, 2, **kw)
     lengths = [3, 0, 5, 1]
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)

@@ -152,7 +152,6 @@ def test_flash_attention_is_checked_against_every_sdpa_output_golden() -> None:
     port = SimpleNamespace(__name__="with_flash", flash_attention=flash_attention)
     report = run_suite(port, functions=["flash"])
     sdpa_values = [o for o in run_suite(impl_numpy, functions=["sdpa"]).outcomes]
-    sdpa_values = [o for o in sdpa_values if "fp8" not in o.run_id]  # fp8: sdpa and weights only
     tiling = [o for o in report.outcomes if o.run_id.startswith("flash.tiling.")]
     assert len(report.outcomes) == len(sdpa_values) + len(tiling) and len(tiling) > 10
     assert report.ok, "\n".join(o.line() for o in report.failures)
