@@ -104,8 +104,8 @@ conformance-frameworks: $(ENV_READY)
 	@impls="--impl torch_fused --impl jax_fused --impl flax_nnx --impl torch_flex --impl torch_flex_compiled"; \
 	if $(PY) -c "import onnx" 2>/dev/null; then impls="$$impls --impl onnx_ref"; \
 	else echo "conformance-frameworks: skipping onnx_ref: onnx is not installed (pip install -e '.[onnx]')"; fi; \
-	if $(PY) -c "import transformers" 2>/dev/null; then impls="$$impls --impl hf_eager --impl hf_sdpa --impl hf_gpt_oss_eager"; \
-	else echo "conformance-frameworks: skipping hf_eager, hf_sdpa, hf_gpt_oss_eager: transformers is not installed (pip install -e '.[hf]')"; fi; \
+	if $(PY) -c "import transformers" 2>/dev/null; then impls="$$impls --impl hf_eager --impl hf_sdpa --impl hf_gpt_oss_eager --impl hf_flex"; \
+	else echo "conformance-frameworks: skipping hf_eager, hf_sdpa, hf_gpt_oss_eager, hf_flex: transformers is not installed (pip install -e '.[hf]')"; fi; \
 	ort="--impl onnxruntime_attention_23 --impl onnxruntime_attention_24 --impl onnxruntime_attention --impl onnxruntime_gqa"; \
 	if $(PY) -c "import onnxruntime, onnx" 2>/dev/null; then impls="$$impls $$ort"; \
 	else echo "conformance-frameworks: skipping onnxruntime_*: onnxruntime is not installed (pip install -e '.[onnxruntime]')"; fi; \

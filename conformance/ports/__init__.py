@@ -47,6 +47,7 @@ SHORT_NAMES: dict[str, str] = {
     "hf_eager": "conformance.ports.hf_eager",
     "hf_sdpa": "conformance.ports.hf_sdpa",
     "hf_gpt_oss_eager": "conformance.ports.hf_gpt_oss_eager",
+    "hf_flex": "conformance.ports.hf_flex",
     # onnxruntime's CPU provider (the onnxruntime extra)
     "onnxruntime_attention": "conformance.ports.onnxruntime_attention",
     "onnxruntime_attention_23": "conformance.ports.onnxruntime_attention_23",

@@ -2,7 +2,8 @@
 
 A decoder layer of transformers 5.x builds its mask once per forward with the builders of
 ``transformers.masking_utils`` (``eager_mask``: a float mask, 0 or ``finfo(dtype).min``;
-``sdpa_mask``: a boolean one, or None where torch's ``is_causal`` can stand in for it), from a
+``sdpa_mask``: a boolean one, or None where torch's ``is_causal`` can stand in for it;
+``flex_attention_mask``: a ``BlockMask`` of the same ``mask_function``, built compiled), from a
 ``mask_function(batch_idx, head_idx, q_idx, kv_idx)`` and the 2-D padding mask, and then calls
 the attention function of its ``config._attn_implementation`` as
 ``fn(module, query, key, value, attention_mask, dropout=0.0, scaling=module.scaling,
@@ -22,7 +23,7 @@ keywords, so a failure of these ports is a failure a model would have:
   packed segment ids are one too (``q_ids[b, i] == kv_ids[b, j]``, the comparison of
   ``packed_sequence_mask_function``, which needs L = S);
 - a bias and ALiBi (``-slope[h] * |i + offset - j|``) are what position-biased models add to the
-  scores: added to the eager float mask, and sdpa's ``position_bias`` argument;
+  scores: added to the eager float mask, and sdpa's and flex's ``position_bias`` argument;
 - softcap and sinks are the attention function's ``softcap`` and ``s_aux`` keywords, passed only
   where a model family passes them (``*_KEYWORDS`` of each port).
 """
@@ -84,7 +85,7 @@ def call(
     keywords: tuple[str, ...] = (),
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(output (..., H, L, E), weights (..., H, L, S) or None) of the attention ``function``
-    with a ``kind`` ("eager" or "sdpa") mask; ``keywords`` are those of ``softcap`` and
+    with a ``kind`` ("eager", "sdpa" or "flex") mask; ``keywords`` are those of ``softcap`` and
     ``s_aux`` that the model family passes (others given: NotImplementedError)."""
     if softcap is not None and "softcap" not in keywords:
         raise NotImplementedError("this model family's attention takes no softcap")
@@ -122,6 +123,7 @@ def call(
     if alibi_slopes is not None:
         rows = torch.arange(L)[:, None] + offset
         alibi = -alibi_slopes[:, None, None] * (rows - torch.arange(S)[None, :]).abs()
+        alibi = alibi.expand(B, H, L, S)  # a model's position bias is (B, H, L, S)
         position_bias = alibi if position_bias is None else position_bias + alibi
 
     build = dict(batch_size=B, q_length=L, kv_length=S, q_offset=offset,
@@ -131,6 +133,10 @@ def call(
         attention_mask = mu.eager_mask(**build, dtype=query.dtype)
         if position_bias is not None:
             attention_mask = attention_mask + position_bias.to(query.dtype)
+    elif kind == "flex":
+        attention_mask = mu.flex_attention_mask(**build, device=query.device)
+        if position_bias is not None:
+            extra["position_bias"] = position_bias.to(query.dtype)
     else:
         attention_mask = mu.sdpa_mask(**build, allow_is_causal_skip=pure_causal,
                                       local_size=sliding_window)  # fmt: skip
@@ -149,6 +155,6 @@ def call(
         sliding_window=sliding_window, **extra,
     )  # fmt: skip
     out = out.transpose(1, 2).reshape(*batch, H, L, out.shape[-1])
-    if weights is not None:
+    if weights is not None and kind != "flex":  # flex's second output is the lse (or None)
         weights = weights.reshape(*batch, H, L, S)
     return out, weights

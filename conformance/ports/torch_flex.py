@@ -30,6 +30,7 @@ import warnings
 from typing import Any
 
 import torch
+from torch.nn.attention.experimental._paged_attention import PagedAttention
 from torch.nn.attention.flex_attention import (
     AuxRequest,
     and_masks,
@@ -40,7 +41,14 @@ from torch.nn.attention.flex_attention import (
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
-__all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "to_numpy"]
+__all__ = [
+    "attention_weights",
+    "from_numpy",
+    "paged_attention",
+    "scaled_dot_product_attention",
+    "to_numpy",
+    "varlen_attention",
+]
 
 
 def _batched(x: torch.Tensor, batch: tuple[int, ...]) -> torch.Tensor:
@@ -122,7 +130,7 @@ def scaled_dot_product_attention(
     """FlexAttention on the contract's layout: query (..., H, L, D), key (..., K, S, D),
     value (..., K, S, E) -> (..., H, L, E)."""
     H, L = query.shape[-3], query.shape[-2]
-    K, S = key.shape[-3], key.shape[-2]
+    S = key.shape[-2]
     batch = torch.broadcast_shapes(query.shape[:-3], key.shape[:-3], value.shape[:-3])
     q, k, v = (_batched(x, batch) for x in (query, key, value))
     score_mod, mask_mod = _mods(
@@ -130,21 +138,33 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
     )  # fmt: skip
+    block_mask = None
+    if mask_mod is not None:
+        block_mask = _block_mask(mask_mod, q.shape[0], H, L, S, device=str(query.device))
+    out = _flex(q, k, v, score_mod, block_mask, scale, sinks)
+    return out.reshape(*batch, H, L, out.shape[-1])
+
+
+def _block_mask(mask_mod, B, H, L, S, **keywords: Any):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)
+        return create_block_mask(mask_mod, B, H, L, S, **keywords)
+
+
+def _flex(q, k, v, score_mod, block_mask, scale, sinks) -> torch.Tensor:
+    """(B, H, L, E): eager flex_attention, and the sinks from each row's log-sum-exp."""
     with warnings.catch_warnings(), torch_ieee_float32():
         warnings.simplefilter("ignore", UserWarning)  # "flex_attention called without compile"
-        block_mask = None
-        if mask_mod is not None:
-            block_mask = create_block_mask(mask_mod, q.shape[0], H, L, S, device=str(query.device))
         out, aux = flex_attention(
             q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
-            enable_gqa=H != K, return_aux=AuxRequest(lse=True),
+            enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True),
         )  # fmt: skip
     lse = aux.lse  # (B, H, L): the natural log of each row's sum of exp(score)
     if sinks is not None:  # the sink's exp(sinks[h]) joins each row's denominator
         sink = sinks.to(lse.dtype)[None, :, None]  # (1, H, 1)
         kept = torch.sigmoid(lse - sink)  # exp(lse) / (exp(lse) + exp(sink))
         out = (out * kept[..., None].to(out.dtype)).to(out.dtype)
-    return out.reshape(*batch, H, L, out.shape[-1])
+    return out
 
 
 def attention_weights(
@@ -157,3 +177,139 @@ def attention_weights(
     identity = torch.eye(S, dtype=query.dtype, device=query.device)  # (S, E=S)
     identity = identity.expand(*key.shape[:-3], K, S, S)  # (..., K, S, S)
     return scaled_dot_product_attention(query, key, identity, **keywords)
+
+
+# ---------------------------------------------------------------------------------------------
+# Contract v3: varlen (a document mask over the packed tokens) and paged caches (PagedAttention)
+# ---------------------------------------------------------------------------------------------
+
+
+def _sequences(cu_seqlens: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per packed token (T,): its sequence and its index within the sequence."""
+    tokens = torch.arange(T, device=cu_seqlens.device)
+    sequence = torch.searchsorted(cu_seqlens[1:].to(torch.int64), tokens, right=True)
+    return sequence, tokens - cu_seqlens.to(torch.int64)[sequence]
+
+
+def _rules(
+    row, kv, h, *, is_causal, window, softcap, alibi_slopes
+):  # fmt: skip
+    """(score rule, key rule) of one query position ``row`` against key position ``kv``
+    (tensors of the mods' indices), the contract's causal, window, softcap and ALiBi."""
+
+    def score_rule(score):
+        if softcap is not None:
+            score = softcap * torch.tanh(score / softcap)
+        if alibi_slopes is not None:
+            score = score - alibi_slopes[h] * (row - kv).abs().to(alibi_slopes.dtype)
+        return score
+
+    keep = torch.ones_like(kv, dtype=torch.bool) if not is_causal else kv <= row
+    if window is not None:
+        left, right = window
+        if left is not None:
+            keep = keep & (kv >= row - left)
+        if right is not None:
+            keep = keep & (kv <= row + right)
+    return score_rule, keep
+
+
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Packed sequences as FlexAttention's document mask: query (Tq, H, D), key (Tk, K, D),
+    value (Tk, K, E), ``cu_seqlens_q``/``cu_seqlens_k`` (N + 1,) -> (Tq, H, E). One batch row
+    of all the tokens; ``mask_mod`` keeps a key of the query's own sequence only, and the rules
+    read each token's index within its sequence (the offset S_n - L_n for bottom_right)."""
+    if causal_alignment not in ("top_left", "bottom_right"):
+        raise ValueError(f"no causal alignment {causal_alignment!r}")
+    Tq, Tk = query.shape[0], key.shape[0]
+    q_seq, q_local = _sequences(cu_seqlens_q, Tq)
+    kv_seq, kv_local = _sequences(cu_seqlens_k, Tk)
+    lengths_q = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    lengths_k = (cu_seqlens_k[1:] - cu_seqlens_k[:-1]).to(torch.int64)
+    offset = lengths_k - lengths_q if causal_alignment == "bottom_right" else 0 * lengths_q
+    q_row = q_local + offset[q_seq]  # each query's position among its sequence's keys
+    rules = dict(is_causal=is_causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+
+    def score_mod(score, b, h, q, kv):
+        return _rules(q_row[q], kv_local[kv], h, **rules)[0](score)
+
+    def mask_mod(b, h, q, kv):
+        return (q_seq[q] == kv_seq[kv]) & _rules(q_row[q], kv_local[kv], h, **rules)[1]
+
+    q, k, v = (x.transpose(0, 1)[None] for x in (query, key, value))  # (1, N, T, X)
+    block_mask = _block_mask(mask_mod, 1, None, Tq, Tk, device=str(query.device))
+    out = _flex(q, k, v, score_mod, block_mask, scale, sinks)
+    return out[0].transpose(0, 1)  # (Tq, H, E)
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Through torch's ``PagedAttention``: query (T, H, D), key_cache (P, page, K, D),
+    value_cache (P, page, K, E), block_table (N, max_pages), seq_lens (N,), cu_seqlens_q
+    (N + 1,) -> (T, H, E). The pool is one (1, K, P * page, X) cache; the port fills the page
+    table and its physical-to-logical map from ``block_table`` (the pages each sequence needs),
+    writes the rules on logical positions (query row i of sequence n at
+    ``seq_lens[n] - L_n + i``) and lets ``convert_logical_block_mask``/``get_score_mod`` turn
+    them into physical ones; the queries are padded into (N, H, max L_n, D)."""
+    T, H, D = query.shape
+    P, page, K, _ = key_cache.shape
+    N = seq_lens.shape[0]
+    lengths = (cu_seqlens_q[1:] - cu_seqlens_q[:-1]).to(torch.int64)
+    seq_lens = seq_lens.to(torch.int64)
+    L = max(int(lengths.max()) if N else 0, 1)
+    device = str(query.device)
+
+    paged = PagedAttention(P, page, N, device=device)
+    for n in range(N):
+        for j in range(-(-int(seq_lens[n]) // page)):  # only the pages the sequence needs
+            physical = int(block_table[n, j])
+            paged.page_table[n, j] = physical
+            paged.physical_to_logical[n, physical] = j
+    pages = -(-max(int(seq_lens.max()) if N else 0, 1) // page)
+
+    q = query.new_zeros(N, H, L, D)
+    for n in range(N):
+        q[n, :, : lengths[n]] = query[cu_seqlens_q[n] : cu_seqlens_q[n + 1]].transpose(0, 1)
+    first = seq_lens - lengths  # the position of each sequence's first query
+    rules = dict(is_causal=is_causal, window=window, softcap=softcap, alibi_slopes=alibi_slopes)
+
+    def score_mod(score, b, h, q, kv):
+        return _rules(first[b] + q, kv, h, **rules)[0](score)
+
+    def mask_mod(b, h, q, kv):
+        return (kv < seq_lens[b]) & _rules(first[b] + q, kv, h, **rules)[1]
+
+    logical = _block_mask(mask_mod, N, None, L, pages * page, device=device, BLOCK_SIZE=page)
+    block_mask = paged.convert_logical_block_mask(logical, kv_len=seq_lens)
+    k = key_cache.reshape(P * page, K, D).transpose(0, 1)[None].expand(N, -1, -1, -1)
+    v = value_cache.reshape(P * page, K, -1).transpose(0, 1)[None].expand(N, -1, -1, -1)
+    out = _flex(q, k, v, paged.get_score_mod(score_mod, seq_lens), block_mask, scale, sinks)
+    rows = [out[n, :, : lengths[n]].transpose(0, 1) for n in range(N)]  # (L_n, H, E) each
+    return torch.cat(rows) if rows else out.new_zeros(T, H, value_cache.shape[-1])

@@ -87,6 +87,50 @@ def test_torch_flex_leaks_nan_from_unattended_keys_and_refuses_no_keys() -> None
     assert "raised IndexError" in outcome["sdpa.shapes.s0.float32"].message
 
 
+_FLEX_V3 = {
+    "varlen.n3.causal_bottom_right.float32": "pass",  # each sequence's own S_n - L_n offset
+    "varlen.n5.empty_sequences.float32": "pass",
+    "varlen.n3.sink_logits.float32": "pass",
+    "varlen.n3.garbage_in_unread_rows.float32": "xfail",
+    "paged.page3.decode_and_prefill.causal.float32": "xfail",  # NaN in the unused slots
+    "paged.error.seq_lens_negative.float32": "xfail",
+}
+
+
+def test_torch_flex_varlen_and_paged_deviations_are_exactly_the_xfails() -> None:
+    """varlen as a document mask, paged through torch's PagedAttention: a few runs here,
+    every one in ``make conformance-frameworks``."""
+    pytest.importorskip("torch")
+    report = run_suite(
+        "torch_flex", functions=("varlen", "paged"), select=lambda r: r.id in _FLEX_V3
+    )
+    assert report.ok, "\n".join(o.line() for o in report.failures) or report.error
+    assert {o.run_id: o.status for o in report.outcomes} == _FLEX_V3
+
+
+def test_torch_flex_paged_agrees_once_the_unused_slots_are_finite() -> None:
+    """The paged runs fail on the NaN the fixtures put in slots no sequence reads (eager
+    FlexAttention multiplies their zero weights by them); the same call with those slots
+    zeroed is the contract's answer, so the mapping onto PagedAttention is right."""
+    torch = pytest.importorskip("torch")
+    import numpy as np
+
+    import impl_torch
+    from conformance.ports import torch_flex
+    from conformance.runner.paged import PAGED_INPUTS, _arrays
+
+    run_id = "paged.page3.decode_and_prefill.causal.float32"
+    (run,) = [r for r in runs_for(functions=["paged"]) if r.id == run_id]
+    arrays = _arrays(run.case)
+    assert np.isnan(arrays["key_cache"]).any()
+    args = [torch.from_numpy(np.nan_to_num(np.array(arrays[name]))) for name in PAGED_INPUTS]
+    keywords = dict(run.case.keywords)
+    got = torch_flex.paged_attention(*args, **keywords)
+    torch.testing.assert_close(
+        got, impl_torch.paged_attention(*args, **keywords), atol=1e-5, rtol=0
+    )
+
+
 def test_torch_flex_has_no_backward_on_cpu() -> None:
     """Why the port has no ``scaled_dot_product_attention_vjp``: torch refuses it on CPU."""
     torch = pytest.importorskip("torch")
@@ -172,3 +216,53 @@ def test_peer_reproductions_still_reproduce(script: str) -> None:
     pytest.importorskip("transformers")
     done = subprocess.run([sys.executable, str(_PEERS / script)], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+# ---------------------------------------------------------------------------------------------
+# hf_flex: Hugging Face's flex_attention_forward, compiled by Hugging Face (torch.compile)
+# ---------------------------------------------------------------------------------------------
+
+#: Runs that compile nothing or fail before the kernel builds: make test.
+_HF_FLEX_CHEAP = {
+    "sdpa.sinks.basic.float32": "xfail",  # refused on CPU before any compile
+    "sdpa.gqa.h6_k2.head_mask.float32": "xfail",  # a per-head mask: no masking_utils form
+    "sdpa.window.left_only.float32": "xfail",  # no Hugging Face window (2, None)
+}
+
+#: Each compiles (seconds from inductor's cache, tens cold): make test-slow.
+_HF_FLEX_PINNED = {
+    "sdpa.causal.bottom_right.l5_s7.float32": "pass",  # q_offset = S - L
+    "sdpa.window.causal.bottom_right.float32": "pass",  # sliding_window = W + 1, in the mask
+    "weights.fully_masked.bool_row.float32": "pass",  # zeros (hf_eager: uniform)
+    "sdpa.alibi.bottom_right.causal.float32": "pass",  # ALiBi as position_bias
+    "sdpa.basic.mha.float64": "xfail",  # refused at lowering
+    "sdpa.garbage.padding.float32": "xfail",  # 0 * NaN inside a partly masked block
+}
+
+
+def _hf_flex(runs: dict[str, str]) -> Report:
+    pytest.importorskip("transformers")
+    report = run_suite(
+        "conformance.ports.hf_flex", functions=_FUNCTIONS, select=lambda run: run.id in runs
+    )
+    print(report.table())
+    assert report.ok, "\n".join(o.line() for o in report.failures) or report.error
+    assert {o.run_id: o.status for o in report.outcomes} == runs
+    return report
+
+
+def test_hf_flex_refuses_sinks_on_cpu_and_per_head_masks() -> None:
+    """gpt-oss on flex attention cannot run on CPU: its s_aux is refused, not dropped (hf_sdpa
+    drops it silently)."""
+    report = _hf_flex(_HF_FLEX_CHEAP)
+    (sinks,) = [o for o in report.outcomes if o.run_id == "sdpa.sinks.basic.float32"]
+    assert "Attention sinks cannot be run on CPU" in sinks.message
+
+
+@pytest.mark.slow
+def test_hf_flex_deviations_are_exactly_the_xfails() -> None:
+    """A few compiled runs: the KV-cache diagonal, the window in the mask, ALiBi, zeros for a
+    fully masked row; float64 refused; NaN garbage leaks. Every run in conformance-frameworks."""
+    report = _hf_flex(_HF_FLEX_PINNED)
+    (f64,) = [o for o in report.outcomes if o.run_id == "sdpa.basic.mha.float64"]
+    assert "supported in FlexAttention for CPU" in f64.message

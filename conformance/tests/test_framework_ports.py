@@ -451,29 +451,43 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
     "hf_eager": ("sdpa", "weights"),
     "hf_sdpa": ("sdpa", "weights"),
     "hf_gpt_oss_eager": ("sdpa", "weights"),
+    "hf_flex": ("sdpa", "weights"),  # measured on every sdpa and weights run
     "triton_flash": ("sdpa", "weights", "flash"),
     "pallas_flash": ("sdpa", "weights", "flash"),
 }
 _FAMILY_TABLE_FAMILIES = ("window", "segments", "sinks", "alibi", "garbage")
+#: Contract v3's token-major functions, a column each (every run of the alias), for the ports
+#: that express them; the others show "-".
+_V3_TABLE_FUNCTIONS: dict[str, tuple[str, ...]] = {"torch_flex": ("varlen", "paged")}
+_V3_TABLE_COLUMNS = ("varlen", "paged")
 _PORTS_DIR = Path(__file__).resolve().parents[1] / "ports"
 _DOCS = Path(__file__).resolve().parents[2] / "docs" / "CONFORMANCE.md"
 
 
 def port_family_table() -> str:
-    """The built-in ports (rows) against the v2 families (columns): per cell, how many of the
-    family's runs on CPU pass and which xfails globs list the others, with how many runs each
+    """The built-in ports (rows) against the v2 families and contract v3's ``varlen`` and
+    ``paged`` functions (columns, "-" where the port has no such function): per cell, how many
+    of the family's runs on CPU pass and which xfails globs list the others, with how many runs each
     (the reasons are in the port's ``.xfails`` file). A v2 rule inside another family's case
     (``flash.tiling.window_causal``) counts in that family, not here."""
+    columns = _FAMILY_TABLE_FAMILIES + _V3_TABLE_COLUMNS
     lines = [
-        "| port | " + " | ".join(f"`{family}`" for family in _FAMILY_TABLE_FAMILIES) + " |",
-        "| --- |" + " --- |" * len(_FAMILY_TABLE_FAMILIES),
+        "| port | " + " | ".join(f"`{family}`" for family in columns) + " |",
+        "| --- |" + " --- |" * len(columns),
     ]
     for port, functions in _FAMILY_TABLE_PORTS.items():
-        runs = runs_for(functions=functions)
+        v3 = _V3_TABLE_FUNCTIONS.get(port, ())
+        runs = runs_for(functions=functions + v3)
         xfails = Xfails.from_file(_PORTS_DIR / f"{port}.xfails")
         cells = []
-        for family in _FAMILY_TABLE_FAMILIES:
-            mine = [r for r in runs if r.case.feature == family]
+        for family in columns:
+            if family in _V3_TABLE_COLUMNS and family not in v3:
+                cells.append("-")
+                continue
+            if family in _V3_TABLE_COLUMNS:
+                mine = [r for r in runs if r.id.startswith(f"{family}.")]
+            else:
+                mine = [r for r in runs if r.case.feature == family and r.function in functions]
             listed: dict[str, int] = {}
             for run in mine:
                 entry = xfails.lookup(run.id, "cpu")
