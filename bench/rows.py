@@ -38,8 +38,8 @@ the report as "not available" instead of disappearing.
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
   ``jax.nn.dot_product_attention`` of the one query over the S = P + 1 cached keys;
 - ``sharded``: ``impl_*.sharded``'s ``ring_attention``, ``impl_*.ulysses``'s
-  ``ulysses_attention`` or ``usp_attention`` (``gate_op``: ``ring``, ``ulysses``, ``usp``) on 4 devices in child
-  processes (bench/sharded.py), the ratio against the same framework's ring.
+  ``ulysses_attention`` or ``usp_attention`` (``gate_op``: ``ring``, ``ulysses``, ``usp``) on 4
+  devices in child processes (bench/sharded.py), the ratio against the same framework's ring.
 """
 
 from __future__ import annotations
