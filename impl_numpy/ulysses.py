@@ -4,8 +4,8 @@ This file is the specification of the two all-to-all forms. The devices are Pyth
 by the device's rank, and each all-to-all is one explicit list operation (:func:`_all_to_all`),
 so a reader sees at every step which device holds which heads and positions.
 ``impl_jax/ulysses.py`` (``shard_map``, ``lax.all_to_all``) and ``impl_torch/ulysses.py``
-(``torch.distributed``, ``all_to_all``) do the same steps, with the same names and step numbers,
-on real devices. The ring that USP runs across its groups is ``impl_numpy/sharded.py``'s.
+(``torch.distributed``, ``all_to_all_single``) do the same steps, with the same names and step
+numbers, on real devices. The ring that USP runs across its groups is ``impl_numpy/sharded.py``'s.
 
 **Ulysses** (all-to-all sequence parallelism, DeepSpeed-Ulysses). Device r starts with a
 contiguous 1/n of the positions of every head; an all-to-all (one list operation:
@@ -18,7 +18,7 @@ on them, and a second all-to-all gives every device its positions back, every he
 the ring (``impl_numpy.sharded.ring_attention``) across the groups, for each member's heads.
 
 Both equal ``impl_numpy.functional.scaled_dot_product_attention`` on every input they accept
-(tests/test_ulysses.py holds them to the golden bounds).
+(tests/test_ulysses.py; the conformance suite's ``ulysses.*`` and ``usp.*`` runs).
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``), H query
 heads, K key/value heads, G = H // K, L query length, S key/value length, D query/key head dim,
