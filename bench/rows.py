@@ -40,9 +40,9 @@ the report as "not available" instead of disappearing.
   kernel: the four projections of the token, the cache write at P, and
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
   ``jax.nn.dot_product_attention`` of the one query over the S = P + 1 cached keys;
-- ``sharded``: ``impl_*.sharded``'s ``ring_attention``, ``ulysses_attention`` or
-  ``usp_attention`` (``gate_op``: ``ring``, ``ulysses``, ``usp``) on 4 devices in child
-  processes (bench/sharded.py), the ratio against the same framework's ring.
+- ``sharded``: ``impl_*.sharded``'s ``ring_attention``, ``impl_*.ulysses``'s
+  ``ulysses_attention`` or ``usp_attention`` (``gate_op``: ``ring``, ``ulysses``, ``usp``) on 4
+  devices in child processes (bench/sharded.py), the ratio against the same framework's ring.
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ import importlib
 from dataclasses import dataclass
 from typing import Any
 
-from bench.sharded import METHODS
+from bench.sharded import METHODS, MODULES
 from bench.workloads import (
     DECODE_GOAL_WORKLOADS,
     GOAL_WORKLOAD,
@@ -309,7 +309,8 @@ _SHARDED = {"workloads": "sharded", "devices": ("cpu",), "skips_masked": True,
 def _sharded(framework: str, method: str) -> Row:
     """A sharded row (``call="sharded"``), gated on its conformance alias on 4 devices, its ratio
     against the same framework's ring."""
-    return Row(f"{framework} {method}", f"impl_{framework}.sharded:{METHODS[method]}", "sharded",
+    target = f"impl_{framework}.{MODULES[method]}:{METHODS[method]}"
+    return Row(f"{framework} {method}", target, "sharded",
                ref=f"{framework} ring", gate_op=method, **_SHARDED)  # fmt: skip
 
 

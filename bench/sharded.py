@@ -22,6 +22,7 @@ there too (``METHOD`` ``gate``: :func:`run_fixtures`), since their fixtures need
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import socket
@@ -35,7 +36,7 @@ from typing import Any
 from bench.frameworks import Prepared
 from bench.workloads import SHARDS, Workload
 
-__all__ = ["METHODS", "USP_SIZES", "keywords", "prepare_sharded", "sent_bytes"]
+__all__ = ["METHODS", "MODULES", "USP_SIZES", "keywords", "prepare_sharded", "sent_bytes"]
 
 REPO = Path(__file__).resolve().parent.parent
 #: USP's mesh on the 4 devices: Ulysses groups of 2, 2 of them in the ring (the conformance
@@ -43,6 +44,9 @@ REPO = Path(__file__).resolve().parent.parent
 USP_SIZES = {"ulysses_shards": 2, "ring_shards": SHARDS // 2}
 #: The sharded functions the rows time, by the conformance alias each is gated on.
 METHODS = {"ring": "ring_attention", "ulysses": "ulysses_attention", "usp": "usp_attention"}
+#: The module of each framework that holds it: the ring in ``sharded``, the all-to-alls in
+#: ``ulysses`` (``impl_jax.ulysses.usp_attention``).
+MODULES = {"ring": "sharded", "ulysses": "ulysses", "usp": "ulysses"}
 _TAG = "bench-sharded"
 
 
@@ -209,20 +213,23 @@ def _gate(spec: dict[str, Any]) -> Any:
     return run
 
 
+def _function(package: str, method: str) -> Any:
+    """The function ``method`` times in ``package`` (``impl_jax`` or ``impl_torch``)."""
+    return getattr(importlib.import_module(f"{package}.{MODULES[method]}"), METHODS[method])
+
+
 def _jax_main(method: str, spec: dict[str, Any]) -> None:
     import functools
 
     import jax
     import jax.numpy as jnp
 
-    from impl_jax import sharded
-
     if method == "gate":  # float64 is one of the fixtures' dtypes; IEEE float32 matmuls
         jax.config.update("jax_enable_x64", True)
         jax.config.update("jax_default_matmul_precision", "highest")
         return _gate(spec)()
     w = Workload.from_dict(spec)
-    fn = jax.jit(functools.partial(getattr(sharded, METHODS[method]), **keywords(method, w)))
+    fn = jax.jit(functools.partial(_function("impl_jax", method), **keywords(method, w)))
     q, k, v = (jnp.asarray(x) for x in _inputs(w))
     _serve(lambda: fn(q, k, v).block_until_ready())
 
@@ -231,8 +238,6 @@ def _torch_rank(method: str, spec: dict[str, Any], rank: int, port: int) -> None
     """One rank of the gloo group; rank 0 talks to the parent and starts the others."""
     import torch
     import torch.distributed as dist
-
-    from impl_torch import sharded
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // SHARDS))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
@@ -243,7 +248,7 @@ def _torch_rank(method: str, spec: dict[str, Any], rank: int, port: int) -> None
         dist.destroy_process_group()
         return
     w = Workload.from_dict(spec)
-    fn = getattr(sharded, METHODS[method])
+    fn = _function("impl_torch", method)
     q, k, v = (torch.from_numpy(x) for x in _inputs(w))
     kw = keywords(method, w)
     go = torch.zeros(1, dtype=torch.int32)

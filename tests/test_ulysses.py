@@ -19,10 +19,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import impl_jax.sharded  # noqa: F401  (fw.module.sharded)
+import impl_jax.ulysses  # noqa: F401  (fw.module.ulysses)
 import impl_numpy
-import impl_numpy.sharded
-import impl_torch.sharded  # noqa: F401
+import impl_numpy.ulysses
+import impl_torch.ulysses  # noqa: F401
 from attention_spec import AttentionError, check_attention
 from attention_spec.sharded import (
     RingStep,
@@ -74,10 +74,10 @@ def test_numpy_every_head_lands_where_the_contract_says(H: int, K: int, n: int) 
     (q, k, v), kw = encoding_call(H, K)
     if not fits(H, K, n):
         with pytest.raises(AttentionError) as info:
-            impl_numpy.sharded.ulysses_attention(q, k, v, n_shards=n, **kw)
+            impl_numpy.ulysses.ulysses_attention(q, k, v, n_shards=n, **kw)
         assert info.value.code == ("ulysses_heads" if H % n else "ulysses_kv_heads")
         return
-    out = impl_numpy.sharded.ulysses_attention(q, k, v, n_shards=n, **kw)
+    out = impl_numpy.ulysses.ulysses_attention(q, k, v, n_shards=n, **kw)
     np.testing.assert_array_equal(out, expected_encoding(H, K))
     plan = _plan(H, K, n)
     for r in range(n):  # the query heads of device r all read the kv heads it was given
@@ -88,7 +88,7 @@ def test_numpy_every_head_lands_where_the_contract_says(H: int, K: int, n: int) 
 @pytest.mark.parametrize(("name", "n"), RANDOM, ids=[f"{a}.n{n}" for a, n in RANDOM])
 def test_numpy_equals_the_unsharded_contract(name: str, n: int) -> None:
     (q, k, v), kw, _ = random_calls()[name]
-    got = impl_numpy.sharded.ulysses_attention(q, k, v, n_shards=n, **kw)
+    got = impl_numpy.ulysses.ulysses_attention(q, k, v, n_shards=n, **kw)
     want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
     if "mask" in kw and kw["mask"].shape[1] == 8:  # the fully masked row stays zero
@@ -105,7 +105,7 @@ def test_numpy_bytes_sent_per_exchange_are_the_formula(H, K, n, dtype) -> None:
     k = rng.standard_normal((2, K, 8, 5)).astype(dtype)
     v = rng.standard_normal((2, K, 8, 3)).astype(dtype)
     stats = []
-    impl_numpy.sharded.ulysses_attention(q, k, v, n_shards=n, stats=stats)
+    impl_numpy.ulysses.ulysses_attention(q, k, v, n_shards=n, stats=stats)
     formula = ulysses_bytes_per_exchange(q.shape, k.shape, v.shape, (2, H, 16, 3), n,
                                          q.dtype.itemsize)  # fmt: skip
     assert len(stats) == 4 * n
@@ -129,7 +129,7 @@ def test_ulysses_errors_are_identical_in_all_three(name: str) -> None:
     q, k, v = np.zeros((1, H, L, 4)), np.zeros((1, K, S, 4)), np.zeros((1, K, S, 3))
 
     def call(fw):
-        return fw.module.sharded.ulysses_attention(*(fw.asarray(x) for x in (q, k, v)),
+        return fw.module.ulysses.ulysses_attention(*(fw.asarray(x) for x in (q, k, v)),
                                                    n_shards=n)  # fmt: skip
 
     same_error(call, code=code, fragment=fragment)
@@ -169,7 +169,7 @@ def test_numpy_usp_equals_the_unsharded_contract(name: str, config) -> None:
     if not usp_fits(q.shape[-3], k.shape[-3], u):
         pytest.skip("the heads do not fit u")
     stats = []
-    got = impl_numpy.sharded.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r,
+    got = impl_numpy.ulysses.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r,
                                            layout=layout, stats=stats, **kw)  # fmt: skip
     want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
     np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
@@ -191,7 +191,7 @@ def test_usp_with_u_1_is_the_ring_and_with_r_1_is_ulysses() -> None:
     (q, k, v), kw, _ = random_calls()["sinks_alibi"]
     want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
     for u, r in ((1, 4), (4, 1), (8, 1)):
-        got = impl_numpy.sharded.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r, **kw)
+        got = impl_numpy.ulysses.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r, **kw)
         np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"u={u} r={r}")
 
 
@@ -225,7 +225,7 @@ def test_the_semantics_drawings_are_what_the_plans_do() -> None:
 
     q = np.zeros((1, 4, 8, 2))
     usp = check_usp(check_attention(q, q[:, :2], q[:, :2]), 2, 2, "zigzag")
-    rows = impl_numpy.sharded._shard_order(usp.ring, usp.ring.Lc)
+    rows = impl_numpy.ulysses._shard_order(usp.ring, usp.ring.Lc)
     held = {
         int(p): g for g in range(4) for p in rows[g * usp.ulysses.Lc : (g + 1) * usp.ulysses.Lc]
     }
@@ -277,7 +277,7 @@ def test_usp_errors_are_identical_in_all_three(name: str) -> None:
     (q, k, v), _, _ = random_calls()["causal_top_left"]
 
     def call(fw):
-        return fw.module.sharded.usp_attention(*(fw.asarray(x) for x in (q, k, v)), **sizes)
+        return fw.module.ulysses.usp_attention(*(fw.asarray(x) for x in (q, k, v)), **sizes)
 
     same_error(call, code=code, fragment=fragment)
 

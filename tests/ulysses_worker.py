@@ -61,7 +61,7 @@ def jax_main(out: Path) -> None:
     import jax.numpy as jnp
 
     import impl_jax
-    from impl_jax.sharded import (
+    from impl_jax.ulysses import (
         ULYSSES_STATIC_ARGNAMES,
         USP_STATIC_ARGNAMES,
         ulysses_attention,
@@ -109,7 +109,7 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from impl_torch.sharded import ulysses_attention, usp_attention
+    from impl_torch.ulysses import ulysses_attention, usp_attention
 
     dist.init_process_group(
         "gloo", init_method=f"file://{out / f'rendezvous_{world}'}", rank=rank,
@@ -149,7 +149,7 @@ def _torch_gradients(world: int) -> dict[str, np.ndarray]:
     import torch
 
     import impl_torch
-    from impl_torch.sharded import ulysses_attention
+    from impl_torch.ulysses import ulysses_attention
 
     results = {}
     for name in TORCH_GRAD_CALLS:

@@ -77,7 +77,8 @@ divides K (``head_parallel``, ``head_parallel_gqa``), n divides H, L and S with 
 or ``n % K == 0`` (``ulysses``), n >= 4 is even, 2 divides H, K is even or 1 and 2n divides L
 and S (``usp``, u = 2 and r = n/2: ``Function.shard_keywords``); a fixture that fits no n is not
 run. Their run ids carry n: ``ring.n4.causal.top_left.l64_s64.float32``. A port's sharded
-functions are found at its top level or in its ``sharded`` submodule (``impl_numpy.sharded``). A
+functions are found at its top level or in its ``sharded`` or ``ulysses`` submodule
+(``impl_numpy.sharded``, ``impl_numpy.ulysses``). A
 sharded run whose port says it lacks the devices (an error with code ``shard_devices``: one JAX
 device where n are needed) is reported as ``skip`` with the port's message; ``python -m
 conformance`` gives every port's child process

@@ -407,7 +407,7 @@ FUNCTIONS: dict[str, Function] = {
         False,
         _attention_values,
         _attention_error,
-        submodule="sharded",
+        submodule="ulysses",
         fits=_ulysses_fits,
     ),
     "usp": Function(
@@ -416,7 +416,7 @@ FUNCTIONS: dict[str, Function] = {
         _attention_values,
         _attention_error,
         defaults={"layout": "zigzag"},
-        submodule="sharded",
+        submodule="ulysses",
         fits=_usp_fits,
         shard_keywords=_usp_sizes,
     ),

@@ -33,7 +33,7 @@ from attention_spec.sharded import (
     check_shard_config,
     check_ulysses,
 )
-from impl_numpy import functional, sharded
+from impl_numpy import functional, sharded, ulysses
 from impl_numpy.flash import _block
 from impl_numpy.functional import _cast, _compute_dtype, scaled_dot_product_attention
 
@@ -173,7 +173,7 @@ def _local_offset(Lc: int, Sc: int):
 
 def _ulysses(query, key, value, *, n_shards, mask=None, bias=None, sinks=None,
              alibi_slopes=None, bug=None, **kw):  # fmt: skip
-    """``impl_numpy.sharded.ulysses_attention``, compressed (device d's heads, every position:
+    """``impl_numpy.ulysses.ulysses_attention``, compressed (device d's heads, every position:
     what the first all-to-all gives it), with the one ``bug`` switched in."""
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
     check_shard_config(n_shards)
@@ -215,9 +215,9 @@ def _ulysses(query, key, value, *, n_shards, mask=None, bias=None, sinks=None,
 
 
 def _usp_ring_inside_group() -> ModuleType:
-    """A fresh copy of ``impl_numpy.sharded`` whose USP ring of member j is the devices of
+    """A fresh copy of ``impl_numpy.ulysses`` whose USP ring of member j is the devices of
     ring group j, (j, 0) .. (j, u - 1), instead of (0, j) .. (r - 1, j) (u == r here)."""
-    spec = importlib.util.find_spec("impl_numpy.sharded")
+    spec = importlib.util.find_spec("impl_numpy.ulysses")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     module._ring_of = lambda plan, j: [(j, m) for m in range(plan.u)]
@@ -434,9 +434,9 @@ def make_port(bug: str | None) -> SimpleNamespace:
     def ulysses_attention(query, key, value, *, n_shards, **kw):
         if bug in ULYSSES_BUGS:
             return _ulysses(query, key, value, n_shards=n_shards, bug=bug, **kw)
-        return sharded.ulysses_attention(query, key, value, n_shards=n_shards, **kw)
+        return ulysses.ulysses_attention(query, key, value, n_shards=n_shards, **kw)
 
-    usp = _usp_ring_inside_group() if bug == "usp_ring_inside_group" else sharded
+    usp = _usp_ring_inside_group() if bug == "usp_ring_inside_group" else ulysses
 
     def usp_attention(query, key, value, **kw):
         return usp.usp_attention(query, key, value, **kw)

@@ -169,16 +169,16 @@ def test_torch_usp_with_its_ring_inside_the_ulysses_group_is_caught() -> None:
     same positions. The forked ranks inherit the patch; the run fails on its values."""
     import torch.distributed as dist
 
-    import impl_torch.sharded as torch_sharded
+    import impl_torch.ulysses as torch_ulysses
 
-    made = torch_sharded._usp_groups
+    made = torch_ulysses._usp_groups
 
     def ring_inside_group(u, r, group):  # ring j: this rank's Ulysses group, not member j's
         ulysses, _ = made(u, r, group)
         return ulysses, [ulysses[dist.get_rank() // u]] * u
 
     run_id = "usp.n4.causal.top_left.l64_s64.float64"
-    with mock.patch.object(torch_sharded, "_usp_groups", ring_inside_group):
+    with mock.patch.object(torch_ulysses, "_usp_groups", ring_inside_group):
         report = run_suite("impl_torch", functions=["usp"], select=lambda r: r.id == run_id)
     assert [(o.run_id, o.status) for o in report.outcomes] == [(run_id, "fail")], report.table()
     assert report.outcomes[0].message.startswith("output max error"), report.outcomes[0].message

@@ -95,7 +95,7 @@ SECTIONS: tuple[Section, ...] = (
     Section(
         "ulysses",
         "All-to-all sequence parallelism (Ulysses, USP)",
-        "sharded.py",
+        "ulysses.py",
         functions=("ulysses_attention", "usp_attention"),
     ),
     Section(
