@@ -38,6 +38,7 @@ __all__ = [
     "check_descale",
     "check_fp8_dtypes",
     "check_quantize_fp8",
+    "check_token_descale",
     "is_fp8",
     "output_dtype",
 ]
@@ -182,6 +183,25 @@ def check_descale(
             actual=f"{name} given for {input_dtype}",
         )
     return _descale(name, x, target, text or str(target))
+
+
+def check_token_descale(name: str, x: Any, dtype: str, N: int, letter: str,
+                        n: int) -> float | ArraySpec | None:  # fmt: skip
+    """A descale of a token-major call (``paged_attention``, ``varlen_attention``): None, a
+    number, or a float32 array of shape exactly ``()``, ``(n,)`` or ``(N, n)`` (one per head,
+    or per sequence and head; ``letter`` names n: H or K); anything else ``descale_shape``
+    (SEMANTICS.md, "FP8 inputs and caches"). The other rules (an input that is not fp8, the
+    dtype, the values) are :func:`check_descale`'s."""
+    text = f"(), ({letter}={n},) or (N={N}, {letter}={n})"
+    checked = check_descale(name, x, dtype, (N, n), text)
+    if isinstance(checked, ArraySpec) and checked.shape not in ((), (n,), (N, n)):
+        raise make_error(
+            "descale_shape",
+            f"{name} of a token-major call must be {text}; got {checked.shape}",
+            expected=text,
+            actual=str(checked.shape),
+        )
+    return checked
 
 
 class QuantizeCall(NamedTuple):

@@ -38,7 +38,7 @@ from attention_spec.arrays import (
     describe,
 )
 from attention_spec.errors import make_error
-from attention_spec.fp8 import FP8_DTYPES, check_descale, check_fp8_dtypes
+from attention_spec.fp8 import FP8_DTYPES, check_fp8_dtypes, check_token_descale
 from attention_spec.keywords import (
     check_flag,
     check_ranges,
@@ -185,24 +185,6 @@ def _per_head(name: str, array: Any, H: int) -> ArraySpec | None:
     return spec
 
 
-def _token_descale(name: str, x: Any, dtype: str, N: int, letter: str,
-                   n: int) -> float | ArraySpec | None:  # fmt: skip
-    """A descale of a token-major call: None, a number, or a float32 array of shape exactly
-    ``()``, ``(n,)`` or ``(N, n)`` (one per head, or per sequence and head); anything else
-    ``descale_shape`` (SEMANTICS.md, "FP8 inputs and caches"). The other rules (an input that
-    is not fp8, the dtype, the values) are :func:`~attention_spec.check_descale`'s."""
-    text = f"(), ({letter}={n},) or (N={N}, {letter}={n})"
-    checked = check_descale(name, x, dtype, (N, n), text)
-    if isinstance(checked, ArraySpec) and checked.shape not in ((), (n,), (N, n)):
-        raise make_error(
-            "descale_shape",
-            f"{name} of a token-major call must be {text}; got {checked.shape}",
-            expected=text,
-            actual=str(checked.shape),
-        )
-    return checked
-
-
 def _check_seq_lens(seq_lens: list[int], cu: list[int] | None, max_len: int, max_pages: int,
                     page_size: int) -> None:  # fmt: skip
     """Each ``seq_lens[n]`` in ``[L_n, max_pages * page_size]`` (``seq_lens_value``)."""
@@ -331,7 +313,7 @@ def check_paged_attention(
     sinks_spec = _per_head("sinks", sinks, H)
     slopes_spec = _per_head("alibi_slopes", alibi_slopes, H)
     descales = {
-        name: _token_descale(name, x, dtype, N, letter, n)
+        name: check_token_descale(name, x, dtype, N, letter, n)
         for name, x, dtype, letter, n in (("q_descale", q_descale, q.dtype, "H", H),
                                           ("k_descale", k_descale, k.dtype, "K", K),
                                           ("v_descale", v_descale, v.dtype, "K", K))

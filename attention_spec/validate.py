@@ -380,8 +380,8 @@ def _check_rank(name: str, shape: Shape, letters: str) -> None:
 #: Why a function without descale keywords refuses fp8 inputs (attention_spec.fp8).
 _FP8_ELSEWHERE = (
     "fp8 inputs are taken only by scaled_dot_product_attention, attention_weights, "
-    "flash_attention and paged_attention (with q_descale/k_descale/v_descale) and made by "
-    "quantize_fp8; the *_vjp and the sharded functions refuse them"
+    "flash_attention, varlen_attention and paged_attention (with q_descale/k_descale/"
+    "v_descale) and made by quantize_fp8; the *_vjp and the sharded functions refuse them"
 )
 
 

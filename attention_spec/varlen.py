@@ -2,9 +2,10 @@
 
 ``varlen_attention(query (Tq, H, D), key (Tk, K, D), value (Tk, K, E), cu_seqlens_q (N + 1,),
 cu_seqlens_k (N + 1,), *, is_causal, causal_alignment, window, scale, softcap, sinks,
-alibi_slopes)`` (SEMANTICS.md, Contract v3, "Variable-length batches"): token-major packed
-sequences; sequence n is query rows ``[cu_q[n], cu_q[n+1])`` against key rows
-``[cu_k[n], cu_k[n+1])``, and is exactly ``scaled_dot_product_attention`` of its own rows.
+alibi_slopes, q_descale, k_descale, v_descale)`` (SEMANTICS.md, Contract v3, "Variable-length
+batches"): token-major packed sequences; sequence n is query rows ``[cu_q[n], cu_q[n+1])``
+against key rows ``[cu_k[n], cu_k[n+1])``, and is exactly
+``scaled_dot_product_attention`` of its own rows.
 
 The checks run in a fixed order, so a call with several mistakes reports the same one in every
 implementation:
@@ -16,6 +17,8 @@ implementation:
    N + 1 >= 1 entries, the same N (``cu_seqlens_count``), and, where the values are concrete
    (NumPy, torch, JAX outside ``jit``), starting at 0, non-decreasing and ending at Tq / Tk
    (``cu_seqlens_value``);
+   then the fp8 descales, token-major as ``paged_attention``'s: ``()``, ``(H|K,)`` or per
+   sequence ``(N, H|K)`` (:func:`~attention_spec.fp8.check_token_descale`);
 4. the keywords against the sizes and the compute dtype (``check_attention`` on the
    heads-first ``(H, Tq, D)``, ``(K, Tk, D)``, ``(K, Tk, E)`` the call stands for).
 
@@ -31,17 +34,20 @@ from typing import Any
 from attention_spec.arrays import ArraySpec, check_dtype, check_given, describe, format_dims
 from attention_spec.call import AttentionCall
 from attention_spec.errors import make_error
+from attention_spec.fp8 import check_token_descale
 from attention_spec.keywords import divisors
 from attention_spec.validate import KEYWORDS, _check_dtypes, check_attention
 
 __all__ = ["VARLEN_KEYWORDS", "VarlenCall", "check_varlen", "check_varlen_grad_output"]
 
 #: The keywords of ``varlen_attention``, in the order of its signature (no mask, no bias, no
-#: segment ids: the sequences are the segments; the FP8 descales come later, see
-#: docs/SEMANTICS.md, "Contract v3 decisions: variable-length batches").
+#: segment ids: the sequences are the segments; see docs/SEMANTICS.md, "Contract v3
+#: decisions: variable-length batches"). ``varlen_attention_vjp`` takes all but the descales.
 VARLEN_KEYWORDS: tuple[str, ...] = (
     "is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes",
+    "q_descale", "k_descale", "v_descale",
 )  # fmt: skip
+_DESCALES = ("q_descale", "k_descale", "v_descale")
 _ALONE = tuple(k for k in KEYWORDS if k.name in VARLEN_KEYWORDS and k.alone is not None)
 
 
@@ -54,9 +60,11 @@ class VarlenCall:
     are the packed call's, not a sequence's: an implementation computes each sequence's
     diagonal from its own ``L_n`` and ``S_n``.
 
-    ``dtype``: the query's dtype name (the compute dtype follows it). ``cu_q`` and ``cu_k``:
-    the boundaries as Python ints where they were concrete, else None
-    (under ``jax.jit``: unchecked)."""
+    ``dtype``: the query's dtype name (the compute dtype follows it; float32 for an fp8 call).
+    ``cu_q`` and ``cu_k``: the boundaries as Python ints where they were concrete, else None
+    (under ``jax.jit``: unchecked). ``q_descale``, ``k_descale``, ``v_descale``: an fp8 call's
+    descales (None: 1.0, a float32-rounded float, or the ArraySpec of a ``()``, ``(H|K,)`` or
+    ``(N, H|K)`` array)."""
 
     N: int
     Tq: int
@@ -69,6 +77,9 @@ class VarlenCall:
     call: AttentionCall
     cu_q: tuple[int, ...] | None = None
     cu_k: tuple[int, ...] | None = None
+    q_descale: float | ArraySpec | None = None
+    k_descale: float | ArraySpec | None = None
+    v_descale: float | ArraySpec | None = None
 
     @property
     def G(self) -> int:
@@ -92,15 +103,16 @@ def _check_rank(name: str, shape: tuple[int, ...], letters: str) -> None:
         )
 
 
-def _sizes(query: Any, key: Any, value: Any) -> tuple[int, int, int, int, int, int, str]:
+def _sizes(query: Any, key: Any, value: Any, fp8: bool) -> tuple[int, int, int, int, int, int]:
     """Step 2: query ``(Tq, H, D)``, key ``(Tk, K, D)`` and value ``(Tk, K, E)`` fit together;
-    returns ``(Tq, Tk, H, K, D, E, dtype)``."""
+    returns ``(Tq, Tk, H, K, D, E)``. ``fp8``: the call takes descales (``varlen_attention``,
+    not its vjp), so fp8 inputs of an allowed combination pass."""
     check_given(query=query, key=key, value=value)
     q, k, v = describe(query), describe(key), describe(value)
     _check_rank("query", q.shape, "Tq, H, D")
     _check_rank("key", k.shape, "Tk, K, D")
     _check_rank("value", v.shape, "Tk, K, E")
-    _check_dtypes(q.dtype, k.dtype, v.dtype, False)
+    _check_dtypes(q.dtype, k.dtype, v.dtype, fp8)
     Tq, H, D = q.shape
     Tk, K, Dk = k.shape
     Tv, Kv, E = v.shape
@@ -149,7 +161,7 @@ def _sizes(query: Any, key: Any, value: Any) -> tuple[int, int, int, int, int, i
             expected="H % K == 0" + (f" (K in {choices})" if choices else ""),
             actual=f"H={H}, K={K}",
         )
-    return Tq, Tk, H, K, D, E, q.dtype
+    return Tq, Tk, H, K, D, E
 
 
 def _int_values(x: Any) -> list[int] | None:
@@ -228,7 +240,8 @@ def check_varlen(
     """Validate one ``varlen_attention`` call (the module docstring's order); return it.
 
     ``keywords``: those of :data:`VARLEN_KEYWORDS` (``sinks`` and ``alibi_slopes`` as arrays, or
-    anything :func:`describe` reads); a keyword outside it is a ``TypeError``.
+    anything :func:`describe` reads); a keyword outside it is a ``TypeError``. fp8 inputs pass
+    only when ``k_descale`` is among the keywords (None included), as ``check_attention``'s.
 
     Raises:
         ConfigError, DimensionMismatchError, DTypeError: see SEMANTICS.md, "New errors".
@@ -239,7 +252,9 @@ def check_varlen(
     for rule in _ALONE:  # 1. each keyword on its own
         if rule.name in keywords:
             rule.alone(keywords[rule.name])
-    Tq, Tk, H, K, D, E, dtype = _sizes(query, key, value)  # 2. query, key, value
+    fp8 = "k_descale" in keywords  # the function takes descales: fp8 inputs may come
+    Tq, Tk, H, K, D, E = _sizes(query, key, value, fp8)  # 2. query, key, value
+    dtypes = describe(query).dtype, describe(key).dtype, describe(value).dtype
     N, cu_q = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, Tq, "Tq")  # 3. the boundaries
     Nk, cu_k = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, Tk, "Tk")
     if Nk != N:
@@ -250,13 +265,21 @@ def check_varlen(
             expected=f"({N + 1},) and ({N + 1},)",
             actual=f"({N + 1},) and ({Nk + 1},)",
         )
+    descales = {  # the fp8 descales, token-major: paged_attention's rule
+        name: check_token_descale(name, keywords.pop(name, None), dtype, N, letter, n)
+        for name, dtype, letter, n in (("q_descale", dtypes[0], "H", H),
+                                       ("k_descale", dtypes[1], "K", K),
+                                       ("v_descale", dtypes[2], "K", K))
+    }  # fmt: skip
+    plain = {name: None for name in _DESCALES} if fp8 else {}  # checked above, as token-major
     call = check_attention(  # 4. the keywords against the sizes and the compute dtype
-        ArraySpec((H, Tq, D), dtype), ArraySpec((K, Tk, D), dtype),
-        ArraySpec((K, Tk, E), dtype), **keywords,
+        ArraySpec((H, Tq, D), dtypes[0]), ArraySpec((K, Tk, D), dtypes[1]),
+        ArraySpec((K, Tk, E), dtypes[2]), **keywords, **plain,
     )  # fmt: skip
     return VarlenCall(
-        N, Tq, Tk, H, K, D, E, dtype, call,
+        N, Tq, Tk, H, K, D, E, dtypes[0], call,
         None if cu_q is None else tuple(cu_q), None if cu_k is None else tuple(cu_k),
+        **descales,
     )  # fmt: skip
 
 

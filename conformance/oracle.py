@@ -735,6 +735,9 @@ def varlen_attention(
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
     round_to: str | None = None,
+    q_descale=None,
+    k_descale=None,
+    v_descale=None,
 ) -> np.ndarray:
     """Packed attention by the book, ``(Tq, H, E)`` float64: one sequence, one query head and
     one query row at a time, written out here (not through :func:`attention`, which the
@@ -747,19 +750,30 @@ def varlen_attention(
     use ``offset_n = 0`` (top_left) or ``S_n - L_n`` (bottom_right). A row with no allowed key
     (S_n = 0, or everything masked) is zeros; keys of other sequences are never terms.
     ``round_to``: the plain same-dtype computation, rounding after every step.
+    ``q_descale``, ``k_descale``, ``v_descale`` (fp8 inputs; None: 1.0): a number, ``(H|K,)``
+    or per sequence ``(N, H|K)``; sequence n's rows are dequantized in float64 with its own
+    descale row (:func:`dequantized`, heads-first) before anything else.
     """
     rnd = rounding(round_to)
-    q = np.asarray(query, dtype=np.float64)
-    k = np.asarray(key, dtype=np.float64)
-    v = np.asarray(value, dtype=np.float64)
+    q = np.asarray(query).astype(np.float64)
+    k = np.asarray(key).astype(np.float64)
+    v = np.asarray(value).astype(np.float64)
     Tq, H, D = q.shape
     K, E = k.shape[1], v.shape[2]
     G = H // K
+    cu_q = [int(x) for x in cu_seqlens_q]
+    cu_k = [int(x) for x in cu_seqlens_k]
+    for x, cu, d, heads in ((q, cu_q, q_descale, H), (k, cu_k, k_descale, K),
+                            (v, cu_k, v_descale, K)):  # fmt: skip
+        if d is None:
+            continue
+        rows = np.broadcast_to(np.asarray(d, np.float64), (len(cu) - 1, heads))  # (N, H|K)
+        for n in range(len(cu) - 1):  # sequence n's rows, heads-first, times its descale
+            part = x[cu[n] : cu[n + 1]].transpose(1, 0, 2)  # (H|K, L_n|S_n, D|E)
+            x[cu[n] : cu[n + 1]] = dequantized(part, rows[n]).transpose(1, 0, 2)
     scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
     slopes = None if alibi_slopes is None else [float(x) for x in alibi_slopes]  # (H,)
     sink = None if sinks is None else [float(x) for x in sinks]  # (H,)
-    cu_q = [int(x) for x in cu_seqlens_q]
-    cu_k = [int(x) for x in cu_seqlens_k]
     out = np.zeros((Tq, H, E), dtype=np.float64)
     for n in range(len(cu_q) - 1):
         q0, k0 = cu_q[n], cu_k[n]

@@ -25,23 +25,29 @@ from attention_spec.rules import alibi, causal, window
 from impl_numpy.functional import (
     _asarray,
     _compute_dtype,
+    _output_dtype,
     scaled_dot_product_attention,
     scaled_dot_product_attention_vjp,
 )
+from impl_numpy.paged import _descaled
 
 __all__ = ["varlen_attention", "varlen_attention_vjp"]
 
 #: The array arguments of varlen_attention, converted with ``np.asarray``.
 _ARRAYS = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "sinks", "alibi_slopes")
-#: Its keywords, as check_varlen takes them.
-_KEYWORDS = ("is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes")
+#: Its keywords, as check_varlen takes them (the descales as given: a number or an array;
+#: varlen_attention_vjp has none, so it refuses fp8 inputs).
+_KEYWORDS = (
+    "is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes",
+    "q_descale", "k_descale", "v_descale",
+)  # fmt: skip
 
 
 def _validated(given: Mapping[str, object]) -> tuple[VarlenCall, dict]:
     """The call's arrays (``given``: the function's ``locals()``) converted once and
     validated by ``check_varlen`` (and ``grad_output``, when given) before any arithmetic."""
     arrays = {name: _asarray(given[name]) for name in _ARRAYS}
-    keywords = {name: arrays.get(name, given[name]) for name in _KEYWORDS}
+    keywords = {name: arrays.get(name, given[name]) for name in _KEYWORDS if name in given}
     varlen = check_varlen(
         arrays["query"], arrays["key"], arrays["value"], arrays["cu_seqlens_q"],
         arrays["cu_seqlens_k"], **keywords,
@@ -112,6 +118,9 @@ def varlen_attention(
     softcap: float | None = None,
     sinks: np.ndarray | None = None,
     alibi_slopes: np.ndarray | None = None,
+    q_descale: np.ndarray | float | None = None,
+    k_descale: np.ndarray | float | None = None,
+    v_descale: np.ndarray | float | None = None,
 ) -> np.ndarray:
     """Attention over N packed sequences, shape ``(Tq, H, E)``: each sequence is
     ``scaled_dot_product_attention`` of its own rows; no token sees another sequence's keys.
@@ -126,10 +135,29 @@ def varlen_attention(
         is_causal, causal_alignment, window, scale, softcap, sinks, alibi_slopes: as in
             ``scaled_dot_product_attention``, per sequence: the diagonal of
             ``causal_alignment`` is each sequence's own (``S_n - L_n`` bottom-right).
+        q_descale, k_descale, v_descale: for fp8 key and value (``float8_e4m3fn``,
+            ``float8_e5m2``) with a float query, or all three fp8: a number, or float32 of
+            shape ``()``, ``(H|K,)`` or per sequence ``(N, H|K)`` (paged_attention's forms);
+            None is 1.0.
 
-    Returns the output in the query's dtype; rows of a sequence with no allowed key are zeros.
+    Returns the output in the query's dtype (bfloat16 for an fp8 query); rows of a sequence
+    with no allowed key are zeros.
     """
     varlen, arrays = _validated(locals())
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    #    Token-major: a per-sequence descale (N, H|K) is taken at each row's sequence.
+    out_dtype = _output_dtype(arrays["query"].dtype)  # the query's, or bfloat16 for fp8
+    seq_q = _sequence_positions(arrays["cu_seqlens_q"], varlen.Tq)[0]  # (Tq,)
+    seq_k = _sequence_positions(arrays["cu_seqlens_k"], varlen.Tk)[0]  # (Tk,)
+    arrays = {
+        **arrays,
+        "query": _descaled(arrays["query"], varlen.q_descale, q_descale, seq_q),
+        "key": _descaled(arrays["key"], varlen.k_descale, k_descale, seq_k),
+        "value": _descaled(arrays["value"], varlen.v_descale, v_descale, seq_k),
+    }
+    if arrays["key"].dtype != arrays["query"].dtype:  # an fp8 cache with a float16/bf16 query
+        arrays["query"] = arrays["query"].astype(np.float32)
     allowed, bias = _sequence_rules(varlen, arrays)
     call = varlen.call
 
@@ -143,7 +171,7 @@ def varlen_attention(
     )  # fmt: skip  # (H, Tq, E)
 
     # 5. back to token-major.
-    return np.ascontiguousarray(np.swapaxes(out, 0, 1))  # (Tq, H, E)
+    return np.ascontiguousarray(np.swapaxes(out.astype(out_dtype, copy=False), 0, 1))  # (Tq, H, E)
 
 
 def varlen_attention_vjp(

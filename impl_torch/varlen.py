@@ -25,16 +25,22 @@ from attention_spec.rules import alibi, causal, window
 from impl_torch.functional import (
     _as_tensors,
     _compute_dtype,
+    _output_dtype,
     scaled_dot_product_attention,
     scaled_dot_product_attention_vjp,
 )
+from impl_torch.paged import _descaled
 
 __all__ = ["varlen_attention", "varlen_attention_vjp"]
 
 #: The array arguments of varlen_attention, converted with ``torch.as_tensor`` (on one device).
 _ARRAYS = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "sinks", "alibi_slopes")
-#: Its keywords, as check_varlen takes them.
-_KEYWORDS = ("is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes")
+#: Its keywords, as check_varlen takes them (the descales as given: a number or an array;
+#: varlen_attention_vjp has none, so it refuses fp8 inputs).
+_KEYWORDS = (
+    "is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes",
+    "q_descale", "k_descale", "v_descale",
+)  # fmt: skip
 
 
 def _validated(given: Mapping[str, object]) -> tuple[VarlenCall, dict]:
@@ -42,7 +48,7 @@ def _validated(given: Mapping[str, object]) -> tuple[VarlenCall, dict]:
     validated by ``check_varlen`` (and ``grad_output``, when given) before any arithmetic."""
     names = (*_ARRAYS, "grad_output") if "grad_output" in given else _ARRAYS
     arrays = dict(zip(names, _as_tensors(*(given[name] for name in names))))
-    keywords = {name: arrays.get(name, given[name]) for name in _KEYWORDS}
+    keywords = {name: arrays.get(name, given[name]) for name in _KEYWORDS if name in given}
     varlen = check_varlen(
         arrays["query"], arrays["key"], arrays["value"], arrays["cu_seqlens_q"],
         arrays["cu_seqlens_k"], **keywords,
@@ -114,6 +120,9 @@ def varlen_attention(
     softcap: float | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """Attention over N packed sequences, shape ``(Tq, H, E)``: each sequence is
     ``scaled_dot_product_attention`` of its own rows; no token sees another sequence's keys.
@@ -128,10 +137,29 @@ def varlen_attention(
         is_causal, causal_alignment, window, scale, softcap, sinks, alibi_slopes: as in
             ``scaled_dot_product_attention``, per sequence: the diagonal of
             ``causal_alignment`` is each sequence's own (``S_n - L_n`` bottom-right).
+        q_descale, k_descale, v_descale: for fp8 key and value (``float8_e4m3fn``,
+            ``float8_e5m2``) with a float query, or all three fp8: a number, or float32 of
+            shape ``()``, ``(H|K,)`` or per sequence ``(N, H|K)`` (paged_attention's forms);
+            None is 1.0.
 
-    Returns the output in the query's dtype; rows of a sequence with no allowed key are zeros.
+    Returns the output in the query's dtype (bfloat16 for an fp8 query); rows of a sequence
+    with no allowed key are zeros.
     """
     varlen, arrays = _validated(locals())
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    #    Token-major: a per-sequence descale (N, H|K) is taken at each row's sequence.
+    out_dtype = _output_dtype(arrays["query"].dtype)  # the query's, or bfloat16 for fp8
+    seq_q = _sequence_positions(arrays["cu_seqlens_q"], varlen.Tq)[0]  # (Tq,)
+    seq_k = _sequence_positions(arrays["cu_seqlens_k"], varlen.Tk)[0]  # (Tk,)
+    arrays = {
+        **arrays,
+        "query": _descaled(arrays["query"], varlen.q_descale, q_descale, seq_q),
+        "key": _descaled(arrays["key"], varlen.k_descale, k_descale, seq_k),
+        "value": _descaled(arrays["value"], varlen.v_descale, v_descale, seq_k),
+    }
+    if arrays["key"].dtype != arrays["query"].dtype:  # an fp8 cache with a float16/bf16 query
+        arrays["query"] = arrays["query"].to(torch.float32)
     allowed, bias = _sequence_rules(varlen, arrays)
     call = varlen.call
 
@@ -145,7 +173,7 @@ def varlen_attention(
     )  # fmt: skip  # (H, Tq, E)
 
     # 5. back to token-major.
-    return out.transpose(0, 1).contiguous()  # (Tq, H, E)
+    return out.to(out_dtype).transpose(0, 1).contiguous()  # (Tq, H, E)
 
 
 def varlen_attention_vjp(

@@ -16,9 +16,10 @@ import numpy as np
 import pytest
 import torch
 
+import impl_numpy
 from attention_spec import FP8_MAX, MIN_DESCALE, ConfigError, DimensionMismatchError, DTypeError
 from conformance import oracle
-from tests.frameworks import FRAMEWORKS, same_error
+from tests.frameworks import AGREE, FRAMEWORKS, NP_DTYPES, same_error
 
 B, H, K, L, S, D, E = 2, 6, 2, 5, 7, 11, 13
 FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -225,10 +226,6 @@ ERRORS = {
         ConfigError, "descale_value", "nan"),
     "descale_overflow": (lambda fw: fw.module.scaled_dot_product_attention(
         Q8, K8, V8, q_descale=1e39), ConfigError, "descale_value", "inf"),
-    "varlen_refuses": (lambda fw: fw.module.varlen_attention(
-        Q8[0].transpose(1, 0, 2), K8[0].transpose(1, 0, 2), V8[0].transpose(1, 0, 2),
-        np.array([0, L], np.int32), np.array([0, S], np.int32)),
-        DTypeError, "unsupported_dtype", "*_vjp"),
     "vjp_refuses": (lambda fw: fw.module.scaled_dot_product_attention_vjp(
         Q32, K8, V8, np.ones((B, H, L, E), np.float32)),
         DTypeError, "unsupported_dtype", "*_vjp"),
@@ -258,6 +255,14 @@ ERRORS = {
                                ConfigError, "descale_value", "-1.0"),
     "quantize_nonfinite": (lambda fw: fw.module.quantize_fp8(
         np.full((2, 3), 1e39, np.float64)), ConfigError, "fp8_nonfinite", "float32"),
+    "varlen_vjp_refuses_fp8": (lambda fw: fw.module.varlen_attention_vjp(
+        *_varlen_fp8("float8_e4m3fn", None)[:3], CU_Q, CU_K,
+        np.ones((7, H, E), ml_dtypes.bfloat16)),
+        DTypeError, "unsupported_dtype", "varlen_attention"),
+    "varlen_descale_shape": (lambda fw: fw.module.varlen_attention(
+        *_varlen_fp8("float8_e4m3fn", None)[:3], CU_Q, CU_K,
+        k_descale=np.ones((3, H), np.float32)),
+        DimensionMismatchError, "descale_shape", "(N=3, K=2)"),
 }  # fmt: skip
 
 
@@ -428,3 +433,49 @@ def test_fp8_bounds_table() -> None:
             f"bound={bound:.3g} strict={strict:.3g}",
             {k: f"{v:.3g}" for k, v in errors.items()},
         )
+
+
+#: A packed call of three sequences (the second empty) for varlen_attention's fp8 descales.
+CU_Q, CU_K = np.array([0, 3, 3, 7], np.int32), np.array([0, 5, 5, 11], np.int32)
+
+
+def _varlen_fp8(fmt: str, q_dtype: str | None):
+    """Packed (T, H|K, D|E) inputs in fp8 (the query in ``q_dtype`` when given) and per-sequence
+    descales ``(N, H|K)`` that differ between sequences and within a GQA group."""
+    rng = np.random.default_rng(5)
+    dt = getattr(ml_dtypes, fmt)
+    qf, kf = rng.standard_normal((7, H, D)) * 4, rng.standard_normal((11, K, D)) * 4
+    vf = rng.standard_normal((11, K, E)) * 4
+    kw = {
+        "k_descale": np.array([[0.3, 0.07], [5.0, 5.0], [2.0, 90.0]], np.float32),
+        "v_descale": np.array([[1e-2, 3.0], [1.0, 1.0], [40.0, 0.5]], np.float32),
+    }
+    if q_dtype is None:
+        kw["q_descale"] = np.linspace(0.02, 60.0, 3 * H).astype(np.float32).reshape(3, H)
+        return qf.astype(dt), kf.astype(dt), vf.astype(dt), kw
+    return qf.astype(NP_DTYPES[q_dtype]), kf.astype(dt), vf.astype(dt), kw
+
+
+@pytest.mark.parametrize(("fmt", "q_dtype"), [("float8_e4m3fn", None), ("float8_e5m2", "bfloat16")])
+def test_varlen_fp8_is_each_sequence_with_its_own_descales(fmt: str, q_dtype) -> None:
+    """varlen_attention with (N, H|K) descales equals, sequence by sequence, NumPy's
+    scaled_dot_product_attention of that sequence's rows with that sequence's descales."""
+    query, key, value, kw = _varlen_fp8(fmt, q_dtype)
+    out_dtype = "bfloat16" if q_dtype is None else q_dtype
+    expected = np.zeros((7, H, E), np.float32)
+    for n in range(3):
+        rows, keys = slice(CU_Q[n], CU_Q[n + 1]), slice(CU_K[n], CU_K[n + 1])
+        if CU_Q[n] == CU_Q[n + 1]:
+            continue
+        one = {name: d[n] for name, d in kw.items()}
+        out = impl_numpy.scaled_dot_product_attention(
+            *(np.swapaxes(x, 0, 1) for x in (query[rows], key[keys], value[keys])),
+            is_causal=True, **one,
+        )  # fmt: skip
+        expected[rows] = np.swapaxes(out, 0, 1).astype(np.float32)
+    for fw in FRAMEWORKS.values():
+        got = fw.to_numpy(
+            fw.module.varlen_attention(query, key, value, CU_Q, CU_K, is_causal=True, **kw)
+        )
+        assert str(got.dtype) == out_dtype
+        np.testing.assert_allclose(got.astype(np.float32), expected, atol=AGREE[out_dtype])

@@ -35,7 +35,11 @@ VARLEN_ARRAYS = ("sinks", "alibi_slopes")
 class Packed:
     """The arguments of one ``varlen_attention`` call: float64 arrays (or :class:`Zeros` for
     an error case), the boundaries as integers, the keywords, and ``arrays``, the sinks and
-    ALiBi slopes given. ``grad_output``: an error case of ``varlen_attention_vjp``'s."""
+    ALiBi slopes given. ``grad_output``: an error case of ``varlen_attention_vjp``'s.
+    ``descales`` (an fp8 case, ``varlen.fp8.*``): name -> a float32 array ``(H|K,)`` or
+    ``(N, H|K)``, a float, or None for an input that is not fp8; the float64 arrays are then
+    the values *before* quantization, and ``query_dtype`` None (the query is fp8 too) or the
+    float dtype of the query."""
 
     query: Any
     key: Any
@@ -45,6 +49,8 @@ class Packed:
     keywords: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, Any] = field(default_factory=dict)
     grad_output: Any = None
+    descales: dict[str, Any] | None = None
+    query_dtype: str | None = None
 
 
 def packed(rng, q_lengths, k_lengths, *, h=VH, k=VK, d=VD, e=VE, **keywords) -> Packed:
@@ -169,6 +175,67 @@ def varlen_garbage(rng, dtype):
     c.key[9:11] = np.nan  # the last sequence's keys 2 and 3: its 2 queries see keys 0, 1 only
     c.value[9:11] = np.nan
     return c
+
+
+# ---------------------------------------------------------------------------------------------
+# FP8 (Contract v3, "FP8 inputs and caches"): token-major descales, paged_attention's forms
+# ---------------------------------------------------------------------------------------------
+
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def packed_fp8(rng, q_lengths, k_lengths, qd, kd, vd, query_dtype=None, **keywords) -> Packed:
+    """A :class:`Packed` fp8 call (conformance/generate/varlen.py quantizes each fp8 input at
+    its static descale, each row at its own sequence's): values of order 4 times the descale
+    of the row's sequence, so a descale read from another sequence changes the answer."""
+    c = packed(rng, q_lengths, k_lengths, **keywords)
+    N = len(q_lengths)
+    for name, cu, d in (("query", c.cu_seqlens_q, qd), ("key", c.cu_seqlens_k, kd),
+                        ("value", c.cu_seqlens_k, vd)):  # fmt: skip
+        x = getattr(c, name) * 4.0
+        if d is not None:
+            heads = x.shape[1]
+            per_row = np.broadcast_to(np.asarray(d, np.float64), (N, heads))
+            x = x * np.repeat(per_row, np.diff(cu), axis=0)[:, :, None]  # (T, H|K, 1)
+        setattr(c, name, x)
+    c.descales = {"q_descale": qd, "k_descale": kd, "v_descale": vd}
+    c.query_dtype = query_dtype
+    return c
+
+
+#: Per-sequence descales ``(N=3, K=2)``, differing between sequences and within a GQA group.
+_KD = np.array([[0.3, 0.07], [5.0, 5.0], [2.0, 90.0]], np.float32)
+_VD = np.array([[1e-2, 3.0], [1.0, 1.0], [40.0, 0.5]], np.float32)
+
+
+@varlen_case("fp8.all.per_sequence.causal", FP8)
+def varlen_fp8_per_sequence(rng, dtype):
+    """All fp8, N = 3 with an empty sequence in the middle, GQA 6:2, bottom_right causal;
+    q_descale ``(N, H)`` one per group (FlashAttention 3's ``(B, K)`` with B the sequences),
+    k_descale and v_descale ``(N, K)`` from 1e-2 to 90: sequence 0's descale applied to every
+    sequence, or a dropped one, is far outside the bound. Output bfloat16."""
+    qd = np.repeat(np.array([[0.02, 3.0], [7.0, 7.0], [0.5, 40.0]], np.float32), VH // VK, axis=1)
+    return packed_fp8(rng, [3, 0, 4], [5, 0, 6], qd, _KD, _VD, is_causal=True,
+                      causal_alignment="bottom_right")  # fmt: skip
+
+
+@varlen_case("fp8.all.per_head.window_softcap", ("float8_e4m3fn",))
+def varlen_fp8_per_head(rng, dtype):
+    """All e4m3, the per-head and per-tensor forms: q_descale ``(H,)``, k_descale ``(K,)``,
+    v_descale a scalar keyword; a window (2, 0) and softcap 20 on the dequantized scores."""
+    qd = np.array([0.05, 0.5, 2.0, 8.0, 30.0, 0.01], np.float32)
+    return packed_fp8(rng, [2, 5, 3], [4, 6, 3], qd, np.array([0.25, 6.0], np.float32),
+                      float(np.float32(0.125)), window=(2, 0), softcap=20.0)  # fmt: skip
+
+
+@varlen_case("fp8.kv_cache.bfloat16_query.causal_sinks", ("float8_e4m3fn",))
+def varlen_fp8_cache(rng, dtype):
+    """An e4m3 key/value cache with a bfloat16 query (no q_descale), per-sequence k_descale and
+    v_descale ``(N, K)``, a sequence with keys and no query, causal with sinks: output
+    bfloat16."""
+    sinks = np.linspace(-1.0, 2.0, VH).astype(np.float32)
+    return packed_fp8(rng, [3, 0, 2], [4, 3, 7], None, _KD, _VD, "bfloat16", is_causal=True,
+                      causal_alignment="bottom_right", sinks=sinks)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,8 +25,10 @@ from conformance import cases as C
 from conformance.cases.varlen import VARLEN_ARRAYS, Packed
 from conformance.fixtures import encode_keywords
 from conformance.generate.fixtures import Fixture, _entry, _expected, _spec, _values_fields
+from conformance.generate.fp8 import NAMES, _fp8, casts_agree, result_dtype
 from conformance.oracle import (
     attention,
+    quantize_fp8,
     rounded,
     tolerance_bound,
     varlen_attention,
@@ -149,9 +151,91 @@ def _flex_verify(as64: dict, keywords: dict, golden: np.ndarray, bound: float):
     return verify
 
 
+def _row_descales(d: Any, cu: np.ndarray, heads: int) -> np.ndarray:
+    """A token-major descale (None: 1.0, a number, ``(H|K,)`` or ``(N, H|K)``) as one row per
+    packed token, ``(T, H|K)`` float32: each token takes its own sequence's."""
+    d32 = np.float32(1.0) if d is None else np.asarray(d, np.float32)
+    per_sequence = np.broadcast_to(d32, (len(cu) - 1, heads))
+    return np.repeat(per_sequence, np.diff(cu), axis=0)
+
+
+def _varlen_fp8_fixture(case: C.CaseDef, fmt: str, c: Packed) -> Fixture:
+    """One ``varlen.fp8.*`` fixture of format ``fmt``, as ``sdpa.fp8.*``'s
+    (conformance/generate/fp8.py): each fp8 input quantized by the oracle's ``quantize_fp8`` at
+    its static descale, each token at its own sequence's (``axes=(-1,)``), and cross-checked
+    against ml_dtypes' and torch's casts; descale arrays stored as float32 inputs, scalars as
+    keywords. Golden: ``oracle.varlen_attention`` with the descales (it dequantizes each
+    sequence itself, in float64). Bounds: ``tolerance`` the strict one (a float32 dequantized
+    computation rounded once to the result dtype), ``kernel_tolerance`` with the weights of an
+    all-fp8 call rounded to ``fmt`` before the value product (``oracle.attention(...,
+    weights_to=fmt)`` sequence by sequence), never below the strict bound."""
+    cu = {"query": np.asarray(c.cu_seqlens_q), "key": np.asarray(c.cu_seqlens_k)}
+    cu["value"] = cu["key"]
+    inputs: dict[str, np.ndarray] = {}
+    keywords = dict(c.keywords)
+    descales: dict[str, Any] = {}
+    deq64: dict[str, np.ndarray] = {}  # the dequantized inputs, for the cross-checks
+    for name, dname in NAMES:
+        raw, d = getattr(c, name), c.descales[dname]
+        if name == "query" and c.query_dtype is not None:
+            inputs[name] = rounded(raw, c.query_dtype)
+            deq64[name] = inputs[name].astype(np.float64)
+            continue
+        rows = _row_descales(d, cu[name], raw.shape[1])  # (T, H|K)
+        values, _ = quantize_fp8(raw, fmt, axes=(-1,), descale=rows)
+        casts_agree(raw, fmt, rows[..., None], values, case.name)
+        inputs[name] = _fp8(values, fmt)
+        deq64[name] = values * rows.astype(np.float64)[..., None]
+        descales[dname] = d
+    for name in ("cu_seqlens_q", "cu_seqlens_k"):
+        inputs[name] = np.asarray(getattr(c, name)).astype(np.int32)
+    inputs |= {name: np.asarray(a, np.float32) for name, a in c.arrays.items()}
+    descale_kw: dict[str, Any] = {}
+    for dname, d in descales.items():
+        if isinstance(d, np.ndarray):
+            inputs[dname] = d.astype(np.float32)
+        elif d is not None:
+            keywords[dname] = float(d)
+        descale_kw[dname] = None if d is None else np.asarray(d, np.float64)
+    given = {n: inputs[n] for n in (*POSITIONAL, *VARLEN_ARRAYS) if n in inputs}
+    given |= {n: inputs[n].astype(np.float64) for n in VARLEN_ARRAYS if n in inputs}
+    golden = varlen_attention(**given, **c.keywords, **descale_kw)
+    plain = varlen_attention(**given, **c.keywords, **descale_kw, round_to="float32")
+    as64 = {**_as64({n: given[n] for n in given if n not in ("query", "key", "value")}), **deq64}
+    kernel = plain
+    if c.query_dtype is None:  # all fp8: P rounded to the value's format, sequence by sequence
+        kernel = np.zeros_like(plain)
+        arrays = {name: as64[name] for name in VARLEN_ARRAYS if name in as64}
+        cu_q, cu_k = cu["query"].tolist(), cu["key"].tolist()
+        for n in range(len(cu_q) - 1):
+            rows_n, keys_n = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
+            heads_first = [as64[x][s].transpose(1, 0, 2) for x, s in
+                           (("query", rows_n), ("key", keys_n), ("value", keys_n))]  # fmt: skip
+            one = attention(*heads_first, **c.keywords, **arrays, round_to="float32",
+                            weights_to=fmt)  # fmt: skip
+            kernel[rows_n] = one.output.transpose(1, 0, 2)
+    out = result_dtype(inputs["query"].dtype.name)
+
+    def bound(want: np.ndarray, got: np.ndarray) -> float:
+        return tolerance_bound(want, rounded(got, out).astype(np.float64), out)
+
+    strict = {"output": bound(golden, plain)}
+    kernels = {"output": max(strict["output"], bound(golden, kernel))}
+    case_id = f"varlen.{case.name}.{fmt}"
+    _check_per_sequence(case_id, as64, c.keywords, golden, strict["output"])
+    tensors = {**inputs, "output": golden}
+    fields, data = _values_fields(case_id, case, keywords, tensors, strict, inputs)
+    doc = fields.pop("doc")
+    fields |= {"kernel_tolerance": kernels, "result_dtype": out, "doc": doc}
+    verify = _flex_verify(as64, c.keywords, golden, strict["output"])
+    return Fixture(_entry(case_id, case, fmt, **fields), data, verify=verify)
+
+
 def _varlen_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """One ``varlen_attention`` fixture: the inputs, the golden output and its bound."""
     c = case.build(np.random.default_rng(case.seed), dtype)
+    if c.descales is not None:  # varlen.fp8.*
+        return [_varlen_fp8_fixture(case, dtype, c)]
     inputs = _inputs(c, dtype)
     as64 = _as64(inputs)
     golden = varlen_attention(**as64, **c.keywords)

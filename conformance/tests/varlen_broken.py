@@ -15,6 +15,13 @@ because of its one bug:
   ``S_n - L_n``.
 - ``grad_dk_other_sequence``: the backward rebuilds ``P`` for dK without the same-sequence
   rule: a key's gradient sums over other sequences' queries too.
+- ``fp8_descale_sequence_0``: an fp8 input is dequantized with sequence 0's descale row for
+  every sequence (a per-sequence ``(N, H|K)`` descale read as if it were per tensor).
+- ``fp8_k_descale_dropped``: ``k_descale`` is ignored (the keys' fp8 values taken as they are,
+  as vLLM's FA4 path once did with its descales).
+
+fp8 inputs are dequantized first (float32 times the descale of each row's sequence), as
+``impl_numpy/varlen.py``'s step 0.
 
 conformance/tests/test_broken_ports.py proves that the runner catches every one of them
 (:data:`BUGS` names one run each must fail).
@@ -26,7 +33,15 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from attention_spec import AttentionGrads, check_varlen, check_varlen_grad_output
+from attention_spec import (
+    AttentionGrads,
+    check_varlen,
+    check_varlen_grad_output,
+    dtype_name,
+    is_fp8,
+    output_dtype,
+)
+from conformance.fixtures import NP_DTYPES
 
 __all__ = ["BUGS", "make_port"]
 
@@ -45,7 +60,31 @@ BUGS: dict[str, tuple[str, str]] = {
         "backward: dK summed over other sequences' queries (P rebuilt without the sequence rule)",
         "varlen_grad.n3.causal_bottom_right.float32",
     ),
+    "fp8_descale_sequence_0": (
+        "fp8: sequence 0's descale row applied to every sequence's rows",
+        "varlen.fp8.all.per_sequence.causal.float8_e4m3fn",
+    ),
+    "fp8_k_descale_dropped": (
+        "fp8: k_descale ignored, the keys' fp8 values used as they are",
+        "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",
+    ),
 }
+
+
+def _dequantized(bug, x, checked, given, cu):
+    """An fp8 ``x (T, H|K, D|E)`` as float32 times the descale of each row's sequence
+    (``checked``: check_varlen's; ``given``: the descale as passed); anything else as given."""
+    if not is_fp8(dtype_name(x.dtype)):
+        return x
+    x = x.astype(np.float32)
+    if checked is None:
+        return x
+    d = np.asarray(checked if isinstance(checked, float) else given, np.float32)
+    per_sequence = np.broadcast_to(d, (len(cu) - 1, x.shape[1]))  # (N, H|K)
+    seq = np.searchsorted(cu, np.arange(x.shape[0]), side="right") - 1  # (T,)
+    if bug == "fp8_descale_sequence_0":
+        seq = 0 * seq
+    return x * per_sequence[seq][:, :, None]
 
 
 def _rules(bug, varlen, cu_q, cu_k):
@@ -86,9 +125,15 @@ def _forward(bug, given):
     sinks = None if sinks is None else np.asarray(sinks)
     slopes = None if slopes is None else np.asarray(slopes)
     keywords = {n: given[n] for n in ("is_causal", "causal_alignment", "window", "scale",
-                                      "softcap")}  # fmt: skip
+                                      "softcap", "q_descale", "k_descale", "v_descale")
+                if n in given}  # fmt: skip
     varlen = check_varlen(q, k, v, cu_q, cu_k, sinks=sinks, alibi_slopes=slopes, **keywords)
     call = varlen.call
+    k_given = None if bug == "fp8_k_descale_dropped" else given.get("k_descale")
+    k_checked = None if bug == "fp8_k_descale_dropped" else varlen.k_descale
+    q = _dequantized(bug, q, varlen.q_descale, given.get("q_descale"), cu_q)
+    k = _dequantized(bug, k, k_checked, k_given, cu_k)
+    v = _dequantized(bug, v, varlen.v_descale, given.get("v_descale"), cu_k)
     ct = np.float64 if q.dtype == np.float64 else np.float32
     allowed, same, distance = _rules(bug, varlen, cu_q.astype(np.int64), cu_k.astype(np.int64))
     heads = np.arange(varlen.H) // varlen.G
@@ -130,10 +175,12 @@ def make_port(bug: str | None) -> SimpleNamespace:
 
     def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, is_causal=False,
                          causal_alignment="top_left", window=None, scale=None, softcap=None,
-                         sinks=None, alibi_slopes=None):  # fmt: skip
+                         sinks=None, alibi_slopes=None, q_descale=None, k_descale=None,
+                         v_descale=None):  # fmt: skip
         with np.errstate(all="ignore"):
             _, st = _forward(bug, locals())
-        return st.out.transpose(1, 0, 2).astype(np.asarray(query).dtype)
+        out = output_dtype(dtype_name(np.asarray(query).dtype))  # bfloat16 for an fp8 query
+        return st.out.transpose(1, 0, 2).astype(NP_DTYPES[out])
 
     def varlen_attention_vjp(query, key, value, cu_seqlens_q, cu_seqlens_k, grad_output, *,
                              is_causal=False, causal_alignment="top_left", window=None,
