@@ -76,22 +76,30 @@ def check_cache_size(
     return min(left + 1, int(max_len))
 
 
-def _check_cache(dims: ModuleDims, param_dtype: str, key: ArraySpec, value: ArraySpec) -> None:
-    """A KV cache's buffers ``key (B, K, T, D)``, ``value (B, K, T, E)`` are this module's."""
+def _check_cache(
+    dims: ModuleDims, param_dtype: str, key: ArraySpec, value: ArraySpec, *, paged: bool = False
+) -> None:
+    """A KV cache's buffers are this module's: ``key (B, K, T, D)``, ``value (B, K, T, E)``, or
+    with ``paged`` a pool's pages ``key (P, page_size, K, D)``, ``value (P, page_size, K, E)``."""
+    owner, head = ("paged KV cache", 2) if paged else ("KV cache", 1)  # head: the K axis
     for name, spec, last in (("key", key, dims.D), ("value", value, dims.E)):
-        want = f"(B, K={dims.K}, T, {'D' if name == 'key' else 'E'}={last})"
-        if len(spec.shape) != 4 or spec.shape[1] != dims.K or spec.shape[3] != last:
+        letter = "D" if name == "key" else "E"
+        want = f"(B, K={dims.K}, T, {letter}={last})"
+        if paged:
+            want = f"(P, page_size, K={dims.K}, {letter}={last})"
+        if len(spec.shape) != 4 or spec.shape[head] != dims.K or spec.shape[3] != last:
             raise make_error(
                 "cache_mismatch",
-                f"the KV cache's {name} must be {want} for this module {dims}; got "
-                f"{spec.shape}. A cache belongs to the module that made it (init_cache)",
+                f"the {owner}'s {name}{' pages' if paged else ''} must be {want} for this module "
+                f"{dims}; got {spec.shape}. A cache belongs to the module that made it "
+                "(init_cache)",
                 expected=want,
                 actual=str(spec.shape),
             )
         if spec.dtype != param_dtype:
             raise make_error(
                 "dtype_mismatch",
-                f"the KV cache's {name} dtype must be the module's ({param_dtype}); got "
+                f"the {owner}'s {name} dtype must be the module's ({param_dtype}); got "
                 f"{spec.dtype}",
                 expected=param_dtype,
                 actual=spec.dtype,
@@ -234,25 +242,7 @@ def check_paged_decode_inputs(
     check_given(x=x, key_pages=key_pages, value_pages=value_pages)
     x = describe(x)
     check_sequence("x", x, dims, param_dtype)
-    key, value = describe(key_pages), describe(value_pages)
-    for name, spec, last in (("key", key, dims.D), ("value", value, dims.E)):
-        want = f"(P, page_size, K={dims.K}, {'D' if name == 'key' else 'E'}={last})"
-        if len(spec.shape) != 4 or spec.shape[2] != dims.K or spec.shape[3] != last:
-            raise make_error(
-                "cache_mismatch",
-                f"the paged KV cache's {name} pages must be {want} for this module {dims}; got "
-                f"{spec.shape}. A cache belongs to the module that made it (init_cache)",
-                expected=want,
-                actual=str(spec.shape),
-            )
-        if spec.dtype != param_dtype:
-            raise make_error(
-                "dtype_mismatch",
-                f"the paged KV cache's {name} dtype must be the module's ({param_dtype}); got "
-                f"{spec.dtype}",
-                expected=param_dtype,
-                actual=spec.dtype,
-            )
+    _check_cache(dims, param_dtype, describe(key_pages), describe(value_pages), paged=True)
     given = [name for name, value in refused.items() if value is not None]
     given += ["return_weights=True"] if weights else []
     if given:
