@@ -279,10 +279,15 @@ class RopeConfig:
 
     def keywords(self) -> dict[str, Any]:
         """``apply_rotary``'s keywords but ``inv_freq`` (an array of the module's framework,
-        built from :attr:`inv_freq`): ``theta=, rotary_dim=, interleaved=, attention_factor=``."""
-        return {"theta": self.theta, "rotary_dim": self.rotary_dim,
-                "interleaved": self.interleaved,
-                "attention_factor": self.attention_factor}  # fmt: skip
+        built from :attr:`inv_freq`): ``theta=, rotary_dim=, interleaved=``, and
+        ``attention_factor=`` only when it is not 1.0. A port written before contract v3 (its
+        ``apply_rotary`` has no attention_factor, PORTING.md's example of 2026-11-30) passes
+        ``**keywords()`` on unchanged: the key appears only for a module that sets it."""
+        keywords = {"theta": self.theta, "rotary_dim": self.rotary_dim,
+                    "interleaved": self.interleaved}  # fmt: skip
+        if self.attention_factor != 1.0:
+            keywords["attention_factor"] = self.attention_factor
+        return keywords
 
     def module_keywords(self) -> dict[str, Any]:
         """The module constructor's keywords that rebuild this configuration (JSON values;
