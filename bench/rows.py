@@ -125,6 +125,8 @@ class Goal:
             return f"rolling ({w.window}, 0) step at P={w.P} <= {self.limit:g}x own at P=1024"
         op = "<" if self.kind == "faster" else "<="
         where = "" if self.on is None else f" ({self.on.variant} P={self.on.P})"
+        if self.on is not None and self.on.op == "varlen":  # N sequences, T tokens in all
+            where = f" (N={self.on.B} T={self.on.L})"
         return f"{op} {self.limit:g}x {self.ref}{where}"
 
     def met(self, ratio: float) -> bool:

@@ -50,6 +50,7 @@ def test_the_rows_their_refs_gates_and_goals():
         (g,) = varlen.goals
         assert (g.kind, g.limit, g.ref, g.on) == ("ratio", 0.6, padded.name, VARLEN_GOAL_WORKLOAD)
         assert g.met(0.6) and not g.met(0.61)
+        assert g.text() == f"<= 0.6x {padded.name} (N=8 T=8192)"
         # the fp8 row only on the bfloat16 workloads: its ratio is against the bf16 cache
         bf16 = Workload("paged_decode", 8, 8, 2, 1, 1025, 64, 64, dtype="bfloat16")
         f32 = Workload("paged_decode", 8, 8, 2, 1, 1025, 64, 64)
