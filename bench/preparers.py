@@ -17,14 +17,17 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import importlib
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from bench.errors import unsupported_in_own_words
-from bench.frameworks import FRAMEWORKS, JAX, TORCH, Framework, Prepared
+from bench.frameworks import FRAMEWORKS, JAX, TORCH, Framework, Prepared, _np_dtype
 from bench.rows import Row
 from bench.sharded import prepare_sharded
-from bench.workloads import Workload
+from bench.workloads import PAGE_SIZE, Workload
 
 __all__ = ["PREPARERS", "prepare"]
 
@@ -157,6 +160,129 @@ def _beyond_results(prepared: Prepared, w: Workload) -> Prepared:
 
     prepared.memory = measure
     return prepared
+
+
+# ------------------------------------------------------------------ paged decode and varlen
+
+
+def paged_inputs(w: Workload) -> dict[str, np.ndarray]:
+    """A paged decode workload's inputs, made once on the host (seed 0), float32 and integer:
+    ``query (B, H, D)``; the contiguous ``key (B, K, S_max, D)``, ``value (B, K, S_max, E)``
+    (positions past a sequence's length: noise, masked) and its ``mask (B, 1, 1, S_max)``; the
+    same keys in ``key_cache``/``value_cache (pages, PAGE_SIZE, K, D|E)``, every sequence's
+    pages at shuffled places of the pool (``block_table (B, max_pages)``, -1 past its pages;
+    the last page's unused slots 0), ``seq_lens (B,)``, ``cu_seqlens_q = 0..B``."""
+    rng = np.random.default_rng(0)
+    B, H, K, D, E, lengths = w.B, w.H, w.K, w.D, w.E, w.lengths
+    S_max = max(lengths)
+    query = rng.standard_normal((B, H, D), dtype=np.float32)
+    key = rng.standard_normal((B, K, S_max, D), dtype=np.float32)
+    value = rng.standard_normal((B, K, S_max, E), dtype=np.float32)
+    n_pages = [-(-n // PAGE_SIZE) for n in lengths]
+    places = rng.permutation(sum(n_pages))  # page p of all, in sequence order, is pool page
+    block_table = np.full((B, max(n_pages)), -1, dtype=np.int32)
+    key_cache = np.zeros((sum(n_pages), PAGE_SIZE, K, D), dtype=np.float32)
+    value_cache = np.zeros((sum(n_pages), PAGE_SIZE, K, E), dtype=np.float32)
+    taken = 0
+    for b, n in enumerate(lengths):
+        for p in range(n_pages[b]):
+            page, j0, j1 = places[taken], p * PAGE_SIZE, min((p + 1) * PAGE_SIZE, n)
+            block_table[b, p], taken = page, taken + 1
+            key_cache[page, : j1 - j0] = key[b, :, j0:j1].transpose(1, 0, 2)  # (slots, K, D)
+            value_cache[page, : j1 - j0] = value[b, :, j0:j1].transpose(1, 0, 2)
+    mask = (np.arange(S_max) < np.asarray(lengths)[:, None])[:, None, None, :]
+    return {"query": query, "key": key, "value": value, "mask": mask,
+            "key_cache": key_cache, "value_cache": value_cache, "block_table": block_table,
+            "seq_lens": np.asarray(lengths, dtype=np.int32),
+            "cu_seqlens_q": np.arange(B + 1, dtype=np.int32)}  # fmt: skip
+
+
+def varlen_inputs(w: Workload) -> dict[str, np.ndarray]:
+    """A varlen workload's inputs, made once on the host (seed 0): the packed ``query (T, H,
+    D)``, ``key (T, K, D)``, ``value (T, K, E)`` and ``cu_seqlens (B + 1,)``; the same batch
+    padded to the longest, ``padded_query (B, H, L_max, D)``, ``padded_key``, ``padded_value``
+    (positions past a sequence's length 0) and ``mask (B, 1, 1, L_max)``, its keys by length."""
+    rng = np.random.default_rng(0)
+    lengths, T, H, K = w.lengths, w.L, w.H, w.K
+    cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+    packed = [rng.standard_normal((T, h, d), dtype=np.float32)
+              for h, d in ((H, w.D), (K, w.D), (K, w.E))]  # fmt: skip
+    L_max = max(lengths)
+    padded = [np.zeros((w.B, x.shape[1], L_max, x.shape[2]), dtype=np.float32) for x in packed]
+    for b, n in enumerate(lengths):
+        for x, y in zip(packed, padded):
+            y[b, :, :n] = x[cu[b] : cu[b + 1]].transpose(1, 0, 2)  # (heads, n, dim)
+    mask = (np.arange(L_max) < np.asarray(lengths)[:, None])[:, None, None, :]
+    return {"query": packed[0], "key": packed[1], "value": packed[2], "cu_seqlens": cu,
+            "padded_query": padded[0], "padded_key": padded[1], "padded_value": padded[2],
+            "mask": mask}  # fmt: skip
+
+
+def _to(fw: Framework, x: np.ndarray, dtype: str | None, fdevice: str) -> Any:
+    """A host array in ``fw`` on ``fdevice``: floats cast to ``dtype``; integer and boolean
+    arrays (the block table, lengths, masks) as they are (JAX: NumPy, bound as constants of
+    the jitted call, concrete as the validation wants them)."""
+    floating = np.issubdtype(x.dtype, np.floating)
+    if fw.name == "numpy":
+        return x.astype(_np_dtype(dtype or "float32")) if floating else x
+    if fw.name == "torch":
+        import torch
+
+        t = torch.from_numpy(x).to(fdevice)
+        return t.to(getattr(torch, dtype)) if floating else t
+    if not floating:
+        return x
+    import jax
+
+    return jax.device_put(x.astype(np.float32), jax.devices(fdevice)[0]).astype(dtype)
+
+
+def _prepare_paged_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The project's ``paged_flash_attention`` of one decode step (:func:`paged_inputs`): the
+    query and the pools are the timed call's inputs, the block table and lengths bound. Call
+    ``paged_decode_fp8``: the pools quantized to ``float8_e4m3fn`` by the framework's own
+    ``quantize_fp8`` (before timing), one descale per key/value head."""
+    fw, host = FRAMEWORKS[row.framework], paged_inputs(w)
+    tables = [_to(fw, host[k], None, fdevice) for k in ("block_table", "seq_lens", "cu_seqlens_q")]
+    args = [_to(fw, host[k], w.dtype, fdevice) for k in ("query", "key_cache", "value_cache")]
+    descales: dict[str, Any] = {}
+    if row.call == "paged_decode_fp8":
+        quantize = importlib.import_module(f"impl_{row.framework}").quantize_fp8
+        for i, name in ((1, "k_descale"), (2, "v_descale")):  # (pages, page, K, D): per head
+            args[i], descales[name] = quantize(args[i], "float8_e4m3fn", axes=(0, 1, 3))
+
+    def step(query, key_cache, value_cache):  # -> (B, H, E)
+        return target(query, key_cache, value_cache, *tables, **descales)
+
+    return fw.prepare(step, args, fdevice, "paged")
+
+
+def _prepare_contiguous_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """The same step through the framework's ``flash_attention``: query ``(B, H, 1, D)`` over
+    the keys padded to the longest sequence, ``(B, K, S_max, D)``, masked by length."""
+    fw, host = FRAMEWORKS[row.framework], paged_inputs(w)
+    host["query"] = host["query"][:, :, None]  # (B, H, 1, D)
+    args = [_to(fw, host[k], w.dtype, fdevice) for k in ("query", "key", "value")]
+    mask = _to(fw, host["mask"], None, fdevice)
+    return fw.prepare(functools.partial(target, mask=mask), args, fdevice)
+
+
+def _prepare_varlen(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
+    """``varlen_attention`` of the packed batch (:func:`varlen_inputs`), causal, or (call
+    ``varlen_padded``) ``scaled_dot_product_attention`` of the padded batch, causal and masked."""
+    fw, host = FRAMEWORKS[row.framework], varlen_inputs(w)
+    if row.call == "varlen":
+        args = [_to(fw, host[k], w.dtype, fdevice) for k in ("query", "key", "value")]
+        cu = _to(fw, host["cu_seqlens"], None, fdevice)
+
+        def packed(query, key, value):  # -> (T, H, E)
+            return target(query, key, value, cu, cu, is_causal=w.is_causal)
+
+        return fw.prepare(packed, args, fdevice, "varlen")
+    names = ("padded_query", "padded_key", "padded_value")
+    args = [_to(fw, host[k], w.dtype, fdevice) for k in names]
+    mask = _to(fw, host["mask"], None, fdevice)
+    return fw.prepare(functools.partial(target, mask=mask, is_causal=w.is_causal), args, fdevice)
 
 
 # ------------------------------------------------------------------ the frameworks' kernels
@@ -339,5 +465,10 @@ PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "jax_decode": _prepare_jax_decode,
     "torch_sdpa_train": _prepare_torch_sdpa_train,
     "jax_dpa_train": _prepare_jax_dpa_train,
+    "paged_decode": _prepare_paged_decode,
+    "paged_decode_fp8": _prepare_paged_decode,
+    "contiguous_decode": _prepare_contiguous_decode,
+    "varlen": _prepare_varlen,
+    "varlen_padded": _prepare_varlen,
     "sharded": prepare_sharded,  # ring, Ulysses, USP on 4 devices in child processes
 }

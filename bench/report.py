@@ -328,6 +328,13 @@ def _cache_note(w: dict) -> str:
         u, r = USP_SIZES.values()
         return (f"{SHARDS} devices (JAX: simulated CPU devices, torch: gloo processes); "
                 f"USP u={u} x r={r}; x fused: against the framework's ring")  # fmt: skip
+    if w["op"] == "paged_decode":  # bytes read by formula (bench/workloads.py)
+        return (f"{len(w['lengths'])} sequences of {min(w['lengths'])}-{max(w['lengths'])} "
+                f"keys; read: paged {fmt_bytes(w['cache_bytes'])} (whole pages), contiguous "
+                f"padded {fmt_bytes(w['padded_cache_bytes'])}, fp8 e4m3 pages "
+                f"{fmt_bytes(w['fp8_cache_bytes'])}")  # fmt: skip
+    if w["op"] == "varlen":
+        return f"{len(w['lengths'])} sequences of {min(w['lengths'])}-{max(w['lengths'])} tokens"
     if not w.get("cache_bytes"):
         return ""
     if w.get("cache_bytes_per_token"):  # an MLA decode step: bytes per token, vs MHA and GQA

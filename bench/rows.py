@@ -40,6 +40,17 @@ the report as "not available" instead of disappearing.
   kernel: the four projections of the token, the cache write at P, and
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
   ``jax.nn.dot_product_attention`` of the one query over the S = P + 1 cached keys;
+- ``paged_decode``: the project's ``paged_flash_attention`` (the page-by-page read) of one
+  decode step: query ``(B, H, D)`` (one token per sequence), the pools ``(pages, 16, K, D|E)``,
+  a shuffled block table, ``seq_lens`` and ``cu_seqlens_q``; ``paged_decode_fp8``: the same
+  with the pools quantized to ``float8_e4m3fn`` by the framework's ``quantize_fp8`` (one
+  descale per key/value head, ``k_descale``/``v_descale (K,)``) and the query as it is;
+- ``contiguous_decode``: the same step through the framework's ``flash_attention`` on the same
+  keys padded to the longest sequence, ``(B, K, S_max, D)``, masked by length;
+- ``varlen``: the project's ``varlen_attention`` on the packed batch ``(T, H, D)``,
+  ``cu_seqlens_q = cu_seqlens_k``, causal; ``varlen_padded``: the framework's
+  ``scaled_dot_product_attention`` of the same batch padded to the longest, ``(B, H, L_max,
+  D)``, causal and masked by length;
 - ``sharded``: ``impl_*.sharded``'s ``ring_attention``, ``impl_*.ulysses``'s
   ``ulysses_attention`` or ``usp_attention`` (``gate_op``: ``ring``, ``ulysses``, ``usp``) on 4
   devices in child processes (bench/sharded.py), the ratio against the same framework's ring.
@@ -57,9 +68,11 @@ from bench.workloads import (
     DECODE_GOAL_WORKLOADS,
     GOAL_WORKLOAD,
     MLA_GOAL_WORKLOAD,
+    PAGED_GOAL_WORKLOAD,
     ROLLING_GOAL_WORKLOAD,
     TRAIN_GOAL_WORKLOAD,
     TRAIN_MEMORY_WORKLOAD,
+    VARLEN_GOAL_WORKLOAD,
     WINDOW_GOAL_WORKLOAD,
     Workload,
 )
@@ -112,6 +125,8 @@ class Goal:
             return f"rolling ({w.window}, 0) step at P={w.P} <= {self.limit:g}x own at P=1024"
         op = "<" if self.kind == "faster" else "<="
         where = "" if self.on is None else f" ({self.on.variant} P={self.on.P})"
+        if self.on is not None and self.on.op == "varlen":  # N sequences, T tokens in all
+            where = f" (N={self.on.B} T={self.on.L})"
         return f"{op} {self.limit:g}x {self.ref}{where}"
 
     def met(self, ratio: float) -> bool:
@@ -182,6 +197,7 @@ class Row:
         gate: the conformance port it is gated with; default: its ``impl_*`` package, or
             ``conformance.ports.<framework>_fused`` for a baseline (a module baseline is
             gated through the same framework's fused SDPA port, its attention core).
+        dtypes: the workload dtypes it takes (None: every one).
         gate_op: the fixture op of the gate; default ``module`` for the project's modules
             (conformance runs the package's ``GroupedQueryAttention`` on the module fixtures),
             ``decode`` for their decode step (``init_cache``/``decode`` on the decode
@@ -207,6 +223,7 @@ class Row:
     goals: tuple[Goal, ...] = ()
     gate: str | None = None
     gate_op: str | None = None
+    dtypes: tuple[str, ...] | None = None
 
     @property
     def package(self) -> str:
@@ -280,6 +297,8 @@ class Row:
         if w.window is not None and (
             self.call not in ("functional", "decode") or self.kind != "impl"
         ):  # a decode workload's window is the project module's rolling cache
+            return False
+        if self.dtypes is not None and w.dtype not in self.dtypes:
             return False
         return w.op == self.workloads and w.variant.split()[0] in self.variants
 
@@ -364,6 +383,42 @@ def _mla_prefill_rows(fw: str) -> tuple[Row, Row]:
     )
 
 
+# CPU only (issue 27's goals are stated for the CPU); the paged rows gated on the paged_flash
+# fixtures (paged.*), the contiguous step on the flash ones, varlen on varlen.*, its padded twin
+# on sdpa's
+_PAGED = {"workloads": "paged_decode", "variants": ("GQA",), "materializes": False,
+          "devices": ("cpu",)}  # fmt: skip
+_VARLEN = {"workloads": "varlen", "variants": ("MHA",), "devices": ("cpu",)}
+
+
+def _paged_rows(fw: str) -> tuple[Row, Row, Row]:
+    """``fw``'s paged decode step (issue 27: within 1.15x the contiguous step at P = 4096,
+    interleaved), the contiguous masked step it is set against, and the fp8 e4m3 cache's step
+    (issue 28) against the bfloat16 cache's, on the bfloat16 workloads."""
+    paged, contiguous = f"{fw} paged decode", f"{fw} contiguous decode"
+    goal = Goal("ratio", 1.15, contiguous, on=PAGED_GOAL_WORKLOAD)
+    target = f"impl_{fw}.flash:paged_flash_attention"
+    return (
+        Row(paged, target, "paged_decode", ref=contiguous, goals=(goal,), gate_op="paged_flash",
+            **_PAGED),
+        Row(contiguous, f"impl_{fw}.{_FLASH}", "contiguous_decode", gate_op="flash", **_PAGED),
+        Row(f"{fw} paged decode fp8", target, "paged_decode_fp8", ref=paged,
+            gate_op="paged_flash", dtypes=("bfloat16",), **_PAGED),
+    )  # fmt: skip
+
+
+def _varlen_rows(fw: str) -> tuple[Row, Row]:
+    """``fw``'s varlen prefill (issue 27: at most 0.6x the padded batch at 8192 tokens,
+    interleaved) and the padded, masked batch through ``scaled_dot_product_attention``."""
+    padded = f"{fw} varlen padded"
+    goal = Goal("ratio", 0.6, padded, on=VARLEN_GOAL_WORKLOAD)
+    return (
+        Row(f"{fw} varlen", f"impl_{fw}.varlen:varlen_attention", "varlen", ref=padded,
+            goals=(goal,), gate_op="varlen", **_VARLEN),
+        Row(padded, f"impl_{fw}.{_SDPA}", "varlen_padded", gate_op="sdpa", **_VARLEN),
+    )  # fmt: skip
+
+
 def _train_goals(limit: float | None, ref: str, plain: str, kind: str = "ratio") -> tuple:
     """A tiled training step's goals (issue 10): its time against the framework's fwd+bwd, and
     its peak extra memory at L = S = 8192 under 64 MiB, the plain path's shown next to it."""
@@ -396,6 +451,10 @@ ROWS: tuple[Row, ...] = (
     *_mla_rows("numpy"), *_mla_rows("torch"), *_mla_rows("jax"),
     # MLA's prefill against the same-size GQA module
     *_mla_prefill_rows("numpy"), *_mla_prefill_rows("torch"), *_mla_prefill_rows("jax"),
+    # paged decode vs the contiguous masked step, and the fp8 cache (issues 27, 28)
+    *_paged_rows("numpy"), *_paged_rows("torch"), *_paged_rows("jax"),
+    # varlen prefill vs the padded, masked batch (issue 27)
+    *_varlen_rows("numpy"), *_varlen_rows("torch"), *_varlen_rows("jax"),
     # baselines: the frameworks' own kernels, each SDPA backend a row of its own
     Row(_TF, _T, "torch_sdpa", **_TILED),
     Row("torch F.sdpa[math]", _T, "torch_sdpa", ref=_TF, devices=_CUDA, backend="math"),

@@ -41,6 +41,18 @@ same-size GQA module: ``GroupedQueryAttention(M, H, K = H / MLA_GQA_GROUP, head_
 value_head_dim = E, rope_theta=10000.0, rotary_dim = Dr)``, whose scores have MLA's width and
 whose RoPE turns the same Dr features. Its FLOPs are MLA's (:func:`mla_prefill_flops`), kept for
 both rows as for the decode step.
+
+A *paged decode* workload (``op="paged_decode"``, issue 27) is the attention of one decode step
+of B = 8 sequences of different lengths (:func:`paged_lengths`) against a paged key/value cache
+of pages of :data:`PAGE_SIZE` tokens: one query token per sequence, ``P`` cached keys in total
+(``S = P + 1`` keeps ``P = S - L``), no projections. Its FLOPs are ``2 * H * P * (D + E)``; its
+:meth:`Workload.cache_bytes` are the bytes the page-by-page read takes from the pool (whole pages:
+``pages * PAGE_SIZE * K * (D + E) * itemsize``), and :meth:`Workload.padded_cache_bytes` those
+of the same sequences padded to the longest in a contiguous ``(B, K, S_max, D)`` cache.
+
+A *varlen* workload (``op="varlen"``, issue 27) is one causal prefill of B = 8 packed sequences
+of lengths 64..2048 (:func:`varlen_lengths`), L = S = their total; its FLOPs are the sum of the
+sequences' own causal attention (``dense``: every pair within a sequence).
 """
 
 from __future__ import annotations
@@ -54,10 +66,13 @@ __all__ = [
     "GRIDS",
     "MLA_GOAL_WORKLOAD",
     "MLA_GQA_GROUP",
+    "PAGED_GOAL_WORKLOAD",
+    "PAGE_SIZE",
     "ROLLING_GOAL_WORKLOAD",
     "SHARDS",
     "TRAIN_GOAL_WORKLOAD",
     "TRAIN_MEMORY_WORKLOAD",
+    "VARLEN_GOAL_WORKLOAD",
     "WINDOW_GOAL_WORKLOAD",
     "Workload",
     "allowed_pairs",
@@ -67,7 +82,9 @@ __all__ = [
     "mla_decode_flops",
     "mla_prefill_flops",
     "module_flops",
+    "paged_lengths",
     "train_flops",
+    "varlen_lengths",
 ]
 
 #: Bytes per element of the benchmarked dtypes.
@@ -76,6 +93,28 @@ DTYPE_BYTES: dict[str, int] = {"float64": 8, "float32": 4, "bfloat16": 2, "float
 #: gloo processes.
 SHARDS = 4
 _SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+
+
+#: The page size of the paged decode workloads (issue 27: vLLM's default block size).
+PAGE_SIZE = 16
+#: The varlen prefill's sequence lengths at 8192 tokens (issue 27: 64..2048, total 8192).
+_VARLEN_PROFILE = (64, 128, 256, 576, 1024, 2048, 2048, 2048)
+
+
+def paged_lengths(P: int, B: int = 8) -> tuple[int, ...]:
+    """The B different sequence lengths of a paged decode workload with ``P`` keys in total:
+    ``P * n // 36`` for n = 1..8 (B = 8), the last taking what rounding left, so they sum to P."""
+    lengths = [P * n // (B * (B + 1) // 2) for n in range(1, B + 1)]
+    lengths[-1] += P - sum(lengths)
+    return tuple(lengths)
+
+
+def varlen_lengths(T: int) -> tuple[int, ...]:
+    """The 8 sequence lengths of a varlen prefill of ``T`` tokens: 64, 128, 256, 576, 1024,
+    2048, 2048, 2048 scaled by ``T / 8192`` (T a multiple of 128), summing to T."""
+    if T % 128:
+        raise ValueError(f"a varlen workload's total must be a multiple of 128, got {T}")
+    return tuple(n * T // 8192 for n in _VARLEN_PROFILE)
 
 
 def allowed_pairs(L: int, S: int, *, is_causal: bool, alignment: str = "top_left") -> int:
@@ -249,7 +288,17 @@ class Workload:
     def seq(self) -> int:
         """The length a plot puts on its x axis: L (= S) for attention and modules, the cached
         context P for decode steps."""
-        return self.P if self.op in ("decode", "mla_decode") else self.L
+        return self.P if self.op in ("decode", "mla_decode", "paged_decode") else self.L
+
+    @property
+    def lengths(self) -> tuple[int, ...]:
+        """Paged decode and varlen workloads: the B sequences' lengths (keys of each sequence,
+        :func:`paged_lengths`; tokens of each, :func:`varlen_lengths`); empty for the others."""
+        if self.op == "paged_decode":
+            return paged_lengths(self.P, self.B)
+        if self.op == "varlen":
+            return varlen_lengths(self.L)
+        return ()
 
     @property
     def variant(self) -> str:
@@ -276,6 +325,10 @@ class Workload:
         if self.op == "mla_decode":  # mla_decode.b1.h16.p8192.r512.dr64.dn128.e128.f32
             dims = f"p{self.P}.r{self.R}.dr{self.Dr}.dn{self.D}.e{self.E}"
             return f"mla_decode.b{self.B}.h{self.H}.{dims}.{_SHORT[self.dtype]}"
+        if self.op == "paged_decode":  # paged_decode.gqa.b8.h8.k2.p4096.page16.d64.e64.f32
+            return f"paged_decode.{heads}.p{self.P}.page{PAGE_SIZE}.d{self.D}.e{self.E}" + (
+                f".{_SHORT[self.dtype]}"
+            )
         if self.op == "decode":
             ring = "" if self.window is None else f".rolling{self.window}"
             return f"decode.{heads}.p{self.P}.d{self.D}.e{self.E}.{_SHORT[self.dtype]}{ring}"
@@ -294,14 +347,16 @@ class Workload:
         if self.op == "mla_prefill":
             dims = f"B{self.B} H{self.H} L=S={self.L} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
             return f"prefill MLA {dims} {_SHORT[self.dtype]}{' causal' * self.is_causal}"
+        if self.op == "paged_decode":
+            dims = f"B{self.B} H{self.H} P={self.P} page {PAGE_SIZE} D{self.D}"
+            return f"paged decode {self.variant} {dims} {_SHORT[self.dtype]}"
         if self.op == "decode":
             dims = f"B{self.B} H{self.H} P={self.P} D{self.D}"
             ring = "" if self.window is None else f" rolling ({self.window}, 0)"
             return f"decode {self.variant} {dims} {_SHORT[self.dtype]}{ring}"
         lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
-        kind = {"module": "module ", "train": "train ", "sharded": f"sharded n={SHARDS} "}.get(
-            self.op, ""
-        )
+        kind = {"module": "module ", "train": "train ", "sharded": f"sharded n={SHARDS} ",
+                "varlen": f"varlen N={self.B} "}.get(self.op, "")  # fmt: skip
         mode = (" causal" if self.is_causal else "") + (
             "" if self.window is None else f" window ({self.window}, 0)"
         )
@@ -337,6 +392,13 @@ class Workload:
                 self.B, self.H, self.P, self.R, self.Dr, self.D, self.E, self.M, absorbed=False
             )
             return n, n
+        if self.op == "paged_decode":  # H query heads over every cached key, one token each
+            n = 2 * self.H * self.P * (self.D + self.E)
+            return n, n
+        if self.op == "varlen":  # each sequence's own causal attention
+            per = [attention_flops(1, self.H, n, n, self.D, self.E, is_causal=self.is_causal)
+                   for n in self.lengths]  # fmt: skip
+            return sum(d for d, _ in per), sum(u for _, u in per)
         if self.op == "decode":
             n = decode_flops(
                 self.B, self.H, self.K, self.P, self.D, self.E, self.M, window=self.window
@@ -357,7 +419,10 @@ class Workload:
         )  # fmt: skip
 
     def score_bytes(self) -> int:
-        """Bytes of one float32 ``(B, H, L, S)`` score tensor: the quadratic wall."""
+        """Bytes of one float32 ``(B, H, L, S)`` score tensor: the quadratic wall (a varlen
+        workload: the packed call's ``(H, T, T)``)."""
+        if self.op == "varlen":
+            return self.H * self.L * self.S * 4
         return self.B * self.H * self.L * self.S * 4
 
     def cache_bytes(self) -> int:
@@ -367,9 +432,29 @@ class Workload:
         one is :meth:`cache_bytes_per_token` ``["MLA latent"]`` per token); 0 for the other ops."""
         if self.op == "mla_decode":
             return self.B * self.S * self.cache_bytes_per_token()["MLA naive"]
+        if self.op == "paged_decode":  # the whole pages the page-by-page read takes
+            pages = sum(-(-n // PAGE_SIZE) for n in self.lengths)
+            return pages * PAGE_SIZE * self.K * (self.D + self.E) * DTYPE_BYTES[self.dtype]
         if self.op != "decode":
             return 0
         return self.B * self.K * self.slots * (self.D + self.E) * DTYPE_BYTES[self.dtype]
+
+    def fp8_cache_bytes(self) -> int:
+        """Paged decode workloads: the bytes the same page-by-page read takes from a
+        ``float8_e4m3fn`` pool, one byte per number (the fp8 row; its descales, ``2 K`` float32,
+        are not counted); 0 for the other ops."""
+        if self.op != "paged_decode":
+            return 0
+        return self.cache_bytes() // DTYPE_BYTES[self.dtype]
+
+    def padded_cache_bytes(self) -> int:
+        """Paged decode workloads: the bytes of the contiguous cache the paged read is set
+        against, the B sequences padded to the longest, ``B * K * S_max * (D + E) * itemsize``
+        (what a masked contiguous step reads); 0 for the other ops."""
+        if self.op != "paged_decode":
+            return 0
+        S_max = max(self.lengths)
+        return self.B * self.K * S_max * (self.D + self.E) * DTYPE_BYTES[self.dtype]
 
     def cache_bytes_per_token(self) -> dict[str, int]:
         """MLA decode workloads: the bytes one cached token takes, ``itemsize`` times ``R + Dr``
@@ -403,6 +488,8 @@ class Workload:
         n = DTYPE_BYTES[self.dtype]
         if self.op in ("decode", "mla_decode"):
             return 2 * self.B * self.M * n + self.cache_bytes()
+        if self.op == "paged_decode":  # one query and one output token per sequence
+            return self.B * self.H * (self.D + self.E) * n + self.padded_cache_bytes()
         if self.op in ("module", "mla_prefill"):
             return 2 * self.B * self.L * self.M * n
         q = self.B * self.H * self.L * self.D
@@ -421,6 +508,9 @@ class Workload:
             "series": self.series,
             "seq": self.seq,
             "cache_bytes": self.cache_bytes(),
+            "padded_cache_bytes": self.padded_cache_bytes(),
+            "fp8_cache_bytes": self.fp8_cache_bytes(),
+            "lengths": list(self.lengths),
             "cache_bytes_per_token": self.cache_bytes_per_token(),
             "flops_dense": dense,
             "flops_useful": useful,
@@ -472,6 +562,17 @@ def _mla_prefill(L: int, *, B: int = 1, H: int = 16, R: int = 512, Dr: int = 64,
     return Workload("mla_prefill", B, H, H // MLA_GQA_GROUP, L, L, D, D, True, R=R, Dr=Dr)
 
 
+def _paged_decode(P: int, *, dtype: str = "float32") -> Workload:
+    """One paged decode step of 8 sequences holding ``P`` keys in all (issue 27's sizes: GQA
+    8:2, D = E = 64, pages of :data:`PAGE_SIZE`)."""
+    return Workload("paged_decode", 8, 8, 2, 1, P + 1, 64, 64, False, dtype)
+
+
+def _varlen(T: int) -> Workload:
+    """One causal varlen prefill of 8 sequences, ``T`` tokens in all (H = K = 8, D = 64)."""
+    return Workload("varlen", 8, 8, 8, T, T, 64, 64, True)
+
+
 #: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
 #: N=2048); the causal goal compares its causal twin with it.
 GOAL_WORKLOAD = _attn(1, 8, 8, 2048, 64)
@@ -487,6 +588,12 @@ ROLLING_GOAL_WORKLOAD = _decode(1, 8, 8, 4096, 64, rolling=256)
 #: The MLA goal's workload (issue 29): the absorbed decode step at P = 8192, at most 1.0x the
 #: naive step on the same workload, timed interleaved.
 MLA_GOAL_WORKLOAD = _mla_decode(8192)
+#: The paged decode goal's workload (issue 27): 8 sequences, P = 4096 keys in pages of 16,
+#: GQA 8:2, D = 64, within 1.15x the same framework's contiguous step, interleaved.
+PAGED_GOAL_WORKLOAD = _paged_decode(4096)
+#: The varlen goal's workload (issue 27): 8 sequences of 64..2048 tokens (8192 in all), causal,
+#: at most 0.6x the same batch padded to 2048 and masked, interleaved.
+VARLEN_GOAL_WORKLOAD = _varlen(8192)
 #: The training-step goals of issue 10: the time goals on the goal workload's shapes as one
 #: forward + backward; the memory goal (peak extra memory of the tiled step) at L = S = 8192.
 TRAIN_GOAL_WORKLOAD = _train(1, 8, 8, 2048, 64)
@@ -506,6 +613,10 @@ def _cpu_quick() -> list[Workload]:
     w += [_mla_decode(1024)]  # MLA absorbed vs naive (P = 8192 and its goal: the full grid's)
     w += [_mla_prefill(512)]  # MLA prefill vs the same-size GQA module (2048: the full grid)
     w += [_sharded(1, 8, 8, 1024, 64)]  # ring, Ulysses, USP on 4 devices (4096: the full grid)
+    # paged decode vs contiguous (P = 1024; the goal's 4096 and 8192: the full grid); its bf16
+    # twin for the fp8 cache row
+    w += [_paged_decode(1024), _paged_decode(1024, dtype="bfloat16")]
+    w += [_varlen(2048)]  # varlen prefill vs padded (8192, the goal's: the full grid)
     w += [_decode(1, 8, k, p, 64) for k in (8, 2) for p in (1024, 4096)]  # decode, MHA and GQA
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 4096)]  # rolling cache: O(W)
     return w
@@ -527,6 +638,9 @@ def _cpu_full() -> list[Workload]:
     w += [_decode(1, 8, 8, p, 64, rolling=256) for p in (1024, 2048, 4096, 32768)]  # O(W)
     w += [_mla_decode(p) for p in (1024, 8192)]  # MLA absorbed vs naive, incl. the goal's 8192
     w += [_mla_prefill(n) for n in (512, 2048)]  # MLA prefill vs the same-size GQA module
+    w += [_paged_decode(p) for p in (1024, 4096, 8192)]  # paged vs contiguous, incl. the goal
+    w += [_paged_decode(p, dtype="bfloat16") for p in (1024, 4096)]  # the fp8 cache's twin
+    w += [_varlen(t) for t in (2048, 8192)]  # varlen vs padded, incl. the goal's 8192
     return w
 
 

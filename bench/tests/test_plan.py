@@ -253,15 +253,18 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     quick, full = grid("cpu", "quick"), grid("cpu", "full")
     everything = build_goal_cases("cpu", full, ROWS, fdevice_of=fake_gpu,
                                   resolve_error=lambda r: None)  # fmt: skip
-    assert len(everything) == sum(len(r.goals) for r in ROWS) == 29  # the full grid: every goal
+    assert len(everything) == sum(len(r.goals) for r in ROWS) == 35  # the full grid: every goal
     cases = build_goal_cases("cpu", quick, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None)
     heavy = {(c.row.name, c.goal.kind) for c in everything if c.goal.kind in ("window", "memory")}
     assert len(heavy) == 6  # three flash rows' window goals, three training steps' memory goals
     mla = {(c.row.name, c.goal.kind) for c in everything if c.workload.op == "mla_decode"}
     assert mla == {(f"{fw} MLA decode", "ratio") for fw in ("numpy", "torch", "jax")}
+    # the paged decode (P = 4096) and varlen (8192 tokens) goals: the full grid's
+    mla |= {(c.row.name, c.goal.kind) for c in everything
+            if c.workload.op in ("paged_decode", "varlen")}  # fmt: skip
     assert {(c.row.name, c.goal.kind) for c in cases} == {
         (c.row.name, c.goal.kind) for c in everything
-    } - heavy - mla  # quick: all but the L = S = 8192 goals and MLA's at P = 8192 (slow steps)
+    } - heavy - mla  # quick: all but the L = S = 8192 goals, MLA's, paged's and varlen's
     decode = [c for c in cases if c.row.name == "torch decode"]  # 2 steps vs fused, 1 rolling
     assert [c.goal.kind for c in decode] == ["ratio", "ratio", "rolling"]
     (a, wa, _), (b, wb, _) = decode[1].pair

@@ -131,7 +131,7 @@ def test_quick_cpu_grid_holds_the_goal_workloads():
     assert max(w.L for w in ws if w.op != "decode") == 2048  # minutes, not half an hour
     assert {4096, 8192} <= {w.L for w in grid("cpu", "full") if w.op == "attention"}
     assert {w.variant.split()[0] for w in ws} == {"MHA", "GQA", "MQA", "MLA"}
-    assert {w.dtype for w in ws} == {"float32"}
+    assert {w.dtype for w in ws if w.op != "paged_decode"} == {"float32"}  # fp8's bf16 twin
     assert len({w.id for w in ws}) == len(ws)
 
 
