@@ -21,6 +21,11 @@ by every query head (SEMANTICS.md, Contract v3):
     scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> o_lat (B, H, L, R)
     o = o_lat W_UV (B, H, L, E)          (W_UV: kv_b_proj's value part, (R, H, E))
 
+    absorbed, paged (decode: ``init_cache(..., page_size=)``, a PagedKVCache of one head,
+    key pages [c_kv, k_pe] (P, page_size, 1, R+Dr), value pages c_kv (P, page_size, 1, R)):
+    the same steps, the cache written by paged_cache_write and the MQA run by paged_attention
+    on q = [q_lat, q_pe] token-major (B*L, H, R+Dr) -> o_lat (B*L, H, R)
+
     --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
 
 The scale is the module's ``scale`` or ``(Dn + Dr) ** -0.5`` on both paths: the absorbed call's
