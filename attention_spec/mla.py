@@ -7,7 +7,8 @@ forward and of a cached step are checked by the GQA module's functions
 (:func:`~attention_spec.modules.check_module_inputs`,
 :func:`~attention_spec.cache.check_decode_inputs`) on the :class:`ModuleDims` of the attention
 each path runs: :attr:`MlaDims.naive` (H heads, ``D = Dn + Dr``, E) or :attr:`MlaDims.latent`
-(one key head of the latent cache, ``c_kv (B, 1, T, R)`` and ``k_pe (B, 1, T, Dr)``).
+(one key head of the latent cache, ``c_kv (B, 1, T, R)`` and ``k_pe (B, 1, T, Dr)``) or
+:attr:`MlaDims.paged` (the paged latent cache's pools, one head of ``R + Dr`` and R).
 
 Canonical weights (Hugging Face ``DeepseekV3Attention``'s names, kernels ``(in, out)``, no
 biases)::
@@ -78,6 +79,12 @@ class MlaDims:
         """The latent cache's buffers as a one-head KV cache: ``c_kv (B, 1, T, R)`` as its
         keys, ``k_pe (B, 1, T, Dr)`` as its values."""
         return ModuleDims(self.M, self.H, 1, self.R, self.Dr, False, self.sinks)
+
+    @property
+    def paged(self) -> ModuleDims:
+        """The paged latent cache's pools as a one-head paged KV cache: key pages ``[c_kv,
+        k_pe] (P, page_size, 1, R + Dr)``, value pages ``c_kv (P, page_size, 1, R)``."""
+        return ModuleDims(self.M, self.H, 1, self.R + self.Dr, self.R, False, self.sinks)
 
     def canonical_shapes(self) -> dict[str, tuple[int, ...]]:
         """The canonical weight names and shapes, in forward order."""

@@ -21,6 +21,11 @@ plus one rotary key head shared by every query head (SEMANTICS.md, Contract v3):
     scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> o_lat (B, H, L, R)
     o = o_lat W_UV (B, H, L, E)          (W_UV: kv_b_proj's value part, (R, H, E))
 
+    absorbed, paged (decode: ``init_cache(..., page_size=)``, a PagedKVCache of one head,
+    key pages [c_kv, k_pe] (P, page_size, 1, R+Dr), value pages c_kv (P, page_size, 1, R)):
+    the same steps, the cache written by paged_cache_write and the MQA run by paged_attention
+    on q = [q_lat, q_pe] token-major (B*L, H, R+Dr) -> o_lat (B*L, H, R)
+
     --merge heads--> (B, L, H*E) --o_proj--> y (B, L, M)
 
 The scale is the module's ``scale`` or ``(Dn + Dr) ** -0.5`` on both paths: the absorbed call's
@@ -44,6 +49,7 @@ from safetensors.numpy import save_file
 from torch import nn
 
 from attention_spec import compute_dtype, dtype_name
+from attention_spec.cache import check_paged_decode_inputs
 from attention_spec.mla import (
     check_mla_canonical,
     check_mla_config,
@@ -58,7 +64,8 @@ from attention_spec.modules import (
     check_decode_inputs,
     check_module_inputs,
 )
-from impl_torch.cache import KVCache
+from attention_spec.paged import pages_needed
+from impl_torch.cache import KVCache, PagedKVCache
 from impl_torch.functional import _as_tensors, attention_weights, scaled_dot_product_attention
 from impl_torch.modules import (
     _torch_dtype,
@@ -67,6 +74,7 @@ from impl_torch.modules import (
     tensor_from_numpy,
     tensor_to_numpy,
 )
+from impl_torch.paged import paged_attention
 from impl_torch.rotary import apply_rotary
 
 __all__ = ["MultiHeadLatentAttention", "rms_norm"]
@@ -341,11 +349,27 @@ class MultiHeadLatentAttention(nn.Module):
 
     # -- decoding, absorbed: the latent cache, one MQA call --------------------------------------
 
-    def init_cache(self, batch_size: int, max_len: int) -> KVCache:
+    def init_cache(
+        self, batch_size: int, max_len: int, *, page_size: int | None = None
+    ) -> KVCache | PagedKVCache:
         """An empty latent cache: ``key`` is ``c_kv (B, 1, T, R)``, ``value`` the rotated
-        ``k_pe (B, 1, T, Dr)``: R + Dr numbers per token."""
-        T = check_cache_size(batch_size, max_len)
+        ``k_pe (B, 1, T, Dr)``: R + Dr numbers per token.
+
+        ``page_size`` given: a paged latent cache (:class:`PagedKVCache`, one head), a pool of
+        ``P = B * ceil(max_len / page_size)`` pages that the sequences take as they grow: key
+        pages ``[c_kv, k_pe] (P, page_size, 1, R + Dr)`` and value pages ``c_kv (P, page_size,
+        1, R)`` (c_kv twice: 2R + Dr numbers per token); ``decode`` reads it through
+        ``paged_attention``.
+        """
+        T = check_cache_size(batch_size, max_len, page_size=page_size)
         d, like = self.dims, {"dtype": self.dtype, "device": self.kv_a_layernorm.device}
+        if page_size is not None:
+            P = batch_size * pages_needed(max_len, page_size)
+            shape = (P, page_size, 1, d.R + d.Dr)
+            key = torch.zeros(shape, **like)  # (P, page_size, 1, R+Dr): [c_kv, k_pe]
+            shape = (P, page_size, 1, d.R)
+            value = torch.zeros(shape, **like)  # (P, page_size, 1, R): c_kv
+            return PagedKVCache(key, value, ((),) * batch_size, tuple(range(P)), max_len)
         c_kv = torch.zeros(batch_size, 1, T, d.R, **like)  # (B, 1, T, R)
         k_pe = torch.zeros(batch_size, 1, T, d.Dr, **like)  # (B, 1, T, Dr)
         return KVCache(c_kv, k_pe, 0)
@@ -357,8 +381,14 @@ class MultiHeadLatentAttention(nn.Module):
         """New tokens ``x (B, L, M)`` through the latent cache (:meth:`init_cache`): the
         absorbed step, one MQA over ``[c_kv, k_pe]`` (K = 1, D = R + Dr, E = R) with the
         module's scale. The same outputs as the naive forward's rows, token by token or in
-        chunks. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
+        chunks. Returns ``(y, cache)`` or ``(y, weights, cache)``.
+
+        A paged latent cache (``init_cache(..., page_size=)``) is written with
+        ``paged_cache_write`` and read with ``paged_attention`` (:meth:`_decode_paged`); it
+        takes no mask, bias or weights."""
         x, mask, bias = _as_tensors(x, mask, bias)
+        if isinstance(cache, PagedKVCache):
+            return self._decode_paged(x, cache, mask=mask, bias=bias, return_weights=return_weights)
         check_decode_inputs(
             self.dims.latent, dtype_name(self.dtype), x, cache_key=cache.key,
             cache_value=cache.value, position=cache.position, max_len=cache.max_len,
@@ -389,6 +419,57 @@ class MultiHeadLatentAttention(nn.Module):
         # 7. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
+
+    def _decode_paged(self, x: torch.Tensor, cache: PagedKVCache, **refused) -> tuple:
+        """:meth:`decode` on a paged latent cache: ``(y (B, L, M), cache)``, the new tokens'
+        ``[c_kv, k_pe]`` and ``c_kv`` written into the sequences' pages, then one MQA through
+        ``paged_attention`` over each sequence's pages (K = 1, D = R + Dr, E = R)."""
+        check_paged_decode_inputs(
+            self.dims.paged, dtype_name(self.dtype), x, key_pages=cache.key_pages,
+            value_pages=cache.value_pages, batch_size=len(cache.pages),
+            position=cache.position, max_len=cache.max_len, **refused,
+        )  # fmt: skip
+        B, L, _ = x.shape
+        H, R, Dr = self.dims.H, self.dims.R, self.dims.Dr
+        ct = getattr(torch, compute_dtype(dtype_name(self.dtype)))
+        W_UK, W_UV = self._absorbed()  # (R, H, Dn), (R, H, E)
+        # 1. projections of the new tokens.
+        q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
+        c_kv_new, k_pe_new = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
+        # 2. RoPE: new token i at cache.position + i; the cache keeps the rotated k_pe.
+        q_pe, k_pe_new = self._rotate(q_pe, k_pe_new, cache.position)
+        # 3. absorption of kv_b_proj's key part into the query: q_lat_h = q_nope_h W_UK_h^T.
+        q_lat = torch.einsum("bhld,rhd->bhlr", q_nope.to(ct), W_UK.to(ct))
+        q_lat = q_lat.to(self.dtype)  # (B, H, L, R)
+        # 4. the latent cache: each sequence takes the pages its new tokens need from the pool,
+        #    and the new [c_kv, k_pe] (key pages) and c_kv (value pages) are written into them.
+        cache = cache.write(torch.cat([c_kv_new, k_pe_new], -1), c_kv_new)
+        # 5. one MQA through paged_attention: K = 1, D = R + Dr, E = R, each sequence's L new
+        #    queries (sequence b's rows b*L .. b*L + L - 1) over its S = position + L keys,
+        #    read through its block-table row; bottom-right causal.
+        q = torch.cat([q_lat, q_pe], -1)  # (B, H, L, R+Dr)
+        q = q.transpose(1, 2).reshape(B * L, H, R + Dr)  # (B*L, H, R+Dr)
+        seq_lens = torch.full((B,), cache.position, dtype=torch.int32, device=x.device)  # (B,)
+        cu_seqlens_q = torch.arange(B + 1, dtype=torch.int32, device=x.device) * L  # (B + 1,)
+        o = self.options
+        o_lat = paged_attention(
+            q,
+            cache.key_pages,
+            cache.value_pages,
+            cache.block_table(),
+            seq_lens,
+            cu_seqlens_q,
+            is_causal=True,
+            scale=self.scale,
+            window=o.window,
+            softcap=o.softcap,
+            sinks=self.sinks,
+        )  # fmt: skip  (B*L, H, R)
+        o_lat = o_lat.reshape(B, L, H, R).transpose(1, 2)  # (B, H, L, R)
+        # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.
+        out = torch.einsum("bhlr,rhe->bhle", o_lat.to(ct), W_UV.to(ct)).to(self.dtype)
+        # 7. heads merged back, output projection.
+        return self._project_output(out), cache  # (B, L, M)
 
     # -- canonical weights ---------------------------------------------------------------------
 

@@ -8,6 +8,8 @@ Sizes pairwise distinct: B=2, L=9, M=17, H=3, Q=7, R=11, Dn=5, Dr=4, E=6.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -144,6 +146,46 @@ def test_decode_equals_the_forward_token_by_token_and_in_chunks(fw, dtype, cache
     assert per_token == (R + Dr if cache == "latent" else H * (Dn + Dr + E))
 
 
+def _nan_pool(fw: str, cache):
+    """The paged cache with every slot of its pool NaN: any read past a sequence's keys, or of
+    another sequence's page, shows in the output."""
+    convert = FRAMEWORKS[fw][1]
+    nan = {name: convert(np.full(_np(getattr(cache, name)).shape, np.nan,
+                                 _np(getattr(cache, name)).dtype))
+           for name in ("key_pages", "value_pages")}  # fmt: skip
+    return dataclasses.replace(cache, **nan)
+
+
+@pytest.mark.parametrize("fw", DECODE_FRAMEWORKS)
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_the_paged_latent_decode_equals_the_contiguous_one_and_the_forward(fw, dtype) -> None:
+    """FlashMLA's form: the absorbed step on a paged latent pool (key pages ``[c_kv, k_pe]``,
+    value pages ``c_kv``), filled with NaN, written by ``paged_cache_write`` and read by
+    ``paged_attention``, gives the contiguous absorbed decode's rows and the forward's, token by
+    token and in chunks that straddle pages (page_size 4)."""
+    settings = {"rope_interleaved": True, "window": (4, 0), "softcap": 9.0}
+    weights, x = _weights(Q, dtype, sinks=True), _x(dtype)
+    module = _module(fw, weights, settings, sinks=True)
+    convert = FRAMEWORKS[fw][1]
+    full = _np(module(convert(x), is_causal=True)).astype(np.float64)
+    tolerance = {"float64": 1e-12, "float32": 2e-5}[dtype]
+    for chunks in ([1] * L, [3, 2, 4]):
+        paged, contiguous, rows, plain, start = None, module.init_cache(B, L + 2), [], [], 0
+        paged = _nan_pool(fw, module.init_cache(B, L + 2, page_size=4))
+        for n in chunks:
+            y, paged = module.decode(convert(x[:, start : start + n]), paged)
+            y_plain, contiguous = module.decode(convert(x[:, start : start + n]), contiguous)
+            rows.append(_np(y).astype(np.float64))
+            plain.append(_np(y_plain).astype(np.float64))
+            start += n
+        rows, plain = np.concatenate(rows, 1), np.concatenate(plain, 1)
+        assert np.max(np.abs(rows - plain)) <= tolerance
+        assert np.max(np.abs(rows - full)) <= tolerance
+    assert _np(paged.key_pages).shape[2:] == (1, R + Dr)  # one head of [c_kv, k_pe]
+    assert _np(paged.value_pages).shape[2:] == (1, R)  # c_kv
+    assert [len(held) for held in paged.pages] == [3, 3]  # ceil(9 / 4) pages each
+
+
 @pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_the_absorbed_step_returns_the_naive_weights(fw) -> None:
     weights, x = _weights(Q, "float64"), _x("float64")
@@ -206,6 +248,9 @@ def test_a_cache_of_the_other_kind_is_refused() -> None:
     assert code == "cache_mismatch"
     _, code, _ = _raised(lambda: module.decode(_x("float32")[:, :5], module.init_cache(B, 4)))
     assert code == "cache_overflow"
+    paged = module.init_cache(B, 4, page_size=2)
+    _, code, _ = _raised(lambda: module.decode(x, paged, return_weights=True))
+    assert code == "paged_cache"
 
 
 # -- Hugging Face's DeepseekV3Attention ----------------------------------------------------------

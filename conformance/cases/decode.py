@@ -48,8 +48,12 @@ PAGED_CHUNKINGS: dict[str, dict[str, Any]] = {
     "paged.chunks_2_1_2": {"chunks": [2, 1, 2], "max_len": 8, "page_size": 3},
 }
 #: The decode cases run on a paged cache too: GQA, RoPE with GQA, and a window with sinks,
-#: ALiBi and softcap.
-PAGED_DECODE_CASES = ("gqa.h6_k2", "rope.gqa.h6_k2", "v2.window_sinks_alibi_softcap.mha")
+#: ALiBi and softcap; and multi-head latent attention's absorbed decode on a paged latent
+#: cache (FlashMLA's form: one head, key pages [c_kv, k_pe], value pages c_kv).
+PAGED_DECODE_CASES = (
+    "gqa.h6_k2", "rope.gqa.h6_k2", "v2.window_sinks_alibi_softcap.mha",
+    "mla.q_lora", "mla.q_proj.yarn.sinks",
+)  # fmt: skip
 PAGED_DTYPE = "float32"
 
 

@@ -260,6 +260,18 @@ BUGS: dict[str, tuple[str, str]] = {
         "value then key: W_UV = [:E], W_UK = [E:])",
         "decode.mla.q_lora.tokens.float32",
     ),
+    # the absorbed decode on a paged latent cache (one head: key pages [c_kv, k_pe], value
+    # pages c_kv)
+    "mla_paged_k_pe_unrotated": (
+        "mla paged: the latent pool's key pages store k_pe before rotation (the contiguous "
+        "latent cache right)",
+        "decode.mla.q_lora.paged.tokens.float32",
+    ),
+    "mla_paged_value_from_key_tail": (
+        "mla paged: the values read as the key pages' last R features ([c_kv, k_pe][Dr:]) "
+        "instead of c_kv, the first R (FlashMLA's one-pool form taken from the wrong end)",
+        "decode.mla.q_proj.yarn.sinks.paged.chunks_2_1_2.float32",
+    ),
     "mla_q_norm_missing": (
         "mla: the query latent used without its RMSNorm (q_a_layernorm)",
         "module.mla.q_lora.interleaved.causal.float32",

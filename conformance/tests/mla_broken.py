@@ -1,7 +1,9 @@
 """The broken port's ``MultiHeadLatentAttention``: a small NumPy MLA on the broken port's own
 functions (its ``scaled_dot_product_attention``, ``attention_weights``, ``apply_rotary``), the
-forward naive, ``decode`` the absorbed step over a latent cache, with the MLA bugs of
-:data:`conformance.tests.broken_ports.BUGS` switched in (:func:`broken_mla`)."""
+forward naive, ``decode`` the absorbed step over a latent cache (contiguous, or paged: the
+modules' broken paged pool of one head, key pages ``[c_kv, k_pe]`` and value pages ``c_kv``),
+with the MLA bugs of :data:`conformance.tests.broken_ports.BUGS` switched in
+(:func:`broken_mla`)."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attention_spec.arrays import ArraySpec
+from attention_spec.cache import check_paged_decode_inputs
 from attention_spec.mla import check_mla_canonical, check_mla_config, check_mla_rope
 from attention_spec.modules import (
     ModuleDims,
@@ -18,6 +21,8 @@ from attention_spec.modules import (
     check_decode_inputs,
     check_module_inputs,
 )
+from attention_spec.paged import pages_needed
+from conformance.tests.module_broken import _paged_read, _paged_write, _PagedCache
 
 
 class _LatentCache(NamedTuple):
@@ -142,14 +147,52 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             y = self._output(out)
             return (y, w) if return_weights else y
 
-        def init_cache(self, batch_size, max_len):
-            check_cache_size(batch_size, max_len)
+        def init_cache(self, batch_size, max_len, *, page_size=None):
+            check_cache_size(batch_size, max_len, page_size=page_size)
             d = self.dims
+            if page_size is not None:  # NaN pools: a stray read shows
+                P = batch_size * pages_needed(max_len, page_size)
+                key = np.full((P, page_size, 1, d.R + d.Dr), np.nan, self.dtype)  # [c_kv, k_pe]
+                value = np.full((P, page_size, 1, d.R), np.nan, self.dtype)  # c_kv
+                return _PagedCache(key, value, ((),) * batch_size, tuple(range(P)), max_len)
             c_kv = np.zeros((batch_size, 1, 0, d.R), self.dtype)  # (B, 1, 0, R)
             k_pe = np.zeros((batch_size, 1, 0, d.Dr), self.dtype)  # (B, 1, 0, Dr)
             return _LatentCache(c_kv, k_pe, max_len)
 
+        def _absorb(self, q_nope):
+            """``q_lat (B, H, L, R)`` and ``W_UV (R, H, E)`` in the compute dtype."""
+            d, ct = self.dims, self._ct()
+            w = self.w["kv_b_proj.kernel"].reshape(d.R, d.H, d.Dn + d.E).astype(ct)
+            w_uk, w_uv = w[..., : d.Dn], w[..., d.Dn :]  # (R, H, Dn), (R, H, E)
+            if bug == "mla_absorb_uk_uv_swapped":  # each head's columns read as value, key
+                w_uv, w_uk = w[..., : d.E], w[..., d.E :]
+            return np.einsum("bhld,rhd->bhlr", q_nope.astype(ct), w_uk), w_uv
+
+        def _decode_paged(self, x, cache, **refused):
+            d, position = self.dims, cache.position
+            paged = ModuleDims(d.M, d.H, 1, d.R + d.Dr, d.R, False, d.sinks)
+            check_paged_decode_inputs(
+                paged, self.dtype.name, x, key_pages=cache.key_pages,
+                value_pages=cache.value_pages, batch_size=len(cache.pages), position=position,
+                max_len=cache.max_len, **refused,
+            )  # fmt: skip
+            q_nope, q_pe, c_new, k_pe_new, unrotated = self._project(x, position)
+            q_lat, w_uv = self._absorb(q_nope)
+            stored = unrotated if bug == "mla_paged_k_pe_unrotated" else k_pe_new
+            cache = _paged_write(cache, np.concatenate([c_new, stored], -1), c_new, bug)
+            k, v = _paged_read(cache, bug)  # (B, 1, S, R+Dr), (B, 1, S, R)
+            if bug == "mla_paged_value_from_key_tail":  # the key's last R features, not c_kv
+                v = k[..., d.Dr :]
+            q = np.concatenate([q_lat.astype(self.dtype), q_pe], -1)
+            o_lat, _ = self._attend(q, k, v, False, self.scale, is_causal=True,
+                                    causal_alignment="bottom_right")  # fmt: skip
+            out = np.einsum("bhlr,rhe->bhle", o_lat.astype(self._ct()), w_uv).astype(self.dtype)
+            return self._output(out), cache
+
         def decode(self, x, cache, *, mask=None, bias=None, return_weights=False):
+            if isinstance(cache, _PagedCache):
+                return self._decode_paged(x, cache, mask=mask, bias=bias,
+                                          return_weights=return_weights)  # fmt: skip
             d, position = self.dims, cache.position
             B = cache.key.shape[0]
             latent = ModuleDims(d.M, d.H, 1, d.R, d.Dr, False, d.sinks)
@@ -162,11 +205,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             )  # fmt: skip
             q_nope, q_pe, c_new, k_pe_new, unrotated = self._project(x, position)
             ct = self._ct()
-            w = self.w["kv_b_proj.kernel"].reshape(d.R, d.H, d.Dn + d.E).astype(ct)
-            w_uk, w_uv = w[..., : d.Dn], w[..., d.Dn :]  # (R, H, Dn), (R, H, E)
-            if bug == "mla_absorb_uk_uv_swapped":  # each head's columns read as value, key
-                w_uv, w_uk = w[..., : d.E], w[..., d.E :]
-            q_lat = np.einsum("bhld,rhd->bhlr", q_nope.astype(ct), w_uk)
+            q_lat, w_uv = self._absorb(q_nope)
             stored = unrotated if bug == "mla_cache_k_pe_unrotated" else k_pe_new
             c_kv = np.concatenate([cache.key, c_new], axis=2)  # (B, 1, S, R)
             k_pe = np.concatenate([cache.value, k_pe_new], axis=2)  # (B, 1, S, Dr)

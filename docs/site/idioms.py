@@ -613,6 +613,37 @@ IDIOMS: dict[str, dict[str, str]] = {
             "Identical in the three: `self._project_output(out)`, the forward's own."
         ),
     },
+    "mla_decode_paged": {
+        "1. projections of the new tokens": (
+            "The absorbed decode's calls, after check_paged_decode_inputs on the paged latent "
+            "pool's dims (one head, keys of R + Dr, values of R), before any page is taken."
+        ),
+        "2. RoPE": (
+            "Identical in the three: `self._rotate(q_pe, k_pe_new, cache.position)`; the pool "
+            "keeps the rotated k_pe, as the contiguous latent cache does."
+        ),
+        "3. absorption of kv_b_proj's key part into the query": (
+            "The absorbed decode's einsum, line for line (JAX with `precision=_PRECISION`)."
+        ),
+        "4. the latent cache": (
+            "`cache.write` with the key `[c_kv, k_pe]` and the value `c_kv_new`, the GQA paged "
+            "cache's own write with K = 1: the key pages get the concatenation "
+            "(`np.concatenate`, `torch.cat`, `jnp.concatenate`), the value pages the latent; "
+            "NumPy and torch in place, JAX into a new pool."
+        ),
+        "5. one MQA through paged_attention": (
+            "The query `[q_lat, q_pe]` token-major (NumPy and JAX `transpose(0, 2, 1, 3)`, "
+            "torch `transpose(1, 2)`), `seq_lens` and `cu_seqlens_q` built in the framework "
+            "(torch on x's device), the module's scale, window, softcap and sinks passed "
+            "explicitly; the output o_lat has the R features of the value pages."
+        ),
+        "6. absorption of the value part into the output": (
+            "The absorbed decode's second einsum; JAX casts on a line of its own."
+        ),
+        "7. heads merged back, output projection": (
+            "Identical in the three: `self._project_output(out)`."
+        ),
+    },
     "mla_decode_naive": {
         "MultiHeadLatentAttention.init_kv_cache": (
             "Two zero buffers of all H heads, keys of Dn + Dr and values of E numbers per token "

@@ -140,6 +140,14 @@ SECTIONS: tuple[Section, ...] = (
             "MultiHeadLatentAttention.decode",
         ),
     ),
+    # FlashMLA's form: the absorbed decode's steps, its cache (step 4) a paged latent pool and its
+    # MQA (step 5) a paged_attention call (the paged_decode section's).
+    Section(
+        "mla_decode_paged",
+        "Multi-head latent attention: the absorbed decode on a paged latent cache",
+        "mla.py",
+        functions=("MultiHeadLatentAttention._decode_paged",),
+    ),
     # The naive decode: the forward's steps with the KV cache's append (section decode) in step 3.
     Section(
         "mla_decode_naive",
