@@ -309,6 +309,23 @@ def check_mla_canonical(
     return dims
 
 
+def check_naive_cache(paged: bool) -> None:
+    """``decode_naive`` takes ``init_kv_cache``'s cache (every head's keys and values); a
+    paged latent cache (``init_cache(..., page_size=)``) is ``decode``'s alone.
+
+    Raises:
+        ConfigError ``paged_cache``: ``paged`` (the cache given is a paged one).
+    """
+    if paged:
+        raise make_error(
+            "paged_cache",
+            "decode_naive has no paged form: a paged latent cache (init_cache(..., "
+            "page_size=)) is read by decode; decode_naive takes init_kv_cache's cache",
+            expected="init_kv_cache(batch_size, max_len)'s KVCache",
+            actual="a PagedKVCache",
+        )
+
+
 def mla_metadata(dims: MlaDims, rope: MlaRope, settings: Mapping[str, Any]) -> dict[str, str]:
     """A weight file's metadata: the format, H, Dr, the rotary settings and the module's other
     settings (``rms_norm_eps``, ``window``, ``softcap``, ``scale``), as one sorted JSON value."""

@@ -55,6 +55,7 @@ from attention_spec.mla import (
     check_mla_canonical,
     check_mla_config,
     check_mla_rope,
+    check_naive_cache,
     check_rms_norm_eps,
     mla_from_metadata,
     mla_metadata,
@@ -307,6 +308,7 @@ class MultiHeadLatentAttention(nnx.Module):
         and values expanded per head and appended, then bottom-right causal attention over the
         S = position + L keys. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
         x, mask, bias = _asarray(x), _asarray(mask), _asarray(bias)
+        check_naive_cache(isinstance(cache, PagedKVCache))
         check_decode_inputs(
             self.dims.naive, jnp.dtype(self.dtype).name, x, cache_key=cache.key,
             cache_value=cache.value,

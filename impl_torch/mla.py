@@ -54,6 +54,7 @@ from attention_spec.mla import (
     check_mla_canonical,
     check_mla_config,
     check_mla_rope,
+    check_naive_cache,
     check_rms_norm_eps,
     mla_from_metadata,
     mla_metadata,
@@ -323,6 +324,7 @@ class MultiHeadLatentAttention(nn.Module):
         and values expanded per head and appended, then bottom-right causal attention over the
         S = position + L keys. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
         x, mask, bias = _as_tensors(x, mask, bias)
+        check_naive_cache(isinstance(cache, PagedKVCache))
         check_decode_inputs(
             self.dims.naive, dtype_name(self.dtype), x, cache_key=cache.key,
             cache_value=cache.value, position=cache.position, max_len=cache.max_len,

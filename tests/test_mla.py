@@ -253,6 +253,19 @@ def test_a_cache_of_the_other_kind_is_refused() -> None:
     assert code == "paged_cache"
 
 
+def test_decode_naive_refuses_a_paged_cache_identically_in_all_three() -> None:
+    """The naive decode has no paged form: a paged latent cache is a taxonomy error, the same
+    in the three (it was an AttributeError on the pool's missing ``key``)."""
+    raised = {}
+    for fw, (cls, convert) in FRAMEWORKS.items():
+        module = cls(M, H, **SIZES)
+        paged = module.init_cache(B, 4, page_size=2)
+        x = convert(_x("float32")[:, :1])
+        raised[fw] = _raised(lambda m=module, x=x, c=paged: m.decode_naive(x, c))
+    assert len(set(raised.values())) == 1, raised
+    assert raised["numpy"][:2] == ("ConfigError", "paged_cache")
+
+
 # -- Hugging Face's DeepseekV3Attention ----------------------------------------------------------
 
 
