@@ -309,6 +309,8 @@ class Function:
     call: Callable[..., Any] | None = None
     methods: tuple[str, ...] | None = None
     submodule: str | None = None
+    #: Where ``submodule``'s functions were looked for before (kept with a DeprecationWarning).
+    old_submodule: str | None = None
     fits: Callable[[Case, int], bool] | None = None
     shard_keywords: Callable[[int], dict[str, int]] = _n_shards
 
@@ -408,6 +410,7 @@ FUNCTIONS: dict[str, Function] = {
         _attention_values,
         _attention_error,
         submodule="ulysses",
+        old_submodule="sharded",
         fits=_ulysses_fits,
     ),
     "usp": Function(
@@ -417,6 +420,7 @@ FUNCTIONS: dict[str, Function] = {
         _attention_error,
         defaults={"layout": "zigzag"},
         submodule="ulysses",
+        old_submodule="sharded",
         fits=_usp_fits,
         shard_keywords=_usp_sizes,
     ),

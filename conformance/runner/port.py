@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib
 import traceback
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -70,6 +71,16 @@ class Port:
             fn = getattr(self.module, spec.attribute, None)
             if fn is None and spec.submodule is not None:  # impl_numpy.sharded.ring_attention
                 fn = getattr(_submodule(self.module, spec.submodule), spec.attribute, None)
+            if fn is None and spec.old_submodule is not None:  # before 2026-12-03: sharded
+                fn = getattr(_submodule(self.module, spec.old_submodule), spec.attribute, None)
+                if fn is not None:
+                    warnings.warn(
+                        f"{self.name}.{spec.old_submodule}.{spec.attribute}: the runner looks for "
+                        f"it in the port's {spec.submodule} submodule (or its top level) now; "
+                        f"its {spec.old_submodule} submodule is read until the next minor version",
+                        DeprecationWarning,
+                        stacklevel=2,
+                    )
             if fn is not None and spec.call is not None:
                 fn = spec.call
             if fn is not None and self.prepare is not None:

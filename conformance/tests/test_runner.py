@@ -574,3 +574,22 @@ def test_the_builtin_adapters_carry_fp8_bytes_exactly(port_name: str, fmt: str) 
     back = port.to_numpy(port.from_numpy(x, "cpu"))
     assert back.dtype == x.dtype and np.array_equal(back.view(np.uint8), x.view(np.uint8))
     port.check_round_trip(fmt, "cpu")  # the runner's own check passes too
+
+
+def test_a_port_with_ulysses_in_its_sharded_submodule_still_runs_with_a_warning(
+    tmp_path, monkeypatch
+) -> None:
+    """Until 2026-12-03 the runner found ``ulysses_attention`` in a port's ``sharded``
+    submodule; it reads it there still (a DeprecationWarning), and finds it in ``ulysses``."""
+    package = tmp_path / "oldport"
+    package.mkdir()
+    (package / "__init__.py").write_text("from impl_numpy import *  # noqa: F403\n")
+    (package / "sharded.py").write_text("from impl_numpy.ulysses import ulysses_attention\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    port = load_port("oldport")
+    with pytest.warns(DeprecationWarning, match="ulysses submodule"):
+        fn = port.function("ulysses")
+    import impl_numpy.ulysses
+
+    assert fn is impl_numpy.ulysses.ulysses_attention
+    assert load_port("impl_numpy").function("ulysses") is impl_numpy.ulysses.ulysses_attention
