@@ -3,7 +3,7 @@
 Compiling is slow (about 20 s for the first graph on this CPU, 6 s for each new shape, well
 under 1 s once inductor's on-disk cache has it), so ``make test`` runs only what compiles
 nothing: the eager fallback reported as a failure, the xfails file. The few-runs strict check,
-the float64 and ``return_lse`` refusals and the two docs/peers reproductions are ``slow``;
+the float64 and ``return_lse`` refusals and the three docs/peers reproductions are ``slow``;
 ``make conformance-frameworks`` runs every fixture.
 """
 
@@ -139,3 +139,17 @@ def test_silent_eager_fallback_still_reproduces() -> None:
     done = subprocess.run([sys.executable, script], capture_output=True, text=True)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "ran eagerly (silently)" in done.stdout
+
+
+@pytest.mark.slow
+def test_dynamic_recompile_still_fails_to_build() -> None:
+    """docs/peers/torch_flex_dynamic_recompile_cpp_compile_error.py exits 0 while the default
+    ``torch.compile(flex_attention)`` (what transformers compiles) fails to build the second
+    shape's dynamic kernel and ``dynamic=False`` builds it. A fix upstream turns this red: then
+    hf_flex's per-call ``torch._dynamo.reset()`` can go (docs/CONFORMANCE.md, "Hugging Face,
+    flex")."""
+    _port()
+    script = str(_PEERS / "torch_flex_dynamic_recompile_cpp_compile_error.py")
+    done = subprocess.run([sys.executable, script], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "CppCompileError" in done.stdout
