@@ -5,7 +5,8 @@
 modules in ``module_broken.py``), with one named bug switched on. With no bug it passes the
 whole suite (a test asserts that), so every failure of a broken port is the bug's. The
 ``flash_*`` bugs give the port a ``flash_attention``: the broken tiled versions of
-``flash_broken.py`` (the classic online-softmax bugs); its unbroken version (the same code with
+``flash_broken.py`` (the classic online-softmax bugs, and two of the fp8 dequantize, the
+``flash_fp8_*`` bugs); its unbroken version (the same code with
 no bug) passes every flash run. The ``grad_*`` bugs give it the two ``*_vjp`` functions of
 ``grad_broken.py`` (the backward pass's bugs), whose unbroken version passes every grad and
 flash_grad run.
@@ -336,6 +337,14 @@ BUGS: dict[str, tuple[str, str]] = {
     "flash_unguarded_max": (
         "flash: a running max of -inf is used as the shift: NaN where a block has no allowed key",
         "flash.tiling.left_padding.l17_s203.float32",
+    ),
+    "flash_fp8_v_descale_dropped": (
+        "flash fp8: v_descale dropped in the tiled path's dequantize (query's and key's applied)",
+        "flash.fp8.all.per_head.float8_e4m3fn",
+    ),
+    "flash_fp8_k_descale_twice": (
+        "flash fp8: k_descale multiplied in twice in the tiled path's dequantize",
+        "flash.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e5m2",
     ),
     # -- the backward pass: grad_broken.py ----------------------------------------------
     "grad_kv_not_summed": (

@@ -13,6 +13,10 @@ kind that passes a test with one block or no masking:
 - ``unguarded_max``: the row max of a row with nothing allowed yet (-inf) is used as the shift,
   so ``exp(-inf - -inf)`` is NaN in fully masked rows and blocks.
 
+Two more replace step 0, the dequantize of an fp8 input (Contract v3), so the fp8 runs of the
+tiled path have broken ports of their own: ``fp8_v_descale_dropped`` and ``fp8_k_descale_twice``
+(the suite's ``flash_fp8_*`` bugs; not in :data:`BROKEN`, whose checks are tests/test_flash.py's).
+
 The first, second and fourth replace ``_forward`` (the loop over key blocks, steps 5-6) by
 :func:`_forward` below, which is impl_numpy's with the bug switched in; the third replaces
 ``_Blocks`` by a subclass whose ``key_blocks`` drops the blocks the diagonal crosses.
@@ -100,11 +104,30 @@ def _skipping_partial_blocks(blocks_class: type) -> type:
     return SkippingPartialBlocks
 
 
+def _dequantized(x, name: str, call, kw, *, real: Callable, bug: str) -> np.ndarray:
+    """``impl_numpy``'s step 0 (``real``: an fp8 input as float32 times its descale ``name``)
+    with an fp8 ``bug``: ``fp8_v_descale_dropped`` (the value widened, not descaled) or
+    ``fp8_k_descale_twice`` (the key's descale multiplied in a second time)."""
+    out = real(x, name, call, kw)
+    descale = call.keywords[name]
+    if out is x or descale is None:  # not an fp8 input, or no descale: nothing to get wrong
+        return out
+    d = np.asarray(descale if isinstance(descale, float) else kw[name], np.float32)
+    if bug == "fp8_v_descale_dropped" and name == "v_descale":  # BUG: float(v), not float(v) * d
+        return x.astype(np.float32)
+    if bug == "fp8_k_descale_twice" and name == "k_descale":  # BUG: float(k) * d * d
+        return out * d[..., None, None]
+    return out
+
+
 def broken_flash(bug: str) -> Callable:
-    """``impl_numpy.flash.flash_attention`` with ``bug`` (a key of :data:`BROKEN`, or ``none``
+    """``impl_numpy.flash.flash_attention`` with ``bug`` (a key of :data:`BROKEN`, an fp8 bug
+    of step 0's dequantize, ``fp8_v_descale_dropped`` or ``fp8_k_descale_twice``, or ``none``
     for none), quiet about the NaN it makes."""
     module = _flash_module()
-    if bug == "skip_partial_block":
+    if bug.startswith("fp8_"):
+        module._dequantized = partial(_dequantized, real=module._dequantized, bug=bug)
+    elif bug == "skip_partial_block":
         module._Blocks = _skipping_partial_blocks(module._Blocks)
     elif bug != "none":
         module._forward = partial(_forward, bug=bug)

@@ -27,7 +27,9 @@ from conformance.tests.fp8_table import TABLE_BUGS, bounds_table
 
 _REPORTS: dict[str | None, Report] = {}
 MODULE_BUGS = [b for b in BUGS if BUGS[b][1].startswith(("module.", "decode."))]
-FLASH_BUGS = [b for b in BUGS if b.startswith("flash_")]
+FLASH_BUGS = [b for b in BUGS if b.startswith("flash_") and not b.startswith("flash_fp8_")]
+#: The tiled path's fp8 bugs (flash_broken.py's step 0), run on the flash alias alone.
+FLASH_FP8_BUGS = [b for b in BUGS if b.startswith("flash_fp8_")]
 #: The families of the keywords contract v2 added: window, segment ids, sinks, ALiBi slopes.
 EXTRA_FAMILIES = ("window", "segments", "sinks", "alibi")
 EXTRA_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in EXTRA_FAMILIES]
@@ -60,6 +62,8 @@ def _functions(bug: str | None) -> tuple[str, ...] | None:
         return PAGED_FUNCTIONS
     if bug is not None and bug.startswith("fp8_"):
         return FP8_FUNCTIONS
+    if bug is not None and bug.startswith("flash_fp8_"):
+        return ("flash",)
     return None
 
 
@@ -190,6 +194,14 @@ def test_flash_bugs_fail_flash_runs_only(bug: str) -> None:
     failed = {o.run_id for o in _report(bug).failures}
     assert all(r.startswith("flash.") for r in failed)
     assert any(r.startswith("flash.tiling.") for r in failed)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", FLASH_FP8_BUGS)
+def test_flash_fp8_bugs_fail_flash_fp8_runs_only(bug: str) -> None:
+    """A dequantize bug of the tiled path fails its fp8 runs and no other flash run."""
+    failed = {o.run_id for o in _report(bug).failures}
+    assert failed and all(r.startswith("flash.fp8.") for r in failed), failed
 
 
 def test_a_failure_names_case_index_error_bound_device_and_dtype() -> None:
