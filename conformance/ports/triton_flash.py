@@ -34,7 +34,11 @@ Functions the conformance runner calls: :func:`scaled_dot_product_attention`,
 :func:`flash_attention` (the same kernel with the caller's block sizes) and
 :func:`attention_weights` (the same kernel run with the identity as value, so the weights it
 returns are the kernel's own), plus the torch adapters ``from_numpy`` and ``to_numpy``. It
-has no ``causal_mask`` and no modules; its xfails file says so.
+has no ``causal_mask`` and no modules; its xfails file says so. Contract v3's
+:func:`varlen_attention` and :func:`paged_attention` run a second kernel,
+:func:`_token_major_kernel` (a program per query block and head of one sequence; paged, the
+sequence's pages read through ``block_table`` inside the kernel, never a gathered copy), which
+also loads fp8 key/value (and query) and converts them in the kernel, with the descales.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
@@ -76,8 +80,10 @@ __all__ = [
     "attention_weights",
     "flash_attention",
     "from_numpy",
+    "paged_attention",
     "scaled_dot_product_attention",
     "to_numpy",
+    "varlen_attention",
 ]
 
 #: Default rows and keys per block of ``scaled_dot_product_attention`` (and of
@@ -537,3 +543,352 @@ def attention_weights(
         kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K,
     )  # fmt: skip
     return out
+
+
+# -- contract v3: packed (varlen) rows and paged key/value caches, fp8 inputs -----------------
+
+
+@triton.jit
+def _token_major_kernel(
+    Q, K, V, Out, CuQ, CuK, SeqLens, BlockTable, Sinks, Slopes, QDs, KDs, VDs,  # pointers
+    stride_qt, stride_qh, stride_qd,  # query (T, H, D), in elements
+    stride_kp, stride_kt, stride_kh, stride_kd,  # key: varlen (Tk, K, D), stride_kp = 0;
+    stride_vp, stride_vt, stride_vh, stride_ve,  #      paged (P, page_size, K, D); value alike
+    stride_ot, stride_oh, stride_oe,  # output (T, H, E)
+    stride_bt,  # block_table (N, max_pages): its row stride
+    H, K_heads, G, D, E, page_size,  # sizes; query head h reads key/value head h // G
+    scale, softcap, left, right,  # window=(left, right) on the sequence's own diagonal
+    block_q, block_k,
+    TILE_Q: tl.constexpr, TILE_K: tl.constexpr, TILE_D: tl.constexpr, TILE_E: tl.constexpr,
+    PAGED: tl.constexpr, BOTTOM_RIGHT: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
+    HAS_SINKS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DESCALE: tl.constexpr,
+    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, P_DTYPE: tl.constexpr,
+):  # fmt: skip
+    # One program: block_q query rows (i0 .. i0 + block_q - 1, positions within the sequence)
+    # of query head h of sequence n. Varlen: the sequence's query rows are cu_q[n] ..
+    # cu_q[n+1] - 1 and its keys cu_k[n] .. cu_k[n+1] - 1 (no other sequence's key is ever
+    # loaded). Paged: its L_n queries are its last positions (bottom-right) and key j is slot
+    # j % page_size of page block_table[n, j // page_size], read here entry by entry.
+    # QDs (N, H), KDs and VDs (N, K): the fp8 descales, float32 (1.0 when not fp8).
+    nh = tl.program_id(0)
+    n = nh // H
+    h = nh % H
+    i0 = tl.program_id(1) * block_q
+    kv = h // G  # contiguous groups: heads kv*G .. kv*G + G - 1 share key/value head kv
+    q_start = tl.load(CuQ + n)
+    L = tl.load(CuQ + n + 1) - q_start  # L_n
+    if PAGED:
+        S = tl.load(SeqLens + n)  # S_n, the new tokens included
+        k_start = 0
+    else:
+        k_start = tl.load(CuK + n)
+        S = tl.load(CuK + n + 1) - k_start
+    offset = 0
+    if BOTTOM_RIGHT:
+        offset = S - L  # key i + offset is row i's diagonal
+
+    lane_q = tl.arange(0, TILE_Q)
+    lane_k = tl.arange(0, TILE_K)
+    d = tl.arange(0, TILE_D)
+    e = tl.arange(0, TILE_E)
+    rows = i0 + lane_q  # (bq,) positions i within the sequence
+    row_ok = (lane_q < block_q) & (rows < L)
+    d_ok = d[None, :] < D  # (1, D)
+    e_ok = e[None, :] < E  # (1, E)
+    q_rows = q_start + rows  # (bq,) packed rows
+    q_ptrs = Q + h * stride_qh + q_rows[:, None] * stride_qt + d[None, :] * stride_qd
+    q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0).to(DOT_DTYPE)  # (bq, D)
+    score_scale = scale
+    v_descale = 1.0
+    if HAS_DESCALE:  # 0. dequantize: an fp8 input is float(x) * descale, folded into the scale
+        score_scale = scale * tl.load(QDs + n * H + h) * tl.load(KDs + n * K_heads + kv)
+        v_descale = tl.load(VDs + n * K_heads + kv)
+    if HAS_ALIBI:
+        slope = tl.load(Slopes + h)
+
+    m = tl.full((TILE_Q,), float("-inf"), tl.float32)  # running row max of the scores
+    l = tl.full((TILE_Q,), 0.0, tl.float32)  # running row sum of exp(s - m)
+    acc = tl.full((TILE_Q, TILE_E), 0.0, tl.float32)  # running sum of exp(s - m) @ value
+
+    # 4. allowed, whole blocks: only this sequence's S_n keys, and of those only the causal
+    #    and window bands of these rows (no block at all for a program past L_n).
+    i_last = tl.minimum(i0 + block_q, L) - 1
+    j_start = 0
+    j_end = tl.where(i0 < L, S, 0)
+    if IS_CAUSAL:
+        j_end = tl.minimum(j_end, tl.maximum(0, i_last + offset + 1))
+    if HAS_LEFT:
+        j_start = tl.maximum(0, i0 + offset - left)
+        j_start = tl.minimum(j_start, S)
+        j_start -= j_start % block_k
+    if HAS_RIGHT:
+        j_end = tl.minimum(j_end, tl.maximum(0, i_last + offset + right + 1))
+    for j0 in range(j_start, j_end, block_k):  # one block of the sequence's keys at a time
+        cols = j0 + lane_k  # (bk,) key positions j within the sequence
+        col_ok = (lane_k < block_k) & (cols < S)  # never a key past S_n
+        if PAGED:  # key j: page block_table[n, j // page_size], slot j % page_size
+            page = tl.load(BlockTable + n * stride_bt + cols // page_size, mask=col_ok, other=0)
+            slot = cols % page_size
+        else:  # key j: packed row cu_k[n] + j
+            page = cols * 0
+            slot = k_start + cols
+        k_rows = page.to(tl.int64) * stride_kp + slot * stride_kt  # (bk,)
+        v_rows = page.to(tl.int64) * stride_vp + slot * stride_vt
+        k_ptrs = K + kv * stride_kh + k_rows[:, None] + d[None, :] * stride_kd
+        k = tl.load(k_ptrs, mask=col_ok[:, None] & d_ok, other=0.0)  # (bk, D)
+
+        # 1. scores = (query @ key^T) * scale (times q_descale * k_descale), float32.
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * score_scale
+
+        # 2. softcap, from exp in float64 as in _flash_forward_kernel.
+        if HAS_SOFTCAP:
+            t = tl.exp((2.0 * s / softcap).to(tl.float64))
+            s = (softcap * (1.0 - 2.0 / (t + 1.0))).to(tl.float32)
+
+        # 3. ALiBi: -slope[h] * |i + offset - j| at positions within the sequence.
+        if HAS_ALIBI:
+            distance = tl.abs(rows[:, None] + offset - cols[None, :]).to(tl.float32)
+            s += -slope * distance
+
+        # 4. allowed(i, j) = the sequence's own keys AND causal AND window.
+        allowed = row_ok[:, None] & col_ok[None, :]
+        if IS_CAUSAL:
+            allowed &= cols[None, :] <= rows[:, None] + offset
+        if HAS_LEFT:
+            allowed &= cols[None, :] >= rows[:, None] + offset - left
+        if HAS_RIGHT:
+            allowed &= cols[None, :] <= rows[:, None] + offset + right
+        s = tl.where(allowed, s, float("-inf"))  # (bq, bk)
+
+        # 5. online softmax, as in _flash_forward_kernel.
+        m_new = tl.maximum(m, tl.max(s, 1))  # (bq,)
+        shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = tl.exp(m - shift)
+        z = tl.minimum(s - shift[:, None], 0.0, propagate_nan=tl.PropagateNan.ALL)
+        p = tl.exp(z)  # (bq, bk)
+        l = l * alpha + tl.sum(p, 1)
+
+        # 6. output, accumulated; value rows no row attends (unused slots: NaN) selected away.
+        v_ptrs = V + kv * stride_vh + v_rows[:, None] + e[None, :] * stride_ve
+        v = tl.load(v_ptrs, mask=col_ok[:, None] & e_ok, other=0.0)  # (bk, E)
+        attended = tl.max(allowed.to(tl.int32), 0) != 0  # (bk,)
+        v = tl.where(attended[:, None], v.to(DOT_DTYPE), 0.0).to(DOT_DTYPE)
+        p = p.to(P_DTYPE).to(DOT_DTYPE)
+        acc = acc * alpha[:, None] + tl.dot(p, v, input_precision=DOT_PRECISION)
+        m = m_new
+
+    # 5. (end) the sink in the denominator (no descale, no scale); rows with no key give 0.
+    empty = l == 0.0
+    if HAS_SINKS:
+        sink = tl.load(Sinks + h)
+        m_sink = tl.maximum(m, sink)
+        shift = tl.where(m_sink == float("-inf"), 0.0, m_sink)
+        alpha = tl.exp(m - shift)
+        l = l * alpha + tl.exp(tl.minimum(sink - shift, 0.0))
+        acc = acc * alpha[:, None]
+    l = tl.where(empty, 1.0, l)
+    out = acc * v_descale / l[:, None]  # (bq, E)
+    o_ptrs = Out + h * stride_oh + q_rows[:, None] * stride_ot + e[None, :] * stride_oe
+    tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & e_ok)
+
+
+#: The fp8 formats the token-major kernel loads and converts itself (contract v3).
+FP8_DTYPES: tuple[torch.dtype, ...] = (torch.float8_e4m3fn, torch.float8_e5m2)
+
+
+def _check_token_major_dtype(query: torch.Tensor, key: torch.Tensor) -> None:
+    """This kernel's limit after the contract's validation: no float64 (fp8 is taken)."""
+    if query.dtype in KERNEL_DTYPES or query.dtype in FP8_DTYPES:
+        return
+    supported = ", ".join([*KERNEL_DTYPES.values(), "float8_e4m3fn", "float8_e5m2"])
+    raise make_error(
+        "unsupported_dtype",
+        f"the Triton kernel computes {supported}; got {_dtype_name(query)} "
+        "(impl_torch computes float64)",
+        expected=" | ".join(KERNEL_DTYPES.values()),
+        actual=_dtype_name(query),
+    )
+
+
+def _per_sequence(x, N: int, heads: int, device: torch.device) -> torch.Tensor:
+    """A descale (None, a number, or float32 ``()``, ``(heads,)``, ``(N, heads)``) as float32
+    ``(N, heads)``, contiguous."""
+    x = 1.0 if x is None else x
+    x = torch.as_tensor(x, dtype=torch.float32, device=device)
+    return x.broadcast_to((N, heads)).contiguous()
+
+
+def _token_major(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_q: torch.Tensor,
+    cu_k: torch.Tensor | None,
+    seq_lens: torch.Tensor | None,
+    block_table: torch.Tensor | None,
+    *,
+    H: int, K: int, D: int, E: int, scale: float, softcap: float | None, is_causal: bool,
+    bottom_right: bool, window, sinks, alibi_slopes, q_descale, k_descale, v_descale,
+) -> torch.Tensor:  # fmt: skip
+    """Launch :func:`_token_major_kernel` on validated inputs; returns ``(T, H, E)``.
+    ``key``/``value``: packed ``(Tk, K, D|E)`` (varlen) or pages ``(P, page_size, K, D|E)``
+    (paged, with ``seq_lens`` and ``block_table``)."""
+    T, device = query.shape[0], query.device
+    fp8 = key.dtype in FP8_DTYPES
+    out_dtype = torch.bfloat16 if query.dtype in FP8_DTYPES else query.dtype
+    out = torch.zeros((T, H, E), dtype=out_dtype, device=device)
+    cu_q = cu_q.to(device=device, dtype=torch.int64).contiguous()
+    N = cu_q.numel() - 1
+    if out.numel() == 0 or N == 0:
+        return out
+    if query.device.type == "cpu" and not INTERPRETED:
+        raise RuntimeError(
+            "the Triton kernel compiles for CUDA tensors only; for CPU tensors set "
+            "TRITON_INTERPRET=1 before triton is imported (it was imported without it)"
+        )
+    max_l = int((cu_q[1:] - cu_q[:-1]).max())
+    paged = block_table is not None
+    if paged:
+        seq_lens = seq_lens.to(device=device, dtype=torch.int64).contiguous()
+        block_table = block_table.to(device=device, dtype=torch.int64)
+        cu_k = cu_q  # unused pointers
+        page_size = key.shape[1]
+        ks, vs = key.stride(), value.stride()
+    else:
+        cu_k = cu_k.to(device=device, dtype=torch.int64).contiguous()
+        seq_lens = block_table = cu_q
+        page_size = 1
+        ks, vs = (0, *key.stride()), (0, *value.stride())
+    # Dots: the input dtype with float32 accumulators; float32 for bfloat16 in the interpreter
+    # (triton-lang/triton#11584) and for fp8 (converted in the kernel, exact in float32).
+    bf16_interpreted = INTERPRETED and query.dtype == torch.bfloat16
+    dot_dtype = torch.float32 if bf16_interpreted or fp8 else query.dtype
+    # Weights before the value product: rounded to the input dtype (FlashAttention's
+    # practice); kept in float32 for fp8 (the strict bound's computation).
+    p_dtype = tl.float32 if fp8 else _DOT_DTYPES[query.dtype]
+    left, right = window if window is not None else (None, None)
+    sinks_f = None if sinks is None else sinks.to(device=device, dtype=torch.float32).contiguous()
+    slopes_f = None if alibi_slopes is None else alibi_slopes.to(device=device, dtype=torch.float32)
+    descales = [_per_sequence(x, N, heads, device) for x, heads in
+                ((q_descale, H), (k_descale, K), (v_descale, K))]  # fmt: skip
+    block_q = block_k = 16  # one tile: sequences are short in serving's decode and prefill
+    grid = (N * H, max(1, triton.cdiv(max_l, block_q)))  # (sequence x head, query block)
+    _token_major_kernel[grid](
+        query, key, value, out, cu_q, cu_k, seq_lens, block_table,
+        out if sinks_f is None else sinks_f, out if slopes_f is None else slopes_f.contiguous(),
+        *descales,
+        *query.stride(), *ks, *vs, *out.stride(),
+        block_table.stride(0) if paged else 0,
+        H, K, H // K, D, E, page_size,
+        scale, 1.0 if softcap is None else softcap, left or 0, right or 0,
+        block_q, block_k,
+        TILE_Q=_tile(block_q), TILE_K=_tile(block_k), TILE_D=_tile(D), TILE_E=_tile(E),
+        PAGED=paged, BOTTOM_RIGHT=bottom_right, HAS_SOFTCAP=softcap is not None,
+        IS_CAUSAL=is_causal, HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
+        HAS_SINKS=sinks is not None, HAS_ALIBI=alibi_slopes is not None, HAS_DESCALE=fp8,
+        DOT_DTYPE=_DOT_DTYPES[dot_dtype],
+        DOT_PRECISION="ieee" if dot_dtype == torch.float32 else "tf32", P_DTYPE=p_dtype,
+    )  # fmt: skip
+    return out
+
+
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Attention over N packed sequences ``(Tq, H, E)``, by :func:`_token_major_kernel`: one
+    program per (query block, head) of one sequence, its key loop over that sequence's keys.
+
+    Args:
+        query: ``(Tq, H, D)``; key ``(Tk, K, D)``; value ``(Tk, K, E)``: float32, float16,
+            bfloat16, or fp8 (``float8_e4m3fn``/``float8_e5m2``, loaded and converted in the
+            kernel) as the contract allows.
+        cu_seqlens_q, cu_seqlens_k: integer ``(N + 1,)``: sequence n is query rows
+            ``[cu_q[n], cu_q[n+1])`` against key rows ``[cu_k[n], cu_k[n+1])``.
+        is_causal, causal_alignment, window, scale, softcap, sinks, alibi_slopes: as in
+            :func:`flash_attention`, on each sequence's own diagonal.
+        q_descale, k_descale, v_descale: fp8 descales, ``()``, ``(H|K,)`` or ``(N, H|K)``.
+
+    Returns the output in the query's dtype (bfloat16 for an fp8 query).
+    """
+    from attention_spec.varlen import check_varlen
+
+    varlen = check_varlen(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
+        causal_alignment=causal_alignment, window=window, scale=scale, softcap=softcap,
+        sinks=sinks, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale,
+    )  # fmt: skip
+    _check_token_major_dtype(query, key)
+    call = varlen.call
+    return _token_major(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, None, None,
+        H=varlen.H, K=varlen.K, D=varlen.D, E=varlen.E, scale=call.scale,
+        softcap=call.softcap, is_causal=call.is_causal,
+        bottom_right=call.causal_alignment == "bottom_right", window=call.window,
+        sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+    )  # fmt: skip
+
+
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
+) -> torch.Tensor:
+    """Packed queries over a paged cache ``(T, H, E)``, by :func:`_token_major_kernel`: one
+    program per (query block, head) of one sequence (a decode step: per query token), walking
+    the sequence's pages through ``block_table`` inside the kernel (no gathered copy).
+
+    Args:
+        query: ``(T, H, D)``; sequence n's ``L_n`` queries are its last positions.
+        key_cache: ``(P, page_size, K, D)``; value_cache: ``(P, page_size, K, E)``.
+        block_table: integer ``(N, max_pages)``; entries past a sequence's pages never read.
+        seq_lens: integer ``(N,)``; cu_seqlens_q: integer ``(N + 1,)``.
+        is_causal, window, scale, softcap, sinks, alibi_slopes, q_descale, k_descale,
+            v_descale: as in :func:`varlen_attention`, bottom-right.
+
+    Returns the output in the query's dtype (bfloat16 for an fp8 query).
+    """
+    from attention_spec.paged import check_paged_attention
+
+    call = check_paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
+        window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+    )  # fmt: skip
+    _check_token_major_dtype(query, key_cache)
+    return _token_major(
+        query, key_cache, value_cache, cu_seqlens_q, None, seq_lens, block_table,
+        H=call.H, K=call.K, D=call.D, E=call.E, scale=call.scale, softcap=call.softcap,
+        is_causal=call.is_causal, bottom_right=True, window=call.window, sinks=sinks,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+    )  # fmt: skip

@@ -458,7 +458,10 @@ _FAMILY_TABLE_PORTS: dict[str, tuple[str, ...]] = {
 _FAMILY_TABLE_FAMILIES = ("window", "segments", "sinks", "alibi", "garbage")
 #: Contract v3's token-major functions, a column each (every run of the alias), for the ports
 #: that express them; the others show "-".
-_V3_TABLE_FUNCTIONS: dict[str, tuple[str, ...]] = {"torch_flex": ("varlen", "paged")}
+_V3_TABLE_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "torch_flex": ("varlen", "paged"),
+    "triton_flash": ("varlen", "paged"),
+}
 _V3_TABLE_COLUMNS = ("varlen", "paged")
 _PORTS_DIR = Path(__file__).resolve().parents[1] / "ports"
 _DOCS = Path(__file__).resolve().parents[2] / "docs" / "CONFORMANCE.md"

@@ -79,7 +79,7 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
         "query head h reads key/value head h % K (tiling) instead of h // G",
         "sdpa.gqa.h6_k2.float32",
         {
-            "triton": [("kv = h // G", "kv = h % (H // G)", 1)],
+            "triton": [("kv = h // G", "kv = h % (H // G)", 2)],
             "pallas": [("h // G, 0, 0)", "h % (H // G), 0, 0)", 2)],
         },
     ),
@@ -87,7 +87,7 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
         "the running row sum is not rescaled by exp(m_old - m_new) when the row max rises",
         "flash.tiling.rising_max.l9_s40.float32",
         {
-            "triton": [("l = l * alpha + tl.sum(p, 1)", "l = l + tl.sum(p, 1)", 1)],
+            "triton": [("l = l * alpha + tl.sum(p, 1)", "l = l + tl.sum(p, 1)", 2)],
             "pallas": [("l = l * alpha + p.sum(axis=1)", "l = l + p.sum(axis=1)", 1)],
         },
     ),
@@ -97,7 +97,7 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
         "flash.tiling.window_causal.l113_s203.float32",
         {
             "triton": [
-                ("tl.maximum(0, i0 + offset - left)", "tl.maximum(0, i_last + offset - left)", 1)
+                ("tl.maximum(0, i0 + offset - left)", "tl.maximum(0, i_last + offset - left)", 2)
             ],
             "pallas": [
                 ("jnp.clip(i0 + offset - left, 0, S)", "jnp.clip(i_last + offset - left, 0, S)", 1)
@@ -108,7 +108,7 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
         "the sink logit is multiplied by the score scale like a score",
         "sdpa.sinks.with_mask_and_softcap.float32",
         {
-            "triton": [("sink = tl.load(Sinks + h)", "sink = tl.load(Sinks + h) * scale", 1)],
+            "triton": [("sink = tl.load(Sinks + h)", "sink = tl.load(Sinks + h) * scale", 2)],
             "pallas": [("sink = sinks_ref[...]", "sink = sinks_ref[...] * scale", 1)],
         },
     ),
@@ -118,12 +118,65 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
         "sdpa.garbage.padding.float32",
         {
             "triton": [
-                ("v = tl.where(attended[:, None], v.to(DOT_DTYPE), 0.0)", "v = v.to(DOT_DTYPE)", 1)
+                ("v = tl.where(attended[:, None], v.to(DOT_DTYPE), 0.0)", "v = v.to(DOT_DTYPE)", 2)
             ],
             "pallas": [("v = jnp.where(attended[:, None], v, jnp.zeros_like(v))", "v = v", 1)],
         },
     ),
 }  # fmt: skip
+# (A triton line that occurs twice is in both of its kernels, _flash_forward_kernel and
+# _token_major_kernel: the bug is in both, and the heads-first run named catches it.)
+
+#: Contract v3 (varlen_attention, paged_attention, fp8 inputs): kernel -> the runs of its
+#: token-major kernel that the default session takes (a kernel without those functions has
+#: no entry). Interpreted, these take about 2 s together (Triton, on a shared 2-core machine).
+V3_RUNS: dict[str, tuple[str, ...]] = {
+    "triton": (
+        "paged.page3.decode_and_prefill.causal.float32",  # decode and chunked prefill, page 3
+        "paged.decode.gqa_h8_k2.page16.bfloat16",  # GQA 8:2 decode, NaN in unused slots
+        "paged.sinks.window.gpt_oss.float32",  # gpt-oss on a paged cache
+        "paged.softcap.window.gemma.float32",  # Gemma on a paged cache
+        "paged.alibi.causal.float32",
+        "paged.empty_sequences.float32",  # seq_lens 0
+        "paged.error.block_table_past_the_pool.float32",  # validation before launch
+        "varlen.n3.mixed.float32",  # the run the cu_seqlens off-by-one bug must fail
+        "varlen.n3.causal_bottom_right.bfloat16",  # each sequence's own diagonal
+        "varlen.n5.empty_sequences.float16",  # L_n = 0 and S_n = 0
+        "varlen.n5.window_across_boundaries.float32",
+        "varlen.fp8.all.per_sequence.causal.float8_e5m2",  # fp8 loaded in the kernel
+        "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",  # an fp8 KV cache
+        "varlen.n1.l6_s6.float64",  # refused: xfail
+    ),
+}
+
+#: Contract v3 bugs in a kernel's token-major kernel: bug -> (what it does, the run that must
+#: catch it, kernel, [(line as written, with the bug, how many times the line occurs)]).
+V3_KERNEL_BUGS: dict[str, tuple[str, str, str, list[tuple[str, str, int]]]] = {
+    "cu_seqlens_off_by_one": (
+        "sequence n's keys start one packed row early: the previous document's last key leaks in",
+        "varlen.n3.mixed.float32",
+        "triton",
+        [("k_start = tl.load(CuK + n)", "k_start = tl.maximum(tl.load(CuK + n) - 1, 0)", 1)],
+    ),
+    "previous_block_table_row": (
+        "sequence n reads sequence n-1's block-table row",
+        "paged.page3.decode_and_prefill.causal.float32",
+        "triton",
+        [("BlockTable + n * stride_bt", "BlockTable + tl.maximum(n - 1, 0) * stride_bt", 1)],
+    ),
+    "page_offset_from_block_start": (
+        "the slot j % page_size is taken from the key block's start, not from key j",
+        "paged.page3.decode_and_prefill.causal.float32",
+        "triton",
+        [("slot = cols % page_size", "slot = (j0 + cols * 0) % page_size", 1)],
+    ),
+    "v_descale_dropped": (
+        "the value's fp8 descale is never applied",
+        "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",
+        "triton",
+        [("out = acc * v_descale / l[:, None]", "out = acc / l[:, None]", 1)],
+    ),
+}
 
 _PORTS: dict[tuple[str, str | None], Port] = {}
 _RUNS = {run.id: run for run in runs_for()}
@@ -145,7 +198,8 @@ def broken_module(kernel: str, bug: str) -> types.ModuleType:
     """
     original = _kernel_module(kernel)
     source = inspect.getsource(original)
-    for old, new, count in KERNEL_BUGS[bug][2][kernel]:
+    edits = V3_KERNEL_BUGS[bug][3] if bug in V3_KERNEL_BUGS else KERNEL_BUGS[bug][2][kernel]
+    for old, new, count in edits:
         assert source.count(old) == count, f"{kernel}: {old!r} no longer in the kernel"
         source = source.replace(old, new)
     name = f"{original.__name__}_{bug}"
@@ -202,6 +256,31 @@ def test_broken_kernel_is_caught(kernel: str, bug: str) -> None:
         outcome = _check(kernel, run_id, bug)
     assert outcome.status == "fail", f"{kernel} with {bug} ({what}) passed {run_id}"
     assert any(f"{what} max error" in outcome.message for what in ("output", "weights", "lse"))
+
+
+@pytest.mark.slow  # about 0.15 s a run interpreted
+@pytest.mark.parametrize(
+    ("kernel", "run_id"), [(k, r) for k, runs in V3_RUNS.items() for r in runs]
+)
+def test_kernel_v3_passes(kernel: str, run_id: str) -> None:
+    outcome = _check(kernel, run_id)
+    if run_id.endswith(".float64"):
+        assert outcome.status == "xfail", outcome.line()
+        assert "DTypeError: [unsupported_dtype]" in outcome.message
+    else:
+        assert outcome.status == "pass", outcome.line()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", list(V3_KERNEL_BUGS))
+def test_broken_kernel_v3_is_caught(bug: str) -> None:
+    what, run_id, kernel, _ = V3_KERNEL_BUGS[bug]
+    assert run_id in V3_RUNS[kernel]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        outcome = _check(kernel, run_id, bug)
+    assert outcome.status == "fail", f"{kernel} with {bug} ({what}) passed {run_id}"
+    assert "output max error" in outcome.message
 
 
 def _fenced_blocks(markdown: str) -> list[tuple[str, str]]:
@@ -265,15 +344,51 @@ print("ptx", len(compiled.asm["ptx"]), "cubin", len(compiled.asm["cubin"]))
 """
 
 
-@pytest.mark.slow  # about 10 s: a Python start and one compilation through ptxas
-def test_triton_kernel_compiles_for_cuda_without_a_gpu() -> None:
+#: The same for the token-major kernel (varlen_attention, paged_attention), every feature on:
+#: paged, with fp8 pages and a bfloat16 query (fp8 loaded and converted in the kernel).
+_TRITON_TOKEN_MAJOR_COMPILE = """
+import triton, triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from conformance.ports import triton_flash
+
+kernel = triton_flash._token_major_kernel
+assert not triton_flash.INTERPRETED
+constexprs = dict(
+    TILE_Q=16, TILE_K=16, TILE_D=16, TILE_E=16, PAGED=True, BOTTOM_RIGHT=True,
+    HAS_SOFTCAP=True, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=True, HAS_SINKS=True,
+    HAS_ALIBI=True, HAS_DESCALE=True, DOT_DTYPE=tl.float32, DOT_PRECISION="ieee",
+    P_DTYPE=tl.float32,
+)
+pointers = {"Q": "*bf16", "K": "*fp8e4nv", "V": "*fp8e4nv", "Out": "*bf16", "CuQ": "*i64",
+            "CuK": "*i64", "SeqLens": "*i64", "BlockTable": "*i64", "Sinks": "*fp32",
+            "Slopes": "*fp32", "QDs": "*fp32", "KDs": "*fp32", "VDs": "*fp32"}
+scalars = {"scale": "fp32", "softcap": "fp32"}  # every other scalar is an int
+signature = {
+    n: "constexpr" if n in constexprs else pointers.get(n) or scalars.get(n, "i32")
+    for n in kernel.arg_names
+}
+source = ASTSource(
+    fn=kernel, signature=signature,
+    constexprs={(kernel.arg_names.index(n),): v for n, v in constexprs.items()},
+)
+compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
+print("ptx", len(compiled.asm["ptx"]), "cubin", len(compiled.asm["cubin"]))
+"""
+
+
+@pytest.mark.slow  # about 10 s each: a Python start and one compilation through ptxas
+@pytest.mark.parametrize(
+    "script", [_TRITON_COMPILE, _TRITON_TOKEN_MAJOR_COMPILE], ids=["flash", "token_major"]
+)
+def test_triton_kernel_compiles_for_cuda_without_a_gpu(script: str) -> None:
     """The code the interpreter runs is the code a GPU compiles: here, to a cubin for sm_90."""
     _kernel_module("triton")  # skips without triton
     repo = Path(__file__).resolve().parent.parent.parent
     env = {**os.environ, "TRITON_INTERPRET": "0", "TRITON_DEFAULT_FP_FUSION": "1"}
     env["PYTHONPATH"] = os.pathsep.join([str(repo), env.get("PYTHONPATH", "")])
     done = subprocess.run(
-        [sys.executable, "-c", _TRITON_COMPILE],
+        [sys.executable, "-c", script],
         env=env, cwd=repo, capture_output=True, text=True, timeout=600,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
