@@ -104,7 +104,12 @@ from attention_spec.validate import (
     call_keywords,
     check_attention,
 )
-from attention_spec.varlen import VarlenCall, check_varlen, check_varlen_grad_output
+from attention_spec.varlen import (
+    VarlenCall,
+    check_varlen,
+    check_varlen_grad_output,
+    sequence_bounds,
+)
 from attention_spec.weights import check_canonical
 
 #: The version of :data:`PUBLIC_API`. 1.0: PORTING.md of 2026-11-30 (the checks took shapes and
@@ -235,5 +240,6 @@ __all__ = [
     "pages_needed",
     "real_keyword",
     "rotary_frequencies",
+    "sequence_bounds",
     "tiled_blocks",
 ]

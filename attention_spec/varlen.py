@@ -38,7 +38,10 @@ from attention_spec.fp8 import check_token_descale
 from attention_spec.keywords import divisors
 from attention_spec.validate import KEYWORDS, _check_dtypes, check_attention
 
-__all__ = ["VARLEN_KEYWORDS", "VarlenCall", "check_varlen", "check_varlen_grad_output"]
+__all__ = [
+    "VARLEN_KEYWORDS", "VarlenCall", "check_varlen", "check_varlen_grad_output",
+    "sequence_bounds",
+]  # fmt: skip
 
 #: The keywords of ``varlen_attention``, in the order of its signature (no mask, no bias, no
 #: segment ids: the sequences are the segments; see docs/SEMANTICS.md, "Contract v3
@@ -297,3 +300,24 @@ def check_varlen_grad_output(varlen: VarlenCall, grad_output: Any) -> None:
             expected=text,
             actual=str(spec.shape),
         )
+
+
+def sequence_bounds(varlen: VarlenCall) -> list[tuple[int, int, int, int]]:
+    """The tiled varlen path's schedule: for each sequence n, ``(q0, q1, k0, k1)``, its query
+    rows ``[q0, q1)`` and key rows ``[k0, k1)`` (``cu_q[n]``, ``cu_q[n+1]``, ``cu_k[n]``,
+    ``cu_k[n+1]``), as Python ints. The tiled path tiles each sequence on its own, so no
+    (query block, key block) pair it visits straddles two sequences (docs/SEMANTICS.md,
+    "Contract v3 decisions: variable-length batches"). The schedule is made on the host from
+    concrete boundaries, as flash-attn's varlen kernels size their grid; traced boundaries
+    (under ``jax.jit``) are ConfigError ``cu_seqlens_value``, before any arithmetic."""
+    if varlen.cu_q is None or varlen.cu_k is None:
+        raise make_error(
+            "cu_seqlens_value",
+            "the tiled varlen path schedules its blocks from concrete cu_seqlens_q and "
+            "cu_seqlens_k (host values); got traced boundaries (under jax.jit, close over "
+            "them as NumPy arrays, or call the plain varlen_attention)",
+            expected="concrete (N + 1,) integers",
+            actual="traced",
+        )
+    cu_q, cu_k = varlen.cu_q, varlen.cu_k
+    return [(cu_q[n], cu_q[n + 1], cu_k[n], cu_k[n + 1]) for n in range(varlen.N)]

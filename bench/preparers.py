@@ -268,12 +268,13 @@ def _prepare_contiguous_decode(row: Row, target: Any, w: Workload, fdevice: str)
 
 
 def _prepare_varlen(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
-    """``varlen_attention`` of the packed batch (:func:`varlen_inputs`), causal, or (call
-    ``varlen_padded``) ``scaled_dot_product_attention`` of the padded batch, causal and masked."""
+    """The row's varlen function (``varlen_flash_attention``) of the packed batch
+    (:func:`varlen_inputs`), causal, or (call ``varlen_padded``)
+    ``scaled_dot_product_attention`` of the padded batch, causal and masked."""
     fw, host = FRAMEWORKS[row.framework], varlen_inputs(w)
     if row.call == "varlen":
         args = [_to(fw, host[k], w.dtype, fdevice) for k in ("query", "key", "value")]
-        cu = _to(fw, host["cu_seqlens"], None, fdevice)
+        cu = host["cu_seqlens"]  # on the host: the tiled path schedules its blocks from it
 
         def packed(query, key, value):  # -> (T, H, E)
             return target(query, key, value, cu, cu, is_causal=w.is_causal)

@@ -15,7 +15,13 @@ from impl_jax.mla import MultiHeadLatentAttention
 from impl_jax.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_jax.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_jax.rotary import ROTARY_STATIC_ARGNAMES, apply_rotary
-from impl_jax.varlen import VARLEN_STATIC_ARGNAMES, varlen_attention, varlen_attention_vjp
+from impl_jax.varlen import (
+    VARLEN_STATIC_ARGNAMES,
+    varlen_attention,
+    varlen_attention_vjp,
+    varlen_flash_attention,
+    varlen_flash_attention_vjp,
+)
 
 __all__ = [
     "FLASH_STATIC_ARGNAMES",
@@ -41,4 +47,6 @@ __all__ = [
     "scaled_dot_product_attention_vjp",
     "varlen_attention",
     "varlen_attention_vjp",
+    "varlen_flash_attention",
+    "varlen_flash_attention_vjp",
 ]

@@ -22,8 +22,16 @@ from collections.abc import Mapping
 import jax
 import jax.numpy as jnp
 
-from attention_spec import AttentionGrads, VarlenCall, check_varlen, check_varlen_grad_output
+from attention_spec import (
+    AttentionGrads,
+    VarlenCall,
+    check_varlen,
+    check_varlen_grad_output,
+    sequence_bounds,
+    tiled_blocks,
+)
 from attention_spec.rules import alibi, causal, window
+from impl_jax.flash import BAND_BLOCKS, flash_attention, flash_attention_vjp
 from impl_jax.functional import (
     _as_given,
     _asarray,
@@ -35,7 +43,10 @@ from impl_jax.functional import (
 )
 from impl_jax.paged import _descaled
 
-__all__ = ["VARLEN_STATIC_ARGNAMES", "varlen_attention", "varlen_attention_vjp"]
+__all__ = [
+    "VARLEN_STATIC_ARGNAMES", "varlen_attention", "varlen_attention_vjp",
+    "varlen_flash_attention", "varlen_flash_attention_vjp",
+]  # fmt: skip
 
 #: The keywords to mark static under ``jax.jit``.
 VARLEN_STATIC_ARGNAMES: tuple[str, ...] = (
@@ -231,4 +242,151 @@ def varlen_attention_vjp(
         key=jnp.swapaxes(grads.key, 0, 1),  # (Tk, K, D)
         value=jnp.swapaxes(grads.value, 0, 1),  # (Tk, K, E)
         sinks=grads.sinks,  # (H,)
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# The tiled path: each sequence's own blocks (Contract v3, issue 27 build item 2)
+# ---------------------------------------------------------------------------------------------
+
+
+def _tiled_keywords(
+    varlen: VarlenCall, arrays: Mapping[str, jax.Array | None], block_q: int, block_k: int
+) -> dict:
+    """The keywords of each sequence's flash_attention call: the validated call's rules and
+    scalars, the sinks and ALiBi slopes, and the tiling's block sizes (the same for every
+    sequence)."""
+    call = varlen.call
+    return {
+        "is_causal": call.is_causal, "causal_alignment": call.causal_alignment,
+        "window": call.window, "scale": call.scale, "softcap": call.softcap,
+        "sinks": arrays["sinks"], "alibi_slopes": arrays["alibi_slopes"],
+        "block_q": block_q, "block_k": block_k,
+    }  # fmt: skip
+
+
+def varlen_flash_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> jax.Array:
+    """:func:`varlen_attention`, tiled: ``(Tq, H, E)``, each sequence its own tiled call.
+
+    Sequence n's ``L_n`` query rows are tiled in blocks of ``block_q`` rows and its ``S_n``
+    keys in blocks of ``block_k`` keys, as :func:`impl_jax.flash.flash_attention` tiles one
+    ``(L, S)`` call, so the blocks visited are only the (query block, key block) pairs inside
+    one sequence: no block straddles two sequences, and none needs a sequence mask. (The other
+    way, blocks of the packed rows with a sequence mask where a block straddles a boundary,
+    computes scores of key blocks that are mostly another sequence's and needs a sequence rule
+    per block; tiling each sequence on its own makes the work ``sum_n L_n * S_n``, half under
+    causal, and the rules those of flash_attention at the sequence's own ``L_n`` and ``S_n``.)
+
+    Args: those of :func:`varlen_attention`, the boundaries concrete (the blocks are scheduled
+        from them on the host: ``attention_spec.sequence_bounds``), and
+        block_q, block_k: as in ``flash_attention``; None: ``attention_spec.tiled_blocks``'s
+            default for this call's causal and window bands, the same for every sequence.
+
+    Returns what :func:`varlen_attention` returns. Raises its errors, ConfigError for a block
+    size < 1, and ConfigError ``cu_seqlens_value`` for boundaries that are not concrete.
+    """
+    varlen, arrays = _validated(locals())
+    call = varlen.call
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
+    bounds = sequence_bounds(varlen)  # [(q0, q1, k0, k1)] per sequence, Python ints
+    # 0. dequantize: an fp8 input is float32 times its descale (the contract's float(x) * d);
+    #    the steps below then run in float32, and the result is bfloat16 for an fp8 query.
+    #    Token-major: a per-sequence descale (N, H|K) is taken at each row's sequence.
+    out_dtype = _output_dtype(arrays["query"].dtype)  # the query's, or bfloat16 for fp8
+    seq_q = _sequence_positions(arrays["cu_seqlens_q"], varlen.Tq)[0]  # (Tq,)
+    seq_k = _sequence_positions(arrays["cu_seqlens_k"], varlen.Tk)[0]  # (Tk,)
+    arrays = {
+        **arrays,
+        "query": _descaled(arrays["query"], varlen.q_descale, q_descale, seq_q),
+        "key": _descaled(arrays["key"], varlen.k_descale, k_descale, seq_k),
+        "value": _descaled(arrays["value"], varlen.v_descale, v_descale, seq_k),
+    }
+    if arrays["key"].dtype != arrays["query"].dtype:  # an fp8 cache with a float16/bf16 query
+        arrays["query"] = arrays["query"].astype(jnp.float32)
+    q, k, v = (_heads_first(arrays[name]) for name in ("query", "key", "value"))
+
+    # 1. each sequence alone, tiled: flash_attention of its heads-first rows, query
+    #    (H, L_n, D), key (K, S_n, D), value (K, S_n, E), whose causal, window and ALiBi
+    #    offsets are then the sequence's own (S_n - L_n bottom-right, 0 top-left).
+    tiled = _tiled_keywords(varlen, arrays, block_q, block_k)
+    outs = [
+        flash_attention(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], **tiled)  # (H, L_n, E)
+        for q0, q1, k0, k1 in bounds
+    ]
+
+    # 2. back to token-major, the sequences one after another.
+    out = jnp.concatenate(outs, axis=1).astype(out_dtype)  # (H, Tq, E)
+    return jnp.swapaxes(out, 0, 1)  # (Tq, H, E)
+
+
+def varlen_flash_attention_vjp(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    grad_output: jax.Array,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    block_q: int | None = None,
+    block_k: int | None = None,
+) -> AttentionGrads:
+    """The gradients of ``<varlen_flash_attention(...), grad_output>``, each sequence by
+    :func:`impl_jax.flash.flash_attention_vjp` (FlashAttention-2's tiled backward) on its
+    own blocks: the memory beyond inputs, outputs and gradients is O(Tq + Tk) plus one block.
+
+    Args: those of :func:`varlen_attention_vjp`, and ``block_q``, ``block_k`` as in
+        :func:`varlen_flash_attention`.
+
+    Returns what :func:`varlen_attention_vjp` returns: a key row's gradient sums over its own
+    sequence's queries only (no block holds another sequence's), ``dsinks`` over every
+    sequence's rows.
+    """
+    varlen, arrays = _validated(locals())
+    call = varlen.call
+    block_q, block_k = tiled_blocks(BAND_BLOCKS, block_q, block_k, call.is_causal, call.window)
+    bounds = sequence_bounds(varlen)  # [(q0, q1, k0, k1)] per sequence, Python ints
+    q, k, v, do = (_heads_first(arrays[name]) for name in ("query", "key", "value", "grad_output"))
+
+    # 1. each sequence alone, tiled: flash_attention_vjp of its heads-first rows, dQ
+    #    (H, L_n, D), dK (K, S_n, D), dV (K, S_n, E), dsinks (H,).
+    tiled = _tiled_keywords(varlen, arrays, block_q, block_k)
+    grads = [
+        flash_attention_vjp(q[:, q0:q1], k[:, k0:k1], v[:, k0:k1], do[:, q0:q1], **tiled)
+        for q0, q1, k0, k1 in bounds
+    ]
+
+    # 2. back to token-major, the sequences one after another; each key row is one sequence's,
+    #    so nothing is summed across sequences but the sinks' gradient.
+    dsinks = None if arrays["sinks"] is None else sum(g.sinks for g in grads)  # (H,)
+    return AttentionGrads(
+        query=jnp.swapaxes(jnp.concatenate([g.query for g in grads], 1), 0, 1),  # (Tq, H, D)
+        key=jnp.swapaxes(jnp.concatenate([g.key for g in grads], 1), 0, 1),  # (Tk, K, D)
+        value=jnp.swapaxes(jnp.concatenate([g.value for g in grads], 1), 0, 1),  # (Tk, K, E)
+        sinks=dsinks,
     )

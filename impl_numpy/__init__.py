@@ -13,7 +13,12 @@ from impl_numpy.mla import MultiHeadLatentAttention
 from impl_numpy.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_numpy.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_numpy.rotary import apply_rotary
-from impl_numpy.varlen import varlen_attention, varlen_attention_vjp
+from impl_numpy.varlen import (
+    varlen_attention,
+    varlen_attention_vjp,
+    varlen_flash_attention,
+    varlen_flash_attention_vjp,
+)
 
 __all__ = [
     "GroupedQueryAttention",
@@ -35,4 +40,6 @@ __all__ = [
     "scaled_dot_product_attention_vjp",
     "varlen_attention",
     "varlen_attention_vjp",
+    "varlen_flash_attention",
+    "varlen_flash_attention_vjp",
 ]

@@ -13,7 +13,12 @@ from impl_torch.mla import MultiHeadLatentAttention
 from impl_torch.modules import GroupedQueryAttention, KVCache, MultiHeadAttention, padding_mask
 from impl_torch.paged import paged_attention, paged_cache_write  # paged KV caches (v3)
 from impl_torch.rotary import apply_rotary
-from impl_torch.varlen import varlen_attention, varlen_attention_vjp
+from impl_torch.varlen import (
+    varlen_attention,
+    varlen_attention_vjp,
+    varlen_flash_attention,
+    varlen_flash_attention_vjp,
+)
 
 __all__ = [
     "GroupedQueryAttention",
@@ -35,4 +40,6 @@ __all__ = [
     "scaled_dot_product_attention_vjp",
     "varlen_attention",
     "varlen_attention_vjp",
+    "varlen_flash_attention",
+    "varlen_flash_attention_vjp",
 ]

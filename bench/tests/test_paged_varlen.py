@@ -38,12 +38,12 @@ def test_the_rows_their_refs_gates_and_goals():
         varlen, padded = row_by_name(f"{fw} varlen"), row_by_name(f"{fw} varlen padded")
         assert paged.target == fp8.target == f"impl_{fw}.flash:paged_flash_attention"
         assert contiguous.target == f"impl_{fw}.flash:flash_attention"
-        assert varlen.target == f"impl_{fw}.varlen:varlen_attention"
+        assert varlen.target == f"impl_{fw}.varlen:varlen_flash_attention"
         assert padded.target == f"impl_{fw}.functional:scaled_dot_product_attention"
         assert (paged.ref, fp8.ref, varlen.ref) == (contiguous.name, paged.name, padded.name)
         gates = [(r.gate_port, r.gate_alias) for r in (paged, contiguous, fp8, varlen, padded)]
-        assert gates == [(f"impl_{fw}", op) for op in
-                         ("paged_flash", "flash", "paged_flash", "varlen", "sdpa")]  # fmt: skip
+        ops = ("paged_flash", "flash", "paged_flash", "varlen_flash", "sdpa")
+        assert gates == [(f"impl_{fw}", op) for op in ops]
         (g,) = paged.goals
         assert (g.kind, g.limit, g.ref, g.on) == ("ratio", 1.15, contiguous.name,
                                                  PAGED_GOAL_WORKLOAD)  # fmt: skip

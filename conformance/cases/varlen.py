@@ -67,8 +67,8 @@ def packed(rng, q_lengths, k_lengths, *, h=VH, k=VK, d=VD, e=VE, **keywords) -> 
     return Packed(q, kk, v, cu_q, cu_k, keywords, arrays)
 
 
-varlen_case = partial(case, "varlen", functions=("varlen",))
-varlen_grad_case = partial(case, "varlen_grad", functions=("varlen_grad",))
+varlen_case = partial(case, "varlen", functions=("varlen", "varlen_flash"))
+varlen_grad_case = partial(case, "varlen_grad", functions=("varlen_grad", "varlen_flash_grad"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -87,6 +87,8 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
         return nnx.jit(function, static_argnames=_MODULE_STATIC_KEYWORDS)
     if alias == "causal_mask":
         return jax.jit(function, static_argnums=(0, 1), static_argnames=("alignment",))
+    if alias in _HOST_SCHEDULED:
+        return function
     params = inspect.signature(function).parameters
     if "n_shards" in params or "ulysses_shards" in params:  # usp_attention: u x r devices
         return _on_mesh(function, params)
@@ -97,6 +99,12 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
         return _values_checked_first(alias, jitted)
     return jitted
 
+
+#: The tiled varlen path (Contract v3): it schedules its blocks from the concrete boundaries on
+#: the host (``attention_spec.sequence_bounds``), as a serving loop does before its compiled
+#: steps, so it is called as it is, not under one jit (traced boundaries are ConfigError
+#: ``cu_seqlens_value``); its values are then checked, its number descales stay numbers.
+_HOST_SCHEDULED = ("varlen_flash", "varlen_flash_grad")
 
 #: The paged key/value cache aliases (Contract v3): their integer arrays' values (block table,
 #: lengths, offsets, slots) are tracers under jit, which validation cannot read (SEMANTICS.md:

@@ -42,6 +42,10 @@ varlen      ``varlen_attention``             the golden output of ``fn(q, k, v,
 varlen_grad ``varlen_attention_vjp``         the golden dq, dk, dv (dsinks) of
                                              ``fn(..., cu_seqlens_k, grad_output, **kw)``
                                              (optional; contract v3)
+varlen_     ``varlen_flash_attention``       the same, the tiled path (optional;
+flash                                        ``block_q=2, block_k=3``)
+varlen_     ``varlen_flash_attention_vjp``   the same gradients, the tiled backward
+flash_grad                                   (optional; ``block_q=2, block_k=3``)
 paged       ``paged_attention``              the golden output (T, H, E) (optional;
                                              contract v3, conformance/runner/paged.py)
 paged_      ``paged_flash_attention``        the same, the tiled read (optional)
@@ -64,7 +68,8 @@ the adapter.
 A missing required function (or module class, or module method) makes each of its runs fail
 as "not implemented", one line each, and so does an optional one that is asked for
 (``--function``). The optional functions (``flash``, ``grad``, ``flash_grad``, ``rope``,
-``varlen``, ``varlen_grad``, the paged ``paged``, ``paged_flash`` and ``paged_write``, and the
+``varlen``, ``varlen_grad``, ``varlen_flash``, ``varlen_flash_grad``, the paged ``paged``,
+``paged_flash`` and ``paged_write``, and the
 sharded ``ring``, ``ring_zigzag``, ``head_parallel``, ``head_parallel_gqa``, ``ulysses``,
 ``usp``, and contract v3's ``quantize`` (``quantize_fp8``): the rows of :data:`FUNCTIONS`
 with ``required=False``) are run only when the port has

@@ -436,6 +436,22 @@ FUNCTIONS: dict[str, Function] = {
         _attention_error,
         inputs=(*_VARLEN_INPUTS, "grad_output"),
     ),
+    "varlen_flash": Function(
+        "varlen_flash_attention",
+        False,
+        _attention_values,
+        _attention_error,
+        inputs=_VARLEN_INPUTS,
+        defaults=FLASH_BLOCKS,
+    ),
+    "varlen_flash_grad": Function(
+        "varlen_flash_attention_vjp",
+        False,
+        _grad_values,
+        _attention_error,
+        inputs=(*_VARLEN_INPUTS, "grad_output"),
+        defaults=FLASH_BLOCKS,
+    ),
     # -- paged key/value caches (Contract v3): conformance/runner/paged.py --------------------
     "paged": Function("paged_attention", False, _paged_values, _call(_paged_arguments)),
     "paged_flash": Function("paged_flash_attention", False, _paged_values, _call(_paged_arguments)),

@@ -239,6 +239,49 @@ IDIOMS: dict[str, dict[str, str]] = {
             "`self._project_output`."
         ),
     },
+    "varlen": {
+        "0. dequantize": (
+            "Each row's sequence by searchsorted (the same call in the three), then the paged "
+            "path's _descaled at those rows; an fp8 cache with a half query runs in float32."
+        ),
+        "1. each packed row's sequence and its position there": (
+            "searchsorted on the boundaries in the three (NumPy's side=right, torch's "
+            "right=True): no loop over sequences, so JAX traces the boundaries."
+        ),
+        "2. each sequence's diagonal, from its own L_n and S_n": (
+            "One `(N,)` vector of offsets gathered at each row's sequence, the same indexing in "
+            "the three."
+        ),
+        "3. allowed(i, j)": (
+            "The shared rules of attention_spec.rules on broadcast (Tq, 1) and (1, Tk) "
+            "positions, ANDed with the same-sequence test; ALiBi becomes a bias."
+        ),
+        "4. the packed call, heads-first": (
+            "A heads-first view (_heads_first) into the plain scaled_dot_product_attention "
+            "with the block-diagonal mask, the same call in the three."
+        ),
+        "4. the packed call's gradients, heads-first": (
+            "The plain vjp of the packed call: NumPy's by hand, torch's and JAX's through autograd."
+        ),
+        "5. back to token-major": (
+            "A swap of the first two axes, made contiguous in NumPy and torch (JAX has no "
+            "layout to fix)."
+        ),
+    },
+    "varlen_flash": {
+        "0. dequantize": (
+            "As the packed call's step 0; the tiled calls below then see float32 inputs."
+        ),
+        "1. each sequence alone, tiled": (
+            "A Python list over attention_spec.sequence_bounds (host ints) in the three, each "
+            "a flash_attention(_vjp) of the sequence's slices; JAX's loop needs concrete "
+            "boundaries, so it is called outside jit (traced ones are ConfigError)."
+        ),
+        "2. back to token-major, the sequences one after another": (
+            "Concatenated along the rows (np.concatenate, torch.cat, jnp.concatenate), then "
+            "the axes swapped back; dsinks is a Python sum over the sequences in the three."
+        ),
+    },
     "paged_flash": {
         "0. the page": (
             "One page of every token's sequence per step, read by fancy indexing "

@@ -131,6 +131,18 @@ SECTIONS: tuple[Section, ...] = (
         functions=("paged_flash_attention",),
     ),
     Section(
+        "varlen",
+        "Variable-length batches: the packed call (varlen_attention)",
+        "varlen.py",
+        functions=("_sequence_rules", "varlen_attention", "varlen_attention_vjp"),
+    ),
+    Section(
+        "varlen_flash",
+        "Variable-length tiled path: each sequence's own blocks (varlen_flash_attention)",
+        "varlen.py",
+        functions=("varlen_flash_attention", "varlen_flash_attention_vjp"),
+    ),
+    Section(
         "mla_decode",
         "Multi-head latent attention: the absorbed decode",
         "mla.py",
