@@ -7,7 +7,16 @@ The same bias read with one multi-index, ``bias[b, 0, q_idx, kv_idx]`` (run with
 ``--comma``), computes the right answer, and eager FlexAttention takes both. Both are plain
 tensor indexing, so the chained form should either work or be refused at compile time.
 Runs on CPU with torch alone (measured with torch 2.13.0, inductor's C++ backend, gcc).
-Exit status: 134 or 139 (killed by the allocator): the bug reproduces; 0: it was fixed.
+
+The bad read shows in one of two ways, by machine: where the generated kernel keeps
+inductor's indirect-index check, that check fires (``RuntimeError: index out of bounds:
+0 <= tmpN < cur_qSplitSize``: the query index of the captured bias bounded by the kernel's
+query block size, not by the bias's own axis); where it does not, the read runs past the
+buffer and the allocator aborts later. Both are the one bug. Seen: exit 134 here (AMD EPYC,
+AVX-512), the RuntimeError on CI's machine of 2026-12-04, same torch.
+
+Exit status: 134 or 139 (killed by the allocator) or 3 (the index check fired): the bug
+reproduces; 0: it was fixed (the compiled answer is printed against eager's).
 """
 
 import sys
@@ -28,7 +37,13 @@ def score_mod(score, b, h, q_idx, kv_idx):
     return score + bias[b][0][q_idx][kv_idx]  # the chained form: the compiled kernel crashes
 
 
-compiled = torch.compile(flex_attention)(q, k, v, score_mod=score_mod)
+try:
+    compiled = torch.compile(flex_attention)(q, k, v, score_mod=score_mod)
+except RuntimeError as error:
+    if "index out of bounds" not in str(error):
+        raise
+    print("compiled kernel indexed out of bounds:", str(error).splitlines()[-1])
+    sys.exit(3)
 eager = flex_attention(q, k, v, score_mod=score_mod)
 print("compiled vs eager: max diff", (compiled - eager).abs().max().item())
 sys.exit(0)
