@@ -37,6 +37,12 @@ at ``Precision.HIGHEST``, not TF32), and the weights are rounded to the input dt
 Functions the runner calls: :func:`scaled_dot_product_attention`, :func:`flash_attention`,
 :func:`attention_weights` (the kernel with the identity as value), and the JAX adapters
 ``from_numpy``, ``to_numpy``, ``prepare`` (``jax.jit`` with the scalar keywords static).
+Contract v3's :func:`varlen_attention` and :func:`paged_attention` run a second kernel,
+:func:`_token_major_kernel` (a program per query block and head of one sequence, over the
+grid ``(N * H, cdiv(T, 16))``; paged, the sequence's pages read one key block each through
+``block_table``, an index input read inside the kernel, never a gathered copy), with masked
+loads and stores (``pallas.triton.load``/``store``) instead of padded copies, which also loads
+fp8 key/value (and query) and converts them in the kernel, with the descales.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``; ``B`` alone
 the flattened batch inside the kernel wrapper), H query heads, K key/value heads, G = H // K,
