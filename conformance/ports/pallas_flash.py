@@ -38,11 +38,12 @@ Functions the runner calls: :func:`scaled_dot_product_attention`, :func:`flash_a
 :func:`attention_weights` (the kernel with the identity as value), and the JAX adapters
 ``from_numpy``, ``to_numpy``, ``prepare`` (``jax.jit`` with the scalar keywords static).
 Contract v3's :func:`varlen_attention` and :func:`paged_attention` run a second kernel,
-:func:`_token_major_kernel` (a program per query block and head of one sequence, over the
-grid ``(N * H, cdiv(T, 16))``; paged, the sequence's pages read one key block each through
-``block_table``, an index input read inside the kernel, never a gathered copy), with masked
-loads and stores (``pallas.triton.load``/``store``) instead of padded copies, which also loads
-fp8 key/value (and query) and converts them in the kernel, with the descales.
+:func:`_token_major_kernel` (a program per query head and query block of one sequence, over
+the grid ``(H, T // 16 + N)``, each finding its sequence in ``cu_seqlens_q``; paged, the
+sequence's pages read one key block each through ``block_table``, an index input read inside
+the kernel, never a gathered copy), with masked loads and stores (``pallas.triton.load`` and
+``store``) instead of padded copies, which also loads fp8 key/value (and query) and converts
+them in the kernel, with the descales.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``; ``B`` alone
 the flattened batch inside the kernel wrapper), H query heads, K key/value heads, G = H // K,
@@ -522,16 +523,37 @@ def attention_weights(
 # -- contract v3: packed (varlen) rows and paged key/value caches, fp8 inputs -----------------
 
 
+def _sequence_of_block(cu_q_ref, g: jax.Array, N: int, block_q: int) -> jax.Array:
+    """The sequence n of query block g (a scalar): the last n whose first block,
+    ``cu_q[n] // block_q + n``, is <= g, by binary search over ``cu_q_ref (N + 1,)``.
+
+    Sequence n owns blocks ``first(n) .. first(n + 1) - 1``, at least ``cdiv(L_n, block_q)``
+    of them (one for an empty sequence), and ``first`` rises by at least one per sequence, so
+    ``T // block_q + N`` blocks cover every sequence and no block holds two sequences' rows.
+    """
+
+    def halve(_, bounds):  # n in [lo, hi]
+        lo, hi = bounds
+        mid = (lo + hi + 1) // 2
+        owns = cu_q_ref[mid] // block_q + mid <= g  # block g is sequence mid's or later
+        return jnp.where(owns, mid, lo), jnp.where(owns, hi, mid - 1)
+
+    start = (jnp.int32(0), jnp.int32(N - 1))
+    return lax.fori_loop(0, (N - 1).bit_length(), halve, start)[0]
+
+
 def _token_major_kernel(
     cu_q_ref, cu_k_ref, seq_lens_ref, block_table_ref, q_ref, k_ref, v_ref, sinks_ref,
     slopes_ref, q_ds_ref, k_ds_ref, v_ds_ref, o_ref, *,
-    H: int, G: int, D: int, E: int, scale: float, softcap: float | None, is_causal: bool,
+    N: int, H: int, G: int, D: int, E: int, scale: float, softcap: float | None, is_causal: bool,
     bottom_right: bool, window: tuple[int | None, int | None] | None, paged: bool,
     has_descale: bool, block_q: int, block_k: int, tile_q: int, tile_k: int, tile_d: int,
     tile_e: int, dot_dtype, p_dtype,
 ):  # fmt: skip
     """One program: ``block_q`` query rows (``i0 .. i0 + block_q - 1``, positions within the
-    sequence) of query head h of sequence n.
+    sequence) of query head h of sequence n, the grid ``(H, T // block_q + N)``: query block g
+    is sequence n's block ``g - first(n)`` (:func:`_sequence_of_block`), so the grid grows with
+    T and N, not with N times T (the lengths are traced under ``jax.jit``: no host maximum).
 
     Refs, whole arrays (read here by index, never copied per sequence): ``cu_q_ref (N + 1,)``,
     ``cu_k_ref (N + 1,)`` (varlen), ``seq_lens_ref (N,)`` and ``block_table_ref (N, max_pages)``
@@ -546,10 +568,10 @@ def _token_major_kernel(
     block is one page (``block_k = page_size``), and key block b is page
     ``block_table[n, b]``, read here entry by entry.
     """
-    nh = pl.program_id(0)
-    n = nh // H
-    h = nh % H
-    i0 = pl.program_id(1) * block_q
+    h = pl.program_id(0)
+    g = pl.program_id(1)  # query block g of all sequences' blocks (_sequence_of_block)
+    n = _sequence_of_block(cu_q_ref, g, N, block_q)
+    i0 = (g - (cu_q_ref[n] // block_q + n)) * block_q  # the block's first row in sequence n
     kv = h // G  # contiguous groups: heads kv*G .. kv*G + G - 1 share key/value head kv
     q_start = cu_q_ref[n]
     L = cu_q_ref[n + 1] - q_start  # L_n
@@ -735,7 +757,7 @@ def _token_major(
     # practice); kept in float32 for fp8 (the strict bound's computation).
     p_dtype = jnp.float32 if fp8 else query.dtype
     block_q = TOKEN_BLOCK
-    n_q = -(-T // block_q)  # a sequence holds at most T rows (its L_n is traced under jit)
+    n_blocks = T // block_q + N  # every sequence's query blocks (_sequence_of_block)
     operands = {
         "cu_q": cu_q, "cu_k": cu_k, "seq_lens": seq_lens, "block_table": block_table,
         "q": query, "k": key, "v": value,
@@ -749,7 +771,7 @@ def _token_major(
         operands["v_ds"] = _per_sequence(v_descale, N, K)
     kernel = functools.partial(
         _token_major_kernel,
-        H=H, G=H // K, D=D, E=E, scale=scale, softcap=softcap, is_causal=is_causal,
+        N=N, H=H, G=H // K, D=D, E=E, scale=scale, softcap=softcap, is_causal=is_causal,
         bottom_right=bottom_right, window=window, paged=paged, has_descale=fp8,
         block_q=block_q, block_k=block_k, tile_q=_tile(block_q), tile_k=_tile(block_k),
         tile_d=_tile(D), tile_e=_tile(E), dot_dtype=dot_dtype, p_dtype=p_dtype,
@@ -766,7 +788,7 @@ def _token_major(
         return pl.pallas_call(
             with_refs,
             out_shape=jax.ShapeDtypeStruct((T, H, E), out_dtype),
-            grid=(N * H, n_q),  # (sequence x head, query block)
+            grid=(H, n_blocks),  # (query head, query block of some sequence)
             interpret=interpret,
             compiler_params=_GPU_PARAMS,
         )(*operands)

@@ -220,12 +220,40 @@ V3_KERNEL_BUGS: dict[str, tuple[str, str, str, list[tuple[str, str, int]]]] = {
         "pallas",
         [("col_ok = (lane_k < block_k) & (cols < S)", "col_ok = lane_k < block_k", 1)],
     ),
+    "pallas_first_block_ignores_cu_seqlens": (
+        "with 2-row query blocks (V3_SMALL_BLOCKS's edit), sequence n's first query block taken "
+        "as block n, not cu_q[n] // block_q + n: its rows go to the wrong blocks or to none",
+        "varlen.n3.mixed.float32",
+        "pallas",
+        [
+            ("TOKEN_BLOCK: int = 16", "TOKEN_BLOCK: int = 2", 1),
+            ("i0 = (g - (cu_q_ref[n] // block_q + n)) * block_q", "i0 = (g - n) * block_q", 1),
+        ],
+    ),
     "pallas_k_descale_dropped": (
         "the key's fp8 descale is never applied to the scores",
         "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",
         "pallas",
         [("* q_ds_ref[n, h] * k_ds_ref[n, kv]", "* q_ds_ref[n, h]", 1)],
     ),
+}
+
+#: Contract v3 with small blocks: runs of the token-major kernels again with 2 query rows per
+#: program (and 2 keys per varlen key block). The fixtures' sequences (L_n <= 12) fit one
+#: 16-row block each; with 2-row blocks each takes several, and Pallas's blocks of a sequence
+#: start at ``cu_q[n] // 2 + n``, not at ``n``.
+_SMALL_BLOCK_RUNS: tuple[str, ...] = (
+    "paged.page3.decode_and_prefill.causal.float32",  # a 4-row chunk: 2 blocks
+    "paged.window.left3.causal.float32",
+    "varlen.n3.mixed.float32",
+    "varlen.n3.causal_bottom_right.bfloat16",
+    "varlen.n5.empty_sequences.float16",
+    "varlen.n5.window_across_boundaries.float32",
+)
+#: kernel -> (the edit that sets its token-major block sizes to 2, the runs checked so)
+V3_SMALL_BLOCKS: dict[str, tuple[tuple[str, str, int], tuple[str, ...]]] = {
+    "triton": (("block_q = block_k = 16  #", "block_q = block_k = 2  #", 1), _SMALL_BLOCK_RUNS),
+    "pallas": (("TOKEN_BLOCK: int = 16", "TOKEN_BLOCK: int = 2", 1), _SMALL_BLOCK_RUNS),
 }
 
 _PORTS: dict[tuple[str, str | None], Port] = {}
@@ -246,13 +274,19 @@ def broken_module(kernel: str, bug: str) -> types.ModuleType:
     ``inspect``) read a kernel's source back from its file name; ``__file__`` stays the real
     one, so the broken port has the real port's xfails.
     """
+    edits = V3_KERNEL_BUGS[bug][3] if bug in V3_KERNEL_BUGS else KERNEL_BUGS[bug][2][kernel]
+    return _edited_module(kernel, bug, edits)
+
+
+def _edited_module(kernel: str, name: str, edits: list[tuple[str, str, int]]) -> types.ModuleType:
+    """The kernel's port module compiled again from its source with ``edits`` (see
+    :func:`broken_module`), as the module ``<port module>_<name>``."""
     original = _kernel_module(kernel)
     source = inspect.getsource(original)
-    edits = V3_KERNEL_BUGS[bug][3] if bug in V3_KERNEL_BUGS else KERNEL_BUGS[bug][2][kernel]
     for old, new, count in edits:
         assert source.count(old) == count, f"{kernel}: {old!r} no longer in the kernel"
         source = source.replace(old, new)
-    name = f"{original.__name__}_{bug}"
+    name = f"{original.__name__}_{name}"
     filename = f"<{name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(name)
@@ -270,6 +304,13 @@ def _port(kernel: str, bug: str | None = None) -> Port:
 
 def _check(kernel: str, run_id: str, bug: str | None = None) -> Outcome:
     return check(_port(kernel, bug), _RUNS[run_id])
+
+
+def _small_block_port(kernel: str) -> Port:
+    if (kernel, "small_blocks") not in _PORTS:
+        module = _edited_module(kernel, "small_blocks", [V3_SMALL_BLOCKS[kernel][0]])
+        _PORTS[kernel, "small_blocks"] = load_port(module)
+    return _PORTS[kernel, "small_blocks"]
 
 
 def test_the_feature_runs_cover_every_feature_and_dtype() -> None:
@@ -319,6 +360,15 @@ def test_kernel_v3_passes(kernel: str, run_id: str) -> None:
         assert "DTypeError: [unsupported_dtype]" in outcome.message
     else:
         assert outcome.status == "pass", outcome.line()
+
+
+@pytest.mark.slow  # about 2 s a run interpreted (Pallas), 0.5 s (Triton)
+@pytest.mark.parametrize(
+    ("kernel", "run_id"), [(k, r) for k, (_, runs) in V3_SMALL_BLOCKS.items() for r in runs]
+)
+def test_kernel_v3_passes_with_small_blocks(kernel: str, run_id: str) -> None:
+    outcome = check(_small_block_port(kernel), _RUNS[run_id])
+    assert outcome.status == "pass", outcome.line()
 
 
 @pytest.mark.slow
