@@ -37,6 +37,13 @@ at ``Precision.HIGHEST``, not TF32), and the weights are rounded to the input dt
 Functions the runner calls: :func:`scaled_dot_product_attention`, :func:`flash_attention`,
 :func:`attention_weights` (the kernel with the identity as value), and the JAX adapters
 ``from_numpy``, ``to_numpy``, ``prepare`` (``jax.jit`` with the scalar keywords static).
+Contract v3's :func:`varlen_attention` and :func:`paged_attention` run a second kernel,
+:func:`_token_major_kernel` (a program per query head and query block of one sequence, over
+the grid ``(H, T // 16 + N)``, each finding its sequence in ``cu_seqlens_q``; paged, the
+sequence's pages read one key block each through ``block_table``, an index input read inside
+the kernel, never a gathered copy), with masked loads and stores (``pallas.triton.load`` and
+``store``) instead of padded copies, which also loads fp8 key/value (and query) and converts
+them in the kernel, with the descales.
 
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``; ``B`` alone
 the flattened batch inside the kernel wrapper), H query heads, K key/value heads, G = H // K,
@@ -73,9 +80,11 @@ __all__ = [
     "attention_weights",
     "flash_attention",
     "from_numpy",
+    "paged_attention",
     "prepare",
     "scaled_dot_product_attention",
     "to_numpy",
+    "varlen_attention",
 ]
 
 #: Default rows and keys per block of ``scaled_dot_product_attention`` (and of
@@ -509,3 +518,385 @@ def attention_weights(
         q_segment_ids, kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K,
     )  # fmt: skip
     return out
+
+
+# -- contract v3: packed (varlen) rows and paged key/value caches, fp8 inputs -----------------
+
+
+def _sequence_of_block(cu_q_ref, g: jax.Array, N: int, block_q: int) -> jax.Array:
+    """The sequence n of query block g (a scalar): the last n whose first block,
+    ``cu_q[n] // block_q + n``, is <= g, by binary search over ``cu_q_ref (N + 1,)``.
+
+    Sequence n owns blocks ``first(n) .. first(n + 1) - 1``, at least ``cdiv(L_n, block_q)``
+    of them (one for an empty sequence), and ``first`` rises by at least one per sequence, so
+    ``T // block_q + N`` blocks cover every sequence and no block holds two sequences' rows.
+    """
+
+    def halve(_, bounds):  # n in [lo, hi]
+        lo, hi = bounds
+        mid = (lo + hi + 1) // 2
+        owns = cu_q_ref[mid] // block_q + mid <= g  # block g is sequence mid's or later
+        return jnp.where(owns, mid, lo), jnp.where(owns, hi, mid - 1)
+
+    start = (jnp.int32(0), jnp.int32(N - 1))
+    return lax.fori_loop(0, (N - 1).bit_length(), halve, start)[0]
+
+
+def _token_major_kernel(
+    cu_q_ref, cu_k_ref, seq_lens_ref, block_table_ref, q_ref, k_ref, v_ref, sinks_ref,
+    slopes_ref, q_ds_ref, k_ds_ref, v_ds_ref, o_ref, *,
+    N: int, H: int, G: int, D: int, E: int, scale: float, softcap: float | None, is_causal: bool,
+    bottom_right: bool, window: tuple[int | None, int | None] | None, paged: bool,
+    has_descale: bool, block_q: int, block_k: int, tile_q: int, tile_k: int, tile_d: int,
+    tile_e: int, dot_dtype, p_dtype,
+):  # fmt: skip
+    """One program: ``block_q`` query rows (``i0 .. i0 + block_q - 1``, positions within the
+    sequence) of query head h of sequence n, the grid ``(H, T // block_q + N)``: query block g
+    is sequence n's block ``g - first(n)`` (:func:`_sequence_of_block`), so the grid grows with
+    T and N, not with N times T (the lengths are traced under ``jax.jit``: no host maximum).
+
+    Refs, whole arrays (read here by index, never copied per sequence): ``cu_q_ref (N + 1,)``,
+    ``cu_k_ref (N + 1,)`` (varlen), ``seq_lens_ref (N,)`` and ``block_table_ref (N, max_pages)``
+    (paged), int32; ``q_ref (T, H, D)``; ``k_ref (P, page_size, K, D)`` and ``v_ref
+    (P, page_size, K, E)`` (paged; varlen: ``(1, Tk, K, D|E)``, one "page" of the packed rows);
+    ``sinks_ref`` and ``slopes_ref`` ``(H,)`` float32 or None; ``q_ds_ref (N, H)``, ``k_ds_ref``
+    and ``v_ds_ref (N, K)``, the fp8 descales, float32; ``o_ref (T, H, E)``.
+
+    Varlen: the sequence's query rows are ``cu_q[n] .. cu_q[n+1] - 1`` and its keys
+    ``cu_k[n] .. cu_k[n+1] - 1`` (no other sequence's key is ever loaded: no block straddles
+    two sequences). Paged: its ``L_n`` queries are its last positions (bottom-right), a key
+    block is one page (``block_k = page_size``), and key block b is page
+    ``block_table[n, b]``, read here entry by entry.
+    """
+    h = pl.program_id(0)
+    g = pl.program_id(1)  # query block g of all sequences' blocks (_sequence_of_block)
+    n = _sequence_of_block(cu_q_ref, g, N, block_q)
+    i0 = (g - (cu_q_ref[n] // block_q + n)) * block_q  # the block's first row in sequence n
+    kv = h // G  # contiguous groups: heads kv*G .. kv*G + G - 1 share key/value head kv
+    q_start = cu_q_ref[n]
+    L = cu_q_ref[n + 1] - q_start  # L_n
+    if paged:
+        S = seq_lens_ref[n]  # S_n, the new tokens included
+        k_start = 0
+    else:
+        k_start = cu_k_ref[n]
+        S = cu_k_ref[n + 1] - k_start
+    offset = 0
+    if bottom_right:
+        offset = S - L  # key i + offset is row i's diagonal
+
+    lane_q = jnp.arange(tile_q, dtype=jnp.int32)
+    lane_k = jnp.arange(tile_k, dtype=jnp.int32)
+    d = jnp.arange(tile_d, dtype=jnp.int32)
+    e = jnp.arange(tile_e, dtype=jnp.int32)
+    rows = i0 + lane_q  # (bq,) positions i within the sequence
+    row_ok = (lane_q < block_q) & (rows < L)
+    d_ok = d[None, :] < D  # (1, D)
+    e_ok = e[None, :] < E  # (1, E)
+    q_rows = pl.ds(q_start + i0, tile_q)  # the packed rows q_start + rows
+    q_ptr = q_ref.at[q_rows, h, pl.ds(0, tile_d)]
+    q = pltriton.load(q_ptr, mask=row_ok[:, None] & d_ok, other=jnp.zeros((), q_ref.dtype))
+    q = q.astype(dot_dtype)  # (bq, D)
+    score_scale = scale
+    v_descale = 1.0
+    if has_descale:  # 0. dequantize: an fp8 input is float(x) * descale, folded into the scale
+        score_scale = scale * q_ds_ref[n, h] * k_ds_ref[n, kv]
+        v_descale = v_ds_ref[n, kv]
+    if slopes_ref is not None:
+        slope = slopes_ref[h]
+    left, right = (None, None) if window is None else window
+
+    def one_key_block(b, carry):  # one block of the sequence's keys
+        m, l, acc = carry
+        j0 = b * block_k
+        cols = j0 + lane_k  # (bk,) key positions j within the sequence
+        col_ok = (lane_k < block_k) & (cols < S)  # never a key past S_n
+        if paged:  # key j: page block_table[n, j // page_size], slot j % page_size
+            page = block_table_ref[n, b]
+            slot = 0
+        else:  # key j: packed row cu_k[n] + j
+            page = jnp.int32(0)
+            slot = k_start + j0
+        k_ptr = k_ref.at[page, pl.ds(slot, tile_k), kv, pl.ds(0, tile_d)]
+        k = pltriton.load(k_ptr, mask=col_ok[:, None] & d_ok, other=jnp.zeros((), k_ref.dtype))
+
+        # 1. scores = (query @ key^T) * scale (times q_descale * k_descale), float32.
+        s = _dot(q, k.astype(dot_dtype), contract_b=1) * score_scale  # (bq, bk)
+
+        # 2. softcap, as in _flash_forward_kernel.
+        if softcap is not None:
+            s = softcap * jnp.tanh(s / softcap)
+
+        # 3. ALiBi: -slope[h] * |i + offset - j| at positions within the sequence.
+        if slopes_ref is not None:
+            distance = jnp.abs(rows[:, None] + offset - cols[None, :]).astype(jnp.float32)
+            s = s + -slope * distance
+
+        # 4. allowed(i, j) = the sequence's own keys AND causal AND window.
+        allowed = row_ok[:, None] & col_ok[None, :]
+        if is_causal:
+            allowed &= cols[None, :] <= rows[:, None] + offset
+        if left is not None:
+            allowed &= cols[None, :] >= rows[:, None] + offset - left
+        if right is not None:
+            allowed &= cols[None, :] <= rows[:, None] + offset + right
+        s = jnp.where(allowed, s, -jnp.inf)  # (bq, bk)
+
+        # 5. online softmax, as in _flash_forward_kernel.
+        m_new = jnp.maximum(m, s.max(axis=1))  # (bq,)
+        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)
+        alpha = jnp.exp(m - shift)
+        p = jnp.exp(jnp.minimum(s - shift[:, None], 0.0))  # (bq, bk)
+        l = l * alpha + p.sum(axis=1)
+
+        # 6. output, accumulated; value rows no row attends (unused slots: NaN) selected away.
+        v_ptr = v_ref.at[page, pl.ds(slot, tile_k), kv, pl.ds(0, tile_e)]
+        v = pltriton.load(v_ptr, mask=col_ok[:, None] & e_ok, other=jnp.zeros((), v_ref.dtype))
+        attended = allowed.astype(jnp.int32).max(axis=0) != 0  # (bk,)
+        v = jnp.where(attended[:, None], v.astype(dot_dtype), jnp.zeros((), dot_dtype))
+        p = p.astype(p_dtype).astype(dot_dtype)
+        acc = acc * alpha[:, None] + _dot(p, v, contract_b=0)  # (bq, E)
+        return m_new, l, acc
+
+    # 4. allowed, whole blocks: only this sequence's S_n keys, and of those only the causal
+    #    and window bands of these rows (no block at all for a program past L_n).
+    i_last = jnp.minimum(i0 + block_q, L) - 1
+    j_start = 0
+    j_end = jnp.where(i0 < L, S, 0)
+    if is_causal:
+        j_end = jnp.minimum(j_end, jnp.maximum(0, i_last + offset + 1))
+    if left is not None:
+        j_start = jnp.clip(i0 + offset - left, 0, S)
+    if right is not None:
+        j_end = jnp.minimum(j_end, jnp.maximum(0, i_last + offset + right + 1))
+    first, last = j_start // block_k, (j_end + block_k - 1) // block_k  # key blocks to visit
+    m = jnp.full((tile_q,), -jnp.inf, jnp.float32)  # running row max of the scores
+    l = jnp.zeros((tile_q,), jnp.float32)  # running row sum of exp(s - m)
+    acc = jnp.zeros((tile_q, tile_e), jnp.float32)  # running sum of exp(s - m) @ value
+    m, l, acc = lax.fori_loop(first, jnp.maximum(first, last), one_key_block, (m, l, acc))
+
+    # 5. (end) the sink in the denominator (no descale, no scale); rows with no key give 0.
+    empty = l == 0.0
+    if sinks_ref is not None:
+        sink = sinks_ref[h]
+        m_sink = jnp.maximum(m, sink)
+        shift = jnp.where(m_sink == -jnp.inf, 0.0, m_sink)
+        alpha = jnp.exp(m - shift)
+        l = l * alpha + jnp.exp(jnp.minimum(sink - shift, 0.0))
+        acc = acc * alpha[:, None]
+    l = jnp.where(empty, 1.0, l)
+    out = acc * v_descale / l[:, None]  # (bq, E)
+    o_ptr = o_ref.at[q_rows, h, pl.ds(jnp.int32(0), tile_e)]  # int32 starts (x64 on)
+    pltriton.store(o_ptr, out.astype(o_ref.dtype), mask=row_ok[:, None] & e_ok)
+
+
+#: The fp8 formats the token-major kernel loads and converts itself (contract v3).
+FP8_DTYPES: tuple[str, ...] = ("float8_e4m3fn", "float8_e5m2")
+
+#: Rows per program of the token-major kernel, and varlen's keys per block (paged: a page).
+TOKEN_BLOCK: int = 16
+
+
+def _check_token_major_dtype(query: jax.Array) -> None:
+    """This kernel's limit after the contract's validation: no float64 (fp8 is taken)."""
+    if query.dtype.name in KERNEL_DTYPES or query.dtype.name in FP8_DTYPES:
+        return
+    supported = ", ".join([*KERNEL_DTYPES, *FP8_DTYPES])
+    raise make_error(
+        "unsupported_dtype",
+        f"the Pallas kernel computes {supported}; got {query.dtype.name} "
+        "(impl_jax computes float64)",
+        expected=" | ".join(KERNEL_DTYPES),
+        actual=query.dtype.name,
+    )
+
+
+def _per_sequence(x: jax.Array | float | None, N: int, heads: int) -> jax.Array:
+    """A descale (None, a number, or float32 ``()``, ``(heads,)``, ``(N, heads)``) as float32
+    ``(N, heads)``."""
+    x = 1.0 if x is None else x
+    return jnp.broadcast_to(jnp.asarray(x, jnp.float32), (N, heads))
+
+
+def _token_major(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    cu_q: jax.Array,
+    cu_k: jax.Array | None,
+    seq_lens: jax.Array | None,
+    block_table: jax.Array | None,
+    *,
+    H: int, K: int, D: int, E: int, scale: float, softcap: float | None, is_causal: bool,
+    bottom_right: bool, window, sinks, alibi_slopes, q_descale, k_descale, v_descale,
+) -> jax.Array:  # fmt: skip
+    """Launch :func:`_token_major_kernel` on validated inputs; returns ``(T, H, E)``.
+    ``key``/``value``: packed ``(Tk, K, D|E)`` (varlen) or pages ``(P, page_size, K, D|E)``
+    (paged, with ``seq_lens`` and ``block_table``)."""
+    T = query.shape[0]
+    N = cu_q.shape[0] - 1
+    fp8 = key.dtype.name in FP8_DTYPES
+    out_dtype = jnp.bfloat16 if query.dtype.name in FP8_DTYPES else query.dtype
+    if T * H * E == 0 or N == 0:
+        return jnp.zeros((T, H, E), out_dtype)
+    paged = block_table is not None
+    cu_q = cu_q.astype(jnp.int32)
+    if paged:
+        seq_lens, block_table = seq_lens.astype(jnp.int32), block_table.astype(jnp.int32)
+        cu_k = cu_q  # unused
+        block_k = key.shape[1]  # a key block is one page
+    else:
+        cu_k = cu_k.astype(jnp.int32)
+        seq_lens, block_table = cu_q, cu_q[None, :]  # unused
+        key, value = key[None], value[None]  # (1, Tk, K, D|E): one "page", no copy
+        block_k = TOKEN_BLOCK
+    # Dots: the input dtype with float32 accumulators; float32 for fp8 (converted in the
+    # kernel, exact in float32) and for a float query with an fp8 cache.
+    dot_dtype = jnp.float32 if fp8 else query.dtype
+    # Weights before the value product: rounded to the input dtype (FlashAttention's
+    # practice); kept in float32 for fp8 (the strict bound's computation).
+    p_dtype = jnp.float32 if fp8 else query.dtype
+    block_q = TOKEN_BLOCK
+    n_blocks = T // block_q + N  # every sequence's query blocks (_sequence_of_block)
+    operands = {
+        "cu_q": cu_q, "cu_k": cu_k, "seq_lens": seq_lens, "block_table": block_table,
+        "q": query, "k": key, "v": value,
+    }  # fmt: skip
+    for name, x in (("sinks", sinks), ("slopes", alibi_slopes)):
+        if x is not None:
+            operands[name] = jnp.asarray(x).astype(jnp.float32)  # (H,)
+    if fp8:
+        operands["q_ds"] = _per_sequence(q_descale, N, H)
+        operands["k_ds"] = _per_sequence(k_descale, N, K)
+        operands["v_ds"] = _per_sequence(v_descale, N, K)
+    kernel = functools.partial(
+        _token_major_kernel,
+        N=N, H=H, G=H // K, D=D, E=E, scale=scale, softcap=softcap, is_causal=is_causal,
+        bottom_right=bottom_right, window=window, paged=paged, has_descale=fp8,
+        block_q=block_q, block_k=block_k, tile_q=_tile(block_q), tile_k=_tile(block_k),
+        tile_d=_tile(D), tile_e=_tile(E), dot_dtype=dot_dtype, p_dtype=p_dtype,
+    )  # fmt: skip
+    names = list(operands)
+
+    def with_refs(*refs):  # the given operands' refs in order, then o_ref
+        given = dict(zip(names, refs))
+        order = ("cu_q", "cu_k", "seq_lens", "block_table", "q", "k", "v", "sinks", "slopes",
+                 "q_ds", "k_ds", "v_ds")  # fmt: skip
+        kernel(*(given.get(name) for name in order), refs[-1])
+
+    def launch(*operands: jax.Array, interpret: bool) -> jax.Array:
+        return pl.pallas_call(
+            with_refs,
+            out_shape=jax.ShapeDtypeStruct((T, H, E), out_dtype),
+            grid=(H, n_blocks),  # (query head, query block of some sequence)
+            interpret=interpret,
+            compiler_params=_GPU_PARAMS,
+        )(*operands)
+
+    # Interpreted on the CPU, compiled elsewhere: decided by the platform it is lowered for.
+    return lax.platform_dependent(
+        *operands.values(),
+        cpu=functools.partial(launch, interpret=True),
+        default=functools.partial(launch, interpret=False),
+    )  # (T, H, E)
+
+
+def varlen_attention(
+    query: jax.Array,
+    key: jax.Array,
+    value: jax.Array,
+    cu_seqlens_q: jax.Array,
+    cu_seqlens_k: jax.Array,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
+) -> jax.Array:
+    """Attention over N packed sequences ``(Tq, H, E)``, by :func:`_token_major_kernel`: one
+    program per (query block, head) of one sequence, its key loop over that sequence's keys.
+
+    Args:
+        query: ``(Tq, H, D)``; key ``(Tk, K, D)``; value ``(Tk, K, E)``: float32, float16,
+            bfloat16, or fp8 (``float8_e4m3fn``/``float8_e5m2``, loaded and converted in the
+            kernel) as the contract allows.
+        cu_seqlens_q, cu_seqlens_k: integer ``(N + 1,)``: sequence n is query rows
+            ``[cu_q[n], cu_q[n+1])`` against key rows ``[cu_k[n], cu_k[n+1])``.
+        is_causal, causal_alignment, window, scale, softcap, sinks, alibi_slopes: as in
+            :func:`flash_attention`, on each sequence's own diagonal.
+        q_descale, k_descale, v_descale: fp8 descales, ``()``, ``(H|K,)`` or ``(N, H|K)``.
+
+    Returns the output in the query's dtype (bfloat16 for an fp8 query).
+    """
+    from attention_spec.varlen import check_varlen
+
+    varlen = check_varlen(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, is_causal=is_causal,
+        causal_alignment=causal_alignment, window=window, scale=scale, softcap=softcap,
+        sinks=sinks, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale,
+    )  # fmt: skip
+    _check_token_major_dtype(query)
+    call = varlen.call
+    return _token_major(
+        query, key, value, cu_seqlens_q, cu_seqlens_k, None, None,
+        H=varlen.H, K=varlen.K, D=varlen.D, E=varlen.E, scale=call.scale,
+        softcap=call.softcap, is_causal=call.is_causal,
+        bottom_right=call.causal_alignment == "bottom_right", window=call.window,
+        sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+    )  # fmt: skip
+
+
+def paged_attention(
+    query: jax.Array,
+    key_cache: jax.Array,
+    value_cache: jax.Array,
+    block_table: jax.Array,
+    seq_lens: jax.Array,
+    cu_seqlens_q: jax.Array,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: jax.Array | None = None,
+    alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
+) -> jax.Array:
+    """Packed queries over a paged cache ``(T, H, E)``, by :func:`_token_major_kernel`: one
+    program per (query block, head) of one sequence, walking the sequence's pages one key
+    block each through ``block_table`` inside the kernel (no gathered copy).
+
+    Args:
+        query: ``(T, H, D)``; sequence n's ``L_n`` queries are its last positions.
+        key_cache: ``(P, page_size, K, D)``; value_cache: ``(P, page_size, K, E)``.
+        block_table: integer ``(N, max_pages)``; entries past a sequence's pages never read.
+        seq_lens: integer ``(N,)``; cu_seqlens_q: integer ``(N + 1,)``.
+        is_causal, window, scale, softcap, sinks, alibi_slopes, q_descale, k_descale,
+            v_descale: as in :func:`varlen_attention`, bottom-right.
+
+    Returns the output in the query's dtype (bfloat16 for an fp8 query).
+    """
+    from attention_spec.paged import check_paged_attention
+
+    call = check_paged_attention(
+        query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
+        window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
+        q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+    )  # fmt: skip
+    _check_token_major_dtype(query)
+    return _token_major(
+        query, key_cache, value_cache, cu_seqlens_q, None, seq_lens, block_table,
+        H=call.H, K=call.K, D=call.D, E=call.E, scale=call.scale, softcap=call.softcap,
+        is_causal=call.is_causal, bottom_right=True, window=call.window, sinks=sinks,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+    )  # fmt: skip

@@ -461,6 +461,7 @@ _FAMILY_TABLE_FAMILIES = ("window", "segments", "sinks", "alibi", "garbage")
 _V3_TABLE_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "torch_flex": ("varlen", "paged"),
     "triton_flash": ("varlen", "paged"),
+    "pallas_flash": ("varlen", "paged"),
 }
 _V3_TABLE_COLUMNS = ("varlen", "paged")
 _PORTS_DIR = Path(__file__).resolve().parents[1] / "ports"

@@ -88,7 +88,7 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
         "flash.tiling.rising_max.l9_s40.float32",
         {
             "triton": [("l = l * alpha + tl.sum(p, 1)", "l = l + tl.sum(p, 1)", 2)],
-            "pallas": [("l = l * alpha + p.sum(axis=1)", "l = l + p.sum(axis=1)", 1)],
+            "pallas": [("l = l * alpha + p.sum(axis=1)", "l = l + p.sum(axis=1)", 2)],
         },
     ),
     "window_band_from_last_row": (
@@ -100,7 +100,7 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
                 ("tl.maximum(0, i0 + offset - left)", "tl.maximum(0, i_last + offset - left)", 2)
             ],
             "pallas": [
-                ("jnp.clip(i0 + offset - left, 0, S)", "jnp.clip(i_last + offset - left, 0, S)", 1)
+                ("jnp.clip(i0 + offset - left, 0, S)", "jnp.clip(i_last + offset - left, 0, S)", 2)
             ],
         },
     ),
@@ -125,7 +125,8 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
     ),
 }  # fmt: skip
 # (A triton line that occurs twice is in both of its kernels, _flash_forward_kernel and
-# _token_major_kernel: the bug is in both, and the heads-first run named catches it.)
+# _token_major_kernel: the bug is in both, and the heads-first run named catches it. The same
+# for a pallas line that occurs twice, but for gqa_tiling's, two BlockSpecs of one kernel.)
 
 #: Contract v3 (varlen_attention, paged_attention, fp8 inputs): kernel -> the runs of its
 #: token-major kernel that the default session takes (a kernel without those functions has
@@ -134,6 +135,23 @@ V3_RUNS: dict[str, tuple[str, ...]] = {
     "triton": (
         "paged.page3.decode_and_prefill.causal.float32",  # decode and chunked prefill, page 3
         "paged.decode.gqa_h8_k2.page16.bfloat16",  # GQA 8:2 decode, NaN in unused slots
+        "paged.sinks.window.gpt_oss.float32",  # gpt-oss on a paged cache
+        "paged.softcap.window.gemma.float32",  # Gemma on a paged cache
+        "paged.alibi.causal.float32",
+        "paged.empty_sequences.float32",  # seq_lens 0
+        "paged.error.block_table_past_the_pool.float32",  # validation before launch
+        "varlen.n3.mixed.float32",  # the run the cu_seqlens off-by-one bug must fail
+        "varlen.n3.causal_bottom_right.bfloat16",  # each sequence's own diagonal
+        "varlen.n5.empty_sequences.float16",  # L_n = 0 and S_n = 0
+        "varlen.n5.window_across_boundaries.float32",
+        "varlen.fp8.all.per_sequence.causal.float8_e5m2",  # fp8 loaded in the kernel
+        "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",  # an fp8 KV cache
+        "varlen.n1.l6_s6.float64",  # refused: xfail
+    ),
+    "pallas": (
+        "paged.page3.decode_and_prefill.causal.float32",  # decode and chunked prefill, page 3
+        "paged.decode.gqa_h8_k2.page16.bfloat16",  # GQA 8:2 decode, NaN in unused slots
+        "paged.in_order.not_causal.float32",  # NaN past seq_lens in a page no rule masks
         "paged.sinks.window.gpt_oss.float32",  # gpt-oss on a paged cache
         "paged.softcap.window.gemma.float32",  # Gemma on a paged cache
         "paged.alibi.causal.float32",
@@ -176,6 +194,66 @@ V3_KERNEL_BUGS: dict[str, tuple[str, str, str, list[tuple[str, str, int]]]] = {
         "triton",
         [("out = acc * v_descale / l[:, None]", "out = acc / l[:, None]", 1)],
     ),
+    "pallas_cu_seqlens_off_by_one": (
+        "sequence n's keys start one packed row early: the previous document's last key leaks in",
+        "varlen.n3.mixed.float32",
+        "pallas",
+        [("k_start = cu_k_ref[n]", "k_start = jnp.maximum(cu_k_ref[n] - 1, 0)", 1)],
+    ),
+    "pallas_previous_block_table_row": (
+        "sequence n reads sequence n-1's block-table row",
+        "paged.page3.decode_and_prefill.causal.float32",
+        "pallas",
+        [("page = block_table_ref[n, b]", "page = block_table_ref[jnp.maximum(n - 1, 0), b]", 1)],
+    ),
+    "pallas_page_start_from_the_tile": (
+        "key block b (page b of the sequence) starts at key b * tile_k, the padded tile, not "
+        "b * page_size: past the first page, keys sit at the wrong positions",
+        "paged.page3.decode_and_prefill.causal.float32",
+        "pallas",
+        [("j0 = b * block_k", "j0 = b * tile_k", 1)],
+    ),
+    "pallas_past_seq_lens": (
+        "the keys' tail mask drops j < seq_lens[n]: the unused slots of the last page (NaN) "
+        "are read",
+        "paged.in_order.not_causal.float32",
+        "pallas",
+        [("col_ok = (lane_k < block_k) & (cols < S)", "col_ok = lane_k < block_k", 1)],
+    ),
+    "pallas_first_block_ignores_cu_seqlens": (
+        "with 2-row query blocks (V3_SMALL_BLOCKS's edit), sequence n's first query block taken "
+        "as block n, not cu_q[n] // block_q + n: its rows go to the wrong blocks or to none",
+        "varlen.n3.mixed.float32",
+        "pallas",
+        [
+            ("TOKEN_BLOCK: int = 16", "TOKEN_BLOCK: int = 2", 1),
+            ("i0 = (g - (cu_q_ref[n] // block_q + n)) * block_q", "i0 = (g - n) * block_q", 1),
+        ],
+    ),
+    "pallas_k_descale_dropped": (
+        "the key's fp8 descale is never applied to the scores",
+        "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",
+        "pallas",
+        [("* q_ds_ref[n, h] * k_ds_ref[n, kv]", "* q_ds_ref[n, h]", 1)],
+    ),
+}
+
+#: Contract v3 with small blocks: runs of the token-major kernels again with 2 query rows per
+#: program (and 2 keys per varlen key block). The fixtures' sequences (L_n <= 12) fit one
+#: 16-row block each; with 2-row blocks each takes several, and Pallas's blocks of a sequence
+#: start at ``cu_q[n] // 2 + n``, not at ``n``.
+_SMALL_BLOCK_RUNS: tuple[str, ...] = (
+    "paged.page3.decode_and_prefill.causal.float32",  # a 4-row chunk: 2 blocks
+    "paged.window.left3.causal.float32",
+    "varlen.n3.mixed.float32",
+    "varlen.n3.causal_bottom_right.bfloat16",
+    "varlen.n5.empty_sequences.float16",
+    "varlen.n5.window_across_boundaries.float32",
+)
+#: kernel -> (the edit that sets its token-major block sizes to 2, the runs checked so)
+V3_SMALL_BLOCKS: dict[str, tuple[tuple[str, str, int], tuple[str, ...]]] = {
+    "triton": (("block_q = block_k = 16  #", "block_q = block_k = 2  #", 1), _SMALL_BLOCK_RUNS),
+    "pallas": (("TOKEN_BLOCK: int = 16", "TOKEN_BLOCK: int = 2", 1), _SMALL_BLOCK_RUNS),
 }
 
 _PORTS: dict[tuple[str, str | None], Port] = {}
@@ -196,13 +274,19 @@ def broken_module(kernel: str, bug: str) -> types.ModuleType:
     ``inspect``) read a kernel's source back from its file name; ``__file__`` stays the real
     one, so the broken port has the real port's xfails.
     """
+    edits = V3_KERNEL_BUGS[bug][3] if bug in V3_KERNEL_BUGS else KERNEL_BUGS[bug][2][kernel]
+    return _edited_module(kernel, bug, edits)
+
+
+def _edited_module(kernel: str, name: str, edits: list[tuple[str, str, int]]) -> types.ModuleType:
+    """The kernel's port module compiled again from its source with ``edits`` (see
+    :func:`broken_module`), as the module ``<port module>_<name>``."""
     original = _kernel_module(kernel)
     source = inspect.getsource(original)
-    edits = V3_KERNEL_BUGS[bug][3] if bug in V3_KERNEL_BUGS else KERNEL_BUGS[bug][2][kernel]
     for old, new, count in edits:
         assert source.count(old) == count, f"{kernel}: {old!r} no longer in the kernel"
         source = source.replace(old, new)
-    name = f"{original.__name__}_{bug}"
+    name = f"{original.__name__}_{name}"
     filename = f"<{name}>"
     linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
     module = types.ModuleType(name)
@@ -220,6 +304,13 @@ def _port(kernel: str, bug: str | None = None) -> Port:
 
 def _check(kernel: str, run_id: str, bug: str | None = None) -> Outcome:
     return check(_port(kernel, bug), _RUNS[run_id])
+
+
+def _small_block_port(kernel: str) -> Port:
+    if (kernel, "small_blocks") not in _PORTS:
+        module = _edited_module(kernel, "small_blocks", [V3_SMALL_BLOCKS[kernel][0]])
+        _PORTS[kernel, "small_blocks"] = load_port(module)
+    return _PORTS[kernel, "small_blocks"]
 
 
 def test_the_feature_runs_cover_every_feature_and_dtype() -> None:
@@ -269,6 +360,15 @@ def test_kernel_v3_passes(kernel: str, run_id: str) -> None:
         assert "DTypeError: [unsupported_dtype]" in outcome.message
     else:
         assert outcome.status == "pass", outcome.line()
+
+
+@pytest.mark.slow  # about 2 s a run interpreted (Pallas), 0.5 s (Triton)
+@pytest.mark.parametrize(
+    ("kernel", "run_id"), [(k, r) for k, (_, runs) in V3_SMALL_BLOCKS.items() for r in runs]
+)
+def test_kernel_v3_passes_with_small_blocks(kernel: str, run_id: str) -> None:
+    outcome = check(_small_block_port(kernel), _RUNS[run_id])
+    assert outcome.status == "pass", outcome.line()
 
 
 @pytest.mark.slow
@@ -415,5 +515,37 @@ def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
                     window=(2, 1), return_lse=True)  # fmt: skip
     flash = jax.jit(module.flash_attention, static_argnames=[*keywords, "block_q", "block_k"])
     traced = flash.trace(q, k, v, **arrays, block_q=2, block_k=3, **keywords)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
+
+
+def test_pallas_token_major_kernel_lowers_for_cuda_through_triton() -> None:
+    """The same for varlen_attention and paged_attention (contract v3), every feature on: each
+    becomes one Triton kernel call on CUDA, with fp8 pages (e4m3) under a bfloat16 query and an
+    all-fp8 (e5m2) varlen call, fp8 loaded and converted in the kernel."""
+    module = _kernel_module("pallas")
+    import jax
+    import jax.numpy as jnp
+
+    def spec(*shape, dtype=jnp.float32):
+        return jax.ShapeDtypeStruct(shape, dtype)
+
+    arrays = dict(sinks=spec(6), alibi_slopes=spec(6), k_descale=spec(3, 2), v_descale=spec(2))
+    keywords = dict(is_causal=True, softcap=30.0, window=(2, 1))
+    e4m3, e5m2, i32 = jnp.float8_e4m3fn, jnp.float8_e5m2, jnp.int32
+    paged = jax.jit(module.paged_attention, static_argnames=list(keywords))
+    traced = paged.trace(
+        spec(7, 6, 11, dtype=jnp.bfloat16), spec(9, 3, 2, 11, dtype=e4m3),
+        spec(9, 3, 2, 13, dtype=e4m3), spec(3, 4, dtype=i32), spec(3, dtype=i32),
+        spec(4, dtype=i32), **arrays, **keywords,
+    )  # fmt: skip
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
+    varlen = jax.jit(module.varlen_attention, static_argnames=[*keywords, "causal_alignment"])
+    traced = varlen.trace(
+        spec(7, 6, 11, dtype=e5m2), spec(9, 2, 11, dtype=e5m2), spec(9, 2, 13, dtype=e5m2),
+        spec(4, dtype=i32), spec(4, dtype=i32), q_descale=spec(3, 6), **arrays,
+        causal_alignment="bottom_right", **keywords,
+    )  # fmt: skip
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1
