@@ -6,7 +6,7 @@ can be re-rendered or compared without re-running anything.
 Derived per timed record:
 
 - ``median_s``, ``iqr_s``: pytest-benchmark's median and inter-quartile range of one call;
-- ``tflops``: useful FLOPs / median (causal: only allowed pairs count, see workloads.py);
+- ``tflops``: useful FLOPs / median (causal: only allowed pairs count, see flops.py);
   ``tflops_dense``: dense FLOPs / median (the convention that credits masked work);
 - ``frac_peak``: useful FLOP/s / the device's peak, the best ``n x n`` matmul of the same
   dtype measured in the same run by any of the frameworks;

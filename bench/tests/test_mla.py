@@ -8,17 +8,11 @@ import numpy as np
 import pytest
 
 from bench import preparers
+from bench.flops import decode_flops, mla_decode_flops
 from bench.plan import build_goal_cases
 from bench.report import _cache_note, fmt_bytes, mla_cache_text
 from bench.rows import ROWS, row_by_name
-from bench.workloads import (
-    MLA_GOAL_WORKLOAD,
-    MLA_GQA_GROUP,
-    Workload,
-    decode_flops,
-    grid,
-    mla_decode_flops,
-)
+from bench.workloads import MLA_GOAL_WORKLOAD, MLA_GQA_GROUP, Workload, grid
 from conformance.oracle import mla_forward, module_forward
 
 from .helpers import assert_within_bound, fake_gpu, to_np

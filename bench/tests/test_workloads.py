@@ -1,20 +1,12 @@
-"""FLOP counts and grids (bench/workloads.py): hand arithmetic and brute force, no timing."""
+"""FLOP counts (bench/flops.py) and grids (bench/workloads.py): hand arithmetic and brute force,
+no timing."""
 
 from __future__ import annotations
 
 import pytest
 
-from bench.workloads import (
-    GOAL_WORKLOAD,
-    TRAIN_GOAL_WORKLOAD,
-    Workload,
-    allowed_pairs,
-    attention_flops,
-    decode_flops,
-    grid,
-    module_flops,
-    train_flops,
-)
+from bench.flops import allowed_pairs, attention_flops, decode_flops, module_flops, train_flops
+from bench.workloads import GOAL_WORKLOAD, TRAIN_GOAL_WORKLOAD, Workload, grid
 
 from .helpers import B, D, E, H, K, L, M, S
 
