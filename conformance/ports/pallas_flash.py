@@ -45,6 +45,11 @@ the kernel, never a gathered copy), with masked loads and stores (``pallas.trito
 ``store``) instead of padded copies, which also loads fp8 key/value (and query) and converts
 them in the kernel, with the descales.
 
+Why one file of ~900 lines, two kernels: the runner imports a port as one module, whose
+xfails file is the module's, and the broken-kernel tests (``conformance/tests/
+test_kernel_ports.py``) recompile this module's source with one edit each; the heads-first
+kernel and the token-major one stay in the file they are patched in.
+
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``; ``B`` alone
 the flattened batch inside the kernel wrapper), H query heads, K key/value heads, G = H // K,
 L query length, S key/value length, D query/key head dim, E value head dim; ``bq`` and ``bk``

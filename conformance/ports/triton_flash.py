@@ -40,6 +40,11 @@ has no ``causal_mask`` and no modules; its xfails file says so. Contract v3's
 sequence's pages read through ``block_table`` inside the kernel, never a gathered copy), which
 also loads fp8 key/value (and query) and converts them in the kernel, with the descales.
 
+Why one file of ~890 lines, two kernels: the runner imports a port as one module, whose
+xfails file is the module's, and the broken-kernel tests (``conformance/tests/
+test_kernel_ports.py``) recompile this module's source with one edit each; the heads-first
+kernel and the token-major one stay in the file they are patched in.
+
 Shape letters (SEMANTICS.md): B batch (any number of leading dims, written ``...``),
 H query heads, K key/value heads, G = H // K, L query length, S key/value length,
 D query/key head dim, E value head dim; ``bq`` and ``bk`` the rows and keys of one block.
