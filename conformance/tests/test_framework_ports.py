@@ -14,6 +14,7 @@ numbers.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import importlib.util
 import json
@@ -463,17 +464,21 @@ _V3_TABLE_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "triton_flash": ("varlen", "paged"),
 }
 _V3_TABLE_COLUMNS = ("varlen", "paged")
+#: Contract v3's fp8 column: every ``*.fp8.*`` run of the port's functions in the table (sdpa,
+#: weights, and flash or varlen where the port has them).
+_FP8_COLUMN = "fp8"
 _PORTS_DIR = Path(__file__).resolve().parents[1] / "ports"
 _DOCS = Path(__file__).resolve().parents[2] / "docs" / "CONFORMANCE.md"
 
 
 def port_family_table() -> str:
-    """The built-in ports (rows) against the v2 families and contract v3's ``varlen`` and
-    ``paged`` functions (columns, "-" where the port has no such function): per cell, how many
-    of the family's runs on CPU pass and which xfails globs list the others, with how many runs each
-    (the reasons are in the port's ``.xfails`` file). A v2 rule inside another family's case
+    """The built-in ports (rows) against the v2 families, contract v3's ``varlen`` and
+    ``paged`` functions (columns, "-" where the port has no such function) and its fp8 runs
+    (``*.fp8.*`` of every function in the row): per cell, how many of the column's runs on CPU
+    pass and which xfails globs list the others, with how many runs each (the reasons are in the
+    port's ``.xfails`` file). A v2 rule inside another family's case
     (``flash.tiling.window_causal``) counts in that family, not here."""
-    columns = _FAMILY_TABLE_FAMILIES + _V3_TABLE_COLUMNS
+    columns = (*_FAMILY_TABLE_FAMILIES, *_V3_TABLE_COLUMNS, _FP8_COLUMN)
     lines = [
         "| port | " + " | ".join(f"`{family}`" for family in columns) + " |",
         "| --- |" + " --- |" * len(columns),
@@ -487,7 +492,9 @@ def port_family_table() -> str:
             if family in _V3_TABLE_COLUMNS and family not in v3:
                 cells.append("-")
                 continue
-            if family in _V3_TABLE_COLUMNS:
+            if family == _FP8_COLUMN:
+                mine = [r for r in runs if fnmatch.fnmatchcase(r.id, "*.fp8.*")]
+            elif family in _V3_TABLE_COLUMNS:
                 mine = [r for r in runs if r.id.startswith(f"{family}.")]
             else:
                 mine = [r for r in runs if r.case.feature == family and r.function in functions]
@@ -558,9 +565,7 @@ def deviation_counts() -> list[tuple[str, int, int]]:
         xfails = Xfails.from_file(_PORTS_DIR / f"{port}.xfails")
         seen = set()
         for run in runs_for(functions=functions):
-            if (
-                "fp8" in run.id
-            ):  # contract v3's fp8, which no framework port takes yet: not a deviation
+            if "fp8" in run.id:  # contract v3's fp8: the table's own column, not a v2 family
                 continue
             entry = xfails.lookup(run.id, "cpu")
             if entry is not None:
