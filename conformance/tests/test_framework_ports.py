@@ -518,6 +518,37 @@ def test_conformance_md_shows_the_port_family_table_of_the_xfails() -> None:
     assert table in _DOCS.read_text(), f"paste this table into docs/CONFORMANCE.md:\n{table}"
 
 
+#: What each cheap framework port's kernel does with fp8 on CPU, measured (the xfails reasons
+#: and CONFORMANCE.md's fp8 paragraph): a piece of the per-tensor run's failure. ``pip install``
+#: name of the framework, then the text.
+_FP8_MEASURED: dict[str, tuple[str, str]] = {
+    "torch_fused": ("torch", "\"mul_cpu_reduced_float\" not implemented for 'Float8_e4m3fn'"),
+    "jax_fused": ("jax", "8-bit floats do not support implicit promotion"),
+    "onnx_ref": ("onnx", "> bound"),  # computed in fp8, past the kernels' bound
+    "onnxruntime_attention": ("onnxruntime", "INVALID_GRAPH"),
+    "tinygrad_sdpa": ("tinygrad", "> bound"),  # computed in fp8, past the kernels' bound
+    "mlx_fast": ("mlx", "MLX has no float8_e4m3fn dtype"),
+}
+
+
+@pytest.mark.parametrize("port", sorted(_FP8_MEASURED))
+def test_framework_kernels_meet_fp8_as_measured(port: str) -> None:
+    """A per-tensor fp8 run reaches the kernel and fails as CONFORMANCE.md says (a kernel that
+    starts taking fp8 changes the message, or XPASSes); a per-head one cannot be folded into the
+    kernel's one-number scale, before the kernel."""
+    framework, text = _FP8_MEASURED[port]
+    pytest.importorskip(framework)
+    per_tensor = "sdpa.fp8.all.scalar_descales.float8_e4m3fn"
+    per_head = "sdpa.fp8.all.per_head.float8_e4m3fn"
+    report = run_suite(
+        f"conformance.ports.{port}", select=lambda run: run.id in (per_tensor, per_head)
+    )
+    status = {o.run_id: o for o in report.outcomes}
+    assert status[per_tensor].status == "xfail" and text in status[per_tensor].message
+    folded = "cannot be folded" if port != "mlx_fast" else text
+    assert status[per_head].status == "xfail" and folded in status[per_head].message
+
+
 # ---------------------------------------------------------------------------------------------
 # What the frameworks' kernels get wrong, for porters (PORTING.md), from the same xfails files
 # ---------------------------------------------------------------------------------------------
