@@ -23,7 +23,11 @@ The wrapper translates the contract's keywords into those, never fixing semantic
 - a ``window``, packed ``q_segment_ids``/``kv_segment_ids`` and ``alibi_slopes`` are what a flax
   user hands it: a boolean mask (the window on the diagonal of ``causal_alignment``, both
   alignments, since it is a mask built here) and an additive bias ``-slope[h] * |i + offset -
-  j|``, built here from the contract's formulas and combined with the v1 mask and bias.
+  j|``, built here from the contract's formulas and combined with the v1 mask and bias;
+- fp8 (contract v3): the fp8 arrays go to flax as they are, ``q_descale * k_descale`` folded
+  into the scale (the query's factor above) where each is one number and the output times
+  ``v_descale`` (:mod:`conformance.ports.descales`); on CPU JAX's kernel under flax refuses fp8
+  (measured in the xfails).
 
 :func:`attention_weights` runs the same function with the identity as value, so the output is
 the weight matrix. There is no public causal-mask function and no canonical-weights loader, so
@@ -39,6 +43,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from conformance.ports.descales import jax_output, takes_descales
 from conformance.ports.jax_adapter import from_numpy, to_numpy
 from conformance.ports.jax_fused import _pad_last, prepare
 from conformance.ports.precision import jax_highest
@@ -46,6 +51,11 @@ from conformance.ports.precision import jax_highest
 __all__ = ["attention_weights", "from_numpy", "prepare", "scaled_dot_product_attention", "to_numpy"]
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "flax.nnx.dot_product_attention"
+
+
+@takes_descales(_KERNEL, jax_output)
 def scaled_dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -117,6 +127,7 @@ def scaled_dot_product_attention(
     return jnp.swapaxes(out, -3, -2)[..., :E]  # (..., H, L, E)
 
 
+@takes_descales(_KERNEL, jax_output)
 def attention_weights(
     query: jax.Array,
     key: jax.Array,

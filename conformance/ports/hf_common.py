@@ -26,6 +26,10 @@ keywords, so a failure of these ports is a failure a model would have:
   scores: added to the eager float mask, and sdpa's and flex's ``position_bias`` argument;
 - softcap and sinks are the attention function's ``softcap`` and ``s_aux`` keywords, passed only
   where a model family passes them (``*_KEYWORDS`` of each port).
+
+The ports' fp8 (contract v3): the fp8 tensors go to the function as they are, ``q_descale *
+k_descale`` folded into the layer's ``scaling`` where each is one number and the output times
+``v_descale`` (:mod:`conformance.ports.descales`, around each port's functions).
 """
 
 from __future__ import annotations

@@ -16,12 +16,18 @@ from typing import Any
 import torch
 from transformers.models.llama.modeling_llama import eager_attention_forward
 
+from conformance.ports.descales import takes_descales, torch_output
 from conformance.ports.hf_common import call
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
 __all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "to_numpy"]
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "Llama's eager_attention_forward"
+
+
+@takes_descales(_KERNEL, torch_output)
 def scaled_dot_product_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **keywords: Any
 ) -> torch.Tensor:
@@ -29,6 +35,7 @@ def scaled_dot_product_attention(
     return call(eager_attention_forward, "eager", query, key, value, **keywords)[0]
 
 
+@takes_descales(_KERNEL, torch_output)
 def attention_weights(query: torch.Tensor, key: torch.Tensor, **keywords: Any) -> torch.Tensor:
     """The weights (..., H, L, S) the eager function returns (with value = key)."""
     return call(eager_attention_forward, "eager", query, key, key, **keywords)[1]

@@ -32,6 +32,7 @@ import torch._dynamo
 import torch.nn.attention.flex_attention as flex_module
 from transformers.integrations.flex_attention import flex_attention_forward
 
+from conformance.ports.descales import takes_descales, torch_output
 from conformance.ports.hf_common import call
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
@@ -43,6 +44,11 @@ _KEYWORDS = ("softcap", "s_aux")
 _EAGER_WARNING = "flex_attention called without torch.compile()"  # what only eager says
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "Hugging Face's flex_attention_forward"
+
+
+@takes_descales(_KERNEL, torch_output)
 def scaled_dot_product_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **keywords: Any
 ) -> torch.Tensor:
@@ -61,6 +67,7 @@ def scaled_dot_product_attention(
     return out
 
 
+@takes_descales(_KERNEL, torch_output)
 def attention_weights(query: torch.Tensor, key: torch.Tensor, **keywords: Any) -> torch.Tensor:
     """The weights (..., H, L, S): the same call with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]

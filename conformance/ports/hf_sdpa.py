@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
+from conformance.ports.descales import takes_descales, torch_output
 from conformance.ports.hf_common import call
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
@@ -25,6 +26,11 @@ __all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "t
 _KEYWORDS = ("softcap", "s_aux")
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "Hugging Face's sdpa_attention_forward"
+
+
+@takes_descales(_KERNEL, torch_output)
 def scaled_dot_product_attention(
     query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, **keywords: Any
 ) -> torch.Tensor:
@@ -34,6 +40,7 @@ def scaled_dot_product_attention(
                     **keywords)[0]  # fmt: skip
 
 
+@takes_descales(_KERNEL, torch_output)
 def attention_weights(query: torch.Tensor, key: torch.Tensor, **keywords: Any) -> torch.Tensor:
     """The weights (..., H, L, S): the same call with value = identity (S x S)."""
     K, S = key.shape[-3], key.shape[-2]

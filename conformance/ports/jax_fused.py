@@ -18,7 +18,12 @@ The wrapper does layout plumbing only, never semantics:
   which XLA:CPU rejects; eager JAX catches that and retries with the default precision, but
   under jit the error only comes at compile time, outside JAX's ``try``). :func:`prepare` jits
   like every JAX port and falls back to eager execution for exactly that error, so float16 is
-  still measured.
+  still measured;
+- fp8 (contract v3): the fp8 arrays go to JAX as they are, ``q_descale * k_descale`` folded into
+  ``scale`` where each is one number and the output times ``v_descale``
+  (:mod:`conformance.ports.descales`). :func:`prepare` runs a call with descales eagerly: they
+  fold as numbers, and the adapter's fp8 jit would check the call with ``attention_spec`` first,
+  validation this port does not have. On CPU JAX refuses fp8 (measured in the xfails).
 
 float32 runs with HIGHEST-precision matmuls (``jax.default_matmul_precision("highest")``
 entered inside the function, so it holds while ``jit`` traces it): JAX's DEFAULT precision is
@@ -45,6 +50,7 @@ import jax.numpy as jnp
 
 from attention_spec import AttentionGrads
 from conformance.ports import jax_adapter
+from conformance.ports.descales import DESCALES, jax_output, takes_descales, without_descales
 from conformance.ports.jax_adapter import from_numpy, to_numpy
 from conformance.ports.precision import jax_highest
 
@@ -63,6 +69,11 @@ def _pad_last(x: jax.Array, size: int) -> jax.Array:
     return jnp.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, size - x.shape[-1])])
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "jax.nn.dot_product_attention"
+
+
+@takes_descales(_KERNEL, jax_output)
 def scaled_dot_product_attention(
     query: jax.Array,
     key: jax.Array,
@@ -180,6 +191,7 @@ def scaled_dot_product_attention_vjp(
     return AttentionGrads(dq, dk, dv, dbias, None)
 
 
+@takes_descales(_KERNEL, jax_output)
 def attention_weights(
     query: jax.Array,
     key: jax.Array,
@@ -212,10 +224,13 @@ def attention_weights(
 
 
 def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
-    """Jit like every JAX port; eager only where XLA:CPU refuses JAX's float16 dot precision."""
-    jitted = jax_adapter.prepare(alias, function)
+    """Jit like every JAX port; eager only where XLA:CPU refuses JAX's float16 dot precision,
+    and for an fp8 call with descales (the module docstring says why)."""
+    jitted = jax_adapter.prepare(alias, without_descales(function))
 
     def run(*args: Any, **kwargs: Any) -> Any:
+        if any(kwargs.get(name) is not None for name in DESCALES):
+            return function(*args, **kwargs)
         try:
             return jitted(*args, **kwargs)
         except ValueError as exc:

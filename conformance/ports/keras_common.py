@@ -19,6 +19,10 @@ The wrapper does layout plumbing only, never semantics:
   passing the default scale 1/sqrt(D) of the unpadded D when it pads the query;
 - bottom-right causal alignment does not exist in keras: NotImplementedError; ``softcap`` goes to
   keras's ``attn_logits_soft_cap`` (which only JAX on TPU takes; keras raises elsewhere);
+- fp8 (contract v3): the fp8 tensors go to keras as they are, ``q_descale * k_descale`` folded
+  into ``scale`` where each is one number and the output times ``v_descale``
+  (:mod:`conformance.ports.descales`); on CPU keras refuses fp8 on both backends (measured in
+  the xfails);
 - the v2 rules are what a keras user hands the op: a ``window`` (placed on the diagonal of
   ``causal_alignment``, both alignments, since it is a mask built here) and packed
   ``q_segment_ids``/``kv_segment_ids`` become a boolean ``mask`` (AND the caller's),
@@ -38,6 +42,8 @@ from typing import Any
 
 import keras
 from keras import ops
+
+from conformance.ports.descales import is_fp8, takes_descales
 
 __all__ = ["attention_weights", "require_backend", "scaled_dot_product_attention"]
 
@@ -60,6 +66,19 @@ def _pad_last(x: Any, extra: int) -> Any:
     return ops.pad(x, [(0, 0)] * (len(x.shape) - 1) + [(0, extra)])
 
 
+def _output(out: Any, query: Any, factor: Any) -> Any:
+    """keras's output times the v_descale ``factor`` (float32), in the contract's dtype."""
+    target = "bfloat16" if is_fp8(query.dtype) else keras.backend.standardize_dtype(query.dtype)
+    if factor is not None:
+        out = ops.multiply(ops.cast(out, "float32"), ops.convert_to_tensor(factor))
+    return ops.cast(out, target)
+
+
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "keras.ops.dot_product_attention"
+
+
+@takes_descales(_KERNEL, _output)
 def scaled_dot_product_attention(
     query: Any,
     key: Any,
@@ -136,6 +155,7 @@ def _extra_as_mask_and_bias(mask, bias, L, S, alignment, window, q_ids, kv_ids, 
     return mask, bias
 
 
+@takes_descales(_KERNEL, _output)
 def attention_weights(
     query: Any,
     key: Any,

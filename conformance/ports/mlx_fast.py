@@ -25,6 +25,11 @@ The wrapper only translates the contract's keywords into MLX's, and never fixes 
 - shapes are passed as they are (MLX takes exactly 4-D query, key and value with equal batch
   sizes; it does GQA itself and allows E != D).
 
+fp8 (contract v3): MLX has no float8 dtype (``mx.to_fp8`` packs e4m3 into ``uint8`` codes, which
+the kernel refuses: "Received unsupported type uint8", measured with MLX 0.32.4), so an fp8 array
+cannot reach the kernel as it is: :func:`from_numpy` raises TypeError for one, and the functions
+take no descales.
+
 MLX is lazy: each function evaluates its result (``mx.eval``) before returning, so an error of
 the kernel surfaces in the call and not later inside ``to_numpy``.
 
@@ -53,10 +58,15 @@ def from_numpy(array: np.ndarray, device: str = "cpu") -> mx.array:
     """An MLX array equal to ``array``, of the same dtype; MLX then computes on ``device``.
 
     ``mx.array(x)`` silently turns float64 into float32: the dtype is always passed explicitly.
-    bfloat16 goes through float32, which is exact.
+    bfloat16 goes through float32, which is exact. fp8: TypeError (MLX has no float8 dtype).
     """
     mx.set_default_device(_DEVICES[device.partition(":")[0]])
     array = np.asarray(array)
+    if array.dtype.name in ("float8_e4m3fn", "float8_e5m2"):
+        raise TypeError(
+            f"MLX has no {array.dtype.name} dtype: mx.to_fp8 packs e4m3 into uint8 codes, which "
+            "mx.fast.scaled_dot_product_attention refuses (unsupported type uint8)"
+        )
     if array.dtype == ml_dtypes.bfloat16:
         return mx.array(array.astype(np.float32)).astype(mx.bfloat16)
     dtype = getattr(mx, array.dtype.name, None)

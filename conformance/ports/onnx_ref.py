@@ -23,7 +23,12 @@ never fixing semantics:
 - packed ``q_segment_ids``/``kv_segment_ids`` and ``alibi_slopes`` are what an ONNX user
   hands it: a boolean mask and an additive bias ``-slope[h] * |i + offset - j|`` on the
   alignment's diagonal, built here from the contract's formulas and folded into ``attn_mask``;
-- ``sinks``: NotImplementedError (no such input).
+- ``sinks``: NotImplementedError (no such input);
+- fp8 (contract v3): the fp8 arrays go into the model as they are (ONNX's FLOAT8E4M3FN and
+  FLOAT8E5M2 element types), ``q_descale * k_descale`` folded into ``scale`` where each is one
+  number and the output times ``v_descale`` (:mod:`conformance.ports.descales`). The
+  operator's type constraints have no fp8, but the reference evaluator does not check them: it
+  computes in NumPy on the fp8 arrays (measured in the xfails).
 
 :func:`attention_weights` reads the operator's own ``qk_matmul_output`` with
 ``qk_matmul_output_mode=3`` (the weights after the softmax). There is no causal-mask function
@@ -42,10 +47,16 @@ import onnx
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
+from conformance.ports.descales import numpy_output, takes_descales
+
 __all__ = ["OPSET", "attention_mask", "attention_weights", "scaled_dot_product_attention"]
 
 #: The opset of the one-node models: Attention with left_window_size / right_window_size.
 OPSET = 25
+
+#: fp8 runs are held to the kernels' bound (``kernel_tolerance``, FORMAT.md "Bounds"): the
+#: evaluator computes on the fp8 arrays, as a kernel would.
+KERNEL_TOLERANCE = True
 
 _ELEM = {
     np.dtype(np.float64): TensorProto.DOUBLE,
@@ -177,6 +188,11 @@ def _reference(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[Any
     return ReferenceEvaluator(model).run(None, feeds)
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "ONNX Attention"
+
+
+@takes_descales(_KERNEL, numpy_output)
 def scaled_dot_product_attention(
     query: np.ndarray,
     key: np.ndarray,
@@ -204,6 +220,7 @@ def scaled_dot_product_attention(
     )  # fmt: skip
 
 
+@takes_descales(_KERNEL, numpy_output)
 def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np.ndarray:
     """The operator's own weights (..., H, L, S): ``qk_matmul_output`` in mode 3, of a call
     whose value is zeros (K, S, 1)."""

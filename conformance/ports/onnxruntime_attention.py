@@ -11,7 +11,9 @@ the ``onnxruntime`` extra (``pip install -e '.[onnxruntime]'``: onnx and onnxrun
 
 :func:`attention_weights` reads the operator's ``qk_matmul_output`` with
 ``qk_matmul_output_mode=3`` (the weights after the softmax), as onnx_ref does. No causal-mask
-function, no module.
+function, no module. fp8 (contract v3) goes into the model as onnx_ref's does, the descales
+folded the same way (:mod:`conformance.ports.descales`); what onnxruntime does with it is
+measured in the xfails.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import onnx
 import onnxruntime
 
 from conformance.ports import onnx_ref
+from conformance.ports.descales import numpy_output, takes_descales
 
 __all__ = ["OPSET", "attention_weights", "functions", "scaled_dot_product_attention"]
 
@@ -55,6 +58,7 @@ def functions(opset: int) -> tuple[Callable[..., np.ndarray], Callable[..., np.n
             raise NotImplementedError(f"ONNX Attention has no window attributes at opset {opset}")
         return keywords | {"opset": opset, "evaluate": _session}
 
+    @takes_descales(f"ONNX Attention (opset {opset}) on onnxruntime", numpy_output)
     def scaled_dot_product_attention(
         query: np.ndarray, key: np.ndarray, value: np.ndarray, **keywords: Any
     ) -> np.ndarray:
@@ -63,6 +67,7 @@ def functions(opset: int) -> tuple[Callable[..., np.ndarray], Callable[..., np.n
         call = onnx_ref._defaults(keywords)
         return onnx_ref._run(query, key, value, weights=False, **check(call))
 
+    @takes_descales(f"ONNX Attention (opset {opset}) on onnxruntime", numpy_output)
     def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np.ndarray:
         """onnxruntime's own weights (..., H, L, S): ``qk_matmul_output`` in mode 3, of a call
         whose value is zeros (K, S, 1)."""

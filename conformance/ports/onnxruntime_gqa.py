@@ -39,6 +39,10 @@ pair p (features p and p + R/2, or 2p and 2p + 1 interleaved) on the operator's 
 p + C, or 2p and 2p + 1), pairs R/2..C-1 with cos 1 and sin 0 (unrotated zeros), the R..D-1
 features that pass through after 2C, zero-padded to the head size.
 
+fp8 (contract v3): the fp8 arrays go into the model as they are, ``q_descale * k_descale``
+folded into ``scale`` where each is one number and the output times ``v_descale``
+(:mod:`conformance.ports.descales`); what onnxruntime does with them is measured in the xfails.
+
 Not mapped: the quantized caches, ``smooth_softmax`` (``head_sink`` with zeros).
 """
 
@@ -53,6 +57,7 @@ import onnxruntime
 from onnx import helper
 
 from conformance.ports import onnx_ref
+from conformance.ports.descales import numpy_output, takes_descales
 
 __all__ = ["apply_rotary", "attention_weights", "scaled_dot_product_attention"]
 
@@ -191,6 +196,11 @@ def _run(
     return out.reshape(*batch, H, L, E)
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "onnxruntime's GroupQueryAttention"
+
+
+@takes_descales(_KERNEL, numpy_output)
 def scaled_dot_product_attention(
     query: np.ndarray,
     key: np.ndarray,
@@ -218,6 +228,7 @@ def scaled_dot_product_attention(
     )  # fmt: skip
 
 
+@takes_descales(_KERNEL, numpy_output)
 def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np.ndarray:
     """The operator's own weights (..., H, L, S): ``output_qk`` with ``qk_output=2``, of a call
     whose value is zeros (K, S, 1)."""

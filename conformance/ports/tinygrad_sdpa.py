@@ -21,7 +21,11 @@ semantics:
   with -inf where the mask is False), as do packed segment ids (a mask) and ALiBi (a bias on the
   alignment's diagonal), built here from the contract's formulas;
 - GQA through ``enable_gqa`` (``repeat_interleave``: contiguous groups) when K != H;
-- ``window``, ``softcap``, ``sinks``: NotImplementedError (no such arguments).
+- ``window``, ``softcap``, ``sinks``: NotImplementedError (no such arguments);
+- fp8 (contract v3): the fp8 arrays go to tinygrad as its ``fp8e4m3``/``fp8e5m2`` tensors (their
+  bytes, bitcast), ``q_descale * k_descale`` folded into the scale (so into the query's factor
+  above, in the query's dtype) where each is one number and the output times ``v_descale``
+  (:mod:`conformance.ports.descales`); tinygrad computes on fp8 (measured in the xfails).
 
 :func:`attention_weights` is the same call with the identity matrix as value. No causal-mask
 function and no module.
@@ -38,23 +42,42 @@ import numpy as np
 from tinygrad import Tensor, dtypes
 from tinygrad.helpers import Context
 
+from conformance.ports.descales import numpy_output, takes_descales
+
 __all__ = ["DEVICE", "attention_weights", "scaled_dot_product_attention"]
 
 #: The tinygrad device the port runs on (see the module docstring). Each call runs under
 #: ``Context(DEV=DEVICE)``, tinygrad's default device (its kernels' constants go there too).
 DEVICE = os.environ.get("TINYGRAD_PORT_DEVICE", "PYTHON")
 
+#: fp8 runs are held to the kernels' bound (``kernel_tolerance``, FORMAT.md "Bounds"): tinygrad
+#: computes on the fp8 tensors, as a kernel would.
+KERNEL_TOLERANCE = True
+
+#: The fp8 formats: NumPy's (``ml_dtypes``) -> tinygrad's.
+_FP8 = {
+    np.dtype(ml_dtypes.float8_e4m3fn): dtypes.fp8e4m3,
+    np.dtype(ml_dtypes.float8_e5m2): dtypes.fp8e5m2,
+}
+
 
 def _tensor(x: np.ndarray) -> Tensor:
-    """A NumPy array on :data:`DEVICE` (bfloat16 through float32: tinygrad takes no ml_dtypes)."""
+    """A NumPy array on :data:`DEVICE` (bfloat16 through float32, fp8 through its bytes:
+    tinygrad takes no ml_dtypes)."""
     if x.dtype == ml_dtypes.bfloat16:
         return Tensor(x.astype(np.float32), device=DEVICE).cast(dtypes.bfloat16)
+    if x.dtype in _FP8:
+        raw = np.ascontiguousarray(x).view(np.uint8)
+        return Tensor(raw, device=DEVICE).bitcast(_FP8[x.dtype])
     return Tensor(np.ascontiguousarray(x), device=DEVICE)
 
 
 def _numpy(t: Tensor) -> np.ndarray:
     if t.dtype == dtypes.bfloat16:
         return t.cast(dtypes.float32).numpy().astype(ml_dtypes.bfloat16)
+    for numpy_dtype, fp8 in _FP8.items():  # exact: every fp8 value is a float32
+        if t.dtype == fp8:
+            return t.cast(dtypes.float32).numpy().astype(numpy_dtype)
     return t.numpy()
 
 
@@ -131,6 +154,11 @@ def _run(
         return _numpy(out)
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "tinygrad's Tensor.scaled_dot_product_attention"
+
+
+@takes_descales(_KERNEL, numpy_output)
 def scaled_dot_product_attention(
     query: np.ndarray,
     key: np.ndarray,
@@ -158,6 +186,7 @@ def scaled_dot_product_attention(
     )  # fmt: skip
 
 
+@takes_descales(_KERNEL, numpy_output)
 def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np.ndarray:
     """The kernel's weights (..., H, L, S): the same call with the identity (K, S, S) as value."""
     key = np.asarray(key)

@@ -21,6 +21,11 @@ Eager FlexAttention runs torch's reference implementation (a dense ``score_mod``
 (L, S) scores, the ``BlockMask`` applied as a mask); torch warns that it is not the fused kernel,
 which only ``torch.compile`` gives. :func:`attention_weights` runs the same call with the
 identity as value (one value column per key), so the output *is* the weight matrix.
+
+fp8 (contract v3): the fp8 tensors go to flex_attention as they are, ``q_descale * k_descale``
+folded into ``scale`` where each is one number and the output times ``v_descale``
+(:mod:`conformance.ports.descales`; :func:`varlen_attention` too, token-major); on CPU eager
+FlexAttention refuses fp8 (measured in the xfails).
 """
 
 from __future__ import annotations
@@ -38,6 +43,7 @@ from torch.nn.attention.flex_attention import (
     flex_attention,
 )
 
+from conformance.ports.descales import takes_descales, torch_output
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
@@ -110,6 +116,11 @@ def _mods(
     return (score_mod if scorers else None), (and_masks(*masks) if masks else None)
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "torch's flex_attention"
+
+
+@takes_descales(_KERNEL, torch_output)
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -167,6 +178,7 @@ def _flex(q, k, v, score_mod, block_mask, scale, sinks) -> torch.Tensor:
     return out
 
 
+@takes_descales(_KERNEL, torch_output)
 def attention_weights(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -214,6 +226,7 @@ def _rules(
     return score_rule, keep
 
 
+@takes_descales(_KERNEL, torch_output, token_major=True)
 def varlen_attention(
     query: torch.Tensor,
     key: torch.Tensor,

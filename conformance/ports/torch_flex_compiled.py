@@ -28,6 +28,11 @@ compiled as a program with fewer shapes would be; if torch still ran the call un
 (flex_attention's Python body ran and gave its "called without torch.compile()" warning,
 which compiled code never runs; torch shows it once a process, so the port re-arms it before
 each call), the call raises ``fell back to eager`` instead of passing as compiled.
+
+fp8 (contract v3): the fp8 tensors go to the compiled call as they are, ``q_descale *
+k_descale`` folded into ``scale`` where each is one number and the output times ``v_descale``
+(:mod:`conformance.ports.descales`); on CPU inductor refuses to lower fp8 FlexAttention
+(measured in the xfails).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import torch.nn.attention.flex_attention as flex_module
 from torch._dynamo.utils import counters
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
+from conformance.ports.descales import takes_descales, torch_output
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
@@ -179,6 +185,11 @@ def _compiled_call(q, k, v, score_mod, block_mask, scale, enable_gqa) -> torch.T
     return out
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "torch's compiled flex_attention"
+
+
+@takes_descales(_KERNEL, torch_output)
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -219,6 +230,7 @@ def scaled_dot_product_attention(
     return out.reshape(*batch, H, L, out.shape[-1])
 
 
+@takes_descales(_KERNEL, torch_output)
 def attention_weights(
     query: torch.Tensor,
     key: torch.Tensor,

@@ -16,6 +16,9 @@ The wrapper only translates the contract's keywords into torch's, and never fixe
 - float32 runs with IEEE float32 matmuls whatever the process allows (TF32 off inside the call,
   :mod:`conformance.ports.precision`): the fixtures' float32 bounds are ~1e-6, TF32's errors
   1e-4 to 1e-3, and that is a global setting, not the kernel's semantics.
+- fp8 (contract v3): the fp8 tensors go to SDPA as they are, ``q_descale * k_descale`` folded
+  into ``scale`` where each is one number and the output times ``v_descale``
+  (:mod:`conformance.ports.descales`); on CPU the kernel refuses fp8 (measured in the xfails).
 
 :func:`pinned` gives this port with one SDPA backend forced (``sdpa_kernel([backend])``), so a
 backend is checked on its own kernel; a backend that has no kernel for a case raises torch's
@@ -41,6 +44,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
 from attention_spec import AttentionGrads
+from conformance.ports.descales import takes_descales, torch_output
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
@@ -75,6 +79,11 @@ def backend(name: str | None) -> Iterator[None]:
         yield
 
 
+#: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).
+_KERNEL = "torch.nn.functional.scaled_dot_product_attention"
+
+
+@takes_descales(_KERNEL, torch_output)
 def scaled_dot_product_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -192,6 +201,7 @@ def _extra_as_mask_and_bias(mask, bias, device, L, S, alignment, window, q_ids, 
     return mask, bias
 
 
+@takes_descales(_KERNEL, torch_output)
 def attention_weights(
     query: torch.Tensor,
     key: torch.Tensor,

@@ -14,6 +14,7 @@ numbers.
 
 from __future__ import annotations
 
+import fnmatch
 import functools
 import importlib.util
 import json
@@ -464,17 +465,21 @@ _V3_TABLE_FUNCTIONS: dict[str, tuple[str, ...]] = {
     "pallas_flash": ("varlen", "paged"),
 }
 _V3_TABLE_COLUMNS = ("varlen", "paged")
+#: Contract v3's fp8 column: every ``*.fp8.*`` run of the port's functions in the table (sdpa,
+#: weights, and flash or varlen where the port has them).
+_FP8_COLUMN = "fp8"
 _PORTS_DIR = Path(__file__).resolve().parents[1] / "ports"
 _DOCS = Path(__file__).resolve().parents[2] / "docs" / "CONFORMANCE.md"
 
 
 def port_family_table() -> str:
-    """The built-in ports (rows) against the v2 families and contract v3's ``varlen`` and
-    ``paged`` functions (columns, "-" where the port has no such function): per cell, how many
-    of the family's runs on CPU pass and which xfails globs list the others, with how many runs each
-    (the reasons are in the port's ``.xfails`` file). A v2 rule inside another family's case
+    """The built-in ports (rows) against the v2 families, contract v3's ``varlen`` and
+    ``paged`` functions (columns, "-" where the port has no such function) and its fp8 runs
+    (``*.fp8.*`` of every function in the row): per cell, how many of the column's runs on CPU
+    pass and which xfails globs list the others, with how many runs each (the reasons are in the
+    port's ``.xfails`` file). A v2 rule inside another family's case
     (``flash.tiling.window_causal``) counts in that family, not here."""
-    columns = _FAMILY_TABLE_FAMILIES + _V3_TABLE_COLUMNS
+    columns = (*_FAMILY_TABLE_FAMILIES, *_V3_TABLE_COLUMNS, _FP8_COLUMN)
     lines = [
         "| port | " + " | ".join(f"`{family}`" for family in columns) + " |",
         "| --- |" + " --- |" * len(columns),
@@ -488,7 +493,9 @@ def port_family_table() -> str:
             if family in _V3_TABLE_COLUMNS and family not in v3:
                 cells.append("-")
                 continue
-            if family in _V3_TABLE_COLUMNS:
+            if family == _FP8_COLUMN:
+                mine = [r for r in runs if fnmatch.fnmatchcase(r.id, "*.fp8.*")]
+            elif family in _V3_TABLE_COLUMNS:
                 mine = [r for r in runs if r.id.startswith(f"{family}.")]
             else:
                 mine = [r for r in runs if r.case.feature == family and r.function in functions]
@@ -510,6 +517,37 @@ def test_conformance_md_shows_the_port_family_table_of_the_xfails() -> None:
     the strict tests above and test_kernel_ports.py hold to the measured failures)."""
     table = port_family_table()
     assert table in _DOCS.read_text(), f"paste this table into docs/CONFORMANCE.md:\n{table}"
+
+
+#: What each cheap framework port's kernel does with fp8 on CPU, measured (the xfails reasons
+#: and CONFORMANCE.md's fp8 paragraph): a piece of the per-tensor run's failure. ``pip install``
+#: name of the framework, then the text.
+_FP8_MEASURED: dict[str, tuple[str, str]] = {
+    "torch_fused": ("torch", "\"mul_cpu_reduced_float\" not implemented for 'Float8_e4m3fn'"),
+    "jax_fused": ("jax", "8-bit floats do not support implicit promotion"),
+    "onnx_ref": ("onnx", "> bound"),  # computed in fp8, past the kernels' bound
+    "onnxruntime_attention": ("onnxruntime", "INVALID_GRAPH"),
+    "tinygrad_sdpa": ("tinygrad", "> bound"),  # computed in fp8, past the kernels' bound
+    "mlx_fast": ("mlx", "MLX has no float8_e4m3fn dtype"),
+}
+
+
+@pytest.mark.parametrize("port", sorted(_FP8_MEASURED))
+def test_framework_kernels_meet_fp8_as_measured(port: str) -> None:
+    """A per-tensor fp8 run reaches the kernel and fails as CONFORMANCE.md says (a kernel that
+    starts taking fp8 changes the message, or XPASSes); a per-head one cannot be folded into the
+    kernel's one-number scale, before the kernel."""
+    framework, text = _FP8_MEASURED[port]
+    pytest.importorskip(framework)
+    per_tensor = "sdpa.fp8.all.scalar_descales.float8_e4m3fn"
+    per_head = "sdpa.fp8.all.per_head.float8_e4m3fn"
+    report = run_suite(
+        f"conformance.ports.{port}", select=lambda run: run.id in (per_tensor, per_head)
+    )
+    status = {o.run_id: o for o in report.outcomes}
+    assert status[per_tensor].status == "xfail" and text in status[per_tensor].message
+    folded = "cannot be folded" if port != "mlx_fast" else text
+    assert status[per_head].status == "xfail" and folded in status[per_head].message
 
 
 # ---------------------------------------------------------------------------------------------
@@ -559,9 +597,7 @@ def deviation_counts() -> list[tuple[str, int, int]]:
         xfails = Xfails.from_file(_PORTS_DIR / f"{port}.xfails")
         seen = set()
         for run in runs_for(functions=functions):
-            if (
-                "fp8" in run.id
-            ):  # contract v3's fp8, which no framework port takes yet: not a deviation
+            if "fp8" in run.id:  # contract v3's fp8: the table's own column, not a v2 family
                 continue
             entry = xfails.lookup(run.id, "cpu")
             if entry is not None:
