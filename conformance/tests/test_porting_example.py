@@ -18,7 +18,8 @@ PORTING = REPO / "conformance" / "PORTING.md"
 def test_the_example_port_passes_with_one_command(tmp_path: Path) -> None:
     blocks = re.findall(r"```python\n(.*?)```", PORTING.read_text(), re.S)
     parts = [b for b in blocks if b.startswith(('"""myport', "# myport.py, continued"))]
-    assert len(parts) == 2 and "class GroupedQueryAttention" in parts[1]
+    assert len(parts) == 3 and "class GroupedQueryAttention" in parts[1]
+    assert "def varlen_attention" in parts[2] and "def paged_attention" in parts[2]
     example = "\n\n".join(parts)
     ports = tmp_path / "ports"
     ports.mkdir()
