@@ -237,13 +237,19 @@ def varlen_attention(
         raise NotImplementedError("mx.fast.scaled_dot_product_attention has no softcap")
     rows = []
     for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
         q, k, v = (mx.swapaxes(x, 0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
         out = scaled_dot_product_attention(
             q, k, v, is_causal=is_causal, causal_alignment=causal_alignment, window=window,
             scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
         )  # fmt: skip  # (1, H, L_n, E)
         rows.append(mx.swapaxes(out[0], 0, 1))  # (L_n, H, E)
-    out = mx.concatenate(rows)
+    out = (
+        mx.concatenate(rows)
+        if rows
+        else mx.zeros((0, query.shape[1], value.shape[-1]), query.dtype)
+    )
     mx.eval(out)
     return out
 
@@ -281,6 +287,8 @@ def paged_attention(
     for (q0, q1), slots in zip(
         sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
     ):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
         index = mx.array(slots.astype(np.int32))  # (S_n,)
         q = mx.swapaxes(query[q0:q1], 0, 1)[None]  # (1, H, L_n, D)
         k, v = (mx.swapaxes(x[index], 0, 1)[None] for x in (keys, values))  # (1, K, S_n, D|E)
@@ -289,6 +297,10 @@ def paged_attention(
             scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
         )  # fmt: skip  # (1, H, L_n, E)
         rows.append(mx.swapaxes(out[0], 0, 1))  # (L_n, H, E)
-    out = mx.concatenate(rows)
+    out = (
+        mx.concatenate(rows)
+        if rows
+        else mx.zeros((0, query.shape[1], value_cache.shape[-1]), query.dtype)
+    )
     mx.eval(out)
     return out

@@ -283,13 +283,15 @@ def varlen_attention(
     _refuse(softcap, sinks)
     rows = []
     for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
         q, k, v = (x.transpose(0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
         out = scaled_dot_product_attention(
             q, k, v, is_causal=is_causal, causal_alignment=causal_alignment, window=window,
             scale=scale, alibi_slopes=alibi_slopes,
         )  # fmt: skip  # (1, H, L_n, E)
         rows.append(out[0].transpose(0, 1))  # (L_n, H, E)
-    return torch.cat(rows)
+    return torch.cat(rows) if rows else query.new_zeros(0, query.shape[1], value.shape[-1])
 
 
 @takes_descales(_KERNEL, torch_output, token_major=True)
@@ -325,6 +327,8 @@ def paged_attention(
     for (q0, q1), slots in zip(
         sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
     ):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
         index = torch.from_numpy(slots).to(key_cache.device)  # (S_n,)
         q = query[q0:q1].transpose(0, 1)[None]  # (1, H, L_n, D)
         k, v = (x[index].transpose(0, 1)[None] for x in (keys, values))  # (1, K, S_n, D|E)
@@ -333,7 +337,7 @@ def paged_attention(
             scale=scale, alibi_slopes=alibi_slopes,
         )  # fmt: skip  # (1, H, L_n, E)
         rows.append(out[0].transpose(0, 1))  # (L_n, H, E)
-    return torch.cat(rows)
+    return torch.cat(rows) if rows else query.new_zeros(0, query.shape[1], value_cache.shape[-1])
 
 
 def pinned(name: str) -> types.ModuleType:
