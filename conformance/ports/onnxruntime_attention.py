@@ -11,9 +11,10 @@ the ``onnxruntime`` extra (``pip install -e '.[onnxruntime]'``: onnx and onnxrun
 
 :func:`attention_weights` reads the operator's ``qk_matmul_output`` with
 ``qk_matmul_output_mode=3`` (the weights after the softmax), as onnx_ref does. No causal-mask
-function, no module. fp8 (contract v3) goes into the model as onnx_ref's does, the descales
-folded the same way (:mod:`conformance.ports.descales`); what onnxruntime does with it is
-measured in the xfails.
+function, no module. :func:`varlen_attention` and :func:`paged_attention` are onnx_ref's
+(:func:`onnx_ref.packed_functions`: one node per sequence) on the session. fp8 (contract v3)
+goes into the model as onnx_ref's does, the descales folded the same way
+(:mod:`conformance.ports.descales`); what onnxruntime does with it is measured in the xfails.
 """
 
 from __future__ import annotations
