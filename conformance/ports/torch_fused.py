@@ -277,7 +277,8 @@ def varlen_attention(
     ``is_causal`` top-left is SDPA's, bottom-right ``causal_lower_right``, the window a boolean
     mask and ALiBi an additive one (:func:`scaled_dot_product_attention`'s translation). This
     loop, rather than one call on the packed rows with a block-diagonal mask, is what SDPA
-    users write (torch's own varlen kernels are CUDA-only): each call keeps SDPA's causal
+    users write (torch 2.13's ``torch.nn.attention.varlen.varlen_attn`` is flash attention,
+    with no CPU kernel: measured, NotImplementedError): each call keeps SDPA's causal
     argument, and no sequence's keys are in another's call. No softcap, no sinks:
     NotImplementedError."""
     _refuse(softcap, sinks)
