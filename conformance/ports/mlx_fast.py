@@ -30,6 +30,11 @@ the kernel refuses: "Received unsupported type uint8", measured with MLX 0.32.4)
 cannot reach the kernel as it is: :func:`from_numpy` raises TypeError for one, and the functions
 take no descales.
 
+Contract v3's packed rows (the kernel has no varlen or paged form): :func:`varlen_attention`
+calls it once per sequence on its slice of the packed rows, :func:`paged_attention` once per
+sequence on its keys gathered from the pool through ``block_table``, each a (1, N, T, X) call
+with :func:`scaled_dot_product_attention`'s translation.
+
 MLX is lazy: each function evaluates its result (``mx.eval``) before returning, so an error of
 the kernel surfaces in the call and not later inside ``to_numpy``.
 
@@ -47,7 +52,16 @@ import ml_dtypes
 import mlx.core as mx
 import numpy as np
 
-__all__ = ["attention_weights", "from_numpy", "scaled_dot_product_attention", "to_numpy"]
+from conformance.ports.packed import page_slots, sequence_bounds
+
+__all__ = [
+    "attention_weights",
+    "from_numpy",
+    "paged_attention",
+    "scaled_dot_product_attention",
+    "to_numpy",
+    "varlen_attention",
+]
 
 #: conformance's device names -> MLX devices (MLX arrays live in unified memory; the device is
 #: where the kernel runs, MLX's default device).
@@ -189,3 +203,104 @@ def attention_weights(
         softcap=softcap,
         **extra,
     )
+
+
+# ---------------------------------------------------------------------------------------------
+# Contract v3: varlen and paged, one kernel call per sequence (the kernel has neither form)
+# ---------------------------------------------------------------------------------------------
+
+
+def varlen_attention(
+    query: mx.array,
+    key: mx.array,
+    value: mx.array,
+    cu_seqlens_q: mx.array,
+    cu_seqlens_k: mx.array,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+    alibi_slopes: mx.array | None = None,
+) -> mx.array:
+    """Packed sequences as one kernel call per sequence: query (Tq, H, D), key (Tk, K, D),
+    value (Tk, K, E), ``cu_seqlens_q``/``cu_seqlens_k`` (N + 1,) -> (Tq, H, E).
+
+    Sequence n is the kernel on its slices (1, H, L_n, D) and (1, K, S_n, D|E), the loop an
+    MLX user writes (the kernel takes 4-D arrays of one length each and no document mask):
+    bottom-right ``is_causal`` is ``mask="causal"`` on the sequence's own (L_n, S_n), top-left
+    is NotImplementedError (as in :func:`scaled_dot_product_attention`), the window and ALiBi
+    are masks on the sequence's positions, sinks MLX's own. No softcap: NotImplementedError."""
+    if softcap is not None:
+        raise NotImplementedError("mx.fast.scaled_dot_product_attention has no softcap")
+    rows = []
+    for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
+        q, k, v = (mx.swapaxes(x, 0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
+        out = scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, causal_alignment=causal_alignment, window=window,
+            scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
+        )  # fmt: skip  # (1, H, L_n, E)
+        rows.append(mx.swapaxes(out[0], 0, 1))  # (L_n, H, E)
+    out = (
+        mx.concatenate(rows)
+        if rows
+        else mx.zeros((0, query.shape[1], value.shape[-1]), query.dtype)
+    )
+    mx.eval(out)
+    return out
+
+
+def paged_attention(
+    query: mx.array,
+    key_cache: mx.array,
+    value_cache: mx.array,
+    block_table: mx.array,
+    seq_lens: mx.array,
+    cu_seqlens_q: mx.array,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: mx.array | None = None,
+    alibi_slopes: mx.array | None = None,
+) -> mx.array:
+    """A paged cache as one kernel call per sequence: query (T, H, D), key_cache
+    (P, page, K, D), value_cache (P, page, K, E), block_table (N, max_pages), seq_lens (N,),
+    cu_seqlens_q (N + 1,) -> (T, H, E).
+
+    The wrapper gathers sequence n's ``seq_lens[n]`` keys and values through ``block_table``
+    into a contiguous (1, K, S_n, D|E) (no slot past ``seq_lens[n]`` is read), then the kernel
+    on its queries (1, H, L_n, D), the last L_n positions: the contract's bottom-right diagonal
+    is MLX's own ``mask="causal"``; the window and ALiBi are masks on it, sinks MLX's own.
+    No softcap: NotImplementedError."""
+    if softcap is not None:
+        raise NotImplementedError("mx.fast.scaled_dot_product_attention has no softcap")
+    P, page, K, _ = key_cache.shape
+    keys = key_cache.reshape(P * page, K, key_cache.shape[-1])  # (P * page, K, D)
+    values = value_cache.reshape(P * page, K, value_cache.shape[-1])  # (P * page, K, E)
+    rows = []
+    for (q0, q1), slots in zip(
+        sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
+    ):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
+        index = mx.array(slots.astype(np.int32))  # (S_n,)
+        q = mx.swapaxes(query[q0:q1], 0, 1)[None]  # (1, H, L_n, D)
+        k, v = (mx.swapaxes(x[index], 0, 1)[None] for x in (keys, values))  # (1, K, S_n, D|E)
+        out = scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, causal_alignment="bottom_right", window=window,
+            scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
+        )  # fmt: skip  # (1, H, L_n, E)
+        rows.append(mx.swapaxes(out[0], 0, 1))  # (L_n, H, E)
+    out = (
+        mx.concatenate(rows)
+        if rows
+        else mx.zeros((0, query.shape[1], value_cache.shape[-1]), query.dtype)
+    )
+    mx.eval(out)
+    return out

@@ -30,6 +30,13 @@ never fixing semantics:
   operator's type constraints have no fp8, but the reference evaluator does not check them: it
   computes in NumPy on the fp8 arrays (measured in the xfails).
 
+Contract v3's packed rows (the operator has no varlen or paged form): :func:`varlen_attention`
+runs one node per sequence on its slice of the packed rows (is_causal and the window on the
+top-left diagonal, as above); :func:`paged_attention` one node per sequence on its keys gathered
+from the pool through ``block_table``, all but the last L_n fed as the operator's
+``past_key``/``past_value``, so its is_causal and window sit on the contract's bottom-right
+diagonal.
+
 :func:`attention_weights` reads the operator's own ``qk_matmul_output`` with
 ``qk_matmul_output_mode=3`` (the weights after the softmax). There is no causal-mask function
 and no module, so this port has neither.
@@ -48,8 +55,17 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from conformance.ports.descales import numpy_output, takes_descales
+from conformance.ports.packed import page_slots, sequence_bounds
 
-__all__ = ["OPSET", "attention_mask", "attention_weights", "scaled_dot_product_attention"]
+__all__ = [
+    "OPSET",
+    "attention_mask",
+    "attention_weights",
+    "packed_functions",
+    "paged_attention",
+    "scaled_dot_product_attention",
+    "varlen_attention",
+]
 
 #: The opset of the one-node models: Attention with left_window_size / right_window_size.
 OPSET = 25
@@ -140,10 +156,14 @@ def _run(
     weights: bool,
     opset: int = OPSET,
     evaluate: Callable[[onnx.ModelProto, dict[str, np.ndarray]], list[Any]] | None = None,
+    past: int = 0,
 ) -> np.ndarray:
     """One ``Attention`` node at ``opset`` on ``evaluate(model, feeds)`` (the reference
     evaluator when None; onnxruntime_attention passes its session): the output (..., H, L, E),
-    or with ``weights`` its ``qk_matmul_output`` after the softmax (..., H, L, S)."""
+    or with ``weights`` its ``qk_matmul_output`` after the softmax (..., H, L, S). ``past`` > 0
+    feeds the first ``past`` keys and values as the operator's KV cache (``past_key``,
+    ``past_value``), the rest as K and V: its is_causal and window then sit on the diagonal
+    ``past`` (bottom-right for ``past = S - L``)."""
     if sinks is not None:
         raise NotImplementedError("ONNX Attention has no sinks input")
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
@@ -156,6 +176,9 @@ def _run(
     feeds = {"Q": _four_d(query), "K": _four_d(key), "V": _four_d(value)}
     if attn_mask is not None:
         feeds["attn_mask"] = attn_mask
+    if past > 0:  # the cache: keys [0, past); K and V: the keys after it
+        feeds["past_key"], feeds["K"] = feeds["K"][:, :, :past], feeds["K"][:, :, past:]
+        feeds["past_value"], feeds["V"] = feeds["V"][:, :, :past], feeds["V"][:, :, past:]
     attributes: dict[str, Any] = {"is_causal": int(bool(is_causal))}
     if scale is not None:
         attributes["scale"] = float(scale)
@@ -166,9 +189,15 @@ def _run(
         attributes["left_window_size"] = -1 if left is None else int(left)
         attributes["right_window_size"] = -1 if right is None else int(right)
     outputs = ["Y", "", "", "W"] if weights else ["Y"]
+    if past > 0:  # the updated cache comes back too (onnxruntime refuses a past without it)
+        outputs[1:3] = ["present_key", "present_value"]
     if weights:
         attributes["qk_matmul_output_mode"] = 3  # the weights after the softmax
-    node = helper.make_node("Attention", list(feeds), outputs, **attributes)
+    order = ["Q", "K", "V", "attn_mask", "past_key", "past_value"]
+    inputs = [name if name in feeds else "" for name in order]
+    while inputs[-1] == "":  # the optional inputs given, in the operator's positions
+        inputs.pop()
+    node = helper.make_node("Attention", inputs, outputs, **attributes)
     graph = helper.make_graph(
         [node],
         "attention",
@@ -234,3 +263,110 @@ def _defaults(keywords: dict[str, Any]) -> dict[str, Any]:
              "sinks", "alibi_slopes")  # fmt: skip
     out = dict.fromkeys(names) | {"is_causal": False, "causal_alignment": "top_left"}
     return out | keywords
+
+
+# ---------------------------------------------------------------------------------------------
+# Contract v3: varlen and paged, one node per sequence (the operator has neither form)
+# ---------------------------------------------------------------------------------------------
+
+
+def packed_functions(
+    kernel: str, node: Callable[[dict[str, Any]], dict[str, Any]]
+) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
+    """``(varlen_attention, paged_attention)`` running one node per sequence through
+    :func:`_run` with the keywords ``node(call)`` (this port: the call as it is;
+    onnxruntime_attention adds its opset and session). ``kernel`` names the operator in the
+    fp8 descales' error."""
+
+    @takes_descales(kernel, numpy_output, token_major=True)
+    def varlen_attention(
+        query: np.ndarray,
+        key: np.ndarray,
+        value: np.ndarray,
+        cu_seqlens_q: np.ndarray,
+        cu_seqlens_k: np.ndarray,
+        *,
+        is_causal: bool = False,
+        causal_alignment: str = "top_left",
+        window: tuple[int | None, int | None] | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        sinks: np.ndarray | None = None,
+        alibi_slopes: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Packed sequences as one Attention node per sequence: query (Tq, H, D), key
+        (Tk, K, D), value (Tk, K, E), ``cu_seqlens_q``/``cu_seqlens_k`` (N + 1,) ->
+        (Tq, H, E). Sequence n is the node on its slices (1, H, L_n, D) and (1, K, S_n, D|E):
+        is_causal, the window and softcap as the node's attributes, on its top-left diagonal
+        (the operator has no alignment without a cache; ``causal_alignment`` only places
+        ALiBi's bias). The loop, not one node on the packed rows with a block-diagonal
+        ``attn_mask``, keeps the rules the operator's own attributes. No sinks:
+        NotImplementedError."""
+        if sinks is not None:
+            raise NotImplementedError("ONNX Attention has no sinks input")
+        query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
+        call = node(_defaults(dict(
+            is_causal=is_causal, causal_alignment=causal_alignment, window=window, scale=scale,
+            softcap=softcap, alibi_slopes=alibi_slopes,
+        )))  # fmt: skip
+        rows = []
+        for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+            if q1 == q0:  # a sequence without queries needs no node
+                continue
+            q, k, v = (np.swapaxes(x, 0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
+            out = _run(q, k, v, weights=False, **call)  # (1, H, L_n, E)
+            rows.append(np.swapaxes(out[0], 0, 1))  # (L_n, H, E)
+        empty = np.zeros((0, query.shape[1], value.shape[-1]), query.dtype)
+        return np.concatenate(rows) if rows else empty
+
+    @takes_descales(kernel, numpy_output, token_major=True)
+    def paged_attention(
+        query: np.ndarray,
+        key_cache: np.ndarray,
+        value_cache: np.ndarray,
+        block_table: np.ndarray,
+        seq_lens: np.ndarray,
+        cu_seqlens_q: np.ndarray,
+        *,
+        is_causal: bool = False,
+        window: tuple[int | None, int | None] | None = None,
+        scale: float | None = None,
+        softcap: float | None = None,
+        sinks: np.ndarray | None = None,
+        alibi_slopes: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """A paged cache as one Attention node per sequence: query (T, H, D), key_cache
+        (P, page, K, D), value_cache (P, page, K, E), block_table (N, max_pages), seq_lens
+        (N,), cu_seqlens_q (N + 1,) -> (T, H, E). The wrapper gathers sequence n's
+        ``seq_lens[n]`` keys and values through ``block_table`` (no slot past them is read);
+        the first ``S_n - L_n`` go to the node as its KV cache (``past_key``/``past_value``),
+        the last L_n as K and V, so the node's is_causal and window sit on the contract's
+        bottom-right diagonal. No sinks: NotImplementedError."""
+        if sinks is not None:
+            raise NotImplementedError("ONNX Attention has no sinks input")
+        query, key_cache, value_cache = (np.asarray(x) for x in (query, key_cache, value_cache))
+        P, page, K, _ = key_cache.shape
+        keys = key_cache.reshape(P * page, K, key_cache.shape[-1])  # (P * page, K, D)
+        values = value_cache.reshape(P * page, K, value_cache.shape[-1])  # (P * page, K, E)
+        call = node(_defaults(dict(
+            is_causal=is_causal, causal_alignment="bottom_right", window=window, scale=scale,
+            softcap=softcap, alibi_slopes=alibi_slopes,
+        )))  # fmt: skip
+        rows = []
+        for (q0, q1), slots in zip(
+            sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
+        ):
+            if q1 == q0:  # a sequence without queries needs no node
+                continue
+            q = np.swapaxes(query[q0:q1], 0, 1)[None]  # (1, H, L_n, D)
+            k, v = (np.swapaxes(x[slots], 0, 1)[None] for x in (keys, values))  # (1, K, S_n, X)
+            past = max(len(slots) - (q1 - q0), 0)  # the cached keys before the L_n new ones
+            out = _run(q, k, v, weights=False, past=past, **call)  # (1, H, L_n, E)
+            rows.append(np.swapaxes(out[0], 0, 1))  # (L_n, H, E)
+        empty = np.zeros((0, query.shape[1], value_cache.shape[-1]), query.dtype)
+        return np.concatenate(rows) if rows else empty
+
+    return varlen_attention, paged_attention
+
+
+varlen_attention, paged_attention = packed_functions(_KERNEL, lambda call: call)

@@ -11,9 +11,10 @@ the ``onnxruntime`` extra (``pip install -e '.[onnxruntime]'``: onnx and onnxrun
 
 :func:`attention_weights` reads the operator's ``qk_matmul_output`` with
 ``qk_matmul_output_mode=3`` (the weights after the softmax), as onnx_ref does. No causal-mask
-function, no module. fp8 (contract v3) goes into the model as onnx_ref's does, the descales
-folded the same way (:mod:`conformance.ports.descales`); what onnxruntime does with it is
-measured in the xfails.
+function, no module. :func:`varlen_attention` and :func:`paged_attention` are onnx_ref's
+(:func:`onnx_ref.packed_functions`: one node per sequence) on the session. fp8 (contract v3)
+goes into the model as onnx_ref's does, the descales folded the same way
+(:mod:`conformance.ports.descales`); what onnxruntime does with it is measured in the xfails.
 """
 
 from __future__ import annotations
@@ -28,7 +29,14 @@ import onnxruntime
 from conformance.ports import onnx_ref
 from conformance.ports.descales import numpy_output, takes_descales
 
-__all__ = ["OPSET", "attention_weights", "functions", "scaled_dot_product_attention"]
+__all__ = [
+    "OPSET",
+    "attention_weights",
+    "functions",
+    "paged_attention",
+    "scaled_dot_product_attention",
+    "varlen_attention",
+]
 
 #: The opset of this module's one-node models.
 OPSET = 25
@@ -50,13 +58,31 @@ def _session(model: onnx.ModelProto, feeds: dict[str, np.ndarray]) -> list[Any]:
     return session.run(None, feeds)
 
 
-def functions(opset: int) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
-    """``(scaled_dot_product_attention, attention_weights)`` of the node at ``opset``."""
+def _checked(opset: int) -> Callable[[dict[str, Any]], dict[str, Any]]:
+    """The keywords of :func:`onnx_ref._run` at ``opset`` on onnxruntime (a window refused
+    below opset 25)."""
 
     def check(keywords: dict[str, Any]) -> dict[str, Any]:
         if keywords.get("window") is not None and opset < _WINDOW_OPSET:
             raise NotImplementedError(f"ONNX Attention has no window attributes at opset {opset}")
         return keywords | {"opset": opset, "evaluate": _session}
+
+    return check
+
+
+def packed_functions(opset: int) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
+    """``(varlen_attention, paged_attention)`` of the node at ``opset``: onnx_ref's, one node
+    per sequence (paged: the sequence's first ``S_n - L_n`` keys as the node's KV cache), on
+    onnxruntime."""
+    return onnx_ref.packed_functions(
+        f"ONNX Attention (opset {opset}) on onnxruntime", _checked(opset)
+    )
+
+
+def functions(opset: int) -> tuple[Callable[..., np.ndarray], Callable[..., np.ndarray]]:
+    """``(scaled_dot_product_attention, attention_weights)`` of the node at ``opset``."""
+
+    check = _checked(opset)
 
     @takes_descales(f"ONNX Attention (opset {opset}) on onnxruntime", numpy_output)
     def scaled_dot_product_attention(
@@ -80,3 +106,4 @@ def functions(opset: int) -> tuple[Callable[..., np.ndarray], Callable[..., np.n
 
 
 scaled_dot_product_attention, attention_weights = functions(OPSET)
+varlen_attention, paged_attention = packed_functions(OPSET)

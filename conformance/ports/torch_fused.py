@@ -24,6 +24,11 @@ The wrapper only translates the contract's keywords into torch's, and never fixe
 backend is checked on its own kernel; a backend that has no kernel for a case raises torch's
 "No available kernel" error, which the benchmark's gate reports as unsupported.
 
+Contract v3's packed rows (SDPA has no varlen or paged form): :func:`varlen_attention` calls
+SDPA once per sequence on its slice of the packed rows, :func:`paged_attention` once per
+sequence on its keys gathered from the pool through ``block_table``; each call's rules are
+this port's SDPA translation, on the sequence's own (L_n, S_n).
+
 torch has no weights function; :func:`attention_weights` runs the same kernel with the identity
 as value (one value column per key), so the output *is* the weight matrix. There is no public
 causal-mask function, so this port has no ``causal_mask``.
@@ -45,6 +50,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from attention_spec import AttentionGrads
 from conformance.ports.descales import takes_descales, torch_output
+from conformance.ports.packed import page_slots, sequence_bounds
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
@@ -53,10 +59,12 @@ __all__ = [
     "attention_weights",
     "backend",
     "from_numpy",
+    "paged_attention",
     "pinned",
     "scaled_dot_product_attention",
     "scaled_dot_product_attention_vjp",
     "to_numpy",
+    "varlen_attention",
 ]
 
 #: The SDPA backends by the short names the benchmark's rows use.
@@ -232,6 +240,107 @@ def attention_weights(
     )
 
 
+# ---------------------------------------------------------------------------------------------
+# Contract v3: varlen and paged, one SDPA call per sequence (SDPA has neither form)
+# ---------------------------------------------------------------------------------------------
+
+
+def _refuse(softcap: float | None, sinks: torch.Tensor | None) -> None:
+    """SDPA's missing arguments, refused before any sequence's call."""
+    if softcap is not None:
+        raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no softcap")
+    if sinks is not None:
+        raise NotImplementedError("torch.nn.functional.scaled_dot_product_attention has no sinks")
+
+
+@takes_descales(_KERNEL, torch_output, token_major=True)
+def varlen_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    causal_alignment: str = "top_left",
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Packed sequences as one SDPA call per sequence: query (Tq, H, D), key (Tk, K, D), value
+    (Tk, K, E), ``cu_seqlens_q``/``cu_seqlens_k`` (N + 1,) -> (Tq, H, E).
+
+    Sequence n is SDPA on its slices ``query[cu_q[n]:cu_q[n+1]]`` (1, H, L_n, D) and
+    ``key``/``value[cu_k[n]:cu_k[n+1]]`` (1, K, S_n, D|E), its rules on its own (L_n, S_n):
+    ``is_causal`` top-left is SDPA's, bottom-right ``causal_lower_right``, the window a boolean
+    mask and ALiBi an additive one (:func:`scaled_dot_product_attention`'s translation). This
+    loop, rather than one call on the packed rows with a block-diagonal mask, is what SDPA
+    users write (torch 2.13's ``torch.nn.attention.varlen.varlen_attn`` is flash attention,
+    with no CPU kernel: measured, NotImplementedError): each call keeps SDPA's causal
+    argument, and no sequence's keys are in another's call. No softcap, no sinks:
+    NotImplementedError."""
+    _refuse(softcap, sinks)
+    rows = []
+    for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
+        q, k, v = (x.transpose(0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
+        out = scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, causal_alignment=causal_alignment, window=window,
+            scale=scale, alibi_slopes=alibi_slopes,
+        )  # fmt: skip  # (1, H, L_n, E)
+        rows.append(out[0].transpose(0, 1))  # (L_n, H, E)
+    return torch.cat(rows) if rows else query.new_zeros(0, query.shape[1], value.shape[-1])
+
+
+@takes_descales(_KERNEL, torch_output, token_major=True)
+def paged_attention(
+    query: torch.Tensor,
+    key_cache: torch.Tensor,
+    value_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    seq_lens: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    *,
+    is_causal: bool = False,
+    window: tuple[int | None, int | None] | None = None,
+    scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    alibi_slopes: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """A paged cache as one SDPA call per sequence: query (T, H, D), key_cache (P, page, K, D),
+    value_cache (P, page, K, E), block_table (N, max_pages), seq_lens (N,), cu_seqlens_q
+    (N + 1,) -> (T, H, E).
+
+    The wrapper gathers sequence n's ``seq_lens[n]`` keys and values through ``block_table``
+    into a contiguous (1, K, S_n, D|E) (SDPA has no paged form; no slot past ``seq_lens[n]`` is
+    read), then SDPA on its queries (1, H, L_n, D), the last L_n positions: the contract's
+    bottom-right diagonal, ``causal_lower_right`` for ``is_causal``, and the window and ALiBi
+    on the same diagonal. No softcap, no sinks: NotImplementedError."""
+    _refuse(softcap, sinks)
+    P, page, K, _ = key_cache.shape
+    keys = key_cache.reshape(P * page, K, key_cache.shape[-1])  # (P * page, K, D)
+    values = value_cache.reshape(P * page, K, value_cache.shape[-1])  # (P * page, K, E)
+    rows = []
+    for (q0, q1), slots in zip(
+        sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
+    ):
+        if q1 == q0:  # a sequence without queries needs no call
+            continue
+        index = torch.from_numpy(slots).to(key_cache.device)  # (S_n,)
+        q = query[q0:q1].transpose(0, 1)[None]  # (1, H, L_n, D)
+        k, v = (x[index].transpose(0, 1)[None] for x in (keys, values))  # (1, K, S_n, D|E)
+        out = scaled_dot_product_attention(
+            q, k, v, is_causal=is_causal, causal_alignment="bottom_right", window=window,
+            scale=scale, alibi_slopes=alibi_slopes,
+        )  # fmt: skip  # (1, H, L_n, E)
+        rows.append(out[0].transpose(0, 1))  # (L_n, H, E)
+    return torch.cat(rows) if rows else query.new_zeros(0, query.shape[1], value_cache.shape[-1])
+
+
 def pinned(name: str) -> types.ModuleType:
     """This port with the SDPA backend ``name`` forced (a key of :data:`BACKENDS`), named
     ``conformance.ports.torch_fused[<name>]``; its xfails are this port's own file."""
@@ -251,5 +360,7 @@ def pinned(name: str) -> types.ModuleType:
     port.scaled_dot_product_attention = pin(scaled_dot_product_attention)
     port.attention_weights = pin(attention_weights)
     port.scaled_dot_product_attention_vjp = pin(scaled_dot_product_attention_vjp)
+    port.varlen_attention = pin(varlen_attention)
+    port.paged_attention = pin(paged_attention)
     port.from_numpy, port.to_numpy = from_numpy, to_numpy
     return port

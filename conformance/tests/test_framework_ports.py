@@ -44,11 +44,16 @@ from conformance.runner import (
 _KERNEL_FUNCTIONS = [alias for alias, spec in FUNCTIONS.items() if spec.required]
 
 
+#: Contract v3's packed functions, which these kernel ports express with the framework's kernel
+#: (one call per sequence, or a padded batch) and run in their strict tests too.
+_PACKED_FUNCTIONS = ["varlen", "paged"]
+
+
 # JAX's run compiles a program per case (about 3 minutes cold): it runs in `make test-slow`.
 @pytest.mark.parametrize("name", ["torch_fused", pytest.param("jax_fused", marks=pytest.mark.slow)])
 def test_deviations_are_exactly_the_xfails(name: str) -> None:
     pytest.importorskip(name.split("_")[0])
-    report = run_suite(name, functions=_KERNEL_FUNCTIONS)
+    report = run_suite(name, functions=_KERNEL_FUNCTIONS + _PACKED_FUNCTIONS)
     print(report.table())
     assert report.ok, "\n".join(o.line() for o in report.failures)
     assert report.counts()["xfail"] > 0
@@ -187,7 +192,9 @@ def test_flax_deviations_are_exactly_the_xfails() -> None:
 @functools.cache
 def _onnx_report() -> Report:
     pytest.importorskip("onnx")
-    return run_suite("conformance.ports.onnx_ref", functions=["sdpa", "weights"])
+    return run_suite(
+        "conformance.ports.onnx_ref", functions=["sdpa", "weights", *_PACKED_FUNCTIONS]
+    )
 
 
 def test_onnx_deviations_are_exactly_the_xfails() -> None:
@@ -460,6 +467,13 @@ _FAMILY_TABLE_FAMILIES = ("window", "segments", "sinks", "alibi", "garbage")
 #: Contract v3's token-major functions, a column each (every run of the alias), for the ports
 #: that express them; the others show "-".
 _V3_TABLE_FUNCTIONS: dict[str, tuple[str, ...]] = {
+    "torch_fused": ("varlen", "paged"),
+    "jax_fused": ("varlen", "paged"),
+    "onnx_ref": ("varlen", "paged"),
+    "onnxruntime_attention_23": ("varlen", "paged"),
+    "onnxruntime_attention_24": ("varlen", "paged"),
+    "onnxruntime_attention": ("varlen", "paged"),
+    "mlx_fast": ("varlen", "paged"),
     "torch_flex": ("varlen", "paged"),
     "triton_flash": ("varlen", "paged"),
     "pallas_flash": ("varlen", "paged"),

@@ -4,7 +4,8 @@
 opsets 23, 24 and 25, run by onnxruntime's CPU provider, differs from the contract, and
 ``onnxruntime_gqa.xfails`` where ``com.microsoft.GroupQueryAttention`` does (its ``do_rotary``
 as ``apply_rotary`` too: every ``rope`` run). Every ``sdpa`` and
-``weights`` run of each port runs here (a session per run, seconds in all); the measured
+``weights`` run of each port runs here, and the Attention ports' ``varlen`` and ``paged`` runs (a
+session per run, seconds in all); the measured
 differences between the opsets, and GroupQueryAttention's window, are pinned by their numbers,
 and the reproductions in docs/peers/ are run as a user would run them.
 """
@@ -31,7 +32,8 @@ _PORTS = (
 @functools.cache
 def _report(port: str) -> Report:
     pytest.importorskip("onnxruntime")
-    return run_suite(f"conformance.ports.{port}", functions=["sdpa", "weights"])
+    packed = ["varlen", "paged"] if port != "onnxruntime_gqa" else []  # the Attention ports'
+    return run_suite(f"conformance.ports.{port}", functions=["sdpa", "weights", *packed])
 
 
 def _outcome(port: str, run_id: str) -> Outcome:
