@@ -534,8 +534,9 @@ def module_forward(
 class Fp8CacheGolden:
     """What :func:`fp8_cache_decode` returns: the output ``(B, T, M)`` of every step, the
     cache's fp8 keys ``(B, K, T, D)`` and values ``(B, K, T, E)`` (their values, float64), its
-    descales ``(K,)`` (float32), and ``margin``: the least distance of an unsaturated quotient
-    ``x / descale`` to a rounding boundary of the format, in steps of its grid (0.5 at best)."""
+    descales ``(K,)`` (float32), ``margin``: the least distance of an unsaturated quotient
+    ``x / descale`` to a rounding boundary of the format, in steps of its grid (0.5 at best),
+    and ``saturated``: how many quotients exceed the format's max by more than 1%."""
 
     output: np.ndarray
     key: np.ndarray
@@ -543,6 +544,7 @@ class Fp8CacheGolden:
     k_descale: np.ndarray
     v_descale: np.ndarray
     margin: float
+    saturated: int
 
 
 def fp8_margin(x: np.ndarray, descale: np.ndarray, fmt: str) -> float:
@@ -630,7 +632,12 @@ def fp8_cache_decode(
     # 5. heads merged back, output projection.
     y = linear(_merge_heads(out), weights["o_proj.kernel"], weights.get("o_proj.bias"), round_to)
     margin = min(fp8_margin(k, k_d, fmt), fp8_margin(v, v_d, fmt))
-    return Fp8CacheGolden(y, key8, value8, k_d.copy(), v_d.copy(), margin)
+    top = FP8_FORMATS[fmt][2]
+    saturated = sum(
+        int(np.sum(np.abs(a.astype(np.float32) / d.reshape(1, -1, 1, 1)) > 1.01 * top))
+        for a, d in ((k, k_d), (v, v_d))
+    )
+    return Fp8CacheGolden(y, key8, value8, k_d.copy(), v_d.copy(), margin, saturated)
 
 
 def alibi_slopes(n_heads: int) -> np.ndarray:
