@@ -439,6 +439,10 @@ class GroupedQueryAttention(nnx.Module):
 
         A paged cache (``init_cache(..., page_size=)``) gives the same outputs through
         ``paged_attention`` (:meth:`_decode_paged`); it takes no mask, bias, ids or weights.
+        An fp8 cache (``init_cache(..., dtype="float8_e4m3fn")``) is the same step: the new
+        keys (rotated) and values quantized on write at the cache's descales, fixed at its first
+        write, and read by the same attention call with ``k_descale``/``v_descale``; the output
+        stays in the module's dtype.
 
         Raises:
             ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or a
