@@ -32,9 +32,12 @@ from conformance.cases.base import (
     canonical,
     case,
     normal,
+    z,
 )
 from conformance.cases.decode import DECODE_T
 from conformance.cases.errors import decode, module_error_case, other_module
+from conformance.cases.mla import MLA, Dr, _zeros, mla_weights
+from conformance.cases.mla import H as MLA_H
 
 #: The fp8 formats of the cache, by the short name in a case id.
 FORMATS: dict[str, str] = {"e4m3fn": "float8_e4m3fn", "e5m2": "float8_e5m2"}
@@ -166,3 +169,14 @@ def err_fp8_cache_descale_shape() -> ModuleErrorCall:
 def err_fp8_cache_descale_value() -> ModuleErrorCall:
     """init_cache(..., dtype="float8_e5m2", v_descale=[0.5, 0.0]): a descale is finite and > 0."""
     return _fp8_cache(cache_dtype="float8_e5m2", v_descale=[0.5, 0.0])
+
+
+@module_error_case("fp8_cache_mla", "ConfigError", "fp8_cache")
+def err_fp8_cache_mla() -> ModuleErrorCall:
+    """MultiHeadLatentAttention.init_cache(..., dtype="float8_e4m3fn"): the latent cache has no
+    fp8 form here (never a silent cache of the module's dtype)."""
+    weights = _zeros(mla_weights(np.random.default_rng(0)))
+    plan = {"batch_size": MB, "max_len": 6, "chunks": [1], "cache_dtype": "float8_e4m3fn"}
+    return ModuleErrorCall("decode", MLA, arguments={"qk_rope_head_dim": Dr}, weights=weights,
+                           n_heads=MLA_H, n_kv_heads=None, inputs={"x": z(MB, 1, MM)},
+                           decode=plan)  # fmt: skip
