@@ -14,17 +14,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from attention_spec.arrays import ArraySpec, check_given, describe
+from attention_spec.arrays import ArraySpec, check_given, describe, dtype_name
 from attention_spec.call import AttentionCall
 from attention_spec.deprecated import ARRAY_KEYWORDS_1_0, masks_1_0, spec_1_0, warn_1_0
 from attention_spec.errors import make_error
+from attention_spec.fp8 import FP8_DTYPES, check_descale, check_fp8_dtypes, is_fp8
 from attention_spec.keywords import check_flag, check_size
 from attention_spec.modules import ModuleDims, check_sequence
 from attention_spec.validate import check_attention
 from attention_spec.varlen import _check_cu_seqlens
 
 __all__ = [
-    "check_cache_size", "check_decode_inputs", "check_paged_decode_inputs", "check_prefill_inputs",
+    "check_cache_dtype", "check_cache_size", "check_decode_inputs", "check_paged_decode_inputs",
+    "check_prefill_inputs",
 ]  # fmt: skip
 
 
@@ -76,12 +78,74 @@ def check_cache_size(
     return min(left + 1, int(max_len))
 
 
+def check_cache_dtype(
+    n_kv_heads: int,
+    param_dtype: str,
+    dtype: Any = None,
+    *,
+    k_descale: Any = None,
+    v_descale: Any = None,
+    fp8: bool = True,
+) -> str:
+    """Validate ``init_cache(..., dtype=, k_descale=, v_descale=)`` and return the name of the
+    cache's dtype: the module's (``dtype`` None or the module's own), or an fp8 format
+    (``"float8_e4m3fn"``, ``"float8_e5m2"``: keys and values stored in it, SEMANTICS.md of the
+    project, "FP8 KV cache").
+
+    ``k_descale``/``v_descale``: None (computed at the cache's first write) or the caller's,
+    one for the cache's life: a real number or a float32 array of shape exactly ``()`` or
+    ``(K,)``, finite and > 0 (vLLM's calibrated ``k_scale``/``v_scale``). ``fp8`` False: the
+    module's cache has no fp8 form (``MultiHeadLatentAttention``).
+
+    Raises:
+        DTypeError ``unsupported_dtype``: ``dtype`` neither the module's nor an fp8 format;
+        DTypeError ``fp8_combination``: an fp8 cache of a float64 module (the contract's fp8
+        key/value with a float64 query);
+        ConfigError ``fp8_cache``: an fp8 dtype where ``fp8`` is False;
+        DTypeError ``descale_not_fp8``: a descale given without an fp8 dtype;
+        DTypeError ``descale_dtype``, DimensionMismatchError ``descale_shape``, ConfigError
+        ``descale_value``: a descale not float32, not ``()``/``(K,)``, not finite or <= 0.
+    """
+    name = param_dtype if dtype is None else dtype if isinstance(dtype, str) else dtype_name(dtype)
+    if name not in (param_dtype, *FP8_DTYPES):
+        raise make_error(
+            "unsupported_dtype",
+            f"a KV cache's dtype is the module's ({param_dtype}) or an fp8 format "
+            f"{FP8_DTYPES}; got {name}",
+            expected=" | ".join((param_dtype, *FP8_DTYPES)),
+            actual=str(name),
+        )
+    if is_fp8(name) and not fp8:
+        raise make_error(
+            "fp8_cache",
+            "this module's KV cache has no fp8 form: MultiHeadLatentAttention's latent cache "
+            "holds c_kv and k_pe, which its absorbed decode multiplies by weights before the "
+            "attention; leave dtype as None",
+            expected="dtype=None",
+            actual=f"dtype={name}",
+        )
+    if is_fp8(name):
+        check_fp8_dtypes(param_dtype, name, name)  # a float64 module: fp8_combination
+    text = f"() or (K={n_kv_heads},)"
+    for key, given in (("k_descale", k_descale), ("v_descale", v_descale)):
+        checked = check_descale(key, given, name, (n_kv_heads,), text)
+        if isinstance(checked, ArraySpec) and checked.shape not in ((), (n_kv_heads,)):
+            raise make_error(
+                "descale_shape",
+                f"an fp8 KV cache's {key} is one per key/value head, {text}; got {checked.shape}",
+                expected=text,
+                actual=str(checked.shape),
+            )
+    return name
+
+
 def _check_cache(
     dims: ModuleDims, param_dtype: str, key: ArraySpec, value: ArraySpec, *, paged: bool = False
 ) -> None:
     """A KV cache's buffers are this module's: ``key (B, K, T, D)``, ``value (B, K, T, E)``, or
     with ``paged`` a pool's pages ``key (P, page_size, K, D)``, ``value (P, page_size, K, E)``."""
     owner, head = ("paged KV cache", 2) if paged else ("KV cache", 1)  # head: the K axis
+    stored = key.dtype if is_fp8(key.dtype) else param_dtype  # an fp8 cache's, or the module's
     for name, spec, last in (("key", key, dims.D), ("value", value, dims.E)):
         letter = "D" if name == "key" else "E"
         want = f"(B, K={dims.K}, T, {letter}={last})"
@@ -96,14 +160,16 @@ def _check_cache(
                 expected=want,
                 actual=str(spec.shape),
             )
-        if spec.dtype != param_dtype:
+        if spec.dtype != stored:
             raise make_error(
                 "dtype_mismatch",
-                f"the {owner}'s {name} dtype must be the module's ({param_dtype}); got "
-                f"{spec.dtype}",
-                expected=param_dtype,
+                f"the {owner}'s {name} dtype must be the module's ({param_dtype}), or for an fp8 "
+                f"cache the key's ({stored}); got {spec.dtype}",
+                expected=stored,
                 actual=spec.dtype,
             )
+    if is_fp8(stored):
+        check_fp8_dtypes(param_dtype, stored, stored)  # a float64 module: fp8_combination
     if key.shape[:3] != value.shape[:3]:
         raise make_error(
             "cache_mismatch",
@@ -179,12 +245,14 @@ def check_decode_inputs(
     n_batch, new_len, _ = x.shape
     _check_batch_and_length(x.shape, describe(cache_key).shape[0], position, max_len)
     S = position + new_len
+    stored = describe(cache_key).dtype  # the module's, or an fp8 cache's format
+    fp8 = {"k_descale": None, "v_descale": None} if is_fp8(stored) else {}  # the cache's own
     return check_attention(
         ArraySpec((n_batch, dims.H, new_len, dims.D), param_dtype),  # q of the new tokens
-        ArraySpec((n_batch, dims.K, S, dims.D), param_dtype),  # k: cached and new
-        ArraySpec((n_batch, dims.K, S, dims.E), param_dtype),  # v
+        ArraySpec((n_batch, dims.K, S, dims.D), stored),  # k: cached and new
+        ArraySpec((n_batch, dims.K, S, dims.E), stored),  # v
         mask=mask, bias=bias, causal_alignment="bottom_right",
-        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
+        q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, **fp8,
     )  # fmt: skip
 
 

@@ -214,6 +214,11 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
         ConfigError,
         "a paged KV cache asked to be rolling too, or its decode given mask/bias/ids/weights",
     ),
+    # -- the modules' fp8 KV cache (init_cache(..., dtype="float8_*"); attention_spec/cache.py) --
+    "fp8_cache": (
+        ConfigError,
+        "an fp8 KV cache asked of a module whose cache has none (MultiHeadLatentAttention)",
+    ),
 }
 
 
@@ -223,6 +228,7 @@ MODULE_ERROR_CODES: frozenset[str] = frozenset(
     {"d_model_not_divisible", "model_width_mismatch", "weight_shape", "cache_overflow",
      "cache_mismatch", "rolling_cache", "mla_dims"}
     | {"paged_cache"}  # the modules' paged KV cache
+    | {"fp8_cache"}  # the modules' fp8 KV cache
 )  # fmt: skip
 
 #: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,

@@ -43,6 +43,7 @@ import numpy as np
 
 __all__ = [
     "NOISE_FLOOR",
+    "Fp8CacheGolden",
     "Golden",
     "GoldenGrads",
     "ModuleGolden",
@@ -50,6 +51,8 @@ __all__ = [
     "attention_vjp",
     "causal_mask",
     "dequantized",
+    "fp8_cache_decode",
+    "fp8_margin",
     "fp8_rounded",
     "linear",
     "module_forward",
@@ -525,6 +528,116 @@ def module_forward(
     # 3. heads merged back, output projection: (B, L, H*E) -> (B, L, M)
     y = project("o_proj", _merge_heads(golden.output))
     return ModuleGolden(output=y, weights=golden.weights)
+
+
+@dataclass(frozen=True)
+class Fp8CacheGolden:
+    """What :func:`fp8_cache_decode` returns: the output ``(B, T, M)`` of every step, the
+    cache's fp8 keys ``(B, K, T, D)`` and values ``(B, K, T, E)`` (their values, float64), its
+    descales ``(K,)`` (float32), ``margin``: the least distance of an unsaturated quotient
+    ``x / descale`` to a rounding boundary of the format, in steps of its grid (0.5 at best),
+    and ``saturated``: how many quotients exceed the format's max by more than 1%."""
+
+    output: np.ndarray
+    key: np.ndarray
+    value: np.ndarray
+    k_descale: np.ndarray
+    v_descale: np.ndarray
+    margin: float
+    saturated: int
+
+
+def fp8_margin(x: np.ndarray, descale: np.ndarray, fmt: str) -> float:
+    """The least distance of ``float32(x) / descale`` (x ``(B, K, T, D)``, descale ``(K,)``) to
+    a midpoint of ``fmt``'s grid, in steps of that grid, over the values below the format's max
+    (a saturated value has no boundary near it): how far a port's own float32 rounding of x may
+    move before its fp8 value differs from this one."""
+    mant, emin, top = FP8_FORMATS[fmt]
+    d = np.asarray(descale, np.float32).reshape(1, -1, 1, 1)
+    quotient = np.abs((np.asarray(x).astype(np.float32) / d).astype(np.float64))
+    quotient = quotient[quotient < top]
+    if quotient.size == 0:
+        return 0.5
+    _, e = np.frexp(quotient)
+    step = np.ldexp(1.0, np.maximum(e - 1, emin) - mant)
+    units = quotient / step  # the value in steps: a midpoint is at n + 0.5
+    return float(np.min(np.abs(units - np.floor(units) - 0.5)))
+
+
+def fp8_cache_decode(
+    weights: dict[str, np.ndarray],
+    x: np.ndarray,
+    chunks: list[int],
+    *,
+    fmt: str,
+    n_heads: int,
+    n_kv_heads: int,
+    k_descale: np.ndarray | float | None = None,
+    v_descale: np.ndarray | float | None = None,
+    rope_theta: float | None = None,
+    rope_interleaved: bool = False,
+    rotary_dim: int | None = None,
+    window: tuple | list | None = None,
+    round_to: str | None = None,
+) -> Fp8CacheGolden:
+    """The modules' fp8 KV cache (the project's SEMANTICS.md, "FP8 KV cache"), written here
+    from the rule alone: ``x (B, T, M)`` decoded in ``chunks`` into a cache of format ``fmt``.
+
+    Each token's key and value are its projections (the key rotated at its position when
+    ``rope_theta`` is given), quantized by :func:`quantize_fp8` over (B, tokens, head dim) with
+    one descale per key/value head ``(K,)``: ``k_descale``/``v_descale`` when given, else the
+    dynamic descale of the FIRST chunk's keys and values, fixed for every later token (which
+    saturates past it). Step n's queries (rotated at their positions) attend, bottom-right
+    causal within ``window``, to every key so far dequantized in float64 (:func:`dequantized`);
+    the output projection follows. ``round_to``: the plain same-dtype computation (projections,
+    rotation and attention rounded to it; the fp8 values are the same where the margin holds).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    B, T, _ = x.shape
+
+    def project(name: str) -> np.ndarray:
+        return linear(x, weights[f"{name}.kernel"], weights.get(f"{name}.bias"), round_to)
+
+    # 1. projections of every token (a token's own: the chunking does not change them).
+    q = _split_heads(project("q_proj"), n_heads)  # (B, H, T, D)
+    k = _split_heads(project("k_proj"), n_kv_heads)  # (B, K, T, D)
+    v = _split_heads(project("v_proj"), n_kv_heads)  # (B, K, T, E)
+    if rope_theta is not None:  # token t at position t, query and key alike
+        positions = np.array(list(range(T)))
+        rope = dict(theta=rope_theta, rotary_dim=rotary_dim, interleaved=rope_interleaved,
+                    round_to=round_to)  # fmt: skip
+        q, k = rotary(q, positions, **rope), rotary(k, positions, **rope)
+    # 2. the cache's descales: the caller's, or the first chunk's dynamic ones, then fixed.
+    first = chunks[0]
+    if k_descale is None:
+        _, k_descale = quantize_fp8(k[:, :, :first], fmt, axes=(0, 2, 3))  # (K,)
+    if v_descale is None:
+        _, v_descale = quantize_fp8(v[:, :, :first], fmt, axes=(0, 2, 3))  # (K,)
+    k_d = np.broadcast_to(np.asarray(k_descale, np.float32), (n_kv_heads,))
+    v_d = np.broadcast_to(np.asarray(v_descale, np.float32), (n_kv_heads,))
+    # 3. every token stored in fp8 at those descales (static form, saturating).
+    key8, _ = quantize_fp8(k, fmt, axes=(0, 2, 3), descale=k_d)  # (B, K, T, D) values
+    value8, _ = quantize_fp8(v, fmt, axes=(0, 2, 3), descale=v_d)  # (B, K, T, E) values
+    k64, v64 = dequantized(key8, k_d), dequantized(value8, v_d)
+    # 4. each step's queries over the keys written so far, bottom-right causal.
+    out = np.zeros((B, n_heads, T, v.shape[-1]), dtype=np.float64)
+    start = 0
+    for n in chunks:
+        stop = start + n
+        step = attention(q[:, :, start:stop], k64[:, :, :stop], v64[:, :, :stop],
+                         is_causal=True, causal_alignment="bottom_right", round_to=round_to,
+                         window=None if window is None else tuple(window))  # fmt: skip
+        out[:, :, start:stop] = step.output
+        start = stop
+    # 5. heads merged back, output projection.
+    y = linear(_merge_heads(out), weights["o_proj.kernel"], weights.get("o_proj.bias"), round_to)
+    margin = min(fp8_margin(k, k_d, fmt), fp8_margin(v, v_d, fmt))
+    top = FP8_FORMATS[fmt][2]
+    saturated = sum(
+        int(np.sum(np.abs(a.astype(np.float32) / d.reshape(1, -1, 1, 1)) > 1.01 * top))
+        for a, d in ((k, k_d), (v, v_d))
+    )
+    return Fp8CacheGolden(y, key8, value8, k_d.copy(), v_d.copy(), margin, saturated)
 
 
 def alibi_slopes(n_heads: int) -> np.ndarray:

@@ -49,7 +49,7 @@ from safetensors.numpy import save_file
 from torch import nn
 
 from attention_spec import compute_dtype, dtype_name
-from attention_spec.cache import check_paged_decode_inputs
+from attention_spec.cache import check_cache_dtype, check_paged_decode_inputs
 from attention_spec.mla import (
     check_mla_canonical,
     check_mla_config,
@@ -352,7 +352,12 @@ class MultiHeadLatentAttention(nn.Module):
     # -- decoding, absorbed: the latent cache, one MQA call --------------------------------------
 
     def init_cache(
-        self, batch_size: int, max_len: int, *, page_size: int | None = None
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        page_size: int | None = None,
+        dtype: torch.dtype | str | None = None,
     ) -> KVCache | PagedKVCache:
         """An empty latent cache: ``key`` is ``c_kv (B, 1, T, R)``, ``value`` the rotated
         ``k_pe (B, 1, T, Dr)``: R + Dr numbers per token.
@@ -362,8 +367,12 @@ class MultiHeadLatentAttention(nn.Module):
         pages ``[c_kv, k_pe] (P, page_size, 1, R + Dr)`` and value pages ``c_kv (P, page_size,
         1, R)`` (c_kv twice: 2R + Dr numbers per token); ``decode`` reads it through
         ``paged_attention``.
+
+        ``dtype``: None or the module's; an fp8 format is ``fp8_cache`` (ConfigError): the
+        latent cache has no fp8 form (its c_kv is multiplied by ``kv_b``'s absorbed weights).
         """
         T = check_cache_size(batch_size, max_len, page_size=page_size)
+        check_cache_dtype(1, dtype_name(self.dtype), dtype, fp8=False)  # the module's dtype only
         d, like = self.dims, {"dtype": self.dtype, "device": self.kv_a_layernorm.device}
         if page_size is not None:
             P = batch_size * pages_needed(max_len, page_size)

@@ -53,7 +53,11 @@ from attention_spec import (
     compute_dtype,
     dtype_name,
 )
-from attention_spec.cache import check_paged_decode_inputs, check_prefill_inputs
+from attention_spec.cache import (
+    check_cache_dtype,
+    check_paged_decode_inputs,
+    check_prefill_inputs,
+)
 from attention_spec.modules import (
     PROJECTIONS,
     check_attention_options,
@@ -319,6 +323,7 @@ class GroupedQueryAttention(nn.Module):
         """
         keywords |= self._option_keywords()
         out = scaled_dot_product_attention(q, k, v, **keywords)  # (B, H, L, E)
+        keywords.pop("v_descale", None)  # an fp8 cache's: the weights read no value
         weights = attention_weights(q, k, **keywords) if return_weights else None  # (B, H, L, S)
         return out, weights
 
@@ -381,8 +386,29 @@ class GroupedQueryAttention(nn.Module):
 
     # -- KV-cache decoding ---------------------------------------------------------------------
 
+    def _stored_dtype(self, name: str) -> torch.dtype:
+        """The cache buffers' dtype for ``check_cache_dtype``'s name: the module's, or fp8."""
+        return self.dtype if name == dtype_name(self.dtype) else getattr(torch, name)
+
+    def _cache_descale(self, descale: torch.Tensor | float | None) -> torch.Tensor | None:
+        """A given cache descale (a number or ``(K,)``) as the cache holds it, ``(K,)`` float32
+        (None: computed at the first write)."""
+        if descale is None:
+            return None
+        device = self.q_proj.weight.device
+        descale = torch.as_tensor(descale, dtype=torch.float32, device=device)
+        return descale.broadcast_to((self.dims.K,)).clone()  # (K,)
+
     def init_cache(
-        self, batch_size: int, max_len: int, *, rolling: bool = False, page_size: int | None = None
+        self,
+        batch_size: int,
+        max_len: int,
+        *,
+        rolling: bool = False,
+        page_size: int | None = None,
+        dtype: torch.dtype | str | None = None,
+        k_descale: torch.Tensor | float | None = None,
+        v_descale: torch.Tensor | float | None = None,
     ) -> KVCache | PagedKVCache:
         """An empty cache for ``batch_size`` sequences of up to ``max_len`` tokens (K heads).
 
@@ -393,24 +419,45 @@ class GroupedQueryAttention(nn.Module):
         ``page_size`` given: a :class:`PagedKVCache`, a pool of ``B * ceil(max_len /
         page_size)`` pages of ``page_size`` slots that the sequences take as they grow;
         ``decode`` reads it through ``paged_attention``.
+
+        ``dtype`` ``"float8_e4m3fn"`` or ``"float8_e5m2"`` (None: the module's dtype): keys and
+        values stored in that fp8 format (plain, rolling or paged), quantized on write with one
+        descale per key/value head, ``(K,)`` float32, for the cache's life: ``k_descale`` and
+        ``v_descale`` (a number or ``(K,)``, vLLM's calibrated ``k_scale``/``v_scale``), or, when
+        None, computed at the first write from that write's keys and values (``quantize_fp8``'s
+        dynamic rule over (B, L, D)), then fixed: later tokens beyond that range saturate at the
+        format's max. ``decode`` passes them to the attention (SEMANTICS.md of the project, "FP8
+        KV cache"); its output is in the module's dtype.
+
+        Raises:
+            DTypeError ``unsupported_dtype`` (dtype neither the module's nor fp8),
+            ``fp8_combination`` (an fp8 cache of a float64 module), ``descale_not_fp8`` (a
+            descale without an fp8 dtype), ``descale_dtype``; DimensionMismatchError
+            ``descale_shape`` (not ``()`` or ``(K,)``); ConfigError ``descale_value``.
         """
         T = check_cache_size(
             batch_size, max_len, rolling=rolling, left=self.options.left, page_size=page_size
         )
+        stored = check_cache_dtype(
+            self.dims.K, dtype_name(self.dtype), dtype, k_descale=k_descale, v_descale=v_descale
+        )  # the module's dtype name, or an fp8 format's
+        dtype = self._stored_dtype(stored)
+        k_descale, v_descale = self._cache_descale(k_descale), self._cache_descale(v_descale)
         B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
         device = self.q_proj.weight.device
         if page_size is not None:
             P = B * pages_needed(max_len, page_size)
             shape = (P, page_size, K, D)
-            key = torch.zeros(shape, dtype=self.dtype, device=device)  # (P, page_size, K, D)
+            key = torch.zeros(shape, dtype=dtype, device=device)  # (P, page_size, K, D)
             shape = (P, page_size, K, E)
-            value = torch.zeros(shape, dtype=self.dtype, device=device)  # (P, page_size, K, E)
-            return PagedKVCache(key, value, ((),) * B, tuple(range(P)), max_len)
+            value = torch.zeros(shape, dtype=dtype, device=device)  # (P, page_size, K, E)
+            return PagedKVCache(key, value, ((),) * B, tuple(range(P)), max_len, 0,
+                                k_descale, v_descale)  # fmt: skip
         shape = (B, K, T, D)
-        key = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, K, T, D)
+        key = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, T, D)
         shape = (B, K, T, E)
-        value = torch.zeros(shape, dtype=self.dtype, device=device)  # (B, K, T, E)
-        return KVCache(key, value, 0, max_len if rolling else None)
+        value = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, T, E)
+        return KVCache(key, value, 0, max_len if rolling else None, k_descale, v_descale)
 
     def decode(
         self,
@@ -446,6 +493,10 @@ class GroupedQueryAttention(nn.Module):
 
         A paged cache (``init_cache(..., page_size=)``) gives the same outputs through
         ``paged_attention`` (:meth:`_decode_paged`); it takes no mask, bias, ids or weights.
+        An fp8 cache (``init_cache(..., dtype="float8_e4m3fn")``) is the same step: the new
+        keys (rotated) and values quantized on write at the cache's descales, fixed at its first
+        write, and read by the same attention call with ``k_descale``/``v_descale``; the output
+        stays in the module's dtype.
 
         Raises:
             ConfigError ``cache_overflow``: ``position + L > max_len`` (never a wrap or a
@@ -469,16 +520,18 @@ class GroupedQueryAttention(nn.Module):
         k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
         #    RoPE: new token i at cache.position + i; the cache keeps the rotated keys.
         q, k_new = self._rotate(q, k_new, cache.position, cache.position)
-        # 2. the cache: the new keys and values written at position .. position + L - 1; the keys
-        #    attended: all S = position + L (a rolling cache: its last min(position, left), then
-        #    the L new ones).
+        # 2. the cache: the new keys and values written at position .. position + L - 1 (an fp8
+        #    cache: quantized with its descales, fixed at its first write); the keys attended:
+        #    all S = position + L (a rolling cache: its last min(position, left), then the L
+        #    new ones).
         cache, k, v = cache.append(k_new, v_new)  # (B, K, S, D), (B, K, S, E)
         # 3. attention over the S keys, bottom-right causal: new token i sees the cache and
-        #    0..i, within the module's window.
+        #    0..i, within the module's window; an fp8 cache's keys and values read with its
+        #    descales (None: the module's dtype).
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights, q_segment_ids=q_segment_ids,
-            kv_segment_ids=kv_segment_ids,
+            kv_segment_ids=kv_segment_ids, k_descale=cache.k_descale, v_descale=cache.v_descale,
         )  # fmt: skip
         # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
@@ -499,11 +552,13 @@ class GroupedQueryAttention(nn.Module):
         #    RoPE: new token i at cache.position + i; the cache keeps the rotated keys.
         q, k_new = self._rotate(q, k_new, cache.position, cache.position)
         # 2. the cache: each sequence takes the pages its new tokens need from the pool, and
-        #    the new keys and values are written into them.
+        #    the new keys and values are written into them (an fp8 pool: quantized with its
+        #    descales, fixed at its first write).
         cache = cache.write(k_new, v_new)
         # 3. attention through paged_attention: each sequence's L new queries (token-major,
         #    sequence b's rows b*L .. b*L + L - 1) over its S = position + L keys, read through
-        #    its block-table row; bottom-right causal, within the module's window.
+        #    its block-table row; bottom-right causal, within the module's window; an fp8
+        #    pool's keys and values read with its descales (None: the module's dtype).
         q = q.transpose(1, 2).reshape(B * L, self.dims.H, self.dims.D)  # (B*L, H, D)
         device = q.device
         seq_lens = torch.full((B,), cache.position, dtype=torch.int32, device=device)  # (B,)
@@ -516,6 +571,8 @@ class GroupedQueryAttention(nn.Module):
             seq_lens,
             cu_seqlens_q,
             is_causal=True,
+            k_descale=cache.k_descale,
+            v_descale=cache.v_descale,
             **self._option_keywords(),
         )  # fmt: skip  (B*L, H, E)
         out = out.reshape(B, L, self.dims.H, self.dims.E).transpose(1, 2)  # (B, H, L, E)

@@ -27,7 +27,9 @@ Read these files as documentation. Each case is a function registered by
   (``paged.*``) and ``paged_cache_write`` (``paged_write.*``), their errors too.
 - :mod:`~conformance.cases.fp8`: contract v3's fp8 inputs with descales (``sdpa.fp8.*``),
   ``quantize_fp8`` (``quantize.*``) and the fp8 error codes (registered last, so they follow
-  every other case of their group).
+  every other case of their group);
+- :mod:`~conformance.cases.fp8_cache`: the modules' fp8 KV cache (``decode.fp8_cache.*``),
+  registered after every other decode case.
 
 ``conformance/generate/`` turns each registered case into fixtures, one per dtype it lists.
 A new case is one decorated function in the file of its op; a new op is a new file here, a
@@ -63,4 +65,5 @@ __all__ = [
     "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases",
 ]  # fmt: skip
 
-from conformance.cases import fp8  # noqa: F401  (registered last: after every sdpa case)
+# Registered last: fp8 after every sdpa case, fp8_cache after every decode case.
+from conformance.cases import fp8, fp8_cache  # noqa: F401

@@ -76,6 +76,8 @@ def _contract(fields: dict[str, Any]) -> str:
     names = set(fields.get("keywords", {})) | set(fields.get("shapes", {}))
     names |= set(fields.get("inputs", {})) | set(fields.get("weights", {})) | settings
     paged = "page_size" in fields.get("decode", {})  # the modules' paged KV cache is v3's
+    fp8_cache = {"cache_dtype", "k_descale", "v_descale"} & set(fields.get("decode", {}))
+    paged |= bool(fp8_cache)  # and their fp8 KV cache
     if names & V3_NAMES or module.get("class") in V3_MODULES or paged:
         return "v3"
     rolling = bool(fields.get("decode", {}).get("rolling"))  # the rolling KV cache is v2's
@@ -243,6 +245,8 @@ def _module_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
 def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """One fixture per chunking of :data:`cases.DECODE_CHUNKINGS`, sharing one golden: the
     module's full causal forward over the whole sequence (self-attention, L = S = T)."""
+    if case.name.startswith("fp8_cache."):  # the modules' fp8 KV cache: goldens of its own
+        return fp8_cache_fixtures(case, dtype)
     c = case.build(np.random.default_rng(case.seed), dtype)
     weights, inputs = _module_inputs(c, dtype)
     golden, plain = _module_goldens(c, weights, inputs, dtype)
@@ -489,3 +493,6 @@ from conformance.generate.fp8 import FP8_GROUPS, QUANTIZE_BUILDERS  # noqa: E402
 
 BUILDERS |= QUANTIZE_BUILDERS
 GROUPS += FP8_GROUPS
+
+# The modules' fp8 KV cache (contract v3): decode fixtures with goldens of their own.
+from conformance.generate.fp8_cache import fp8_cache_fixtures  # noqa: E402

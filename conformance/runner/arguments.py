@@ -227,12 +227,14 @@ def _case_module(cls: Any, case: Case, device: str) -> Any:
     return _load_module(cls, case.entry["module"], weights, case.dtype, device)
 
 
-def _decode_cache(cls: Any, module: Any, case: Case, device: str) -> Any:
+def _decode_cache(cls: Any, module: Any, case: Case, device: str, port: Port | None = None) -> Any:
     """``init_cache(batch_size, max_len)`` of the case's decode plan (``rolling=True`` only for
-    a rolling cache, ``page_size=`` only for a paged one, so a port without them still runs
-    every plain decode case); an error
+    a rolling cache, ``page_size=`` only for a paged one, ``dtype=`` and ``k_descale=``/
+    ``v_descale=`` only for an fp8 one, so a port without them still runs every plain decode
+    case); an error
     case's plan may give the batch size, and a ``cache_from``: another module (other sizes,
-    another dtype) makes the cache."""
+    another dtype) makes the cache. A descale list becomes a float32 array of the port
+    (``port`` None: a NumPy array)."""
     plan = case.entry["decode"]
     maker = module
     if "cache_from" in plan:
@@ -244,4 +246,12 @@ def _decode_cache(cls: Any, module: Any, case: Case, device: str) -> Any:
     batch_size = plan.get("batch_size", x.shape[0])
     rolling = {"rolling": True} if plan.get("rolling") else {}
     paged = {"page_size": plan["page_size"]} if "page_size" in plan else {}  # paged (v3)
-    return maker.init_cache(batch_size, plan["max_len"], **rolling, **paged)
+    fp8 = {"dtype": plan["cache_dtype"]} if "cache_dtype" in plan else {}  # an fp8 cache (v3)
+    for name in ("k_descale", "v_descale"):
+        if name in plan:
+            given = plan[name]
+            if isinstance(given, list):
+                given = np.asarray(given, np.float32)
+                given = given if port is None else _in(port, given, device)
+            fp8[name] = given
+    return maker.init_cache(batch_size, plan["max_len"], **rolling, **paged, **fp8)

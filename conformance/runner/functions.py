@@ -198,7 +198,7 @@ def _decode_values(port: Port, fn: Callable, case: Case, device: str, spec: Func
     t = case.tensors()
     try:
         module = _case_module(cls, case, device)
-        cache = _decode_cache(cls, module, case, device)
+        cache = _decode_cache(cls, module, case, device, port)
     except Exception as exc:
         raise _raised(exc, "before decoding: ") from exc
     for step, (start, stop, new) in enumerate(steps):
@@ -227,7 +227,7 @@ def _module_error(port: Port, fn: Callable, case: Case, device: str, spec: Funct
         (x, context), kwargs = _module_arguments(port, fn, case, device, spec)
         return fn(module, x, context, **kwargs)
     steps, kwargs = _decode_arguments(port, fn, case, device, spec)
-    cache = _decode_cache(cls, module, case, device)
+    cache = _decode_cache(cls, module, case, device, port)
     for _, _, new in steps:
         *_, cache = fn(module, new, cache, **kwargs)
     return cache

@@ -188,6 +188,26 @@ BUGS: dict[str, tuple[str, str]] = {
         "chunk, not p % page_size of its position (it overwrites an earlier token)",
         "decode.v2.window_sinks_alibi_softcap.mha.paged.chunks_2_1_2.float32",
     ),
+    # the modules' fp8 KV cache (init_cache(..., dtype="float8_*"); contract v3)
+    "decode_fp8_cache_descale_per_write": (
+        "fp8 cache: the descale recomputed from each write's keys and values, the old tokens "
+        "(quantized at the old one) read with the new one",
+        "decode.fp8_cache.e4m3fn.rope.gqa.dynamic.tokens.float32",
+    ),
+    "decode_fp8_cache_k_descale_by_query_head": (
+        "fp8 cache: k_descale indexed by the query head h (h % K), not by its key/value head "
+        "h // G",
+        "decode.fp8_cache.e4m3fn.gqa.static.tokens.float32",
+    ),
+    "decode_fp8_cache_not_saturating": (
+        "fp8 cache: later tokens past the first write's range cast unclipped (e4m3fn NaN)",
+        "decode.fp8_cache.e4m3fn.gqa.saturate.tokens.float32",
+    ),
+    "decode_fp8_cache_descale_dropped": (
+        "fp8 cache: keys and values quantized on write, but the descales not passed to the "
+        "attention (read as 1.0)",
+        "decode.fp8_cache.e5m2.gqa.static.chunks_2_1_2.float32",
+    ),
     # -- rotary position embedding ---------------------------------------------------------
     "rope_pairs_swapped": (
         "rope: interleaved pairs (x[2p], x[2p+1]) where half-split (x[p], x[p + R/2]) is asked, "

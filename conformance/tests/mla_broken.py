@@ -12,7 +12,7 @@ from typing import NamedTuple
 import numpy as np
 
 from attention_spec.arrays import ArraySpec
-from attention_spec.cache import check_paged_decode_inputs
+from attention_spec.cache import check_cache_dtype, check_paged_decode_inputs
 from attention_spec.mla import check_mla_canonical, check_mla_config, check_mla_rope
 from attention_spec.modules import (
     ModuleDims,
@@ -147,8 +147,9 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             y = self._output(out)
             return (y, w) if return_weights else y
 
-        def init_cache(self, batch_size, max_len, *, page_size=None):
+        def init_cache(self, batch_size, max_len, *, page_size=None, dtype=None):
             check_cache_size(batch_size, max_len, page_size=page_size)
+            check_cache_dtype(1, self.dtype.name, dtype, fp8=False)  # no fp8 latent cache
             d = self.dims
             if page_size is not None:  # NaN pools: a stray read shows
                 P = batch_size * pages_needed(max_len, page_size)

@@ -1,15 +1,17 @@
 """The broken port's modules: ``GroupedQueryAttention`` and ``MultiHeadAttention`` with a KV
-cache (plain, rolling and paged), built on the broken port's own functions, with the module and
-cache bugs of :data:`conformance.tests.broken_ports.BUGS` switched in (:func:`broken_modules`)."""
+cache (plain, rolling and paged; of the module's dtype or fp8), built on the broken port's own
+functions, with the module and cache bugs of :data:`conformance.tests.broken_ports.BUGS`
+switched in (:func:`broken_modules`)."""
 
 from __future__ import annotations
 
 from typing import NamedTuple
 
+import ml_dtypes
 import numpy as np
 
-from attention_spec import alibi_slope_values, causal_offset, check_rope_config
-from attention_spec.cache import check_paged_decode_inputs
+from attention_spec import FP8_MAX, alibi_slope_values, causal_offset, check_rope_config, is_fp8
+from attention_spec.cache import check_cache_dtype, check_paged_decode_inputs
 from attention_spec.modules import (
     check_attention_options,
     check_cache_size,
@@ -32,6 +34,8 @@ class _Cache(NamedTuple):
     max_len: int
     position: int = 0
     slots: int | None = None  # a rolling cache's min(left + 1, max_len)
+    k_descale: np.ndarray | None = None  # an fp8 cache's (K,), fixed at its first write
+    v_descale: np.ndarray | None = None
 
 
 class _PagedCache(NamedTuple):
@@ -45,6 +49,54 @@ class _PagedCache(NamedTuple):
     free: tuple[int, ...]
     max_len: int
     position: int = 0
+    k_descale: np.ndarray | None = None  # an fp8 pool's (K,), fixed at its first write
+    v_descale: np.ndarray | None = None
+
+
+def _fp8_write(cache, new_k, new_v, bug: str | None):
+    """The new tokens ``(B, K, L, D|E)`` in the cache's dtype, and the cache with its descales:
+    an fp8 cache quantizes them at its descales (the first write's dynamic ones when none),
+    saturating; any other cache returns them as they are."""
+    fmt = cache.key_pages.dtype if isinstance(cache, _PagedCache) else cache.key.dtype
+    if not is_fp8(fmt.name):
+        return cache, new_k, new_v
+    top = np.float32(FP8_MAX[fmt.name])
+    descales = []
+    for x, given in ((new_k, cache.k_descale), (new_v, cache.v_descale)):
+        if given is None or bug == "decode_fp8_cache_descale_per_write":
+            amax = np.abs(x.astype(np.float32)).max(axis=(0, 2, 3))  # (K,)
+            dynamic = np.maximum(amax / top, np.float32(2.0**-126))
+            given = np.where(amax == 0, np.float32(1.0), dynamic).astype(np.float32)
+        descales.append(given)
+    stored = []
+    for x, d in zip((new_k, new_v), descales, strict=True):
+        quotient = x.astype(np.float32) / d[None, :, None, None]
+        if bug != "decode_fp8_cache_not_saturating":
+            quotient = np.clip(quotient, -top, top)
+        with np.errstate(all="ignore"):
+            stored.append(quotient.astype(getattr(ml_dtypes, fmt.name)))
+    return cache._replace(k_descale=descales[0], v_descale=descales[1]), *stored
+
+
+def _fp8_keywords(cache, bug: str | None) -> dict:
+    """The descales an fp8 cache's attention call takes (none for a cache of the module's
+    dtype)."""
+    if cache.k_descale is None or bug == "decode_fp8_cache_descale_dropped":
+        return {}
+    return {"k_descale": cache.k_descale, "v_descale": cache.v_descale}
+
+
+def _by_query_head(k, v, keywords: dict, H: int):
+    """The bug ``decode_fp8_cache_k_descale_by_query_head``: keys and values widened to the H
+    query heads (head h reads key/value head h // G), k_descale indexed by h % K."""
+    if "k_descale" not in keywords:
+        return k, v, keywords
+    K = k.shape[1]
+    heads = np.arange(H) // (H // K)
+    k, v = np.take(k, heads, axis=1), np.take(v, heads, axis=1)  # (B, H, S, D|E)
+    keywords = {"k_descale": keywords["k_descale"][np.arange(H) % K],
+                "v_descale": keywords["v_descale"][heads]}  # fmt: skip
+    return k, v, keywords
 
 
 def _paged_write(cache: _PagedCache, new_k, new_v, bug: str | None) -> _PagedCache:
@@ -62,7 +114,7 @@ def _paged_write(cache: _PagedCache, new_k, new_v, bug: str | None) -> _PagedCac
             cache.key_pages[held[p // ps], offset] = new_k[b, :, i]
             cache.value_pages[held[p // ps], offset] = new_v[b, :, i]
     pages = tuple(tuple(p) for p in pages)
-    return _PagedCache(cache.key_pages, cache.value_pages, pages, tuple(free), cache.max_len, end)
+    return cache._replace(pages=pages, free=tuple(free), position=end)
 
 
 def _paged_read(cache: _PagedCache, bug: str | None) -> tuple[np.ndarray, np.ndarray]:
@@ -174,6 +226,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             y = self._linear("o_proj", self._merge(out))  # (B, L, M)
             if not return_weights:
                 return (y,)
+            keywords.pop("v_descale", None)  # an fp8 cache's: the weights read no value
             w = attention_weights(q, k, **keywords)  # (B, H, L, S)
             if bug == "weights_averaged":
                 w = w.mean(axis=1).astype(w.dtype)  # (B, L, S)
@@ -210,21 +263,30 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             )  # fmt: skip
             return result if return_weights else result[0]
 
-        def init_cache(self, batch_size, max_len, *, rolling=False, page_size=None):
+        def init_cache(self, batch_size, max_len, *, rolling=False, page_size=None, dtype=None,
+                       k_descale=None, v_descale=None):  # fmt: skip
             T = check_cache_size(
                 batch_size, max_len, rolling=rolling, left=self.options.left, page_size=page_size
             )
-            B, K, D, E = batch_size, self.dims.K, self.dims.D, self.dims.E
+            stored = check_cache_dtype(
+                self.dims.K, self.dtype.name, dtype, k_descale=k_descale, v_descale=v_descale
+            )
+            dtype = np.dtype(getattr(ml_dtypes, stored)) if is_fp8(stored) else self.dtype
+            K = self.dims.K
+            descales = [None if d is None else np.broadcast_to(np.asarray(d, np.float32), (K,))
+                        for d in (k_descale, v_descale)]  # fmt: skip
+            B, D, E = batch_size, self.dims.D, self.dims.E
             if page_size is not None:
                 P = B * pages_needed(max_len, page_size)
-                key = np.full((P, page_size, K, D), np.nan, self.dtype)  # NaN: a stray read shows
-                value = np.full((P, page_size, K, E), np.nan, self.dtype)
-                return _PagedCache(key, value, ((),) * B, tuple(range(P)), max_len)
+                with np.errstate(invalid="ignore"):  # NaN: a stray read shows (fp8: NaN too)
+                    key = np.full((P, page_size, K, D), np.nan).astype(dtype)
+                    value = np.full((P, page_size, K, E), np.nan).astype(dtype)
+                return _PagedCache(key, value, ((),) * B, tuple(range(P)), max_len, 0, *descales)
             empty_k, empty_v = (
-                np.zeros((B, K, 0, D), self.dtype),
-                np.zeros((B, K, 0, E), self.dtype),
+                np.zeros((B, K, 0, D), dtype),
+                np.zeros((B, K, 0, E), dtype),
             )
-            return _Cache(empty_k, empty_v, max_len, 0, T if rolling else None)
+            return _Cache(empty_k, empty_v, max_len, 0, T if rolling else None, *descales)
 
         def _decode_paged(self, x, cache, **refused):
             check_paged_decode_inputs(
@@ -237,9 +299,14 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
             new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
             q, new_k = self._rotate(q, new_k, cache.position, cache.position)
+            cache, new_k, new_v = _fp8_write(cache, new_k, new_v, bug)
             cache = _paged_write(cache, new_k, new_v, bug)
             k, v = _paged_read(cache, bug)  # (B, K, S, D|E)
-            (y,) = self._attend(q, k, v, False, is_causal=True, causal_alignment="bottom_right")
+            fp8 = _fp8_keywords(cache, bug)
+            if bug == "decode_fp8_cache_k_descale_by_query_head":
+                k, v, fp8 = _by_query_head(k, v, fp8, self.dims.H)
+            (y,) = self._attend(q, k, v, False, is_causal=True, causal_alignment="bottom_right",
+                                **fp8)  # fmt: skip
             return y, cache
 
         def decode(self, x, cache, *, mask=None, bias=None, return_weights=False, **ids):
@@ -266,6 +333,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             new_v = self._split(self._linear("v_proj", x), self.dims.K)  # (B, K, L, E)
             start = 0 if bug == "rope_decode_not_offset" else position
             q, new_k = self._rotate(q, new_k, start, start, decode=True)
+            cache, new_k, new_v = _fp8_write(cache, new_k, new_v, bug)
             keep = cache.key.shape[2]  # a plain cache: every token so far
             if cache.slots is not None:  # a rolling cache: the window's last left tokens
                 keep = min(position, cache.slots - 1)
@@ -276,16 +344,19 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             k = np.concatenate([old_k, new_k], axis=2)  # (B, K, S, D), S = keep + L
             v = np.concatenate([old_v, new_v], axis=2)  # (B, K, S, E)
             alignment = "top_left" if bug == "decode_top_left" else "bottom_right"
+            fp8 = _fp8_keywords(cache, bug)
+            if bug == "decode_fp8_cache_k_descale_by_query_head":
+                k, v, fp8 = _by_query_head(k, v, fp8, self.dims.H)
             result = self._attend(
                 q, k, v, return_weights, mask=mask, bias=bias, is_causal=True,
-                causal_alignment=alignment, **ids,
+                causal_alignment=alignment, **ids, **fp8,
             )  # fmt: skip
             all_k = np.concatenate([cache.key, new_k], axis=2)
             all_v = np.concatenate([cache.value, new_v], axis=2)
             if cache.slots is not None:  # the ring keeps the last slots tokens only
                 all_k, all_v = all_k[:, :, -cache.slots :], all_v[:, :, -cache.slots :]
             end = position + x.shape[1]
-            return (*result, _Cache(all_k, all_v, cache.max_len, end, cache.slots))
+            return (*result, cache._replace(key=all_k, value=all_v, position=end))
 
     class MultiHeadAttention(GroupedQueryAttention):
         def __init__(self, d_model, n_heads, **keywords):

@@ -151,6 +151,25 @@ def test_module_bugs_fail_in_every_dtype() -> None:
         assert _failed_of(bug, runs) == set(runs), bug
 
 
+#: The modules' fp8 KV cache bugs (module_broken.py) and the module-dtype decode runs they
+#: leave alone: a plain, a paged and a rolling cache.
+FP8_CACHE_BUGS = [b for b in BUGS if b.startswith("decode_fp8_cache_")]
+CACHE_RUNS = (
+    "decode.gqa.h6_k2.tokens.float32",
+    "decode.gqa.h6_k2.paged.tokens.float32",
+    "decode.v2.window.gqa.rolling.chunks_2_1_2.float32",
+)
+
+
+@pytest.mark.parametrize("bug", FP8_CACHE_BUGS)
+def test_fp8_cache_bugs_fail_their_run_and_leave_the_other_caches_alone(bug: str) -> None:
+    """Each fp8 cache bug fails the decode.fp8_cache run named for it (the descale recomputed
+    at every write; k_descale per query head; no saturation on write; the descale dropped on
+    read); a cache of the module's dtype, plain, paged or rolling, still passes."""
+    named = BUGS[bug][1]
+    assert _failed_of(bug, [named, *CACHE_RUNS], functions=("decode",)) == {named}
+
+
 def test_top_left_decoding_is_caught_token_by_token_and_in_chunks() -> None:
     """The first prefill (L = S) is the same under both alignments; the next steps are not."""
     layouts, chunkings = ("mha.h6", "gqa.h6_k2", "mqa.h6_k1"), ("tokens", "chunks_2_1_2")

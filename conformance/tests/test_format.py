@@ -167,6 +167,7 @@ def test_contract_versions_as_documented():
     v3_globs += ["*.rope_scaled.*"]  # the modules' rope_inv_freq / rope_attention_factor
     v3_globs += ["*.fp8.*", "*.error.fp8_*"]  # fp8 inputs and descales (quantize: its own op)
     v3_globs += ["*.paged.*", "*.error.paged_cache_*"]  # the modules' paged KV cache
+    v3_globs += ["*.fp8_cache.*"]  # the modules' fp8 KV cache (its errors: *.error.fp8_*)
     assert len(globs) >= 9 and set(v3_globs) <= set(globs), globs
     assert {e["contract"] for e in ENTRIES} == {"v1", "v2", "v3"}
     v3_ops = {"varlen", "varlen_grad", "paged", "paged_write", "quantize"}

@@ -172,7 +172,16 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
     },
     "cache": {
+        "KVCache.quantize": (
+            "Identical in the three: a cache of the module's dtype gives the new tokens back; an "
+            "fp8 cache quantizes them at its descales (`_quantized`, the package's own "
+            "quantize), the first write's dynamic ones kept on a new cache (`replace`)."
+        ),
         "KVCache.write": (
+            "Identical in the three: `self.quantize(k, v)`, then `cache._put(k, v)` stores "
+            "tokens already in the buffers' dtype."
+        ),
+        "KVCache._put": (
             "NumPy and torch write the new tokens into the buffers in place; JAX arrays are "
             "immutable, so `.at[:, :, self.position : end].set(k)` makes new buffers and a new "
             "cache."

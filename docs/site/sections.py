@@ -61,7 +61,7 @@ SECTIONS: tuple[Section, ...] = (
         "cache",
         "The KV cache",
         "cache.py",
-        functions=("KVCache.write", "KVCache.read"),
+        functions=("KVCache.quantize", "KVCache.write", "KVCache._put", "KVCache.read"),
     ),
     Section(
         "decode",
