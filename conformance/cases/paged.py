@@ -50,6 +50,12 @@ class PagedCall:
     cu_seqlens_q: Any
     keywords: dict[str, Any] = field(default_factory=dict)
     arrays: dict[str, Any] = field(default_factory=dict)
+    #: An fp8 case (``paged.fp8.*``): name -> a float32 array ``(H|K,)`` or ``(N, H|K)``, a
+    #: float, or None for an input that is not fp8; the float64 arrays are then the values
+    #: *before* quantization (each row at its own sequence's descale), and ``query_dtype`` None
+    #: (the query is fp8 too) or the float dtype of the query.
+    descales: dict[str, Any] | None = None
+    query_dtype: str | None = None
 
 
 @dataclass
@@ -246,6 +252,118 @@ def alibi_causal(rng, dtype):
     slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
     return paged_problem(rng, [9, 5, 1], [3, 1, 1], page_size=2, is_causal=True,
                          alibi_slopes=slopes)  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------
+# paged_attention on an fp8 cache (Contract v3, "FP8 inputs and caches"): token-major descales
+# ---------------------------------------------------------------------------------------------
+
+FP8 = ("float8_e4m3fn", "float8_e5m2")
+
+
+def slot_sequences(c: PagedCall) -> np.ndarray:
+    """The sequence holding each slot of the pool, ``(P, page_size)`` int64, -1 for a slot no
+    sequence holds (the fp8 cases share no page between sequences)."""
+    P, page_size = c.key_cache.shape[:2]
+    owner = np.full((P, page_size), -1, np.int64)
+    for n, s in enumerate(np.asarray(c.seq_lens).tolist()):
+        for j in range(s):
+            owner[c.block_table[n, j // page_size], j % page_size] = n
+    return owner
+
+
+def paged_fp8_problem(rng, seq_lens, q_lens, qd, kd, vd, query_dtype=None, **keywords) -> PagedCall:
+    """A :func:`paged_problem` whose inputs are fp8 (conformance/generate/paged.py quantizes
+    each at its static descale, each query token and each cache slot at its own sequence's):
+    values of order 4 times the descale of the row's sequence, so a descale read from another
+    sequence or head changes the answer. Every slot no sequence holds stays NaN; half of them
+    (every other page) negative NaN, so both of the format's NaN bytes (e4m3fn 0x7f and 0xff)
+    are in the pool."""
+    c = paged_problem(rng, seq_lens, q_lens, **keywords)
+    N = len(seq_lens)
+    owner = slot_sequences(c)  # (P, page_size)
+    for name, d in (("key_cache", kd), ("value_cache", vd)):
+        x = getattr(c, name) * 4.0  # (P, page_size, K, D|E)
+        if d is not None:
+            per_sequence = np.broadcast_to(np.asarray(d, np.float64), (N, x.shape[2]))  # (N, K)
+            slot_d = np.where((owner >= 0)[..., None], per_sequence[np.maximum(owner, 0)], 1.0)
+            x = x * slot_d[..., None]  # (P, page_size, K, 1)
+        x[1::2] = np.where(np.isnan(x[1::2]), -np.nan, x[1::2])  # negative NaN on odd pages
+        setattr(c, name, x)
+    q = c.query * 4.0  # (T, H, D)
+    if qd is not None:
+        per_sequence = np.broadcast_to(np.asarray(qd, np.float64), (N, q.shape[1]))  # (N, H)
+        q = q * np.repeat(per_sequence, np.diff(c.cu_seqlens_q), axis=0)[:, :, None]
+    c.query = q
+    c.descales = {"q_descale": qd, "k_descale": kd, "v_descale": vd}
+    c.query_dtype = query_dtype
+    return c
+
+
+#: Per-sequence descales ``(N=4, K=2)``, differing between sequences and between a GQA group's
+#: key/value heads (so sequence 0's row, a head's neighbour or a dropped descale is far outside
+#: the bound); sequence 2 is empty (its row is checked, never read). The query's descales are
+#: chosen so that ``q_descale * k_descale`` stays between 0.08 and 0.32: scores of order 1 to
+#: 5, a softmax that is not one-hot, in which a wrong k_descale shows.
+_KD = np.array([[0.3, 0.04], [6.0, 6.0], [1.0, 1.0], [2.0, 20.0]], np.float32)
+_VD = np.array([[1e-2, 3.0], [1.0, 0.2], [1.0, 1.0], [40.0, 0.5]], np.float32)
+_QD = np.array([[0.5, 0.3, 1.0, 5.0, 2.0, 8.0], [0.02, 0.05, 0.03, 0.04, 0.01, 0.02],
+                [1.0] * 6, [0.1, 0.05, 0.08, 0.01, 0.012, 0.015]], np.float32)  # fmt: skip
+#: k_descale of the caches read by a float query (of order 4): 0.01 to 0.5, scores of order 1.
+_KD_CACHE = np.array([[0.02, 0.1], [0.5, 0.05], [1.0, 1.0], [0.01, 0.3]], np.float32)
+
+
+@paged_case("fp8.all.per_sequence.causal", FP8)
+def paged_fp8_per_sequence(rng, dtype):
+    """All fp8, page 3, N = 4 (decode steps, a chunked prefill, an empty sequence), GQA 6:2,
+    causal on the token's position; q_descale ``(N, H)``, k_descale and v_descale ``(N, K)``
+    from 1e-2 to 40: sequence 0's row for every sequence, k_descale read by query head or a
+    dropped descale is far outside the bound. The unused slots are NaN (0x7f/0xff in e4m3fn,
+    e5m2's NaN bytes too). Output bfloat16."""
+    return paged_fp8_problem(rng, [7, 1, 0, 12], [1, 1, 0, 4], _QD, _KD, _VD, page_size=3,
+                             is_causal=True)  # fmt: skip
+
+
+@paged_case("fp8.all.per_head.window_sinks", ("float8_e4m3fn",))
+def paged_fp8_per_head(rng, dtype):
+    """All e4m3, the per-head and per-tensor forms: q_descale ``(H,)``, k_descale ``(K,)``
+    (0.04 and 20: a key head's descale read by query head h % K instead of h // G is off by
+    500x), v_descale a scalar keyword; causal with a window (4, 0) and gpt-oss sinks, page 4."""
+    qd = np.array([5.0, 2.0, 8.0, 0.01, 0.015, 0.012], np.float32)
+    sinks = np.linspace(-1.0, 2.0, H).astype(np.float32)
+    return paged_fp8_problem(rng, [9, 5, 13], [2, 1, 3], qd, np.array([0.04, 20.0], np.float32),
+                             float(np.float32(0.125)), page_size=4, is_causal=True,
+                             window=(4, 0), sinks=sinks)  # fmt: skip
+
+
+@paged_case("fp8.kv_cache.bfloat16_query.per_sequence.window", ("float8_e4m3fn",))
+def paged_fp8_cache_bf16(rng, dtype):
+    """An e4m3 key/value cache with a bfloat16 query (no q_descale), k_descale and v_descale
+    per sequence ``(N, K)``, an empty sequence and a sequence with keys but no query, causal
+    with a window (5, 0), page 2: output bfloat16."""
+    return paged_fp8_problem(rng, [6, 11, 0, 4], [1, 3, 0, 0], None, _KD_CACHE, _VD, "bfloat16",
+                             page_size=2, is_causal=True, window=(5, 0))  # fmt: skip
+
+
+@paged_case("fp8.kv_cache.float16_query.per_head.causal", ("float8_e5m2",))
+def paged_fp8_cache_f16(rng, dtype):
+    """An e5m2 key/value cache with a float16 query, k_descale ``(K,)`` (0.5 and 0.02) and
+    v_descale ``(K,)`` (1e-2 and 1e2), GQA 6:2, decode steps and a chunk, causal, page 4:
+    output float16."""
+    return paged_fp8_problem(rng, [10, 3, 17], [1, 1, 5], None, np.array([0.5, 0.02], np.float32),
+                             np.array([0.01, 100.0], np.float32), "float16", page_size=4,
+                             is_causal=True)  # fmt: skip
+
+
+@paged_case("fp8.kv_cache.float32_query.scalar.causal_sinks", ("float8_e4m3fn",))
+def paged_fp8_cache_f32(rng, dtype):
+    """An e4m3 key/value cache with a float32 query, k_descale and v_descale float32 arrays of
+    shape ``()`` (per tensor: 0.03 and 70), causal with sinks, an empty sequence, page 3:
+    output float32."""
+    sinks = np.linspace(1.5, -0.5, H).astype(np.float32)
+    return paged_fp8_problem(rng, [8, 0, 5], [2, 0, 1], None, np.array(0.03, np.float32),
+                             np.array(70.0, np.float32), "float32", page_size=3, is_causal=True,
+                             sinks=sinks)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------------------------

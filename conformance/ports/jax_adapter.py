@@ -94,10 +94,9 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
         return _on_mesh(function, params)
     if alias in _FP8_ALIASES and any(n in params for n in _DESCALES):  # a port that takes fp8
         return _fp8_jitted(alias, function, params)
-    jitted = jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])
     if alias in _VALUES_CHECKED_FIRST:
-        return _values_checked_first(alias, jitted)
-    return jitted
+        return _values_checked_first(alias, function, params)
+    return jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])
 
 
 #: The tiled varlen path (Contract v3): it schedules its blocks from the concrete boundaries on
@@ -112,17 +111,25 @@ _HOST_SCHEDULED = ("varlen_flash", "varlen_flash_grad")
 _VALUES_CHECKED_FIRST = ("paged", "paged_flash", "paged_write")
 
 
-def _values_checked_first(alias: str, jitted: Callable[..., Any]) -> Callable[..., Any]:
-    """``jitted`` after attention_spec's check of the call on its concrete arrays, as a serving
-    loop validates a batch before its compiled step: the value errors of the paged calls then
-    come from JAX ports too."""
+def _values_checked_first(alias: str, function: Callable[..., Any], params) -> Callable[..., Any]:
+    """``function`` jitted, after attention_spec's check of the call on its concrete arrays, as
+    a serving loop validates a batch before its compiled step: the value errors of the paged
+    calls then come from JAX ports too. An fp8 cache's descales given as numbers
+    (``paged.fp8.*``) are static, one compilation per set of them, as :func:`_fp8_jitted`'s (a
+    traced Python float would be a float64 array under x64: ``descale_dtype``)."""
     from attention_spec import check_paged_attention, check_paged_cache_write
 
     check = check_paged_cache_write if alias == "paged_write" else check_paged_attention
+    static = [n for n in _STATIC_KEYWORDS if n in params]
+    takes = [n for n in _DESCALES if n in params]
+    jitted: dict[tuple[str, ...], Callable[..., Any]] = {}
 
     def call(*args: Any, **kwargs: Any) -> Any:
         check(*args, **kwargs)
-        return jitted(*args, **kwargs)
+        numbers = tuple(n for n in takes if isinstance(kwargs.get(n), (int, float)))
+        if numbers not in jitted:
+            jitted[numbers] = jax.jit(function, static_argnames=[*static, *numbers])
+        return jitted[numbers](*args, **kwargs)
 
     return call
 

@@ -22,10 +22,11 @@ if TYPE_CHECKING:
     from conformance.runner.functions import Function
     from conformance.runner.port import Port
 
-#: The positional inputs of each alias, in order; the array keywords of ``paged``.
+#: The positional inputs of each alias, in order; the array keywords of ``paged`` (an fp8 case's
+#: descale arrays among them: ``paged.fp8.*`` stores them as float32 inputs, numbers as keywords).
 PAGED_INPUTS = ("query", "key_cache", "value_cache", "block_table", "seq_lens", "cu_seqlens_q")
 PAGED_WRITE_INPUTS = ("key_cache", "value_cache", "key", "value", "slot_mapping")
-PAGED_ARRAYS = ("sinks", "alibi_slopes")
+PAGED_ARRAYS = ("sinks", "alibi_slopes", "q_descale", "k_descale", "v_descale")
 
 
 def _spec_array(spec: dict[str, Any]) -> np.ndarray | None:

@@ -431,6 +431,24 @@ BUGS: dict[str, tuple[str, str]] = {
         "paged_cache_write: a slot of -1 written as an index, to the pool's last slot",
         "paged_write.padding_slots.float32",
     ),
+    # the fp8 cache (paged.fp8.*): paged_broken.py's dequantize-as-read, fp8 calls only
+    "paged_fp8_descale_sequence_0": (
+        "paged fp8: sequence 0's descale row applied to every sequence's query, keys and values",
+        "paged.fp8.all.per_sequence.causal.float8_e4m3fn",
+    ),
+    "paged_fp8_k_descale_query_head": (
+        "paged fp8: k_descale indexed by query head (h % K), not by its key/value head h // G",
+        "paged.fp8.all.per_head.window_sinks.float8_e4m3fn",
+    ),
+    "paged_fp8_nan_times_zero_weight": (
+        "paged fp8: the last page read whole, its NaN tail dequantized and multiplied by a zero "
+        "weight (0 * NaN) instead of masked before the value product",
+        "paged.fp8.kv_cache.bfloat16_query.per_sequence.window.float8_e4m3fn",
+    ),
+    "paged_fp8_v_descale_on_scores": (
+        "paged fp8: v_descale multiplied into the scores instead of the values (the output)",
+        "paged.fp8.kv_cache.float16_query.per_head.causal.float8_e5m2",
+    ),
     # -- fp8 inputs and quantize_fp8 (Contract v3): fp8_broken.py ---------------------------
     "fp8_descale_ignored": (
         "fp8: the descales ignored, the fp8 values attended as they are",

@@ -37,8 +37,10 @@ EXTRA_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in EXTRA_FAMILIES]
 
 GRAD_BUGS = [b for b in BUGS if b.startswith("grad_")]
 GRAD_FUNCTIONS = ("grad", "flash_grad")
-#: The paged key/value cache bugs (paged_broken.py) and the aliases they are run on.
+#: The paged key/value cache bugs (paged_broken.py) and the aliases they are run on; the fp8
+#: cache's bugs (``paged_fp8_*``) change fp8 calls only.
 PAGED_BUGS = [b for b in BUGS if b.startswith("paged_")]
+PAGED_FP8_BUGS = [b for b in PAGED_BUGS if b.startswith("paged_fp8_")]
 PAGED_FUNCTIONS = ("paged", "paged_write")
 #: The fp8 bugs (fp8_broken.py: dequantize, result dtype, quantize_fp8) and their aliases.
 FP8_BUGS = [b for b in BUGS if b.startswith("fp8_")]
@@ -361,6 +363,9 @@ def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
     bug of paged_attention fails in every dtype of the mixed decode and prefill case."""
     failed = {o.run_id for o in _report(bug).failures}
     assert {r.split(".")[0] for r in failed} <= set(PAGED_FUNCTIONS)
+    if bug in PAGED_FP8_BUGS:  # the fp8 cache's bugs: paged.fp8.* runs only
+        assert failed and all(".fp8." in r for r in failed), (bug, failed)
+        return
     if bug not in ("paged_write_minus_one_last_slot", "paged_minus_one_last_page",
                    "paged_reads_max_len"):  # fmt: skip
         for dtype in ("float64", "float32", "float16", "bfloat16"):

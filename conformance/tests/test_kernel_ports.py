@@ -146,6 +146,8 @@ V3_RUNS: dict[str, tuple[str, ...]] = {
         "varlen.n5.window_across_boundaries.float32",
         "varlen.fp8.all.per_sequence.causal.float8_e5m2",  # fp8 loaded in the kernel
         "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",  # an fp8 KV cache
+        "paged.fp8.all.per_sequence.causal.float8_e4m3fn",  # fp8 pages, per-sequence descales
+        "paged.fp8.kv_cache.float16_query.per_head.causal.float8_e5m2",  # e5m2 pages, NaN bytes
         "varlen.n1.l6_s6.float64",  # refused: xfail
     ),
     "pallas": (
@@ -163,6 +165,8 @@ V3_RUNS: dict[str, tuple[str, ...]] = {
         "varlen.n5.window_across_boundaries.float32",
         "varlen.fp8.all.per_sequence.causal.float8_e5m2",  # fp8 loaded in the kernel
         "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",  # an fp8 KV cache
+        "paged.fp8.all.per_sequence.causal.float8_e4m3fn",  # fp8 pages, per-sequence descales
+        "paged.fp8.kv_cache.float16_query.per_head.causal.float8_e5m2",  # e5m2 pages, NaN bytes
         "varlen.n1.l6_s6.float64",  # refused: xfail
     ),
 }
