@@ -175,6 +175,7 @@ V3_RUNS: dict[str, tuple[str, ...]] = {
         "varlen.fp8.all.per_sequence.causal.float8_e5m2",  # fp8 loaded in the kernel
         "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",  # an fp8 KV cache
         "varlen.n1.l6_s6.float64",  # refused: xfail
+        *HEADS_FIRST_FP8_RUNS,
     ),
 }
 
@@ -264,6 +265,37 @@ V3_KERNEL_BUGS: dict[str, tuple[str, str, str, list[tuple[str, str, int]]]] = {
         [
             ("TOKEN_BLOCK: int = 16", "TOKEN_BLOCK: int = 2", 1),
             ("i0 = (g - (cu_q_ref[n] // block_q + n)) * block_q", "i0 = (g - n) * block_q", 1),
+        ],
+    ),
+    "pallas_fp8_k_descale_per_query_head": (
+        "the heads-first kernel reads k_descale at the query head h, not at its key/value "
+        "head h // G",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "pallas",
+        [
+            (
+                '("k_ds", k_descale, dims.K, lambda h: h // G)',
+                '("k_ds", k_descale, dims.K, lambda h: h)',
+                1,
+            )
+        ],
+    ),
+    "pallas_fp8_v_descale_dropped": (
+        "the heads-first kernel never applies the value's fp8 descale",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "pallas",
+        [("(v_descale * acc / l[:, None])", "(acc / l[:, None])", 1)],
+    ),
+    "pallas_fp8_q_descale_twice": (
+        "the heads-first kernel multiplies the scores by q_descale twice",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "pallas",
+        [
+            (
+                "scale * q_ds_ref[...] * k_ds_ref[...]",
+                "scale * q_ds_ref[...] ** 2 * k_ds_ref[...]",
+                1,
+            )
         ],
     ),
     "pallas_k_descale_dropped": (
@@ -546,7 +578,8 @@ def test_triton_kernel_compiles_for_cuda_without_a_gpu(script: str) -> None:
 
 def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
     """On a GPU the pallas_call is compiled, not interpreted: lowered for CUDA here, every
-    feature on, it becomes one Triton kernel call (Pallas's Triton lowering accepted it)."""
+    feature on, it becomes one Triton kernel call (Pallas's Triton lowering accepted it); once
+    in bfloat16, once with fp8 query, key and value and their descales (contract v3)."""
     module = _kernel_module("pallas")
     import jax
     import jax.numpy as jnp
@@ -564,6 +597,15 @@ def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
                     window=(2, 1), return_lse=True)  # fmt: skip
     flash = jax.jit(module.flash_attention, static_argnames=[*keywords, "block_q", "block_k"])
     traced = flash.trace(q, k, v, **arrays, block_q=2, block_k=3, **keywords)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
+    # Contract v3: fp8 (e4m3) query, key and value with per-(batch, head) descales, loaded as
+    # fp8 and converted in the kernel.
+    fp8 = {n: spec(*x.shape, dtype=jnp.float8_e4m3fn) for n, x in (("q", q), ("k", k), ("v", v))}
+    f32 = jnp.float32
+    descales = dict(q_descale=spec(2, 6, dtype=f32), k_descale=spec(2, 2, dtype=f32),
+                    v_descale=spec(2, dtype=f32))  # fmt: skip
+    traced = flash.trace(*fp8.values(), **arrays, **descales, block_q=2, block_k=3, **keywords)
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1
 
