@@ -309,9 +309,9 @@ def _dtype_name(t: torch.Tensor) -> str:
 
 
 def _validate(query, key, value, **keywords) -> AttentionDims:
-    """The contract's validation (attention_spec), then this kernel's own limit: no float64
-    (fp8 is taken: the contract's combinations, checked by check_attention)."""
+    """The contract's validation (attention_spec), then this kernel's own limit: no float64."""
     dims = check_attention(query, key, value, **keywords)  # value: NO_VALUE for weights
+    # fp8 is taken, in the contract's combinations (check_attention refuses the others).
     if query.dtype not in KERNEL_DTYPES and query.dtype not in FP8_DTYPES:
         supported = ", ".join([*KERNEL_DTYPES.values(), "float8_e4m3fn", "float8_e5m2"])
         raise make_error(
