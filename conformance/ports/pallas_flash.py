@@ -42,8 +42,12 @@ Contract v3's :func:`varlen_attention` and :func:`paged_attention` run a second 
 the grid ``(H, T // 16 + N)``, each finding its sequence in ``cu_seqlens_q``; paged, the
 sequence's pages read one key block each through ``block_table``, an index input read inside
 the kernel, never a gathered copy), with masked loads and stores (``pallas.triton.load`` and
-``store``) instead of padded copies, which also loads fp8 key/value (and query) and converts
-them in the kernel, with the descales.
+``store``) instead of padded copies. Both kernels take contract v3's fp8 forms: fp8
+key/value (and query) go into the kernel as fp8 and are converted to float32 there, as
+FlashAttention 3 does; the descales enter as factors per (batch element or sequence, head):
+``q_descale * k_descale`` on the scores (query head h reading the ``k_descale`` of its
+key/value head), ``v_descale`` on the output; the weights stay float32 before the value
+product (the strict bound's computation).
 
 Why one file of ~900 lines, two kernels: the runner imports a port as one module, whose
 xfails file is the module's, and the broken-kernel tests (``conformance/tests/
@@ -129,10 +133,10 @@ def _dot(a: jax.Array, b: jax.Array, contract_b: int) -> jax.Array:
 
 def _flash_forward_kernel(
     q_ref, k_ref, v_ref, mask_ref, bias_ref, q_seg_ref, kv_seg_ref, sinks_ref, slopes_ref,
-    o_ref, lse_ref, *,
+    q_ds_ref, k_ds_ref, v_ds_ref, o_ref, lse_ref, *,
     L: int, S: int, scale: float, softcap: float | None, offset: int, is_causal: bool,
     window: tuple[int | None, int | None] | None,
-    block_q: int, block_k: int, tile_q: int, tile_k: int,
+    block_q: int, block_k: int, tile_q: int, tile_k: int, dot_dtype, p_dtype,
 ):  # fmt: skip
     """One program: ``block_q`` query rows from ``i0`` of one query head of one batch element.
 
@@ -140,15 +144,23 @@ def _flash_forward_kernel(
     ``v_ref (S', E)`` of the key/value head ``h // G``, ``mask_ref`` (int8) and ``bias_ref``
     (float32) ``(L' or 1, S' or 1)``, ``q_seg_ref (L',)`` and ``kv_seg_ref (S',)`` this batch
     element's segment ids, ``sinks_ref`` and ``slopes_ref`` ``(1,)`` this query head's sink
-    logit and ALiBi slope (float32), each None when not given; ``o_ref (bq, E)`` and
-    ``lse_ref (bq,)`` this program's output tile and row log-sum-exp.
+    logit and ALiBi slope (float32), each None when not given; ``q_ds_ref (1,)`` the fp8
+    descale of this query head, ``k_ds_ref`` and ``v_ds_ref (1,)`` those of its key/value head
+    (float32, this batch element's; None when not fp8); ``o_ref (bq, E)`` and ``lse_ref (bq,)``
+    this program's output tile and row log-sum-exp. ``dot_dtype``: the dots' operands (float32
+    for fp8, converted here); ``p_dtype``: the weights before the value product.
     """
     i0 = pl.program_id(2) * block_q
     lane_q = jnp.arange(tile_q, dtype=jnp.int32)
     lane_k = jnp.arange(tile_k, dtype=jnp.int32)
     rows = i0 + lane_q  # (bq,) query positions i
     row_ok = (lane_q < block_q) & (rows < L)
-    q = q_ref[pl.ds(i0, tile_q), :]  # (bq, D)
+    q = q_ref[pl.ds(i0, tile_q), :].astype(dot_dtype)  # (bq, D)
+    score_scale = scale
+    v_descale = 1.0
+    if k_ds_ref is not None:  # 0. dequantize: an fp8 input is float(x) * descale, folded
+        score_scale = scale * q_ds_ref[...] * k_ds_ref[...]  # into the scale, (1,)
+        v_descale = v_ds_ref[...]
     left, right = (None, None) if window is None else window
     if q_seg_ref is not None:
         q_seg = q_seg_ref[pl.ds(i0, tile_q)]  # (bq,) this block's rows' segments
@@ -157,10 +169,10 @@ def _flash_forward_kernel(
         m, l, acc = carry
         j0 = j * block_k
         cols = j0 + lane_k  # (bk,) key positions j
-        k = k_ref[pl.ds(j0, tile_k), :]  # (bk, D)
+        k = k_ref[pl.ds(j0, tile_k), :].astype(dot_dtype)  # (bk, D)
 
-        # 1. scores = (query @ key^T) * scale, float32.
-        s = _dot(q, k, contract_b=1) * scale  # (bq, bk)
+        # 1. scores = (query @ key^T) * scale (times q_descale * k_descale), float32.
+        s = _dot(q, k, contract_b=1) * score_scale  # (bq, bk)
 
         # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask.
         if softcap is not None:
@@ -206,13 +218,15 @@ def _flash_forward_kernel(
         l = l * alpha + p.sum(axis=1)
 
         # 6. output, accumulated: acc = alpha * acc + p @ value, the weights first rounded to
-        #    the input dtype (FlashAttention's practice; exact for float32). A value row that
+        #    p_dtype: the input dtype (FlashAttention's practice; exact for float32), float32
+        #    for fp8 (the strict bound's computation). A value row that
         #    no row of this block attends is selected away, not multiplied by its zero weight:
         #    NaN or inf there (padding, unused cache slots) never reaches the output.
-        v = v_ref[pl.ds(j0, tile_k), :]  # (bk, E)
+        v = v_ref[pl.ds(j0, tile_k), :].astype(dot_dtype)  # (bk, E)
         attended = allowed.astype(jnp.int32).max(axis=0) != 0  # (bk,) keys some row attends
         v = jnp.where(attended[:, None], v, jnp.zeros_like(v))
-        acc = acc * alpha[:, None] + _dot(p.astype(v.dtype), v, contract_b=0)  # (bq, E)
+        p = p.astype(p_dtype).astype(dot_dtype)
+        acc = acc * alpha[:, None] + _dot(p, v, contract_b=0)  # (bq, E)
         return m_new, l, acc
 
     # 4. allowed, whole blocks: the keys outside the causal and window bands of these rows are
@@ -247,17 +261,20 @@ def _flash_forward_kernel(
         acc, m = acc * alpha[:, None], m_sink
     l = jnp.where(empty, 1.0, l)
     lse_ref[...] = jnp.where(empty, -jnp.inf, m + jnp.log(l))
-    # 6. (end) back to the input dtype.
-    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
+    # 6. (end) times the value's descale (1.0 if not fp8), to the output dtype: the query's,
+    #    bfloat16 for an fp8 query.
+    o_ref[...] = (v_descale * acc / l[:, None]).astype(o_ref.dtype)
 
 
 def _validate(query, key, value, **keywords) -> AttentionDims:
     """The contract's validation (attention_spec), then this kernel's own limit: no float64."""
     dims = check_attention(query, key, value, **keywords)  # value: NO_VALUE for weights
-    if query.dtype.name not in KERNEL_DTYPES:
+    # fp8 is taken, in the contract's combinations (check_attention refuses the others).
+    if query.dtype.name not in KERNEL_DTYPES and query.dtype.name not in FP8_DTYPES:
+        supported = ", ".join([*KERNEL_DTYPES, *FP8_DTYPES])
         raise make_error(
             "unsupported_dtype",
-            f"the Pallas kernel computes {', '.join(KERNEL_DTYPES)}; got {query.dtype.name} "
+            f"the Pallas kernel computes {supported}; got {query.dtype.name} "
             "(impl_jax computes float64)",
             expected=" | ".join(KERNEL_DTYPES),
             actual=query.dtype.name,
@@ -280,6 +297,13 @@ def _flat_batch(x: jax.Array, batch: tuple[int, ...], core: int = 3) -> jax.Arra
     lacks (``core``: 3 for query ``(..., H, L, D)``, 1 for segment ids ``(..., L)``)."""
     shape = x.shape[len(x.shape) - core :]
     return jnp.broadcast_to(x, (*batch, *shape)).reshape(math.prod(batch), *shape)
+
+
+def _per_batch_head(x: jax.Array | float | None, batch: tuple[int, ...], heads: int) -> jax.Array:
+    """A heads-first descale (None, a number, or float32 broadcastable to ``(..., heads)``) as
+    float32 ``(B, heads, 1)``: one factor per batch element and head."""
+    x = jnp.asarray(1.0 if x is None else x, jnp.float32)
+    return jnp.broadcast_to(x, (*batch, heads)).reshape(math.prod(batch), heads, 1)
 
 
 def _as_scores_operand(x: jax.Array, dims: AttentionDims, dtype, L_pad: int, S_pad: int):
@@ -309,13 +333,20 @@ def _forward(
     alibi_slopes: jax.Array | None,
     block_q: int,
     block_k: int,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
 ) -> tuple[jax.Array, jax.Array]:
-    """Launch the kernel on validated inputs; returns the output ``(..., H, L, E)`` and the
-    row log-sum-exp ``(..., H, L)`` (float32)."""
+    """Launch the kernel on validated inputs; returns the output ``(..., H, L, E)`` (the
+    query's dtype, bfloat16 for an fp8 query) and the row log-sum-exp ``(..., H, L)``
+    (float32). fp8 key/value (and query) go into the kernel as fp8, with their descales
+    ``q_descale`` broadcastable to ``(..., H)`` and ``k_descale``/``v_descale`` to ``(..., K)``."""
     H, G, L, S, E = dims.H, dims.G, dims.L, dims.S, dims.E
+    fp8 = key.dtype.name in FP8_DTYPES
+    out_dtype = jnp.bfloat16 if query.dtype.name in FP8_DTYPES else query.dtype
     if math.prod(dims.output_shape) == 0:  # L = 0 or an empty batch: nothing to launch
         lse = jnp.full((*dims.batch, H, L), -jnp.inf, jnp.float32)
-        return jnp.zeros(dims.output_shape, query.dtype), lse
+        return jnp.zeros(dims.output_shape, out_dtype), lse
     n_q, n_k = -(-L // block_q), -(-S // block_k)
     tile_q, tile_k, Dp, Ep = _tile(block_q), _tile(block_k), _tile(dims.D), _tile(E)
     L_pad = (n_q - 1) * block_q + tile_q  # the last program's tile ends here
@@ -351,18 +382,35 @@ def _forward(
         if x is not None:  # (H, 1) float32: query head h's sink logit or slope
             operands[name] = x.astype(jnp.float32).reshape(H, 1)
             in_specs.append(pl.BlockSpec((pl.squeezed, 1), lambda b, h, i: (h, 0)))
+    if fp8:  # (B, H, 1) and (B, K, 1) float32: this query head's and its key/value head's
+        for name, x, heads, head in (("q_ds", q_descale, H, lambda h: h),
+                                     ("k_ds", k_descale, dims.K, lambda h: h // G),
+                                     ("v_ds", v_descale, dims.K, lambda h: h // G)):  # fmt: skip
+            operands[name] = _per_batch_head(x, dims.batch, heads)
+            in_specs.append(
+                pl.BlockSpec(
+                    (pl.squeezed, pl.squeezed, 1), lambda b, h, i, head=head: (b, head(h), 0)
+                )
+            )
+    # The dots take float32 for fp8 (converted in the kernel, exact), else the input dtype;
+    # the weights stay float32 for fp8 before the value product, as in the token-major kernel
+    # (FlashAttention 3's fp8 weights, rounded before the division by the row sum, failed the
+    # kernel bound in the Triton port: measured there).
+    dot_dtype = jnp.float32 if fp8 else query.dtype
+    p_dtype = jnp.float32 if fp8 else query.dtype
 
     kernel = functools.partial(
         _flash_forward_kernel,
         L=L, S=S, scale=dims.scale, softcap=dims.softcap,
         offset=causal_offset(L, S, causal_alignment), is_causal=dims.is_causal,
         window=dims.window, block_q=block_q, block_k=block_k, tile_q=tile_q, tile_k=tile_k,
+        dot_dtype=dot_dtype, p_dtype=p_dtype,
     )  # fmt: skip
     names = list(operands)
 
     def with_refs(*refs):  # the given operands' refs in order, then o_ref, lse_ref
         given = dict(zip(names, refs))
-        optional = ("mask", "bias", "q_seg", "kv_seg", "sinks", "slopes")
+        optional = ("mask", "bias", "q_seg", "kv_seg", "sinks", "slopes", "q_ds", "k_ds", "v_ds")
         kernel(given["q"], given["k"], given["v"], *(given.get(n) for n in optional),
                *refs[len(names):])  # fmt: skip
 
@@ -370,7 +418,7 @@ def _forward(
         return pl.pallas_call(
             with_refs,
             out_shape=(
-                jax.ShapeDtypeStruct((B, H, n_q, tile_q, Ep), query.dtype),
+                jax.ShapeDtypeStruct((B, H, n_q, tile_q, Ep), out_dtype),
                 jax.ShapeDtypeStruct((B, H, n_q, tile_q), jnp.float32),
             ),
             grid=(B, H, n_q),  # (batch element, query head, query block)
@@ -415,6 +463,9 @@ def flash_attention(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
     block_q: int = BLOCK_Q,
     block_k: int = BLOCK_K,
     return_lse: bool = False,
@@ -422,9 +473,11 @@ def flash_attention(
     """The contract's attention output ``(..., H, L, E)``, computed by the Pallas kernel.
 
     Args:
-        query: ``(..., H, L, D)``; float32, float16 or bfloat16.
+        query: ``(..., H, L, D)``; float32, float16 or bfloat16; or fp8 (``float8_e4m3fn``/
+            ``float8_e5m2``) with fp8 key and value of the same format (FlashAttention 3's).
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
-        value: ``(..., K, S, E)``; the same dtype as query and key.
+        value: ``(..., K, S, E)``; the same dtype as query and key, or key and value both fp8
+            under a float query (an fp8 cache). fp8 is loaded and converted in the kernel.
         mask: boolean, broadcastable to ``(..., H, L, S)``; True = may attend.
         bias: floating, broadcastable to ``(..., H, L, S)``; added to the scores, may hold -inf.
         is_causal: apply the causal rule of ``causal_alignment`` ("top_left" | "bottom_right").
@@ -437,6 +490,10 @@ def flash_attention(
         sinks: ``(H,)`` floating: one extra logit per query head in the softmax's denominator,
             with no value.
         alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` added to the scores.
+        q_descale: for an fp8 query, float32 broadcastable to ``(..., H)``; k_descale and
+            v_descale: for fp8 key/value, broadcastable to ``(..., K)``. An fp8 x stands for
+            ``float(x) * descale``: q_descale * k_descale multiply the scores (query head h
+            reads the k_descale of its key/value head), v_descale the output.
         block_q: query rows per program (any integer >= 1; it need not divide L).
         block_k: keys per step of a program's loop (any integer >= 1; it need not divide S).
         return_lse: also return the row log-sum-exp of the final scores, the sink included,
@@ -444,8 +501,8 @@ def flash_attention(
 
     Jit it with every keyword but the arrays static (``prepare`` does).
 
-    Returns the output in the query's dtype (rows with no allowed key are zeros), or
-    ``(output, lse)``.
+    Returns the output in the query's dtype (bfloat16 for an fp8 query; rows with no allowed
+    key are zeros), or ``(output, lse)``.
 
     Raises the contract's errors (attention_spec) before any launch, ConfigError for a block
     size < 1, and DTypeError ``unsupported_dtype`` for float64.
@@ -454,13 +511,14 @@ def flash_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale,
     )  # fmt: skip
     check_block_sizes(block_q, block_k)
     return_lse = check_flag("return_lse", return_lse)
     out, lse = _forward(
         query, key, value, dims, causal_alignment, mask, bias, q_segment_ids, kv_segment_ids,
-        sinks, alibi_slopes, block_q, block_k,
+        sinks, alibi_slopes, block_q, block_k, q_descale, k_descale, v_descale,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -481,13 +539,17 @@ def scaled_dot_product_attention(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
+    v_descale: jax.Array | float | None = None,
 ) -> jax.Array:
     """:func:`flash_attention` with the default blocks (``BLOCK_Q`` x ``BLOCK_K``)."""
     return flash_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale,
     )  # fmt: skip
 
 
@@ -506,21 +568,27 @@ def attention_weights(
     kv_segment_ids: jax.Array | None = None,
     sinks: jax.Array | None = None,
     alibi_slopes: jax.Array | None = None,
+    q_descale: jax.Array | float | None = None,
+    k_descale: jax.Array | float | None = None,
 ) -> jax.Array:
     """The weights ``(..., H, L, S)`` as the kernel computes them: the kernel run with the
     identity as value (E = S, one value column per key), so that output row i is weight row i.
-    For checking the kernel weight by weight."""
+    For checking the kernel weight by weight. fp8 query/key with ``q_descale``/``k_descale``
+    as in :func:`flash_attention` (no value, no ``v_descale``): the identity is float32 then;
+    bfloat16 weights for an fp8 query."""
     dims = _validate(
         query, key, NO_VALUE, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
     )  # fmt: skip
     K, S = dims.K, dims.S
-    identity = jnp.broadcast_to(jnp.eye(S, dtype=query.dtype), (K, S, S))  # (K, S, E=S)
+    eye_dtype = jnp.float32 if key.dtype.name in FP8_DTYPES else query.dtype
+    identity = jnp.broadcast_to(jnp.eye(S, dtype=eye_dtype), (K, S, S))  # (K, S, E=S)
     out, _ = _forward(
         query, key, identity, dataclasses.replace(dims, E=S), causal_alignment, mask, bias,
-        q_segment_ids, kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K,
+        q_segment_ids, kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K, q_descale,
+        k_descale,
     )  # fmt: skip
     return out
 

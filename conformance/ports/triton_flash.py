@@ -37,8 +37,12 @@ returns are the kernel's own), plus the torch adapters ``from_numpy`` and ``to_n
 has no ``causal_mask`` and no modules; its xfails file says so. Contract v3's
 :func:`varlen_attention` and :func:`paged_attention` run a second kernel,
 :func:`_token_major_kernel` (a program per query block and head of one sequence; paged, the
-sequence's pages read through ``block_table`` inside the kernel, never a gathered copy), which
-also loads fp8 key/value (and query) and converts them in the kernel, with the descales.
+sequence's pages read through ``block_table`` inside the kernel, never a gathered copy). Both
+kernels take contract v3's fp8 forms: fp8 key/value (and query) go into the kernel as fp8 and
+are converted to float32 there, as FlashAttention 3 does; the descales enter as factors per
+(batch element or sequence, head): ``q_descale * k_descale`` on the scores (query head h
+reading the ``k_descale`` of its key/value head), ``v_descale`` on the output. Their weights
+stay float32 before the value product (the strict bound's computation).
 
 Why one file of ~890 lines, two kernels: the runner imports a port as one module, whose
 xfails file is the module's, and the broken-kernel tests (``conformance/tests/
@@ -112,7 +116,7 @@ _MIN_TILE = 16
 
 @triton.jit
 def _flash_forward_kernel(
-    Q, K, V, Out, Lse, Mask, Bias, QSeg, KVSeg, Sinks, Slopes, Offsets,  # pointers, see below
+    Q, K, V, Out, Lse, Mask, Bias, QSeg, KVSeg, Sinks, Slopes, Offsets, QDs, KDs, VDs,  # see below
     stride_qh, stride_ql, stride_qd,  # strides of query (..., H, L, D), in elements
     stride_kh, stride_ks, stride_kd,  # key (..., K, S, D)
     stride_vh, stride_vs, stride_ve,  # value (..., K, S, E)
@@ -128,13 +132,15 @@ def _flash_forward_kernel(
     HAS_MASK: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_SOFTCAP: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SEGMENTS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_ALIBI: tl.constexpr,
-    DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HAS_DESCALE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    P_DTYPE: tl.constexpr,
 ):  # fmt: skip
     # One program: block_q query rows (i0 .. i0 + block_q - 1) of query head h of batch
     # element b. The tiles are powers of two; lanes past block_q/block_k or past L/S are off.
     # Offsets: (B, 8) int64, the element offset of batch element b in query, key, value,
     # output, mask, bias, q and kv segment ids (see _batch_offsets). Lse: (B * H, L) float32.
-    # Sinks and Slopes: (H,) float32.
+    # Sinks and Slopes: (H,) float32. QDs (B, H), KDs and VDs (B, K): the fp8 descales per
+    # batch element and head, float32 (unused pointers when not HAS_DESCALE).
     bh = tl.program_id(0)
     b = bh // H
     h = bh % H
@@ -156,6 +162,12 @@ def _flash_forward_kernel(
 
     q_ptrs = Q + q_off + h * stride_qh + rows[:, None] * stride_ql + d[None, :] * stride_qd
     q = tl.load(q_ptrs, mask=row_ok[:, None] & d_ok, other=0.0).to(DOT_DTYPE)  # (bq, D)
+    score_scale = scale
+    v_descale = 1.0
+    if HAS_DESCALE:  # 0. dequantize: an fp8 input is float(x) * descale, folded into the scale
+        K_heads = H // G  # query head h's descale, and its key/value head kv's
+        score_scale = scale * tl.load(QDs + b * H + h) * tl.load(KDs + b * K_heads + kv)
+        v_descale = tl.load(VDs + b * K_heads + kv)
 
     # Pointers to the first key block; block j0 is these plus j0 keys along S.
     k_ptrs = K + k_off + kv * stride_kh + lane_k[:, None] * stride_ks + d[None, :] * stride_kd
@@ -200,8 +212,8 @@ def _flash_forward_kernel(
         col_ok = (lane_k < block_k) & (cols < S)  # loads: this block's keys, none past S
         k = tl.load(k_ptrs + j0 * stride_ks, mask=col_ok[:, None] & d_ok, other=0.0)  # (bk, D)
 
-        # 1. scores = (query @ key^T) * scale, float32.
-        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * scale
+        # 1. scores = (query @ key^T) * scale (times q_descale * k_descale), float32.
+        s = tl.dot(q, tl.trans(k.to(DOT_DTYPE)), input_precision=DOT_PRECISION) * score_scale
 
         # 2. softcap: s = softcap * tanh(s / softcap), before any additive term or mask. tanh
         #    from exp, in float64 (Triton's interpreter has no tanh; float64 keeps float32
@@ -253,13 +265,14 @@ def _flash_forward_kernel(
         l = l * alpha + tl.sum(p, 1)
 
         # 6. output, accumulated: acc = alpha * acc + p @ value, the weights first rounded to
-        #    the input dtype (FlashAttention's practice; exact for float32). A value row that
+        #    P_DTYPE: the input dtype (FlashAttention's practice; exact for float32), float32
+        #    for fp8 inputs (the strict bound's computation). A value row that
         #    no row of this block attends is selected away, not multiplied by its zero weight:
         #    NaN or inf there (padding, unused cache slots) never reaches the output.
         v = tl.load(v_ptrs + j0 * stride_vs, mask=col_ok[:, None] & e_ok, other=0.0)  # (bk, E)
         attended = tl.max(allowed.to(tl.int32), 0) != 0  # (bk,) keys some row here attends
         v = tl.where(attended[:, None], v.to(DOT_DTYPE), 0.0).to(DOT_DTYPE)
-        p = p.to(V.dtype.element_ty).to(DOT_DTYPE)
+        p = p.to(P_DTYPE).to(DOT_DTYPE)
         pv = tl.dot(p, v, input_precision=DOT_PRECISION)  # (bq, E), float32
         acc = acc * alpha[:, None] + pv
         m = m_new
@@ -278,10 +291,10 @@ def _flash_forward_kernel(
         acc = acc * alpha[:, None]
         m = m_sink
     l = tl.where(empty, 1.0, l)
-    out = acc / l[:, None]  # (bq, E)
+    out = v_descale * acc / l[:, None]  # (bq, E), times the value's descale (1.0 if not fp8)
     lse = tl.where(empty, float("-inf"), m + tl.log(l))  # (bq,)
     tl.store(Lse + bh * L + rows, lse, mask=row_ok)
-    # 6. (end) back to the input dtype.
+    # 6. (end) to the output dtype: the query's, bfloat16 for an fp8 query.
     o_ptrs = Out + o_off + h * stride_oh + rows[:, None] * stride_ol + e[None, :] * stride_oe
     tl.store(o_ptrs, out.to(Out.dtype.element_ty), mask=row_ok[:, None] & e_ok)
 
@@ -298,8 +311,9 @@ def _dtype_name(t: torch.Tensor) -> str:
 def _validate(query, key, value, **keywords) -> AttentionDims:
     """The contract's validation (attention_spec), then this kernel's own limit: no float64."""
     dims = check_attention(query, key, value, **keywords)  # value: NO_VALUE for weights
-    if query.dtype not in KERNEL_DTYPES:
-        supported = ", ".join(KERNEL_DTYPES.values())
+    # fp8 is taken, in the contract's combinations (check_attention refuses the others).
+    if query.dtype not in KERNEL_DTYPES and query.dtype not in FP8_DTYPES:
+        supported = ", ".join([*KERNEL_DTYPES.values(), "float8_e4m3fn", "float8_e5m2"])
         raise make_error(
             "unsupported_dtype",
             f"the Triton kernel computes {supported}; got {_dtype_name(query)} "
@@ -338,6 +352,16 @@ def _batch_offsets(
     return torch.stack(columns, dim=1)  # (B, 8)
 
 
+def _per_batch_head(
+    x: torch.Tensor | float | None, batch: tuple[int, ...], heads: int, device: torch.device
+) -> torch.Tensor:
+    """A heads-first descale (None, a number, or float32 broadcastable to ``(..., heads)``) as
+    float32 ``(B, heads)``, contiguous: one factor per batch element and head."""
+    x = 1.0 if x is None else x
+    x = torch.as_tensor(x, dtype=torch.float32, device=device)
+    return x.broadcast_to((*batch, heads)).reshape(math.prod(batch), heads).contiguous()
+
+
 def _forward(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -352,10 +376,17 @@ def _forward(
     alibi_slopes: torch.Tensor | None,
     block_q: int,
     block_k: int,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the kernel on validated inputs; returns the output ``(..., H, L, E)`` and the
-    row log-sum-exp ``(..., H, L)`` (float32)."""
-    out = torch.empty(dims.output_shape, dtype=query.dtype, device=query.device)
+    """Launch the kernel on validated inputs; returns the output ``(..., H, L, E)`` (the
+    query's dtype, bfloat16 for an fp8 query) and the row log-sum-exp ``(..., H, L)``
+    (float32). fp8 key/value (and query) go into the kernel as fp8, with their descales
+    ``q_descale`` broadcastable to ``(..., H)`` and ``k_descale``/``v_descale`` to ``(..., K)``."""
+    fp8 = key.dtype in FP8_DTYPES
+    out_dtype = torch.bfloat16 if query.dtype in FP8_DTYPES else query.dtype
+    out = torch.empty(dims.output_shape, dtype=out_dtype, device=query.device)
     lse = torch.full((*dims.batch, dims.H, dims.L), -math.inf, device=query.device)
     if out.numel() == 0:  # L = 0, E = 0 or an empty batch: nothing to launch
         return out, lse
@@ -389,8 +420,20 @@ def _forward(
     # The dots take the input dtype (float32 accumulators), except bfloat16 in the interpreter,
     # which holds bfloat16 as raw 16-bit integers and would multiply those
     # (triton-lang/triton#11584): it widens to float32 first, which is exact.
+    # fp8 is converted to float32 in the kernel (exact), and the dots take float32.
     bf16_interpreted = INTERPRETED and query.dtype == torch.bfloat16
-    dot_dtype = torch.float32 if bf16_interpreted else query.dtype
+    dot_dtype = torch.float32 if bf16_interpreted or fp8 else query.dtype
+    # Weights before the value product: rounded to the input dtype (FlashAttention's
+    # practice); kept in float32 for fp8, as in the token-major kernel. FlashAttention 3
+    # rounds them to the value's fp8 format, but before the division by the row sum; the
+    # contract's kernel `bound` rounds the normalized weights, and that practice here failed
+    # it (measured: sdpa.fp8.all.per_head.float8_e5m2 1.17x, sdpa.fp8.all.sinks.gqa.h8_k1
+    # 1.13x), while float32 weights meet the strict bound on every fp8 run.
+    p_dtype = tl.float32 if fp8 else _DOT_DTYPES[query.dtype]
+    descales = [
+        _per_batch_head(x, dims.batch, heads, query.device)
+        for x, heads in ((q_descale, H), (k_descale, dims.K), (v_descale, dims.K))
+    ]  # (B, H), (B, K), (B, K) float32
     left, right = dims.window if dims.window is not None else (None, None)
     _flash_forward_kernel[grid](
         query, key, value, out, lse,
@@ -400,7 +443,7 @@ def _forward(
         offsets if kv_seg is None else kv_seg,
         lse if sinks_f is None else sinks_f,
         lse if slopes_f is None else slopes_f,
-        offsets,
+        offsets, *descales,
         *strides(query), *strides(key), *strides(value), *strides(out),
         *strides(mask_v), *strides(bias_v),
         0 if q_seg is None else q_seg.stride(-1), 0 if kv_seg is None else kv_seg.stride(-1),
@@ -414,9 +457,9 @@ def _forward(
         HAS_SOFTCAP=dims.softcap is not None, IS_CAUSAL=dims.is_causal,
         HAS_LEFT=left is not None, HAS_RIGHT=right is not None,
         HAS_SEGMENTS=q_seg is not None, HAS_SINKS=sinks is not None,
-        HAS_ALIBI=alibi_slopes is not None,
+        HAS_ALIBI=alibi_slopes is not None, HAS_DESCALE=fp8,
         DOT_DTYPE=_DOT_DTYPES[dot_dtype],
-        DOT_PRECISION="ieee" if dot_dtype == torch.float32 else "tf32",
+        DOT_PRECISION="ieee" if dot_dtype == torch.float32 else "tf32", P_DTYPE=p_dtype,
     )  # fmt: skip
     return out, lse
 
@@ -437,6 +480,9 @@ def flash_attention(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
     block_q: int = BLOCK_Q,
     block_k: int = BLOCK_K,
     return_lse: bool = False,
@@ -445,9 +491,11 @@ def flash_attention(
 
     Args:
         query: ``(..., H, L, D)``; float32, float16 or bfloat16, on CUDA (compiled kernel) or
-            on the CPU (Triton's interpreter).
+            on the CPU (Triton's interpreter); or fp8 (``float8_e4m3fn``/``float8_e5m2``) with
+            fp8 key and value of the same format (FlashAttention 3's form).
         key: ``(..., K, S, D)``; K divides H, query head h reads key head ``h // (H // K)``.
-        value: ``(..., K, S, E)``; the same dtype as query and key.
+        value: ``(..., K, S, E)``; the same dtype as query and key, or key and value both fp8
+            under a float query (an fp8 cache). fp8 is loaded and converted in the kernel.
         mask: boolean, broadcastable to ``(..., H, L, S)``; True = may attend.
         bias: floating, broadcastable to ``(..., H, L, S)``; added to the scores, may hold -inf.
         is_causal: apply the causal rule of ``causal_alignment`` ("top_left" | "bottom_right").
@@ -460,13 +508,17 @@ def flash_attention(
         sinks: ``(H,)`` floating: one extra logit per query head in the softmax's denominator,
             with no value.
         alibi_slopes: ``(H,)`` floating: ``-slope[h] * |i + offset - j|`` added to the scores.
+        q_descale: for an fp8 query, float32 broadcastable to ``(..., H)``; k_descale and
+            v_descale: for fp8 key/value, broadcastable to ``(..., K)``. An fp8 x stands for
+            ``float(x) * descale``: q_descale * k_descale multiply the scores (query head h
+            reads the k_descale of its key/value head), v_descale the output.
         block_q: query rows per program (any integer >= 1; it need not divide L).
         block_k: keys per step of a program's loop (any integer >= 1; it need not divide S).
         return_lse: also return the row log-sum-exp of the final scores, the sink included,
             ``(..., H, L)`` float32; ``-inf`` for a row with no allowed key.
 
-    Returns the output in the query's dtype (rows with no allowed key are zeros), or
-    ``(output, lse)``.
+    Returns the output in the query's dtype (bfloat16 for an fp8 query; rows with no allowed
+    key are zeros), or ``(output, lse)``.
 
     Raises the contract's errors (attention_spec) before any launch, ConfigError for a block
     size < 1, and DTypeError ``unsupported_dtype`` for float64.
@@ -475,13 +527,14 @@ def flash_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale,
     )  # fmt: skip
     check_block_sizes(block_q, block_k)
     return_lse = check_flag("return_lse", return_lse)
     out, lse = _forward(
         query, key, value, dims, causal_alignment, mask, bias, q_segment_ids, kv_segment_ids,
-        sinks, alibi_slopes, block_q, block_k,
+        sinks, alibi_slopes, block_q, block_k, q_descale, k_descale, v_descale,
     )  # fmt: skip
     return (out, lse) if return_lse else out
 
@@ -502,13 +555,17 @@ def scaled_dot_product_attention(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
+    v_descale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """:func:`flash_attention` with the default blocks (``BLOCK_Q`` x ``BLOCK_K``)."""
     return flash_attention(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
+        v_descale=v_descale,
     )  # fmt: skip
 
 
@@ -527,25 +584,30 @@ def attention_weights(
     kv_segment_ids: torch.Tensor | None = None,
     sinks: torch.Tensor | None = None,
     alibi_slopes: torch.Tensor | None = None,
+    q_descale: torch.Tensor | float | None = None,
+    k_descale: torch.Tensor | float | None = None,
 ) -> torch.Tensor:
     """The weights ``(..., H, L, S)`` as the kernel computes them: the kernel run with the
     identity as value (E = S, one value column per key), so that output row i is weight row i.
 
     For checking the kernel weight by weight; it costs an ``(S, S)`` identity, shared by every
-    head and batch element (stride 0).
+    head and batch element (stride 0). fp8 query/key with ``q_descale``/``k_descale`` as in
+    :func:`flash_attention` (no value, no ``v_descale``): the identity is float32 then, so the
+    weights are never rounded to fp8; bfloat16 for an fp8 query.
     """
     dims = _validate(
         query, key, NO_VALUE, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
-        alibi_slopes=alibi_slopes,
+        alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
     )  # fmt: skip
     K, S = dims.K, dims.S
-    identity = torch.eye(S, dtype=query.dtype, device=query.device).expand(K, S, S)  # (K, S, E=S)
+    eye_dtype = torch.float32 if key.dtype in FP8_DTYPES else query.dtype
+    identity = torch.eye(S, dtype=eye_dtype, device=query.device).expand(K, S, S)  # (K, S, E=S)
     dims = dataclasses.replace(dims, E=S)
     out, _ = _forward(
         query, key, identity, dims, causal_alignment, mask, bias, q_segment_ids,
-        kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K,
+        kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K, q_descale, k_descale,
     )  # fmt: skip
     return out
 

@@ -128,9 +128,19 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
 # _token_major_kernel: the bug is in both, and the heads-first run named catches it. The same
 # for a pallas line that occurs twice, but for gqa_tiling's, two BlockSpecs of one kernel.)
 
+#: Contract v3's fp8 in the heads-first kernel (_flash_forward_kernel): GQA with per-(batch,
+#: head) descales, all fp8 and an fp8 cache under a float query, and the kernel's own weights.
+#: Interpreted, about 0.3 s a run (Triton).
+HEADS_FIRST_FP8_RUNS: tuple[str, ...] = (
+    "sdpa.fp8.all.per_head.float8_e4m3fn",  # H 4 : K 2, the run the descale bugs must fail
+    "flash.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e5m2",  # fp8 cache, bfloat16 query
+    "weights.fp8.all.causal_window_softcap.float8_e4m3fn",  # the weights of an all-fp8 call
+)
+
 #: Contract v3 (varlen_attention, paged_attention, fp8 inputs): kernel -> the runs of its
-#: token-major kernel that the default session takes (a kernel without those functions has
-#: no entry). Interpreted, these take about 2 s together (Triton, on a shared 2-core machine).
+#: token-major kernel, then its heads-first kernel's fp8 runs, that the default session takes
+#: (a kernel without those functions has no entry). Interpreted, these take about 3 s together
+#: (Triton, on a shared 2-core machine).
 V3_RUNS: dict[str, tuple[str, ...]] = {
     "triton": (
         "paged.page3.decode_and_prefill.causal.float32",  # decode and chunked prefill, page 3
@@ -149,6 +159,7 @@ V3_RUNS: dict[str, tuple[str, ...]] = {
         "paged.fp8.all.per_sequence.causal.float8_e4m3fn",  # fp8 pages, per-sequence descales
         "paged.fp8.kv_cache.float16_query.per_head.causal.float8_e5m2",  # e5m2 pages, NaN bytes
         "varlen.n1.l6_s6.float64",  # refused: xfail
+        *HEADS_FIRST_FP8_RUNS,
     ),
     "pallas": (
         "paged.page3.decode_and_prefill.causal.float32",  # decode and chunked prefill, page 3
@@ -168,6 +179,7 @@ V3_RUNS: dict[str, tuple[str, ...]] = {
         "paged.fp8.all.per_sequence.causal.float8_e4m3fn",  # fp8 pages, per-sequence descales
         "paged.fp8.kv_cache.float16_query.per_head.causal.float8_e5m2",  # e5m2 pages, NaN bytes
         "varlen.n1.l6_s6.float64",  # refused: xfail
+        *HEADS_FIRST_FP8_RUNS,
     ),
 }
 
@@ -197,6 +209,31 @@ V3_KERNEL_BUGS: dict[str, tuple[str, str, str, list[tuple[str, str, int]]]] = {
         "varlen.fp8.kv_cache.bfloat16_query.causal_sinks.float8_e4m3fn",
         "triton",
         [("out = acc * v_descale / l[:, None]", "out = acc / l[:, None]", 1)],
+    ),
+    "fp8_k_descale_per_query_head": (
+        "the heads-first kernel reads k_descale at the query head h, not at its key/value "
+        "head h // G",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "triton",
+        [("tl.load(KDs + b * K_heads + kv)", "tl.load(KDs + b * K_heads + h)", 1)],
+    ),
+    "fp8_v_descale_dropped": (
+        "the heads-first kernel never applies the value's fp8 descale",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "triton",
+        [("out = v_descale * acc / l[:, None]", "out = acc / l[:, None]", 1)],
+    ),
+    "fp8_q_descale_twice": (
+        "the heads-first kernel multiplies the scores by q_descale twice",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "triton",
+        [
+            (
+                "score_scale = scale * tl.load(QDs + b * H + h)",
+                "score_scale = scale * tl.load(QDs + b * H + h) * tl.load(QDs + b * H + h)",
+                1,
+            )
+        ],
     ),
     "pallas_cu_seqlens_off_by_one": (
         "sequence n's keys start one packed row early: the previous document's last key leaks in",
@@ -232,6 +269,37 @@ V3_KERNEL_BUGS: dict[str, tuple[str, str, str, list[tuple[str, str, int]]]] = {
         [
             ("TOKEN_BLOCK: int = 16", "TOKEN_BLOCK: int = 2", 1),
             ("i0 = (g - (cu_q_ref[n] // block_q + n)) * block_q", "i0 = (g - n) * block_q", 1),
+        ],
+    ),
+    "pallas_fp8_k_descale_per_query_head": (
+        "the heads-first kernel reads k_descale at the query head h, not at its key/value "
+        "head h // G",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "pallas",
+        [
+            (
+                '("k_ds", k_descale, dims.K, lambda h: h // G)',
+                '("k_ds", k_descale, dims.K, lambda h: h)',
+                1,
+            )
+        ],
+    ),
+    "pallas_fp8_v_descale_dropped": (
+        "the heads-first kernel never applies the value's fp8 descale",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "pallas",
+        [("(v_descale * acc / l[:, None])", "(acc / l[:, None])", 1)],
+    ),
+    "pallas_fp8_q_descale_twice": (
+        "the heads-first kernel multiplies the scores by q_descale twice",
+        "sdpa.fp8.all.per_head.float8_e4m3fn",
+        "pallas",
+        [
+            (
+                "scale * q_ds_ref[...] * k_ds_ref[...]",
+                "scale * q_ds_ref[...] ** 2 * k_ds_ref[...]",
+                1,
+            )
         ],
     ),
     "pallas_k_descale_dropped": (
@@ -429,11 +497,13 @@ assert not triton_flash.INTERPRETED
 constexprs = dict(
     TILE_Q=16, TILE_K=16, TILE_D=16, TILE_E=16, HAS_MASK=True, HAS_BIAS=True,
     HAS_SOFTCAP=True, IS_CAUSAL=True, HAS_LEFT=True, HAS_RIGHT=True, HAS_SEGMENTS=True,
-    HAS_SINKS=True, HAS_ALIBI=True, DOT_DTYPE=tl.bfloat16, DOT_PRECISION="tf32",
+    HAS_SINKS=True, HAS_ALIBI=True, HAS_DESCALE=False, DOT_DTYPE=tl.bfloat16,
+    DOT_PRECISION="tf32", P_DTYPE=tl.bfloat16,
 )
 pointers = {"Q": "*bf16", "K": "*bf16", "V": "*bf16", "Out": "*bf16", "Lse": "*fp32",
             "Mask": "*u8", "Bias": "*fp32", "QSeg": "*i64", "KVSeg": "*i64", "Sinks": "*fp32",
-            "Slopes": "*fp32", "Offsets": "*i64"}
+            "Slopes": "*fp32", "Offsets": "*i64", "QDs": "*fp32", "KDs": "*fp32",
+            "VDs": "*fp32"}
 scalars = {"scale": "fp32", "softcap": "fp32"}  # every other scalar is an int
 signature = {
     n: "constexpr" if n in constexprs else pointers.get(n) or scalars.get(n, "i32")
@@ -447,6 +517,15 @@ compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32))
 print("ptx", len(compiled.asm["ptx"]), "cubin", len(compiled.asm["cubin"]))
 """
 
+
+#: The heads-first kernel again with fp8 (e4m3) query, key and value and their descales,
+#: converted in the kernel, float32 dots and weights, a bfloat16 output (contract v3).
+_TRITON_FP8_COMPILE = (
+    _TRITON_COMPILE.replace('"Q": "*bf16", "K": "*bf16", "V": "*bf16"',
+                            '"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv"')
+    .replace("HAS_DESCALE=False, DOT_DTYPE=tl.bfloat16", "HAS_DESCALE=True, DOT_DTYPE=tl.float32")
+    .replace('"tf32", P_DTYPE=tl.bfloat16', '"ieee", P_DTYPE=tl.float32')
+)  # fmt: skip
 
 #: The same for the token-major kernel (varlen_attention, paged_attention), every feature on:
 #: paged, with fp8 pages and a bfloat16 query (fp8 loaded and converted in the kernel).
@@ -483,7 +562,9 @@ print("ptx", len(compiled.asm["ptx"]), "cubin", len(compiled.asm["cubin"]))
 
 @pytest.mark.slow  # about 10 s each: a Python start and one compilation through ptxas
 @pytest.mark.parametrize(
-    "script", [_TRITON_COMPILE, _TRITON_TOKEN_MAJOR_COMPILE], ids=["flash", "token_major"]
+    "script",
+    [_TRITON_COMPILE, _TRITON_FP8_COMPILE, _TRITON_TOKEN_MAJOR_COMPILE],
+    ids=["flash", "flash_fp8", "token_major"],
 )
 def test_triton_kernel_compiles_for_cuda_without_a_gpu(script: str) -> None:
     """The code the interpreter runs is the code a GPU compiles: here, to a cubin for sm_90."""
@@ -501,7 +582,8 @@ def test_triton_kernel_compiles_for_cuda_without_a_gpu(script: str) -> None:
 
 def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
     """On a GPU the pallas_call is compiled, not interpreted: lowered for CUDA here, every
-    feature on, it becomes one Triton kernel call (Pallas's Triton lowering accepted it)."""
+    feature on, it becomes one Triton kernel call (Pallas's Triton lowering accepted it); once
+    in bfloat16, once with fp8 query, key and value and their descales (contract v3)."""
     module = _kernel_module("pallas")
     import jax
     import jax.numpy as jnp
@@ -519,6 +601,15 @@ def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
                     window=(2, 1), return_lse=True)  # fmt: skip
     flash = jax.jit(module.flash_attention, static_argnames=[*keywords, "block_q", "block_k"])
     traced = flash.trace(q, k, v, **arrays, block_q=2, block_k=3, **keywords)
+    text = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert text.count("__gpu$xla.gpu.triton") == 1
+    # Contract v3: fp8 (e4m3) query, key and value with per-(batch, head) descales, loaded as
+    # fp8 and converted in the kernel.
+    fp8 = {n: spec(*x.shape, dtype=jnp.float8_e4m3fn) for n, x in (("q", q), ("k", k), ("v", v))}
+    f32 = jnp.float32
+    descales = dict(q_descale=spec(2, 6, dtype=f32), k_descale=spec(2, 2, dtype=f32),
+                    v_descale=spec(2, dtype=f32))  # fmt: skip
+    traced = flash.trace(*fp8.values(), **arrays, **descales, block_q=2, block_k=3, **keywords)
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1
 
