@@ -243,6 +243,8 @@ class Row:
         p = self.package
         if self.call in ("torch_kernel", "jax_kernel"):  # a kernel port in conformance/ports
             return self.call.removesuffix("_kernel")
+        if p == "conformance":  # a kernel port's other calls (its paged decode): its framework's
+            return _KERNEL_FRAMEWORKS[self.target.split(":")[0]]
         return p.removeprefix("impl_") if self.kind == "impl" else {"flax": "jax"}.get(p, p)
 
     @property
@@ -319,6 +321,8 @@ _GQA_MOD = {"workloads": "module", "variants": ("GQA", "MQA")}
 _DECODE = {"workloads": "decode", "materializes": False}  # scores (B, H, 1, S): one row
 _CUDA = ("cuda",)
 _TRITON_PORT, _PALLAS_PORT = "conformance.ports.triton_flash", "conformance.ports.pallas_flash"
+#: The framework whose arrays a kernel port takes (Triton: torch tensors; Pallas: JAX arrays).
+_KERNEL_FRAMEWORKS = {_TRITON_PORT: "torch", _PALLAS_PORT: "jax"}
 _TRITON, _PALLAS = f"{_TRITON_PORT}:flash_attention", f"{_PALLAS_PORT}:flash_attention"
 _VJP, _FLASH_VJP = "functional:scaled_dot_product_attention_vjp", "flash:flash_attention_vjp"
 _TFT, _JFT = "torch F.sdpa train", "jax.nn.dpa[xla] train"  # the frameworks' fwd+bwd
@@ -409,6 +413,20 @@ def _paged_rows(fw: str) -> tuple[Row, Row, Row]:
     )  # fmt: skip
 
 
+def _kernel_paged_rows(kernel: str, port: str) -> tuple[Row, Row]:
+    """A kernel port's paged decode step on a GPU box (issues 27, 28: the token-major kernel
+    reading the pages through the block table), and the same step on the pools quantized to
+    fp8 e4m3 (converted in the kernel) against it, on the bfloat16 workloads; gated on the
+    port's own ``paged`` fixtures (``paged.fp8.*`` among them)."""
+    paged, target = f"{kernel} paged decode", f"{port}:paged_attention"
+    kernel_rows = {**_PAGED, "devices": _CUDA, "gate": port, "gate_op": "paged"}
+    return (
+        Row(paged, target, "paged_decode", **kernel_rows),
+        Row(f"{paged} fp8", target, "paged_decode_fp8", ref=paged, dtypes=("bfloat16",),
+            **kernel_rows),
+    )  # fmt: skip
+
+
 def _varlen_rows(fw: str) -> tuple[Row, Row]:
     """``fw``'s varlen prefill through the tiled path (issue 27: at most 0.6x the padded batch
     at 8192 tokens, interleaved) and the padded, masked batch through
@@ -469,6 +487,7 @@ ROWS: tuple[Row, ...] = (
     # the kernel ports (conformance/ports): compiled on CUDA only (on a CPU they interpret)
     Row("triton flash", _TRITON, "torch_kernel", ref=_TF, devices=_CUDA, gate=_TRITON_PORT, **_TILED),  # noqa: E501
     Row("pallas flash", _PALLAS, "jax_kernel", ref=_JF, devices=_CUDA, gate=_PALLAS_PORT, **_TILED),
+    *_kernel_paged_rows("triton", _TRITON_PORT), *_kernel_paged_rows("pallas", _PALLAS_PORT),
     Row("torch nn.MHA", "torch.nn:MultiheadAttention", "torch_mha", **_MHA_MOD, **_TILED),
     Row("flax nnx.MHA", "flax.nnx:MultiHeadAttention", "nnx_mha", workloads="module"),
     Row(_TD, _T, "torch_decode", **_DECODE),

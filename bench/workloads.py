@@ -537,6 +537,7 @@ def _accel_quick(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_decode(2, 16, 16, p, 128, dtype=dt) for dt in dtypes for p in (4096, 32768)]
     w += [_decode(2, 16, 4, 32768, 128, dtype=lo), _decode(2, 16, 16, 4096, 128)]  # GQA, f32
     w += [_train(2, 16, 16, n, 128, dtype=lo) for n in (1024, 4096)]  # training steps
+    w += [_paged_decode(4096, dtype=lo)]  # the kernel ports' paged decode (bf16 and fp8 pools)
     return w
 
 
@@ -559,13 +560,14 @@ def _accel_full(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_decode(2, 16, 16, p, 128) for p in contexts[:3]]  # float32
     for causal in (False, True):
         w += [_train(2, 16, 16, n, 128, causal=causal, dtype=lo) for n in lengths[1:6]]
+    w += [_paged_decode(p, dtype=lo) for p in (4096, 32768)]  # the kernel ports' paged decode
     return w
 
 
 def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
     """A few minutes on one GPU with every row (``make gpu-check``): each dtype at 1k and 4k,
     causal and not; float32 at 1k; GQA and MQA at 2k; MHA and GQA modules at 1k; MHA and GQA
-    decode at P = 4096; one training step at 1k."""
+    decode at P = 4096; one training step at 1k; the kernel ports' paged decode at P = 4096."""
     w = []
     for dt in dtypes:
         for causal in (False, True):
@@ -576,6 +578,7 @@ def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_module(2, 16, 16, 1024, 128, dtype=lo), _module(2, 16, 4, 1024, 128, dtype=lo)]
     w += [_decode(2, 16, k, 4096, 128, dtype=lo) for k in (16, 4)]
     w += [_train(2, 16, 16, 1024, 128, dtype=lo)]
+    w += [_paged_decode(4096, dtype=lo)]  # the kernel ports' paged decode (bf16 and fp8 pools)
     return w
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench import preparers
-from bench.plan import build_goal_cases
+from bench.plan import build_cases, build_goal_cases
 from bench.report import _cache_note, fmt_bytes
 from bench.rows import ROWS, row_by_name
 from bench.workloads import (
@@ -57,7 +57,7 @@ def test_the_rows_their_refs_gates_and_goals():
         assert fp8.applies_to(bf16) and not fp8.applies_to(f32)
         assert paged.applies_to(bf16) and paged.applies_to(f32)
     paged_rows = {r.name for r in ROWS if r.workloads == "paged_decode"}
-    assert len(paged_rows) == 9
+    assert len(paged_rows) == 9 + 4  # the three packages' three, the two kernel ports' two
     for r in ROWS:  # only the paged rows take the paged workloads, only varlen's the varlen ones
         assert r.applies_to(PAGED_GOAL_WORKLOAD) == (r.name in paged_rows and r.dtypes is None)
         assert r.applies_to(VARLEN_GOAL_WORKLOAD) == (r.workloads == "varlen")
@@ -170,3 +170,61 @@ def test_the_timed_calls_are_the_float64_oracle(fw):
         rows = padded[b, :, :n].transpose(1, 0, 2)
         assert_within_bound(rows, golden[cu[b] : cu[b + 1]], golden[cu[b] : cu[b + 1]],
                             "float32")  # fmt: skip
+
+
+# ------------------------------------------------------------ the kernel ports, on a GPU box
+
+_KERNEL_PAGED = {"triton": "torch", "pallas": "jax"}
+
+
+def test_the_kernel_ports_paged_rows_are_planned_for_cuda_only():
+    """issues 27, 28 on a GPU: each kernel port's paged decode, and its fp8 e4m3 pools against
+    it, on every GPU grid's bfloat16 paged workload (P = 4096), gated on the port's own
+    ``paged`` fixtures; a CPU plan has none of them (there the kernels only interpret)."""
+    names = {f"{k} paged decode{s}": fw for k, fw in _KERNEL_PAGED.items() for s in ("", " fp8")}
+    for name, fw in names.items():
+        row = row_by_name(name)
+        port = f"conformance.ports.{name.split()[0]}_flash"
+        assert (row.framework, row.gate_port, row.gate_alias, row.devices) == (
+            fw, port, "paged", ("cuda",)
+        )  # fmt: skip
+        assert row.target == f"{port}:paged_attention"
+        assert row.ref == (name.removesuffix(" fp8") if name.endswith(" fp8") else None)
+    for size in ("small", "quick", "full"):
+        cases = [c for c in build_cases("cuda", grid("cuda", size), ROWS, fdevice_of=fake_gpu,
+                                        resolve_error=lambda r: None) if c.row]  # fmt: skip
+        mine = {(c.row.name, c.workload.P, c.workload.dtype, c.fdevice) for c in cases
+                if c.row.name in names}  # fmt: skip
+        devices = {"torch": "cuda", "jax": "gpu"}
+        assert {(n, 4096, "bfloat16", devices[fw]) for n, fw in names.items()} <= mine, size
+        assert all(dtype == "bfloat16" for _, _, dtype, _ in mine)
+        # the project's paged rows stay on the CPU
+        assert not [c for c in cases if c.row.name.startswith(("numpy", "torch", "jax"))
+                    and c.workload.op == "paged_decode"]  # fmt: skip
+    cpu = [c for c in build_cases("cpu", grid("cpu", "full"), ROWS, fdevice_of=fake_gpu,
+                                  resolve_error=lambda r: None) if c.row]  # fmt: skip
+    assert not [c for c in cpu if c.row.name in names]
+
+
+@pytest.mark.parametrize("kernel", list(_KERNEL_PAGED))
+def test_the_kernel_ports_paged_rows_compute_the_oracle_under_the_cpu_interpreter(kernel):
+    """The CUDA-only rows prepared on a CPU (Triton's interpreter on torch tensors, Pallas's on
+    JAX arrays): the bf16 step and the fp8 pools' step are the float64 oracle's paged
+    attention, the fp8 one on the pools dequantized by the descales quantize_fp8 made."""
+    fw = _KERNEL_PAGED[kernel]
+    pytest.importorskip("triton" if fw == "torch" else "jax")
+    host = preparers.paged_inputs(_WP)
+    p = preparers.prepare(row_by_name(f"{kernel} paged decode"), _WP, "cpu")
+    golden = _oracle_paged(host, host["query"], host["key_cache"], host["value_cache"])
+    assert_within_bound(to_np(p.call()).reshape(golden.shape), golden, golden, "float32")
+    wb = Workload(**{**_WP.__dict__, "dtype": "bfloat16"})
+    p = preparers.prepare(row_by_name(f"{kernel} paged decode fp8"), wb, "cpu")
+    out = p.call()
+    assert str(out.dtype).endswith("bfloat16")
+    query, key_fp8, value_fp8 = p.inputs
+    assert "float8_e4m3fn" in str(key_fp8.dtype) and "float8_e4m3fn" in str(value_fp8.dtype)
+    k_d, v_d = (np.abs(host[k].astype(ml_dtypes.bfloat16)).max(axis=(0, 1, 3)).astype(np.float32)
+                / np.float32(448) for k in ("key_cache", "value_cache"))  # fmt: skip
+    golden = _oracle_paged(host, query, to_np(key_fp8) * k_d[:, None],
+                           to_np(value_fp8) * v_d[:, None])  # fmt: skip
+    assert_within_bound(to_np(out), golden, golden, "bfloat16")
