@@ -192,7 +192,8 @@ def test_extra_keyword_bugs_fail_only_their_families(bug: str) -> None:
     # module.v2.* and decode.v2.*: the modules' own v2 settings (window, sinks, ALiBi, ...)
     # mla.*: latent attention with its window or sinks, on the port's functional API
     # fp8.*: the fp8 cases with a window or sinks (sdpa.fp8.all.sinks.*, ...)
-    assert families and families <= {*EXTRA_FAMILIES, "v2", "mla", "fp8"}, (
+    # fp8_cache.*: the modules' fp8 KV cache with a window (decode.fp8_cache.*.window.*)
+    assert families and families <= {*EXTRA_FAMILIES, "v2", "mla", "fp8", "fp8_cache"}, (
         f"{bug} failed {families}"
     )
 
@@ -291,7 +292,9 @@ def test_rope_bugs_fail_rope_runs_only(bug: str) -> None:
     failed = {o.run_id: o for o in _report(bug).failures if o.run_id in passing}
     assert failed and all(_rope_run(r) for r in failed), sorted(failed)
     if bug == "rope_decode_not_offset":
-        assert all(r.startswith(("decode.rope.", "decode.rope_scaled.")) for r in failed)
+        # decode.fp8_cache.*.rope.*: the fp8 KV cache's decodes with RoPE
+        decodes = ("decode.rope.", "decode.rope_scaled.", "decode.fp8_cache.")
+        assert all(r.startswith(decodes) for r in failed), sorted(failed)
         message = failed["decode.rope.gqa.h6_k2.chunks_2_1_2.float32"].message
         assert message.startswith("decode step 2 of 3 (tokens 2..2): ")
     if bug == "rope_angles_low_precision":  # float32 angles are what the bound allows, no more
