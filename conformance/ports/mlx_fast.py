@@ -52,7 +52,7 @@ import ml_dtypes
 import mlx.core as mx
 import numpy as np
 
-from conformance.ports.packed import page_slots, sequence_bounds
+from conformance.ports.packed import packed_rows, page_slots
 
 __all__ = [
     "attention_weights",
@@ -236,7 +236,7 @@ def varlen_attention(
     if softcap is not None:
         raise NotImplementedError("mx.fast.scaled_dot_product_attention has no softcap")
     rows = []
-    for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+    for (q0, q1), (k0, k1) in zip(packed_rows(cu_seqlens_q), packed_rows(cu_seqlens_k)):
         if q1 == q0:  # a sequence without queries needs no call
             continue
         q, k, v = (mx.swapaxes(x, 0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
@@ -284,9 +284,7 @@ def paged_attention(
     keys = key_cache.reshape(P * page, K, key_cache.shape[-1])  # (P * page, K, D)
     values = value_cache.reshape(P * page, K, value_cache.shape[-1])  # (P * page, K, E)
     rows = []
-    for (q0, q1), slots in zip(
-        sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
-    ):
+    for (q0, q1), slots in zip(packed_rows(cu_seqlens_q), page_slots(block_table, seq_lens, page)):
         if q1 == q0:  # a sequence without queries needs no call
             continue
         index = mx.array(slots.astype(np.int32))  # (S_n,)

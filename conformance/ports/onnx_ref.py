@@ -55,7 +55,7 @@ from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 
 from conformance.ports.descales import numpy_output, takes_descales
-from conformance.ports.packed import page_slots, sequence_bounds
+from conformance.ports.packed import packed_rows, page_slots
 
 __all__ = [
     "OPSET",
@@ -310,7 +310,7 @@ def packed_functions(
             softcap=softcap, alibi_slopes=alibi_slopes,
         )))  # fmt: skip
         rows = []
-        for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+        for (q0, q1), (k0, k1) in zip(packed_rows(cu_seqlens_q), packed_rows(cu_seqlens_k)):
             if q1 == q0:  # a sequence without queries needs no node
                 continue
             q, k, v = (np.swapaxes(x, 0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
@@ -354,7 +354,7 @@ def packed_functions(
         )))  # fmt: skip
         rows = []
         for (q0, q1), slots in zip(
-            sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
+            packed_rows(cu_seqlens_q), page_slots(block_table, seq_lens, page)
         ):
             if q1 == q0:  # a sequence without queries needs no node
                 continue

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["host_ints", "page_slots", "sequence_bounds"]
+__all__ = ["host_ints", "packed_rows", "page_slots"]
 
 
 def host_ints(x: Any) -> np.ndarray:
@@ -21,7 +21,7 @@ def host_ints(x: Any) -> np.ndarray:
     return np.asarray(x.tolist() if hasattr(x, "tolist") else x, np.int64)
 
 
-def sequence_bounds(cu_seqlens: Any) -> list[tuple[int, int]]:
+def packed_rows(cu_seqlens: Any) -> list[tuple[int, int]]:
     """``cu_seqlens (N + 1,)`` -> sequence n's rows ``[start, end)`` of the packed axis, N pairs."""
     cu = host_ints(cu_seqlens)
     return [(int(a), int(b)) for a, b in itertools.pairwise(cu)]

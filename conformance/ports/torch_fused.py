@@ -50,7 +50,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from attention_spec import AttentionGrads
 from conformance.ports.descales import takes_descales, torch_output
-from conformance.ports.packed import page_slots, sequence_bounds
+from conformance.ports.packed import packed_rows, page_slots
 from conformance.ports.precision import torch_ieee_float32
 from conformance.ports.torch_adapter import from_numpy, to_numpy
 
@@ -283,7 +283,7 @@ def varlen_attention(
     NotImplementedError."""
     _refuse(softcap, sinks)
     rows = []
-    for (q0, q1), (k0, k1) in zip(sequence_bounds(cu_seqlens_q), sequence_bounds(cu_seqlens_k)):
+    for (q0, q1), (k0, k1) in zip(packed_rows(cu_seqlens_q), packed_rows(cu_seqlens_k)):
         if q1 == q0:  # a sequence without queries needs no call
             continue
         q, k, v = (x.transpose(0, 1)[None] for x in (query[q0:q1], key[k0:k1], value[k0:k1]))
@@ -325,9 +325,7 @@ def paged_attention(
     keys = key_cache.reshape(P * page, K, key_cache.shape[-1])  # (P * page, K, D)
     values = value_cache.reshape(P * page, K, value_cache.shape[-1])  # (P * page, K, E)
     rows = []
-    for (q0, q1), slots in zip(
-        sequence_bounds(cu_seqlens_q), page_slots(block_table, seq_lens, page)
-    ):
+    for (q0, q1), slots in zip(packed_rows(cu_seqlens_q), page_slots(block_table, seq_lens, page)):
         if q1 == q0:  # a sequence without queries needs no call
             continue
         index = torch.from_numpy(slots).to(key_cache.device)  # (S_n,)
