@@ -116,16 +116,19 @@ def tensor_to_numpy(t: torch.Tensor) -> np.ndarray:
     """A tensor as a NumPy array of the same dtype (bfloat16 through ml_dtypes, exactly)."""
     t = t.detach().cpu()
     if t.dtype == torch.bfloat16:
-        return t.float().numpy().astype(ml_dtypes.bfloat16)
-    return t.numpy().copy()
+        return t.float().numpy().astype(ml_dtypes.bfloat16, order="C")
+    return t.numpy().copy()  # C order, as safetensors writes the buffer as it lies
 
 
 def linear_weight(kernel: torch.Tensor) -> torch.Tensor:
     """Canonical kernel ``(in, out)`` <-> ``nn.Linear.weight`` ``(out, in)``.
 
-    The one place the transpose happens; being its own inverse, it converts both ways.
+    The one place the transpose happens; being its own inverse, it converts both ways. A view,
+    no copy: the callers that keep it copy it (``copy_``, ``tensor_to_numpy``), and MLA's
+    absorbed decode splits ``kv_b_proj``'s weight per head through it every step (a copy of
+    ``R * H * (Dn + E)`` numbers a step, 8 MiB at DeepSeek's sizes, was a fifth of that step).
     """
-    return kernel.T.contiguous()
+    return kernel.T
 
 
 def padding_mask(lengths: torch.Tensor, kv_len: int) -> torch.Tensor:
