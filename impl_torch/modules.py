@@ -30,6 +30,11 @@ H*E for o), which is also ``nn.Linear``'s own default.
 
 Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads (G = H // K),
 L query length, S key/value length, D query/key head dim, E value head dim, M model width.
+
+Why one file of ~760 lines (its NumPy and JAX texts have ~680 and ~690): the same two classes,
+plus what only torch needs at the module's edge: NumPy conversions that keep bfloat16 exact
+(``tensor_from_numpy``, ``tensor_to_numpy``), the ``(out, in)`` weight transpose
+(``linear_weight``), devices and the seeded generator.
 """
 
 from __future__ import annotations

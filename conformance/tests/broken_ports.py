@@ -13,6 +13,10 @@ flash_grad run.
 
 Each bug is a mistake seen in real attention code; :data:`BUGS` says what it does and names one
 run that must catch it.
+
+Why one file of ~800 lines: more than half of it is the :data:`BUGS` table (every bug of the
+project's functions, what it does and the run that catches it, in one list a reader scans); the
+rest is the one small port those bugs switch on, read top to bottom.
 """
 
 from __future__ import annotations
