@@ -7,8 +7,10 @@ forward and of a cached step are checked by the GQA module's functions
 (:func:`~attention_spec.modules.check_module_inputs`,
 :func:`~attention_spec.cache.check_decode_inputs`) on the :class:`ModuleDims` of the attention
 each path runs: :attr:`MlaDims.naive` (H heads, ``D = Dn + Dr``, E) or :attr:`MlaDims.latent`
-(one key head of the latent cache, ``c_kv (B, 1, T, R)`` and ``k_pe (B, 1, T, Dr)``) or
-:attr:`MlaDims.paged` (the paged latent cache's pools, one head of ``R + Dr`` and R).
+(the absorbed step's one MQA: one key head of ``R + Dr``, values of R), which
+:func:`check_latent_decode_inputs` asks of the contiguous latent cache (key ``[c_kv, k_pe]
+(B, 1, T, R + Dr)``, its first R features the values, a zero-width value buffer) and
+:attr:`MlaDims.paged` of the paged one's pools.
 
 Canonical weights (Hugging Face ``DeepseekV3Attention``'s names, kernels ``(in, out)``, no
 biases)::
@@ -30,10 +32,12 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
-from attention_spec.arrays import check_dtype, describe, format_dims
+from attention_spec.arrays import ArraySpec, check_dtype, check_given, describe, format_dims
+from attention_spec.cache import _check_cache, check_decode_inputs
+from attention_spec.call import AttentionCall
 from attention_spec.errors import make_error
 from attention_spec.keywords import check_flag, check_size, is_int, real_keyword, value_text
 from attention_spec.modules import ModuleDims
@@ -44,6 +48,7 @@ __all__ = [
     "MLA_FORMAT",
     "MlaDims",
     "MlaRope",
+    "check_latent_decode_inputs",
     "check_mla_canonical",
     "check_mla_config",
     "check_mla_rope",
@@ -76,15 +81,18 @@ class MlaDims:
 
     @property
     def latent(self) -> ModuleDims:
-        """The latent cache's buffers as a one-head KV cache: ``c_kv (B, 1, T, R)`` as its
-        keys, ``k_pe (B, 1, T, Dr)`` as its values."""
-        return ModuleDims(self.M, self.H, 1, self.R, self.Dr, False, self.sinks)
+        """The absorbed step's one MQA as a one-head KV cache: keys ``[c_kv, k_pe]`` of
+        ``D = R + Dr``, values ``c_kv`` of ``E = R``. The contiguous latent cache holds the keys
+        ``(B, 1, T, R + Dr)`` and reads the values in place as their first R features
+        (:func:`check_latent_decode_inputs`)."""
+        return ModuleDims(self.M, self.H, 1, self.R + self.Dr, self.R, False, self.sinks)
 
     @property
     def paged(self) -> ModuleDims:
-        """The paged latent cache's pools as a one-head paged KV cache: key pages ``[c_kv,
-        k_pe] (P, page_size, 1, R + Dr)``, value pages ``c_kv (P, page_size, 1, R)``."""
-        return ModuleDims(self.M, self.H, 1, self.R + self.Dr, self.R, False, self.sinks)
+        """The paged latent cache's pools as a one-head paged KV cache, the same MQA as
+        :attr:`latent`: key pages ``[c_kv, k_pe] (P, page_size, 1, R + Dr)``, value pages
+        ``c_kv (P, page_size, 1, R)``."""
+        return self.latent
 
     def canonical_shapes(self) -> dict[str, tuple[int, ...]]:
         """The canonical weight names and shapes, in forward order."""
@@ -324,6 +332,43 @@ def check_naive_cache(paged: bool) -> None:
             expected="init_kv_cache(batch_size, max_len)'s KVCache",
             actual="a PagedKVCache",
         )
+
+
+def check_latent_decode_inputs(
+    dims: MlaDims,
+    param_dtype: str,
+    x: Any,
+    *,
+    cache_key: Any,
+    cache_value: Any,
+    position: int,
+    max_len: int,
+    mask: Any = None,
+    bias: Any = None,
+    return_weights: object = False,
+) -> AttentionCall:
+    """Validate ``decode`` on the contiguous latent cache before any write: new tokens
+    ``x (B, L, M)`` into a cache whose ``key`` is the latent ``[c_kv, k_pe] (B, 1, T, R + Dr)``
+    and whose ``value`` is zero-width, ``(B, 1, T, 0)``: the step's values are the key's first
+    R features, read in place. x, mask, bias and the key are checked by
+    :func:`~attention_spec.cache.check_decode_inputs` as a one-head cache of
+    :attr:`MlaDims.latent` (K = 1, D = R + Dr, E = R) whose values are ``key[..., :R]``.
+
+    Raises:
+        the errors of :func:`~attention_spec.cache.check_decode_inputs`;
+        DimensionMismatchError ``cache_mismatch``: a value buffer that is not ``(B, 1, T, 0)``
+        (a cache of another module, or of another layout).
+    """
+    check_given(cache_key=cache_key, cache_value=cache_value)
+    key, value = describe(cache_key), describe(cache_value)
+    c_kv = ArraySpec((*key.shape[:3], dims.R), key.dtype)  # the values read: key[..., :R]
+    call = check_decode_inputs(
+        dims.latent, param_dtype, x, cache_key=key, cache_value=c_kv, position=position,
+        max_len=max_len, mask=mask, bias=bias, return_weights=return_weights,
+    )  # fmt: skip
+    buffers = replace(dims.latent, E=0)  # key (B, 1, T, R + Dr), value (B, 1, T, 0)
+    _check_cache(buffers, param_dtype, key, value)
+    return call
 
 
 def mla_metadata(dims: MlaDims, rope: MlaRope, settings: Mapping[str, Any]) -> dict[str, str]:

@@ -102,9 +102,9 @@ def shapes(w: Workload, layout: str) -> list[Shape]:
         "decode_heads_second": [token, *second[1:]],
         "train": [*first, (w.B, w.H, w.L, w.E)],
         "train_heads_second": [*second, (w.B, w.L, w.H, w.E)],
-        # an MLA decode step's caches: the latent c_kv (B,1,S,R) and rotated k_pe (B,1,S,Dr),
-        # or the naive one's keys (B,H,S,Dn+Dr) and values (B,H,S,E)
-        "mla_latent": [token, (w.B, 1, w.S, w.R or 0), (w.B, 1, w.S, w.Dr or 0)],
+        # an MLA decode step's caches: the latent [c_kv, rotated k_pe] (B,1,S,R+Dr) and its
+        # zero-width value (B,1,S,0), or the naive one's keys (B,H,S,Dn+Dr) and values (B,H,S,E)
+        "mla_latent": [token, (w.B, 1, w.S, (w.R or 0) + (w.Dr or 0)), (w.B, 1, w.S, 0)],
         "mla_naive": [token, (w.B, w.H, w.S, w.D + (w.Dr or 0)), (w.B, w.H, w.S, w.E)],
     }[layout]
 

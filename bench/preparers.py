@@ -86,9 +86,10 @@ def _prepare_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepare
 
 def _prepare_mla_decode(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
     """One decode step of the project's ``MultiHeadLatentAttention`` after P cached tokens:
-    ``decode`` through the latent cache (``init_cache``: c_kv and the rotated k_pe, call
-    ``mla_decode``) or ``decode_naive`` through every head's keys and values (``init_kv_cache``,
-    call ``mla_decode_naive``), the cache made at position P directly as for ``decode`` rows."""
+    ``decode`` through the latent cache (``init_cache``: one buffer ``[c_kv, rotated k_pe]``
+    and a zero-width value, call ``mla_decode``) or ``decode_naive`` through every head's keys
+    and values (``init_kv_cache``, call ``mla_decode_naive``), the cache made at position P
+    directly as for ``decode`` rows."""
     fw = FRAMEWORKS[row.framework]
     naive = row.call == "mla_decode_naive"
     module = fw.module(target, [w.M, w.H], w, fdevice)

@@ -57,7 +57,9 @@ class KVCache:
 
     ``key (B, K, T, D)`` and ``value (B, K, T, E)`` hold the K key/value heads, not the H query
     heads: a GQA cache is K/H the size of an MHA cache. ``position`` (a Python int, so an overflow
-    is a Python error before any arithmetic) counts the tokens written.
+    is a Python error before any arithmetic) counts the tokens written. E may be 0: the latent
+    cache of ``MultiHeadLatentAttention.init_cache`` holds its values as its keys' first
+    features and a zero-width ``value``, which every method moves like any other.
 
     A plain cache has T = ``max_len`` slots and token p in slot p. A rolling cache
     (``rolling_max_len`` set: ``init_cache(..., rolling=True)`` of a module with

@@ -15,9 +15,9 @@ plus one rotary key head shared by every query head (SEMANTICS.md, Contract v3):
     q = [q_nope, q_pe] (B, H, L, Dn+Dr), k = [k_nope, k_pe] (B, H, S, Dn+Dr)
     scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> (B, H, L, E)
 
-    absorbed (decode: a latent KVCache, c_kv (B, 1, T, R) and k_pe (B, 1, T, Dr)):
+    absorbed (decode: a latent KVCache, key [c_kv, k_pe] (B, 1, T, R+Dr), value (B, 1, T, 0)):
     q_lat = q_nope W_UK^T (B, H, L, R)   (W_UK: kv_b_proj's key part, (R, H, Dn))
-    one MQA: q = [q_lat, q_pe] (B, H, L, R+Dr), k = [c_kv, k_pe] (B, 1, S, R+Dr), v = c_kv
+    one MQA: q = [q_lat, q_pe] (B, H, L, R+Dr), k = [c_kv, k_pe] (B, 1, S, R+Dr), v = k[..., :R]
     scaled_dot_product_attention(q, k, v, scale=(Dn + Dr) ** -0.5, ...) -> o_lat (B, H, L, R)
     o = o_lat W_UV (B, H, L, E)          (W_UV: kv_b_proj's value part, (R, H, E))
 
@@ -51,6 +51,7 @@ from torch import nn
 from attention_spec import compute_dtype, dtype_name
 from attention_spec.cache import check_cache_dtype, check_paged_decode_inputs
 from attention_spec.mla import (
+    check_latent_decode_inputs,
     check_mla_canonical,
     check_mla_config,
     check_mla_rope,
@@ -359,8 +360,10 @@ class MultiHeadLatentAttention(nn.Module):
         page_size: int | None = None,
         dtype: torch.dtype | str | None = None,
     ) -> KVCache | PagedKVCache:
-        """An empty latent cache: ``key`` is ``c_kv (B, 1, T, R)``, ``value`` the rotated
-        ``k_pe (B, 1, T, Dr)``: R + Dr numbers per token.
+        """An empty latent cache, R + Dr numbers per token: ``key`` is the latent ``[c_kv,
+        k_pe] (B, 1, T, R + Dr)``, each token's c_kv and rotated k_pe in one row (FlashMLA's
+        and vLLM's layout), and ``value`` is zero-width, ``(B, 1, T, 0)``: ``decode`` reads the
+        values, c_kv, in place as the key's first R features.
 
         ``page_size`` given: a paged latent cache (:class:`PagedKVCache`, one head), a pool of
         ``P = B * ceil(max_len / page_size)`` pages that the sequences take as they grow: key
@@ -381,18 +384,19 @@ class MultiHeadLatentAttention(nn.Module):
             shape = (P, page_size, 1, d.R)
             value = torch.zeros(shape, **like)  # (P, page_size, 1, R): c_kv
             return PagedKVCache(key, value, ((),) * batch_size, tuple(range(P)), max_len)
-        c_kv = torch.zeros(batch_size, 1, T, d.R, **like)  # (B, 1, T, R)
-        k_pe = torch.zeros(batch_size, 1, T, d.Dr, **like)  # (B, 1, T, Dr)
-        return KVCache(c_kv, k_pe, 0)
+        latent = torch.zeros(batch_size, 1, T, d.R + d.Dr, **like)  # (B, 1, T, R+Dr)
+        empty = torch.zeros(batch_size, 1, T, 0, **like)  # (B, 1, T, 0)
+        return KVCache(latent, empty, 0)
 
     def decode(
         self, x: torch.Tensor, cache: KVCache, *, mask: torch.Tensor | None = None,
         bias: torch.Tensor | None = None, return_weights: bool = False,
     ) -> tuple:  # fmt: skip
         """New tokens ``x (B, L, M)`` through the latent cache (:meth:`init_cache`): the
-        absorbed step, one MQA over ``[c_kv, k_pe]`` (K = 1, D = R + Dr, E = R) with the
-        module's scale. The same outputs as the naive forward's rows, token by token or in
-        chunks. Returns ``(y, cache)`` or ``(y, weights, cache)``.
+        absorbed step, one MQA over the latent ``[c_kv, k_pe]`` (K = 1, D = R + Dr, E = R: the
+        values are its first R features) with the module's scale. The same outputs as the naive
+        forward's rows, token by token or in chunks. Returns ``(y, cache)`` or ``(y, weights,
+        cache)``.
 
         A paged latent cache (``init_cache(..., page_size=)``) is written with
         ``paged_cache_write`` and read with ``paged_attention`` (:meth:`_decode_paged`); it
@@ -400,12 +404,12 @@ class MultiHeadLatentAttention(nn.Module):
         x, mask, bias = _as_tensors(x, mask, bias)
         if isinstance(cache, PagedKVCache):
             return self._decode_paged(x, cache, mask=mask, bias=bias, return_weights=return_weights)
-        check_decode_inputs(
-            self.dims.latent, dtype_name(self.dtype), x, cache_key=cache.key,
-            cache_value=cache.value, position=cache.position, max_len=cache.max_len,
-            mask=mask, bias=bias,
+        check_latent_decode_inputs(
+            self.dims, dtype_name(self.dtype), x, cache_key=cache.key, cache_value=cache.value,
+            position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
             return_weights=return_weights,
         )  # fmt: skip
+        R = self.dims.R
         ct = getattr(torch, compute_dtype(dtype_name(self.dtype)))
         W_UK, W_UV = self._absorbed()  # (R, H, Dn), (R, H, E)
         # 1. projections of the new tokens.
@@ -416,13 +420,16 @@ class MultiHeadLatentAttention(nn.Module):
         # 3. absorption of kv_b_proj's key part into the query: q_lat_h = q_nope_h W_UK_h^T.
         q_lat = torch.einsum("bhld,rhd->bhlr", q_nope.to(ct), W_UK.to(ct))
         q_lat = q_lat.to(self.dtype)  # (B, H, L, R)
-        # 4. the latent cache: c_kv and k_pe written; all S = position + L read.
-        cache, c_kv, k_pe = cache.append(c_kv_new, k_pe_new)  # (B, 1, S, R), (B, 1, S, Dr)
-        # 5. one MQA over [c_kv, k_pe]: K = 1, D = R + Dr, E = R, bottom-right causal.
+        # 4. the latent cache: the new tokens' [c_kv, k_pe] written as keys (the value buffer
+        #    is zero-width); all S = position + L read.
+        latent_new = torch.cat([c_kv_new, k_pe_new], -1)  # (B, 1, L, R+Dr)
+        cache, k, _ = cache.append(latent_new, latent_new[..., :0])  # k (B, 1, S, R+Dr)
+        # 5. one MQA over the latent: K = 1, D = R + Dr, E = R, the values the keys' first R
+        #    features (c_kv), bottom-right causal.
         q = torch.cat([q_lat, q_pe], -1)  # (B, H, L, R+Dr)
-        k = torch.cat([c_kv, k_pe], -1)  # (B, 1, S, R+Dr)
+        v = k[..., :R]  # (B, 1, S, R), a view
         o_lat, weights = self._attend(
-            q, k, c_kv, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
+            q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
         )  # fmt: skip  # o_lat (B, H, L, R)
         # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.

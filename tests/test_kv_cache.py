@@ -134,6 +134,29 @@ def test_gqa_cache_is_k_over_h_of_mha(mf):
     assert sizes[1] * H == sizes[H]  # MQA a sixth
 
 
+@pytest.mark.parametrize("rolling_max_len", [None, MAX_LEN], ids=["plain", "rolling"])
+def test_a_zero_width_value_caches_the_keys_alone(mf, rolling_max_len):
+    """A value of E = 0 (MultiHeadLatentAttention's latent cache: its values are its keys'
+    first R features): append, write and read move the keys as with any E, the values stay
+    ``(B, K, S, 0)`` and the cache's bytes are the keys'."""
+    slots = 4 if rolling_max_len else MAX_LEN
+    keys = np.random.default_rng(36).standard_normal((B, 1, 7, D)).astype(np.float32)
+    cache = mf.modules.KVCache(mf.asarray(np.zeros((B, 1, slots, D), np.float32)),
+                               mf.asarray(np.zeros((B, 1, slots, 0), np.float32)), 0,
+                               rolling_max_len)  # fmt: skip
+    cache, k, v = cache.append(mf.asarray(keys[:, :, :5]), mf.asarray(keys[:, :, :5, :0]))
+    cache, k, v = cache.append(mf.asarray(keys[:, :, 5:6]), mf.asarray(keys[:, :, 5:6, :0]))
+    attended = slots if rolling_max_len else 6  # a ring's last T - 1 then the new token
+    np.testing.assert_array_equal(mf.to_numpy(k), keys[:, :, 6 - attended : 6])
+    assert tuple(v.shape) == (B, 1, attended, 0)
+    cache = cache.write(mf.asarray(keys[:, :, 6:]), mf.asarray(keys[:, :, 6:, :0]))
+    k, v = cache.read()
+    held = slots - 1 if rolling_max_len else 7
+    np.testing.assert_array_equal(mf.to_numpy(k), keys[:, :, 7 - held :])
+    assert cache.position == 7 and tuple(v.shape) == (B, 1, held, 0)
+    assert cache.nbytes == B * slots * D * 4
+
+
 def _decode_error(mf, *, x_shape, filled=0, max_len=MAX_LEN):
     module = mf.build(random_canonical(np.random.default_rng(0), dtype="float32"), H, 2)
     cache = module.init_cache(B, max_len)

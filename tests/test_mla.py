@@ -187,6 +187,68 @@ def test_the_paged_latent_decode_equals_the_contiguous_one_and_the_forward(fw, d
 
 
 @pytest.mark.parametrize("fw", FRAMEWORKS)
+def test_the_latent_cache_is_one_buffer_of_c_kv_and_the_rotated_k_pe(fw) -> None:
+    """init_cache: key ``[c_kv, k_pe] (B, 1, T, R + Dr)``, a zero-width value, R + Dr numbers
+    per token; after the steps, row p of the key is token p's normalised c_kv then its k_pe
+    rotated at p (the forward's own projections), the rows not written still zero."""
+    weights, x = _weights(Q, "float64"), _x("float64")
+    module = _module(fw, weights, {"rope_interleaved": True})
+    convert = FRAMEWORKS[fw][1]
+    T, n = L + 2, 7
+    cache = module.init_cache(B, T)
+    assert _np(cache.key).shape == (B, 1, T, R + Dr) and _np(cache.value).shape == (B, 1, T, 0)
+    assert cache.nbytes == B * T * (R + Dr) * 8  # float64
+    for start, stop in ((0, 3), (3, 4), (4, n)):
+        _, cache = module.decode(convert(x[:, start:stop]), cache)
+    _, q_pe = module._project_query(convert(x[:, :n]))
+    c_kv, k_pe = module._project_latent(convert(x[:, :n]))
+    _, k_pe = module._rotate(q_pe, k_pe, 0)
+    want = np.concatenate([_np(c_kv), _np(k_pe)], -1)  # (B, 1, n, R+Dr)
+    assert np.max(np.abs(_np(cache.key)[:, :, :n] - want)) <= 1e-13
+    assert not _np(cache.key)[:, :, n:].any() and cache.position == n
+
+
+@pytest.mark.parametrize("fw", ["numpy", "torch"])
+def test_the_absorbed_step_reads_the_latent_cache_in_place(fw) -> None:
+    """The one MQA's keys are the cache's buffer and its values the keys' first R features:
+    views of the buffer in NumPy and torch, no copy of the S cached tokens (JAX: slices)."""
+    module = _module(fw, _weights(None, "float32"), {})
+    seen = {}
+
+    def attend(q, k, v, **keywords):
+        seen.update(k=k, v=v)
+        return type(module)._attend(module, q, k, v, **keywords)
+
+    module._attend = attend
+    cache = module.init_cache(B, L)
+    _, cache = module.decode(FRAMEWORKS[fw][1](_x("float32")[:, :4]), cache)
+    k, v, buffer = seen["k"], seen["v"], cache.key
+    if fw == "numpy":
+        assert np.shares_memory(k, buffer) and np.shares_memory(v, buffer)
+    else:
+        ptr = buffer.untyped_storage().data_ptr()
+        assert k.untyped_storage().data_ptr() == v.untyped_storage().data_ptr() == ptr
+    assert tuple(k.shape) == (B, 1, 4, R + Dr) and tuple(v.shape) == (B, 1, 4, R)
+
+
+def test_a_latent_cache_of_another_layout_is_refused_identically_in_all_three() -> None:
+    """The two-buffer layout (key c_kv (B, 1, T, R), value k_pe (B, 1, T, Dr)) and a value that
+    is not zero-width are ``cache_mismatch``, the same in the three, before any write."""
+    raised = {}
+    for fw, (cls, convert) in FRAMEWORKS.items():
+        module, x = cls(M, H, **SIZES), convert(_x("float32")[:, :1])
+        kv_cache = IMPLS[fw].KVCache
+        two = kv_cache(convert(np.zeros((B, 1, 4, R), np.float32)),
+                       convert(np.zeros((B, 1, 4, Dr), np.float32)))  # fmt: skip
+        wide = dataclasses.replace(module.init_cache(B, 4), value=two.value)
+        raised[fw] = tuple(_raised(lambda c=c, m=module, x=x: m.decode(x, c)) for c in (two, wide))
+    assert len(set(raised.values())) == 1, raised
+    (_, old, message), (_, value, value_message) = raised["numpy"]
+    assert old == value == "cache_mismatch"
+    assert f"D={R + Dr}" in message and "E=0" in value_message
+
+
+@pytest.mark.parametrize("fw", FRAMEWORKS)
 def test_the_absorbed_step_returns_the_naive_weights(fw) -> None:
     weights, x = _weights(Q, "float64"), _x("float64")
     module = _module(fw, weights, {})

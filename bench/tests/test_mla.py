@@ -170,7 +170,10 @@ def test_the_timed_step_is_the_last_row_of_the_float64_layer(name, x64):
         _, cache = step(to(prefix), init(w.B, w.S))
     assert cache.position == w.P
     heads = w.H if naive else 1
-    assert tuple(cache.key.shape) == (w.B, heads, w.S, w.D + w.Dr if naive else w.R)
+    assert tuple(cache.key.shape) == (w.B, heads, w.S, w.D + w.Dr if naive else w.R + w.Dr)
+    assert tuple(cache.value.shape) == (w.B, heads, w.S, w.E if naive else 0)
+    for name in ("key", "value"):  # the bench's cache made at P has the module's own layout
+        assert tuple(getattr(p.inputs[-1], name).shape) == tuple(getattr(cache, name).shape)
     p.inputs[-1] = cache  # the call reads its cache from its inputs
     weights = {k: to_np(a) for k, a in m.to_canonical().items()}
     x = np.concatenate([prefix, to_np(x_new)], axis=1)  # (B, P + 1, M)

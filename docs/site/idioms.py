@@ -631,9 +631,10 @@ IDIOMS: dict[str, dict[str, str]] = {
             "(`linear_weight(self.kv_b_proj.weight)`)."
         ),
         "MultiHeadLatentAttention.init_cache": (
-            "Two zero buffers of one head, `c_kv` of R and `k_pe` of Dr numbers per token "
-            "(`np.zeros`, `torch.zeros` on the RMSNorm weight's device, `jnp.zeros`), in the "
-            "project's `KVCache`: key and value slots hold the latent and the rotated key."
+            "One zero buffer of one head, the latent `[c_kv, k_pe]` of R + Dr numbers per "
+            "token, and a zero-width value (`np.zeros`, `torch.zeros` on the RMSNorm weight's "
+            "device, `jnp.zeros`), in the project's `KVCache`: the key slots hold c_kv and the "
+            "rotated key in one row, and the values are read from them."
         ),
         "1. projections of the new tokens": (
             "The same calls as the forward's (`self._project_latent(x)`), after the latent cache "
@@ -649,13 +650,16 @@ IDIOMS: dict[str, dict[str, str]] = {
             "cast back with `astype(self.dtype)` or `to(self.dtype)`."
         ),
         "4. the latent cache": (
-            "`cache.append(c_kv_new, k_pe_new)`: NumPy and torch write into the buffers in "
-            "place, JAX returns new buffers; all three return the S cached rows to attend."
+            "The L new rows `[c_kv, k_pe]` concatenated (`np.concatenate`, `torch.cat`, "
+            "`jnp.concatenate`), then `cache.append(latent_new, latent_new[..., :0])`: NumPy "
+            "and torch write into the buffer in place, JAX returns a new one; all three return "
+            "the S cached rows to attend."
         ),
-        "5. one MQA over [c_kv, k_pe]": (
-            "The project's own attention with K = 1: the query `[q_lat, q_pe]` and the key "
-            "`[c_kv, k_pe]` concatenated (`np.concatenate`, `torch.cat`, `jnp.concatenate`), "
-            "the value the latent itself (`q, k, c_kv, mask=mask`), bottom-right causal."
+        "5. one MQA over the latent": (
+            "The project's own attention with K = 1: the query `[q_lat, q_pe]` concatenated, "
+            "the key the S cached rows and the value their first R features, `v = k[..., :R]`: "
+            "a view in NumPy and torch (the cached tokens are not copied), a slice in JAX; "
+            "bottom-right causal."
         ),
         "6. absorption of the value part into the output": (
             'The second einsum, `"bhlr,rhe->bhle"` with W_UV in the compute dtype; JAX '
