@@ -65,7 +65,8 @@ FUNCTIONS = ("paged_attention", "paged_flash_attention")
 @pytest.mark.parametrize("name", list(PROBLEMS))
 def test_paged_attention_equals_the_oracle(fw, name, function):
     """NaN in every slot no sequence holds, -1 past the pages, shuffled pages: float64 exact
-    to rounding, and no NaN anywhere; the plain path and the tiled page-by-page read."""
+    to rounding, and no NaN anywhere; the plain path and the tiled read (each sequence one
+    block of pages here: the small blocks are below)."""
     c = paged_problem(np.random.default_rng(len(name)), **PROBLEMS[name])
     want = _golden(c)
     got = _paged(fw, c, function=function)
