@@ -83,9 +83,11 @@ from attention_spec.modules import (
 )
 from attention_spec.paged import (
     PagedCall,
+    SequencePages,
     check_paged_attention,
     check_paged_cache_write,
     pages_needed,
+    sequence_pages,
 )
 from attention_spec.rotary import (
     RopeConfig,
@@ -198,6 +200,7 @@ __all__ = [
     "QuantizeCall",
     "RopeConfig",
     "RotaryDims",
+    "SequencePages",
     "VarlenCall",
     "alibi_slope_values",
     "broadcast_shapes",
@@ -241,5 +244,6 @@ __all__ = [
     "real_keyword",
     "rotary_frequencies",
     "sequence_bounds",
+    "sequence_pages",
     "tiled_blocks",
 ]

@@ -161,7 +161,8 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "cu_seqlens_dtype": (DTypeError, "cu_seqlens_q / cu_seqlens_k is not integer"),
     "cu_seqlens_value": (
         ConfigError,
-        "cu_seqlens not starting at 0, decreasing, or not ending at the packed tokens T",
+        "cu_seqlens not starting at 0, decreasing, or not ending at the packed tokens T; or "
+        "traced where a tiled path schedules its blocks from them (varlen, paged)",
     ),
     "cu_seqlens_count": (
         DimensionMismatchError,
@@ -174,7 +175,8 @@ ERROR_CODES: dict[str, tuple[type[AttentionError], str]] = {
     "slot_mapping_dtype": (DTypeError, "slot_mapping is not integer"),
     "seq_lens_value": (
         ConfigError,
-        "seq_lens negative, L_n > seq_lens[n], or seq_lens[n] > max_pages * page_size",
+        "seq_lens negative, L_n > seq_lens[n], or seq_lens[n] > max_pages * page_size; or "
+        "traced where the tiled paged read schedules its blocks from them",
     ),
     "block_table_value": (ConfigError, "a page a sequence needs is outside [0, P)"),
     "page_shape": (

@@ -20,6 +20,10 @@ the same one in every framework:
    each sequence needs (``block_table_value``);
 5. scale and softcap against the compute dtype.
 
+:func:`sequence_pages` is the tiled read's schedule (``paged_flash_attention``): each
+sequence's query rows and the blocks of its own pages, made on the host from the concrete
+``cu_seqlens_q`` and ``seq_lens`` the check kept.
+
 :func:`check_paged_cache_write` checks the caches, the key and value to write, and
 ``slot_mapping`` (its values where concrete: ``slot_mapping_value``).
 """
@@ -27,7 +31,7 @@ the same one in every framework:
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from attention_spec.arrays import (
     FLOAT_DTYPES,
@@ -47,9 +51,13 @@ from attention_spec.keywords import (
     check_window,
     divisors,
 )
+from attention_spec.rules import key_band
 from attention_spec.varlen import check_cu_seqlens_values, cu_seqlens_spec
 
-__all__ = ["PagedCall", "check_paged_attention", "check_paged_cache_write", "pages_needed"]
+__all__ = [
+    "PagedCall", "SequencePages", "check_paged_attention", "check_paged_cache_write",
+    "pages_needed", "sequence_pages",
+]  # fmt: skip
 
 Window = tuple[int | None, int | None]
 
@@ -59,8 +67,10 @@ class PagedCall:
     """A validated ``paged_attention`` call: its sizes (T tokens, N sequences, H, K, D, E,
     P pages of ``page_size`` slots, ``max_pages`` per sequence), ``scale`` (resolved to
     ``1/sqrt(D)`` when None), ``softcap``, ``is_causal``, ``window`` and the ``sinks`` and
-    ``alibi_slopes`` given (their :class:`ArraySpec`, or None), and the fp8 descales (None: 1.0,
-    a float32-rounded float, or the ArraySpec of a ``()``, ``(H|K,)`` or ``(N, H|K)`` array)."""
+    ``alibi_slopes`` given (their :class:`ArraySpec`, or None), the fp8 descales (None: 1.0,
+    a float32-rounded float, or the ArraySpec of a ``()``, ``(H|K,)`` or ``(N, H|K)`` array),
+    and the values of ``cu_seqlens_q`` (``cu_q``) and ``seq_lens``, checked, as Python ints
+    (None where they are traced, under ``jax.jit``)."""
 
     T: int
     N: int
@@ -80,6 +90,8 @@ class PagedCall:
     q_descale: float | ArraySpec | None = None
     k_descale: float | ArraySpec | None = None
     v_descale: float | ArraySpec | None = None
+    cu_q: tuple[int, ...] | None = None
+    seq_lens: tuple[int, ...] | None = None
 
     @property
     def G(self) -> int:
@@ -335,8 +347,64 @@ def check_paged_attention(
         T=T, N=N, H=H, K=K, D=D, E=E, P=P, page_size=page_size, max_pages=max_pages,
         scale=D**-0.5 if scale_value is None else scale_value, softcap=softcap_value,
         is_causal=is_causal, window=window, sinks=sinks_spec, alibi_slopes=slopes_spec,
-        **descales,
+        **descales, cu_q=None if cu_values is None else tuple(int(c) for c in cu_values),
+        seq_lens=None if len_values is None else tuple(int(s) for s in len_values),
     )  # fmt: skip
+
+
+class SequencePages(NamedTuple):
+    """One sequence of the tiled read's schedule (:func:`sequence_pages`), as Python ints:
+    sequence ``n``, its query rows ``[q0, q1)`` (``L_n = q1 - q0 >= 1``, at positions
+    ``S - L_n + i``), its keys ``S`` (``seq_lens[n]``) and the blocks of its pages it reads,
+    ``((p0, p1), ...)``: entries ``p0 .. p1 - 1`` of its block-table row, keys
+    ``p0 * page_size .. p1 * page_size - 1`` (those ``>= S``, the last page's tail, masked)."""
+
+    n: int
+    q0: int
+    q1: int
+    S: int
+    blocks: tuple[tuple[int, int], ...]
+
+
+def sequence_pages(call: PagedCall, block_k: int) -> list[SequencePages]:
+    """The tiled paged read's schedule: each sequence with queries, in order, and the blocks of
+    its own pages it reads, ``max(1, block_k // page_size)`` whole pages a block
+    (``block_k``: the tiled path's keys per block, ``tiled_blocks``' default or the caller's).
+
+    A sequence reads only the pages that hold keys its queries may attend: those of the causal
+    and window bands of its rows (``rules.key_band`` at its diagonal ``S_n - L_n``, the rule
+    the tiled path skips key blocks by), which end at its last key, ``S_n``; a sequence with no
+    query (``L_n = 0``) reads nothing and gives no rows. The schedule is made on the host from
+    the concrete ``cu_seqlens_q`` and ``seq_lens`` (:class:`PagedCall`'s ``cu_q`` and
+    ``seq_lens``), as :func:`~attention_spec.sequence_bounds` is for the tiled varlen path;
+    traced ones (under ``jax.jit``) are ConfigError ``cu_seqlens_value`` / ``seq_lens_value``,
+    before any arithmetic. ``block_table`` may stay traced: it is only sliced and gathered by.
+    """
+    needed = (("cu_seqlens_q", "cu_seqlens_value", call.cu_q, "N + 1"),
+              ("seq_lens", "seq_lens_value", call.seq_lens, "N"))  # fmt: skip
+    for name, code, values, entries in needed:
+        if values is None:
+            raise make_error(
+                code,
+                f"the tiled paged read schedules each sequence's page blocks from concrete "
+                f"cu_seqlens_q and seq_lens (host values); got a traced {name} (under jax.jit, "
+                f"close over cu_seqlens_q and seq_lens as NumPy arrays, or call the plain "
+                f"paged_attention)",
+                expected=f"concrete ({entries},) integers",
+                actual="traced",
+            )
+    cu, lens, page_size = call.cu_q, call.seq_lens, call.page_size
+    per_block = max(1, block_k // page_size)  # whole pages a block
+    schedule = []
+    for n in range(call.N):
+        q0, q1, S = cu[n], cu[n + 1], lens[n]
+        if q1 == q0:  # no query: no rows, nothing read
+            continue
+        lo, hi = key_band(call.is_causal, call.window, S - (q1 - q0), 0, q1 - q0, S)
+        first, last = lo // page_size, pages_needed(hi, page_size)  # the band's pages
+        blocks = tuple((p0, min(p0 + per_block, last)) for p0 in range(first, last, per_block))
+        schedule.append(SequencePages(n, q0, q1, S, blocks))
+    return schedule
 
 
 def check_paged_cache_write(

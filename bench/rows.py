@@ -40,11 +40,12 @@ the report as "not available" instead of disappearing.
   kernel: the four projections of the token, the cache write at P, and
   ``torch.nn.functional.scaled_dot_product_attention`` (``enable_gqa``) /
   ``jax.nn.dot_product_attention`` of the one query over the S = P + 1 cached keys;
-- ``paged_decode``: the project's ``paged_flash_attention`` (the page-by-page read) of one
-  decode step: query ``(B, H, D)`` (one token per sequence), the pools ``(pages, 16, K, D|E)``,
-  a shuffled block table, ``seq_lens`` and ``cu_seqlens_q``; ``paged_decode_fp8``: the same
-  with the pools quantized to ``float8_e4m3fn`` by the framework's ``quantize_fp8`` (one
-  descale per key/value head, ``k_descale``/``v_descale (K,)``) and the query as it is;
+- ``paged_decode``: the project's ``paged_flash_attention`` (the tiled read, each sequence's
+  pages in blocks) of one decode step: query ``(B, H, D)`` (one token per sequence), the pools
+  ``(pages, 16, K, D|E)``, a shuffled block table, ``seq_lens`` and ``cu_seqlens_q``;
+  ``paged_decode_fp8``: the same with the pools quantized to ``float8_e4m3fn`` by the
+  framework's ``quantize_fp8`` (one descale per key/value head, ``k_descale``/``v_descale
+  (K,)``) and the query as it is;
 - ``contiguous_decode``: the same step through the framework's ``flash_attention`` on the same
   keys padded to the longest sequence, ``(B, K, S_max, D)``, masked by length;
 - ``varlen``: the project's tiled ``varlen_flash_attention`` (each sequence's own blocks, the

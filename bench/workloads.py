@@ -43,7 +43,7 @@ A *paged decode* workload (``op="paged_decode"``, issue 27) is the attention of 
 of B = 8 sequences of different lengths (:func:`paged_lengths`) against a paged key/value cache
 of pages of :data:`PAGE_SIZE` tokens: one query token per sequence, ``P`` cached keys in total
 (``S = P + 1`` keeps ``P = S - L``), no projections. Its FLOPs are ``2 * H * P * (D + E)``; its
-:meth:`Workload.cache_bytes` are the bytes the page-by-page read takes from the pool (whole pages:
+:meth:`Workload.cache_bytes` are the bytes the tiled paged read takes from the pool (whole pages:
 ``pages * PAGE_SIZE * K * (D + E) * itemsize``), and :meth:`Workload.padded_cache_bytes` those
 of the same sequences padded to the longest in a contiguous ``(B, K, S_max, D)`` cache.
 
@@ -312,7 +312,7 @@ class Workload:
         one is :meth:`cache_bytes_per_token` ``["MLA latent"]`` per token); 0 for the other ops."""
         if self.op == "mla_decode":
             return self.B * self.S * self.cache_bytes_per_token()["MLA naive"]
-        if self.op == "paged_decode":  # the whole pages the page-by-page read takes
+        if self.op == "paged_decode":  # the whole pages the tiled paged read takes
             pages = sum(-(-n // PAGE_SIZE) for n in self.lengths)
             return pages * PAGE_SIZE * self.K * (self.D + self.E) * DTYPE_BYTES[self.dtype]
         if self.op != "decode":
@@ -320,7 +320,7 @@ class Workload:
         return self.B * self.K * self.slots * (self.D + self.E) * DTYPE_BYTES[self.dtype]
 
     def fp8_cache_bytes(self) -> int:
-        """Paged decode workloads: the bytes the same page-by-page read takes from a
+        """Paged decode workloads: the bytes the same tiled paged read takes from a
         ``float8_e4m3fn`` pool, one byte per number (the fp8 row; its descales, ``2 K`` float32,
         are not counted); 0 for the other ops."""
         if self.op != "paged_decode":

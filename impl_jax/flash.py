@@ -59,6 +59,7 @@ from attention_spec import (
     check_attention,
     check_flag,
     check_paged_attention,
+    sequence_pages,
     tiled_blocks,
 )
 from attention_spec.rules import alibi, block_rules, causal
@@ -731,7 +732,7 @@ def flash_attention_vjp(
 
 
 # ---------------------------------------------------------------------------------------------
-# Paged key/value caches (Contract v3): the tiled read, page by page
+# Paged key/value caches (Contract v3): the tiled read, each sequence's own pages in blocks
 # ---------------------------------------------------------------------------------------------
 
 
@@ -752,18 +753,35 @@ def paged_flash_attention(
     q_descale: jax.Array | float | None = None,
     k_descale: jax.Array | float | None = None,
     v_descale: jax.Array | float | None = None,
+    block_k: int | None = None,
 ) -> jax.Array:
-    """:func:`impl_jax.paged.paged_attention`, read page by page: ``(T, H, E)``;
-    an fp8 cache is dequantized page by page, as it is read.
+    """:func:`impl_jax.paged.paged_attention`, read block by block: ``(T, H, E)``; each
+    sequence reads its own pages, a block of whole pages at a time, and an fp8 cache is
+    dequantized as it is read.
 
-    The key block is a page. Step p reads, for every query token, page ``block_table[n_t, p]``
-    of its sequence n_t (``(T, page_size, K, D|E)``, a token-major gather of one page each) and
-    folds it into the token's running max, sum and accumulator (the online softmax of
-    :func:`flash_attention`); a page past a sequence's keys, or a -1 entry, is read as page 0
-    and masked. No contiguous copy of a sequence's keys, or of the pool, is ever made: the
-    memory beyond inputs and output is one page per token, O(T * page_size * K * (D + E)),
-    whatever P and max_pages are. Same arguments, validation and errors as ``paged_attention``;
-    the pages are a ``lax.fori_loop`` (jit it with the scalar keywords static).
+    The schedule is made on the host, as :func:`impl_jax.varlen.varlen_flash_attention`'s
+    (``attention_spec.sequence_pages``, from the concrete ``cu_seqlens_q`` and ``seq_lens``):
+    for each sequence n with ``L_n >= 1`` queries, the blocks of its pages that hold keys its
+    queries may attend (``j < seq_lens[n]``, inside the causal and window bands). A block is
+    ``key_cache[block_table[n, p0:p1]]`` (``(bk, K, D|E)``, ``bk = (p1 - p0) * page_size``),
+    folded into the running max, sum and accumulator of the sequence's ``L_n`` rows (the online
+    softmax of :func:`flash_attention`); the keys ``>= seq_lens[n]`` of its last page are
+    masked, and their values zeroed. No contiguous copy of a sequence's keys, or of the pool, is
+    ever made, and no page past a sequence's keys is read: the memory beyond inputs and output
+    is one block of one sequence, ``O(H * L_n * bk)`` scores and ``O(bk * K * (D + E))`` keys
+    and values, whatever P and max_pages are.
+
+    Args: those of ``paged_attention``, ``seq_lens`` and ``cu_seqlens_q`` concrete (the blocks
+        are scheduled from them on the host), and
+        block_k: keys per block, as in ``flash_attention`` (any integer >= 1); None:
+            ``attention_spec.tiled_blocks``'s default for the call's causal and window bands.
+            A block is ``max(1, block_k // page_size)`` whole pages.
+
+    Returns what ``paged_attention`` returns. Raises its errors, ConfigError for a block size
+    < 1, and ConfigError ``cu_seqlens_value`` / ``seq_lens_value`` for a ``cu_seqlens_q`` /
+    ``seq_lens`` that is not concrete (traced, under ``jax.jit``). Under ``jax.jit``, close over
+    ``seq_lens`` and ``cu_seqlens_q`` (concrete constants of the traced function, one
+    compilation per schedule); ``block_table`` may be traced.
     """
     query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
         _as_given(x)
@@ -776,75 +794,77 @@ def paged_flash_attention(
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
     _check_x64(query.dtype)
-    query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
-        _asarray(x)
-        for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
-                  alibi_slopes)
-    )  # fmt: skip
+    block_k = tiled_blocks(BAND_BLOCKS, None, block_k, call.is_causal, call.window)[1]
+    schedule = sequence_pages(call, block_k)  # [(n, q0, q1, S, blocks)], Python ints
+    query, key_cache, value_cache, block_table, sinks, alibi_slopes = (
+        _asarray(x) for x in (query, key_cache, value_cache, block_table, sinks, alibi_slopes)
+    )
     ct = _compute_dtype(query.dtype)
-    T, H, K, G, E, page_size = call.T, call.H, call.K, call.G, call.E, call.page_size
-    cu, lens = cu_seqlens_q.astype(jnp.int32), seq_lens.astype(jnp.int32)
+    H, K, G, D, E, page_size = call.H, call.K, call.G, call.D, call.E, call.page_size
+    slopes = None if alibi_slopes is None else alibi_slopes.astype(ct).reshape(K, G, 1, 1)
+    rows = [jnp.zeros((0, H, E), ct)]  # then (L_n, H, E) per sequence (N may be 0)
+    for n, q0, q1, S, blocks in schedule:  # one sequence at a time: its queries, its pages
+        L = q1 - q0
+        at_n = jnp.array([n])  # (1,): sequence n, for its descale row
+        # Its queries, grouped by key/value head, at positions S - L + i (bottom-right).
+        q = _descaled(query[q0:q1], call.q_descale, q_descale, at_n).astype(ct)
+        q = q.reshape(L, K, G, D).transpose(1, 2, 0, 3).reshape(K, G * L, D)  # (K, G * L, D)
+        i = S - L + jnp.arange(L)[:, None]  # (L, 1)
+        m = jnp.full((K, G, L, 1), -jnp.inf, ct)  # running row max of the scores
+        l = jnp.zeros((K, G, L, 1), ct)  # running row sum of exp(s - m)
+        acc = jnp.zeros((K, G, L, E), ct)  # running sum of exp(s - m) @ value
+        for p0, p1 in blocks:  # one block of the sequence's pages at a time
+            # 0. the block: pages block_table[n, p0:p1], keys j = p0 * page_size + 0 .. bk - 1;
+            #    only j < S exists (the last page's tail is masked, its values zeroed). An fp8
+            #    page is dequantized as it is read: float32 times the sequence's descale.
+            pages = block_table[n, p0:p1]  # (p1 - p0,)
+            j = p0 * page_size + jnp.arange((p1 - p0) * page_size)  # (bk,)
+            exists = j < S  # (bk,)
+            k = _descaled(key_cache[pages], call.k_descale, k_descale, at_n)  # (p1-p0, ps, K, D)
+            v = _descaled(value_cache[pages], call.v_descale, v_descale, at_n)  # (.., ps, K, E)
+            k = k.astype(ct).reshape(-1, K, D).transpose(1, 2, 0)  # (K, D, bk)
+            v = v.astype(ct).reshape(-1, K, E)  # (bk, K, E)
+            v = jnp.where(exists[:, None, None], v, 0.0).transpose(1, 0, 2)  # (K, bk, E); no 0*NaN
 
-    # Each query token's sequence n_t and position seq_lens[n] - L_n + i (the plain path's 1.).
-    t = jnp.arange(T)  # (T,)
-    seq = jnp.searchsorted(cu, t, side="right") - 1  # (T,)
-    pos = lens[seq] - (cu[1:] - cu[:-1])[seq] + (t - cu[seq])  # (T,)
-    q = _descaled(query, call.q_descale, q_descale, seq).astype(ct).reshape(T, K, G, call.D)
-    slopes = None if alibi_slopes is None else alibi_slopes.astype(ct).reshape(K, G, 1)
-    m = jnp.full((T, K, G, 1), -jnp.inf, ct)  # running row max of the scores
-    l = jnp.zeros((T, K, G, 1), ct)  # running row sum of exp(s - m)
-    acc = jnp.zeros((T, K, G, E), ct)  # running sum of exp(s - m) @ value
+            # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
+            s = jnp.matmul(q, k, precision=_PRECISION)  # (K, G * L, bk)
+            s = s.reshape(K, G, L, -1) * call.scale  # (K, G, L, bk)
+            # 2. softcap
+            if call.softcap is not None:
+                s = call.softcap * jnp.tanh(s / call.softcap)
+            # 3. ALiBi, -slope[h] * |i - j|
+            if slopes is not None:
+                s = s + alibi(slopes, i, j, 0)
+            # 4. allowed: the key exists (j < S), causal and window on the positions i
+            allowed = exists
+            if call.is_causal:
+                allowed = allowed & causal(i, j, 0)
+            if call.window is not None:
+                allowed = allowed & window_rule(i, j, 0, call.window)
+            s = jnp.where(allowed, s, -jnp.inf)  # (K, G, L, bk)
 
-    def page_step(p, carry):  # one page of every token's sequence at a time
-        m, l, acc = carry
-        # 0. the page: block_table[n_t, p] where the sequence has keys there, else page 0
-        #    (masked below); its keys j = p * page_size + offset. An fp8 page is dequantized
-        #    as it is read: float32 times the k_descale / v_descale of the token's sequence.
-        j = p * page_size + jnp.arange(page_size)  # (page_size,)
-        exists = j[None, :] < lens[seq][:, None]  # (T, page_size)
-        page = jnp.where(exists[:, 0], block_table[seq, p], 0)  # (T,)
-        k = _descaled(key_cache[page], call.k_descale, k_descale, seq).astype(ct)  # (T, ps, K, D)
-        v = _descaled(value_cache[page], call.v_descale, v_descale, seq).astype(ct)
-        v = jnp.where(exists[:, :, None, None], v, 0.0)  # (T, page_size, K, E); never 0 * NaN
+            # 5. online softmax, as flash_attention's: raise the max, rescale, add exp(s - m_new).
+            m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))  # (K, G, L, 1)
+            shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: not NaN
+            alpha = jnp.exp(m - shift)
+            e = jnp.exp(jnp.minimum(s - shift, 0.0))  # (K, G, L, bk); 0 where not allowed
+            l = alpha * l + e.sum(axis=-1, keepdims=True)
 
-        # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
-        s = jnp.einsum("tkgd,tjkd->tkgj", q, k, precision=_PRECISION) * call.scale
-        # 2. softcap
-        if call.softcap is not None:
-            s = call.softcap * jnp.tanh(s / call.softcap)
-        # 3. ALiBi, -slope[h] * |pos_t - j|
-        if slopes is not None:
-            s = s + alibi(slopes, pos[:, None, None, None], j[None, None, None, :], 0)
-        # 4. allowed: the key exists (j < seq_lens[n_t]), causal and window on pos_t
-        i = pos[:, None]  # (T, 1)
-        allowed = exists
-        if call.is_causal:
-            allowed = allowed & causal(i, j[None, :], 0)
-        if call.window is not None:
-            allowed = allowed & window_rule(i, j[None, :], 0, call.window)
-        s = jnp.where(allowed[:, None, None, :], s, -jnp.inf)  # (T, K, G, page_size)
+            # 6. output, accumulated: acc = alpha * acc + e @ value, per group.
+            pv = jnp.matmul(e.reshape(K, G * L, -1), v, precision=_PRECISION)  # (K, G * L, E)
+            acc = alpha * acc + pv.reshape(K, G, L, E)  # (K, G, L, E)
+            m = m_new
 
-        # 5. online softmax, as flash_attention's: raise the max, rescale, add exp(s - m_new).
-        m_new = jnp.maximum(m, s.max(axis=-1, keepdims=True))  # (T, K, G, 1)
-        shift = jnp.where(m_new == -jnp.inf, 0.0, m_new)  # nothing allowed yet: not NaN
-        alpha = jnp.exp(m - shift)
-        e = jnp.exp(jnp.minimum(s - shift, 0.0))  # (T, K, G, page_size); 0 where not allowed
-        l = alpha * l + e.sum(axis=-1, keepdims=True)
+        # 5. (end) the sink joins the denominator once; a row with no key is 0 / 1 = 0.
+        empty = l == 0.0
+        if sinks is not None:
+            sink = sinks.astype(ct).reshape(K, G, 1, 1)
+            m_sink = jnp.maximum(m, sink)
+            shift = jnp.where(m_sink == -jnp.inf, 0.0, m_sink)
+            alpha = jnp.exp(m - shift)
+            l = alpha * l + jnp.exp(jnp.minimum(sink - shift, 0.0))
+            acc = alpha * acc
+        out = acc / jnp.where(empty, 1.0, l)  # (K, G, L, E)
+        rows.append(out.transpose(2, 0, 1, 3).reshape(L, H, E))  # (L, H, E)
 
-        # 6. output, accumulated: acc = alpha * acc + e @ value, per group.
-        acc = alpha * acc + jnp.einsum("tkgj,tjke->tkge", e, v, precision=_PRECISION)
-        return m_new, l, acc
-
-    m, l, acc = jax.lax.fori_loop(0, call.max_pages, page_step, (m, l, acc))
-
-    # 5. (end) the sink joins the denominator once; a row with no key is 0 / 1 = 0.
-    empty = l == 0.0
-    if sinks is not None:
-        sink = sinks.astype(ct).reshape(K, G, 1)
-        m_sink = jnp.maximum(m, sink)
-        shift = jnp.where(m_sink == -jnp.inf, 0.0, m_sink)
-        alpha = jnp.exp(m - shift)
-        l = alpha * l + jnp.exp(jnp.minimum(sink - shift, 0.0))
-        acc = alpha * acc
-    out = acc / jnp.where(empty, 1.0, l)  # (T, K, G, E)
-    return out.reshape(T, H, E).astype(_output_dtype(query.dtype))
+    return jnp.concatenate(rows).astype(_output_dtype(query.dtype))  # (T, H, E): the rows in order

@@ -9,15 +9,19 @@ import numpy as np
 import pytest
 
 import impl_jax
+import impl_numpy
 from attention_spec import (
     PAGED_ERROR_CODES,
     ConfigError,
     DimensionMismatchError,
     DTypeError,
     MaskError,
+    check_paged_attention,
+    sequence_pages,
 )
 from conformance import oracle
 from conformance.cases.paged import paged_problem, write_problem
+from conformance.tests.flash_broken import PAGED_BROKEN
 from tests.frameworks import FRAMEWORKS, same_error
 
 ARGS = ("query", "key_cache", "value_cache", "block_table", "seq_lens", "cu_seqlens_q")
@@ -61,7 +65,8 @@ FUNCTIONS = ("paged_attention", "paged_flash_attention")
 @pytest.mark.parametrize("name", list(PROBLEMS))
 def test_paged_attention_equals_the_oracle(fw, name, function):
     """NaN in every slot no sequence holds, -1 past the pages, shuffled pages: float64 exact
-    to rounding, and no NaN anywhere; the plain path and the tiled page-by-page read."""
+    to rounding, and no NaN anywhere; the plain path and the tiled read (each sequence one
+    block of pages here: the small blocks are below)."""
     c = paged_problem(np.random.default_rng(len(name)), **PROBLEMS[name])
     want = _golden(c)
     got = _paged(fw, c, function=function)
@@ -93,15 +98,117 @@ def test_float32_within_a_float32_distance(fw, function):
     np.testing.assert_allclose(got, _golden(c), atol=2e-6)
 
 
-@pytest.mark.parametrize("function", FUNCTIONS)
-def test_jax_under_jit_equals_the_oracle(function):
+def test_jax_under_jit_equals_the_oracle():
+    """The plain path jits with every array traced (its shapes are static)."""
     c = paged_problem(np.random.default_rng(2), **PROBLEMS["window_sinks"])
     args = [jnp.asarray(getattr(c, n)) for n in ARGS]
     sinks = jnp.asarray(c.arrays["sinks"])
     kw = dict(c.keywords)
-    fn = getattr(impl_jax, function)
-    jitted = jax.jit(lambda *a: fn(*a, **kw, sinks=sinks))
+    jitted = jax.jit(lambda *a: impl_jax.paged_attention(*a, **kw, sinks=sinks))
     np.testing.assert_allclose(np.asarray(jitted(*args)), _golden(c), atol=1e-12)
+
+
+def test_the_tiled_read_jits_with_its_lengths_closed_over():
+    """The tiled read schedules its blocks on the host: under jax.jit, seq_lens and
+    cu_seqlens_q are concrete constants of the traced function (one compilation per schedule),
+    the block table, the query and the pools traced."""
+    c = paged_problem(np.random.default_rng(2), **PROBLEMS["window_sinks"])
+    query, key_cache, value_cache, table, lens, cu = (jnp.asarray(getattr(c, n)) for n in ARGS)
+    sinks = jnp.asarray(c.arrays["sinks"])
+
+    @jax.jit
+    def step(query, key_cache, value_cache, table):
+        return impl_jax.paged_flash_attention(query, key_cache, value_cache, table, lens, cu,
+                                              **c.keywords, sinks=sinks)  # fmt: skip
+
+    got = np.asarray(step(query, key_cache, value_cache, table))
+    np.testing.assert_allclose(got, _golden(c), atol=1e-12)
+
+
+@pytest.mark.parametrize(("traced", "code"), [("seq_lens", "seq_lens_value"),
+                                              ("cu_seqlens_q", "cu_seqlens_value")])  # fmt: skip
+def test_the_tiled_read_refuses_traced_lengths(traced, code):
+    """A traced seq_lens or cu_seqlens_q cannot be scheduled on the host: ConfigError with the
+    value code of that array, which says how to call it instead (attention_spec.sequence_pages).
+    """
+    c = paged_problem(np.random.default_rng(2), **PROBLEMS["page3_mixed_causal"])
+    arrays = {n: jnp.asarray(getattr(c, n)) for n in ARGS}
+
+    def call(x):
+        given = [x if n == traced else arrays[n] for n in ARGS]
+        return impl_jax.paged_flash_attention(*given, **c.keywords)
+
+    with pytest.raises(ConfigError) as info:
+        jax.jit(call)(arrays[traced])
+    assert info.value.code == code
+    assert f"got a traced {traced} (under jax.jit, close over cu_seqlens_q and seq_lens" in str(
+        info.value
+    )
+    assert info.value.actual == "traced"
+
+
+#: The problems whose sequences span several pages (all but page_larger's one-page sequences).
+MULTI_BLOCK = [name for name in PROBLEMS if name != "page_larger"]
+
+
+def _block_k(pages: int, page_size: int) -> int:
+    """A block_k that gives ``pages`` pages a block, one short of the next page (a block is
+    ``block_k // page_size`` whole pages)."""
+    return pages * page_size + page_size - 1
+
+
+def _multi_block_errors(fn, name: str, pages: int) -> float:
+    """The largest error of the tiled read ``fn(*args, block_k=...)`` (NumPy arrays in and
+    out) against the float64 oracle on problem ``name`` at ``pages`` pages a block; inf for a
+    NaN anywhere."""
+    c = paged_problem(np.random.default_rng(len(name)), **PROBLEMS[name])
+    args = [getattr(c, n) for n in ARGS]
+    args = [a if a.dtype.kind == "f" else a.astype(np.int32) for a in args]
+    got = fn(*args, **c.keywords, **c.arrays, block_k=_block_k(pages, c.key_cache.shape[1]))
+    return np.inf if np.isnan(got).any() else float(np.abs(got - _golden(c)).max())
+
+
+@pytest.mark.parametrize("pages", [1, 2])
+@pytest.mark.parametrize("name", MULTI_BLOCK)
+def test_the_tiled_read_in_small_blocks_equals_the_oracle(fw, name, pages):
+    """One and two pages a block: every sequence of these problems spans several blocks, its
+    last page partial with NaN in the unused slots (the fixtures' sequences fit one default
+    block of 512 keys, so the walk from block to block is tested here)."""
+
+    def tiled(*args, **kw):
+        arrays = {n: fw.asarray(a) if isinstance(a, np.ndarray) else a for n, a in kw.items()}
+        return fw.to_numpy(fw.module.paged_flash_attention(*map(fw.asarray, args), **arrays))
+
+    assert _multi_block_errors(tiled, name, pages) <= 1e-12
+
+
+@pytest.mark.parametrize("bug", list(PAGED_BROKEN))
+def test_the_small_blocks_catch_a_broken_block_walk(bug):
+    """The test above has power: impl_numpy's tiled read with one line of its block walk broken
+    (conformance/tests/flash_broken.py, PAGED_BUGS) fails it."""
+    broken = PAGED_BROKEN[bug]
+    errors = [_multi_block_errors(broken, n, p) for n in MULTI_BLOCK for p in (1, 2)]
+    assert max(errors) > 1e-3, bug
+
+
+def test_the_schedule_reads_each_sequences_band_in_blocks():
+    """attention_spec.sequence_pages: sequences without queries give nothing; a block is
+    block_k // page_size whole pages (1 at least), clipped at the last page a sequence's
+    queries may attend; a window starts the walk at the page of the first row's first key."""
+    c = paged_problem(np.random.default_rng(0), [7, 1, 0, 12, 5], [1, 1, 0, 4, 2], page_size=3)
+    args = [getattr(c, n) for n in ARGS]
+    call = check_paged_attention(*args, is_causal=True)
+    schedule = sequence_pages(call, 7)  # 2 pages a block
+    assert [(s.n, s.q0, s.q1, s.S) for s in schedule] == [(0, 0, 1, 7), (1, 1, 2, 1),
+                                                          (3, 2, 6, 12), (4, 6, 8, 5)]  # fmt: skip
+    assert [s.blocks for s in schedule] == [((0, 2), (2, 3)), ((0, 1),), ((0, 2), (2, 4)),
+                                            ((0, 2),)]  # fmt: skip
+    assert [s.blocks for s in sequence_pages(call, 2)][2] == ((0, 1), (1, 2), (2, 3), (3, 4))
+    windowed = check_paged_attention(*args, is_causal=True, window=(4, 0))
+    # sequence 3's rows sit at 8..11: the first sees keys 4..8, so pages 1.. (page 0 unread)
+    assert sequence_pages(windowed, 7)[2].blocks == ((1, 3), (3, 4))
+    with pytest.raises(ConfigError, match="block_k must be"):
+        impl_numpy.paged_flash_attention(*args, block_k=0)
 
 
 def test_paged_cache_write(fw):
@@ -273,23 +380,31 @@ def _peak(fn, *args, **kw) -> int:
 
 def test_the_tiled_read_memory_does_not_grow_with_the_pool_or_the_table():
     """A decode step of 4 sequences (page 16, up to 300 keys) in a pool of 64 and of 1024 pages,
-    block tables 20 and 320 entries wide: the tiled read's peak stays one page per token (it
-    never gathers a row of the table); the plain path's grows with the table's width."""
-    import impl_numpy
-
+    block tables 20 and 320 entries wide: the tiled read's peak is one block of one sequence
+    (its keys and values, ``bk * K * (D + E)``, and its scores, ``H * L_n * bk``), whatever the
+    pool and the table (it never gathers a row of the table); at one page a block it is a
+    page's. The plain path's grows with the table's width."""
+    T, H, K, D, E, page_size = 4, 8, 2, 64, 64, 16
     peaks = {}
     for width, spare in ((20, 31), (320, 991)):  # 33 pages needed
-        c = paged_problem(np.random.default_rng(6), [300, 17, 120, 64], [1, 1, 1, 1], h=8, k=2,
-                          page_size=16, max_pages=width, spare=spare, d=64, e=64)  # fmt: skip
+        c = paged_problem(np.random.default_rng(6), [300, 17, 120, 64], [1, 1, 1, 1], h=H, k=K,
+                          page_size=page_size, max_pages=width, spare=spare, d=D, e=E)  # fmt: skip
         args = [getattr(c, n) for n in ARGS]
         args = [a.astype(np.float32 if a.dtype.kind == "f" else np.int32) for a in args]
         assert args[1].shape[0] in (64, 1024)
-        peaks[width] = (_peak(impl_numpy.paged_flash_attention, *args),
-                        _peak(impl_numpy.paged_attention, *args))  # fmt: skip
-    (tiled_small, plain_small), (tiled_wide, plain_wide) = peaks[20], peaks[320]
-    page_per_token = 4 * 16 * 2 * (64 + 64) * 4  # T * page_size * K * (D + E) float32 bytes
-    assert tiled_wide < 8 * page_per_token and tiled_wide < 1.5 * tiled_small
-    assert plain_wide > 10 * plain_small and plain_wide > 10 * tiled_wide
+        for block_k in (None, page_size):
+            peaks[width, block_k] = _peak(impl_numpy.paged_flash_attention, *args,
+                                          block_k=block_k)  # fmt: skip
+        peaks[width, "plain"] = _peak(impl_numpy.paged_attention, *args)
+    out = T * H * E * 4  # the output's float32 bytes: kept, and once more concatenated
+    # the default block (512 keys) holds the longest sequence's 19 pages whole; one page: 16 keys
+    for block_k, bk in ((None, 19 * page_size), (page_size, page_size)):
+        block = (bk * K * (D + E) + H * 1 * bk) * 4  # one block's float32 bytes, L_n = 1
+        small, wide = peaks[20, block_k], peaks[320, block_k]
+        assert wide < 2 * block + 4 * out and wide < 1.5 * small, (block_k, wide, block)
+    assert peaks[320, page_size] < peaks[320, None] / 4  # a block's memory, not a sequence's
+    plain_small, plain_wide = peaks[20, "plain"], peaks[320, "plain"]
+    assert plain_wide > 10 * plain_small and plain_wide > 10 * peaks[320, None]
 
 
 def test_the_drawn_block_table_of_semantics_md(fw):
@@ -381,6 +496,22 @@ def test_an_fp8_cache_matches_the_oracle_within_the_strict_bound(fmt, q_dtype, k
         assert err <= bound, (fw.name, err, bound)
 
 
+@pytest.mark.parametrize(("fmt", "q_dtype"), [("float8_e4m3fn", "bfloat16"), ("float8_e5m2", None)])
+def test_an_fp8_cache_read_a_page_a_block_matches_the_oracle(fmt, q_dtype):
+    """The tiled read at one page a block (the sequences of 7 and 12 keys are 3 and 4 blocks),
+    per-sequence descales: each block dequantized with its sequence's row, within the strict
+    bound, in every framework."""
+    args, kw = _fp8_problem(fmt, q_dtype, "per_sequence")
+    out = "bfloat16" if q_dtype is None else q_dtype
+    golden = oracle.paged_attention(*args, **kw)
+    plain = oracle.paged_attention(*args, **kw, round_to="float32")
+    bound = oracle.tolerance_bound(golden, oracle.rounded(plain, out).astype(np.float64), out)
+    for fw in FRAMEWORKS.values():
+        got = fw.to_numpy(fw.module.paged_flash_attention(*args, **kw, block_k=3))
+        err = np.abs(got.astype(np.float64) - golden).max()
+        assert err <= bound, (fw.name, err, bound)
+
+
 def test_a_dropped_or_doubled_descale_fails_the_strict_bound():
     """The bound has power: k_descale dropped, applied twice, or read per query head."""
     args, kw = _fp8_problem("float8_e4m3fn", "bfloat16", "per_sequence")
@@ -388,8 +519,6 @@ def test_a_dropped_or_doubled_descale_fails_the_strict_bound():
     plain = oracle.paged_attention(*args, **kw, round_to="float32")
     bound = oracle.tolerance_bound(golden, oracle.rounded(plain, "bfloat16").astype(np.float64),
                                    "bfloat16")  # fmt: skip
-    import impl_numpy
-
     for wrong in ({"k_descale": None}, {"k_descale": kw["k_descale"] ** 2},
                   {"v_descale": kw["v_descale"][::-1].copy()}):  # fmt: skip
         got = impl_numpy.paged_attention(*args, **{**kw, **wrong}).astype(np.float64)

@@ -99,16 +99,20 @@ def prepare(alias: str, function: Callable[..., Any]) -> Callable[..., Any]:
     return jax.jit(function, static_argnames=[n for n in _STATIC_KEYWORDS if n in params])
 
 
-#: The tiled varlen path (Contract v3): it schedules its blocks from the concrete boundaries on
-#: the host (``attention_spec.sequence_bounds``), as a serving loop does before its compiled
-#: steps, so it is called as it is, not under one jit (traced boundaries are ConfigError
-#: ``cu_seqlens_value``); its values are then checked, its number descales stay numbers.
-_HOST_SCHEDULED = ("varlen_flash", "varlen_flash_grad")
+#: The tiled paths that schedule their blocks on the host (Contract v3): the varlen one from the
+#: concrete boundaries (``attention_spec.sequence_bounds``), the paged read from the concrete
+#: ``cu_seqlens_q`` and ``seq_lens`` (``attention_spec.sequence_pages``), as a serving loop does
+#: before its compiled steps. So they are called as they are, not under one jit (traced
+#: boundaries or lengths are ConfigError ``cu_seqlens_value`` / ``seq_lens_value``); their own
+#: validation then reads every value on the concrete arrays (``paged_flash``'s too, as
+#: :func:`_values_checked_first` would), and their number descales stay numbers.
+_HOST_SCHEDULED = ("varlen_flash", "varlen_flash_grad", "paged_flash")
 
-#: The paged key/value cache aliases (Contract v3): their integer arrays' values (block table,
-#: lengths, offsets, slots) are tracers under jit, which validation cannot read (SEMANTICS.md:
-#: unchecked under jit); :func:`_values_checked_first` checks them on the concrete arrays first.
-_VALUES_CHECKED_FIRST = ("paged", "paged_flash", "paged_write")
+#: The paged key/value cache aliases that jit (Contract v3): their integer arrays' values (block
+#: table, lengths, offsets, slots) are tracers under jit, which validation cannot read
+#: (SEMANTICS.md: unchecked under jit); :func:`_values_checked_first` checks them on the
+#: concrete arrays first. (``paged_flash`` is host-scheduled, above.)
+_VALUES_CHECKED_FIRST = ("paged", "paged_write")
 
 
 def _values_checked_first(alias: str, function: Callable[..., Any], params) -> Callable[..., Any]:

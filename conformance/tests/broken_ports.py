@@ -9,7 +9,9 @@ whole suite (a test asserts that), so every failure of a broken port is the bug'
 ``flash_fp8_*`` bugs); its unbroken version (the same code with
 no bug) passes every flash run. The ``grad_*`` bugs give it the two ``*_vjp`` functions of
 ``grad_broken.py`` (the backward pass's bugs), whose unbroken version passes every grad and
-flash_grad run.
+flash_grad run. The ``paged_*`` bugs give it ``paged_attention`` and ``paged_cache_write`` of
+``paged_broken.py``; the ``paged_flash_*`` bugs a ``paged_flash_attention``, impl_numpy's tiled
+paged read with one line of its block walk broken (``flash_broken.PAGED_BROKEN``).
 
 Each bug is a mistake seen in real attention code; :data:`BUGS` says what it does and names one
 run that must catch it.
@@ -453,6 +455,24 @@ BUGS: dict[str, tuple[str, str]] = {
         "paged fp8: v_descale multiplied into the scores instead of the values (the output)",
         "paged.fp8.kv_cache.float16_query.per_head.causal.float8_e5m2",
     ),
+    # the tiled paged read's block walk (paged_flash.*): flash_broken.py's PAGED_BUGS, caught
+    # at the default block size by the fixtures whose blocks hold several pages (or, with a
+    # window, start past a sequence's first page)
+    "paged_flash_page_offsets_from_block_start": (
+        "paged tiled read: every page of a block numbered as the block's first page (positions "
+        "and the j < seq_lens mask right only for a block of one page)",
+        "paged_flash.page3.decode_and_prefill.causal.float32",
+    ),
+    "paged_flash_pages_from_row_start": (
+        "paged tiled read: each block gathers the first pages of the sequence's block-table row "
+        "(the block's first page p0 dropped from the gather, kept in the keys' positions)",
+        "paged_flash.window.left3.causal.float32",
+    ),
+    "paged_flash_tail_values_kept": (
+        "paged tiled read: the last page's slots past seq_lens masked in the scores only, their "
+        "values kept: a zero weight meets NaN (0 * NaN)",
+        "paged_flash.page3.decode_and_prefill.causal.float32",
+    ),
     # -- fp8 inputs and quantize_fp8 (Contract v3): fp8_broken.py ---------------------------
     "fp8_descale_ignored": (
         "fp8: the descales ignored, the fp8 values attended as they are",
@@ -791,8 +811,13 @@ def make_port(
     if paged or (bug or "").startswith("paged_"):
         from conformance.tests.paged_broken import paged_pair
 
-        paged_bug = bug.removeprefix("paged_") if bug else "none"
+        tiled = (bug or "").startswith("paged_flash_")  # the tiled read's bug: paged is right
+        paged_bug = bug.removeprefix("paged_") if bug and not tiled else "none"
         port.paged_attention, port.paged_cache_write = paged_pair(paged_bug)
+    if (bug or "").startswith("paged_flash_"):
+        from conformance.tests.flash_broken import PAGED_BROKEN
+
+        port.paged_flash_attention = PAGED_BROKEN[bug.removeprefix("paged_flash_")]
     return port
 
 

@@ -23,6 +23,13 @@ The first, second and fourth replace ``_forward`` (the loop over key blocks, ste
 
 tests/test_flash.py proves that its checks catch every one of them; the conformance suite's
 broken ports (``broken_ports.py``) reuse :data:`BROKEN`.
+
+The tiled paged read (``impl_numpy.flash.paged_flash_attention``, each sequence's pages in
+blocks) has broken ports of its own, :data:`PAGED_BROKEN`: the module's source with one line of
+the block walk replaced (:data:`PAGED_BUGS`), the kind of bug a block of one page, or a
+sequence of one block, hides. tests/test_paged.py proves its multi-block test catches each;
+the suite's ``paged_flash_*`` bugs (``broken_ports.py``) are those the fixtures catch at the
+default block size.
 """
 
 from __future__ import annotations
@@ -30,11 +37,12 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Callable
 from functools import partial
+from pathlib import Path
 from types import ModuleType
 
 import numpy as np
 
-__all__ = ["BROKEN"]
+__all__ = ["BROKEN", "PAGED_BROKEN", "PAGED_BUGS"]
 
 
 def _flash_module() -> ModuleType:
@@ -145,3 +153,54 @@ BROKEN: dict[str, Callable] = {
     bug: broken_flash(bug)
     for bug in ("no_rescale", "early_normalize", "skip_partial_block", "unguarded_max")
 }
+
+
+#: The block walk's bugs: name -> (the line of ``impl_numpy.flash.paged_flash_attention``, the
+#: line that replaces it). Each line is found exactly once, so a change to the real line makes
+#: the broken port fail to build rather than silently test nothing.
+PAGED_BUGS: dict[str, tuple[str, str]] = {
+    # every page of a block numbered as the block's first page: positions and the j < S mask
+    # right for a block of one page only
+    "page_offsets_from_block_start": (
+        "j = p0 * page_size + np.arange((p1 - p0) * page_size)  # (bk,)",
+        "j = p0 * page_size + np.arange((p1 - p0) * page_size) % page_size  # BUG",
+    ),
+    # each block gathers the first pages of the sequence's row (p0 dropped from the gather, kept
+    # in j): right for a sequence of one block that starts at its first page
+    "pages_from_row_start": (
+        "pages = block_table[n, p0:p1]  # (p1 - p0,)",
+        "pages = block_table[n, : p1 - p0]  # BUG",
+    ),
+    # the last page's tail (keys >= S, NaN in the fixtures) kept in the values: masked in the
+    # scores only, so its zero weight meets NaN (0 * NaN)
+    "tail_values_kept": (
+        "v = np.where(exists[:, None, None], v, 0.0).transpose(1, 0, 2)  # (K, bk, E); no 0*NaN",
+        "v = v.transpose(1, 0, 2)  # BUG",
+    ),
+}
+
+
+def broken_paged_flash(bug: str) -> Callable:
+    """``impl_numpy.flash.paged_flash_attention`` with ``bug`` (a key of :data:`PAGED_BUGS`):
+    a fresh module built from impl_numpy/flash.py's source with that one line replaced, quiet
+    about the NaN it makes."""
+    right, wrong = PAGED_BUGS[bug]
+    spec = importlib.util.find_spec("impl_numpy.flash")
+    source = Path(spec.origin).read_text()
+    if source.count(right) != 1:
+        raise AssertionError(f"{bug}: impl_numpy/flash.py no longer has the line {right!r} once")
+    module = ModuleType(f"impl_numpy.flash.{bug}")
+    module.__file__ = spec.origin
+    exec(compile(source.replace(right, wrong), spec.origin, "exec"), module.__dict__)
+
+    def paged_flash_attention(*args, **kwargs):
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return module.paged_flash_attention(*args, **kwargs)
+
+    paged_flash_attention.__name__ = f"paged_flash_attention.{bug}"
+    paged_flash_attention.__qualname__ = paged_flash_attention.__name__
+    return paged_flash_attention
+
+
+#: name -> a paged_flash_attention with that bug of the block walk.
+PAGED_BROKEN: dict[str, Callable] = {bug: broken_paged_flash(bug) for bug in PAGED_BUGS}

@@ -32,14 +32,20 @@ FLASH_BUGS = [b for b in BUGS if b.startswith("flash_") and not b.startswith("fl
 FLASH_FP8_BUGS = [b for b in BUGS if b.startswith("flash_fp8_")]
 #: The families of the keywords contract v2 added: window, segment ids, sinks, ALiBi slopes.
 EXTRA_FAMILIES = ("window", "segments", "sinks", "alibi")
-EXTRA_BUGS = [b for b in BUGS if BUGS[b][1].split(".")[1] in EXTRA_FAMILIES]
+#: (Not the tiled paged read's bugs: a block walk's bug that a window shows is no window bug.)
+EXTRA_BUGS = [
+    b for b in BUGS
+    if BUGS[b][1].split(".")[1] in EXTRA_FAMILIES and not b.startswith("paged_flash_")
+]  # fmt: skip
 
 
 GRAD_BUGS = [b for b in BUGS if b.startswith("grad_")]
 GRAD_FUNCTIONS = ("grad", "flash_grad")
 #: The paged key/value cache bugs (paged_broken.py) and the aliases they are run on; the fp8
-#: cache's bugs (``paged_fp8_*``) change fp8 calls only.
-PAGED_BUGS = [b for b in BUGS if b.startswith("paged_")]
+#: cache's bugs (``paged_fp8_*``) change fp8 calls only. The tiled read's block-walk bugs
+#: (``paged_flash_*``, flash_broken.py's PAGED_BUGS) are run on its alias alone.
+PAGED_FLASH_BUGS = [b for b in BUGS if b.startswith("paged_flash_")]
+PAGED_BUGS = [b for b in BUGS if b.startswith("paged_") and b not in PAGED_FLASH_BUGS]
 PAGED_FP8_BUGS = [b for b in PAGED_BUGS if b.startswith("paged_fp8_")]
 PAGED_FUNCTIONS = ("paged", "paged_write")
 #: The fp8 bugs (fp8_broken.py: dequantize, result dtype, quantize_fp8) and their aliases.
@@ -60,6 +66,8 @@ def _functions(bug: str | None) -> tuple[str, ...] | None:
     (the rest of the port is the unbroken one, which the first tests prove), else all."""
     if bug is not None and bug.startswith("grad_"):
         return GRAD_FUNCTIONS
+    if bug is not None and bug.startswith("paged_flash_"):
+        return ("paged_flash",)
     if bug is not None and bug.startswith("paged_"):
         return PAGED_FUNCTIONS
     if bug is not None and bug.startswith("fp8_"):
@@ -373,6 +381,30 @@ def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
                    "paged_reads_max_len"):  # fmt: skip
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             assert f"paged.page3.decode_and_prefill.causal.{dtype}" in failed, (bug, dtype)
+
+
+def test_the_unbroken_tiled_paged_read_passes_every_paged_flash_run() -> None:
+    """impl_numpy's tiled paged read, the code the ``paged_flash_*`` bugs break one line of."""
+    import impl_numpy
+
+    port = make_port(None, paged=True)
+    port.paged_flash_attention = impl_numpy.paged_flash_attention
+    report = run_suite(port, functions=("paged_flash",))
+    assert report.ok, "\n".join(o.line() for o in report.failures)
+    assert report.counts()["pass"] == len(report.outcomes) > 40
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("bug", PAGED_FLASH_BUGS)
+def test_paged_flash_bugs_fail_every_dtype_of_the_mixed_case(bug: str) -> None:
+    """A block-walk bug fails tiled paged runs only, and (but for the one a window shows) the
+    mixed decode and prefill case in every dtype; the plain path's runs are the unbroken
+    port's."""
+    failed = {o.run_id for o in _report(bug).failures}
+    assert failed and all(r.startswith("paged_flash.") for r in failed), (bug, failed)
+    if bug != "paged_flash_pages_from_row_start":
+        for dtype in ("float64", "float32", "float16", "bfloat16"):
+            assert f"paged_flash.page3.decode_and_prefill.causal.{dtype}" in failed, (bug, dtype)
 
 
 @pytest.mark.slow

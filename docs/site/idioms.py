@@ -292,38 +292,42 @@ IDIOMS: dict[str, dict[str, str]] = {
         ),
     },
     "paged_flash": {
-        "0. the page": (
-            "One page of every token's sequence per step, read by fancy indexing "
-            "(`key_cache[page]`, the same in the three); torch indexes with `table[seq, p]`, "
-            "its int64 copy of the block table. NumPy and torch loop over the pages in Python; "
-            "JAX runs the same body as one step of a lax.fori_loop over a static page count."
+        "0. the block": (
+            "A Python loop over attention_spec.sequence_pages (host ints) in the three, then over "
+            "each sequence's blocks of pages; a block is one gather of whole pages "
+            "(`key_cache[pages]`, the same in the three, `pages` a slice of the sequence's "
+            "block-table row; torch slices `table`, its int64 copy). JAX's loops need concrete "
+            "seq_lens and cu_seqlens_q, so under jit they are closed over (traced ones are "
+            "ConfigError); the block table may be traced."
         ),
         "1. scores": (
-            "One `einsum` over the page in each (`tkgd,tjkd->tkgj`); JAX passes "
-            "`precision=_PRECISION` so float32 stays float32 on every backend."
+            "One batched matmul per key/value head over the block, the G query heads and L_n "
+            "rows of the group stacked as rows: `@` in NumPy and torch, `jnp.matmul` with "
+            "`precision=_PRECISION` in JAX so float32 stays float32 on every backend."
         ),
         "2. softcap": (
             "The formula as it reads, out of place in the three (`np.tanh`, `torch.tanh`, "
             "`jnp.tanh`)."
         ),
-        "3. ALiBi, -slope[h] * |pos_t - j|": (
-            "The shared rule `alibi` of attention_spec on the token's position and the page's keys."
+        "3. ALiBi, -slope[h] * |i - j|": (
+            "The shared rule `alibi` of attention_spec on the sequence's positions and the "
+            "block's keys."
         ),
         "4. allowed": (
-            "The shared rules `causal` and `window_rule` on `pos`; the masked scores go to "
-            "-inf with `where` (`np.where`, `torch.where`, `jnp.where`)."
+            "The shared rules `causal` and `window_rule` on the positions `i`; the masked scores "
+            "go to -inf with `where` (`np.where`, `torch.where`, `jnp.where`)."
         ),
         "5. online softmax, as flash_attention's": (
             "flash_attention's update: `np.minimum`/`jnp.minimum` where torch writes "
             "`clamp(max=0.0)`, and `amax` for torch's row max."
         ),
         "6. output, accumulated": (
-            "NumPy and torch rebind `acc` in the loop; JAX returns `m_new, l, acc` as the "
-            "loop's carry."
+            "The weights times the block's values, the same batched matmul as step 1; `acc` is "
+            "rebound in the loop in the three (JAX's Python loop is unrolled when traced)."
         ),
         "5. (end) the sink joins the denominator once": (
-            "After the loop, the same lines in the three: the sink rescales `l` and `acc` once, "
-            "and an empty row divides by 1."
+            "After a sequence's last block, the same lines in the three: the sink rescales `l` "
+            "and `acc` once, and an empty row divides by 1."
         ),
     },
     "flash_backward": {

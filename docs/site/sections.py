@@ -126,7 +126,7 @@ SECTIONS: tuple[Section, ...] = (
     ),
     Section(
         "paged_flash",
-        "Paged tiled read (paged_flash_attention)",
+        "Paged tiled read: each sequence's pages in blocks (paged_flash_attention)",
         "flash.py",
         functions=("paged_flash_attention",),
     ),
