@@ -47,6 +47,7 @@ __all__ = [
     "Golden",
     "GoldenGrads",
     "ModuleGolden",
+    "assert_within",
     "attention",
     "attention_vjp",
     "causal_mask",
@@ -826,6 +827,44 @@ def tolerance_bound(golden: np.ndarray, plain: np.ndarray, dtype: str) -> float:
     err = float(np.max(np.abs(plain[finite] - golden[finite])))
     scale = max(1.0, float(np.max(np.abs(golden[finite]))))
     return _round_up_2_digits(2.0 * err + NOISE_FLOOR[dtype] * scale)
+
+
+def assert_within(
+    got: np.ndarray, golden: np.ndarray, dtype: str, plain: np.ndarray | None = None, *,
+    what: str = "",
+) -> float:  # fmt: skip
+    """The tests' one tolerance: ``got`` against the float64 ``golden`` under
+    :func:`tolerance_bound`, as a port's result is checked; returns the max error.
+
+    ``plain`` is the same call computed with ``round_to=dtype``. A float64 call needs none: its
+    plain computation is the golden itself (rounding to float64 is the identity), so its bound is
+    the floor, ``NOISE_FLOOR["float64"] * max(1, max|golden|)``. ``golden`` may also be another
+    implementation's float64 result for the same call. NaN and inf follow the conformance
+    runner: a golden NaN or infinity is met only by the same value; a NaN or infinity anywhere
+    else is an infinite error. A number ``golden`` is compared with every element of ``got``.
+    """
+    if plain is None and dtype != "float64":
+        raise ValueError(f"a {dtype} bound needs plain, the call with round_to={dtype!r}")
+    values = np.asarray(got).astype(np.float64)
+    want = np.asarray(golden, dtype=np.float64)
+    if want.ndim == 0:
+        want = np.broadcast_to(want, values.shape)
+    assert values.shape == want.shape, f"{what}shape {values.shape}, expected {want.shape}"
+    bound = tolerance_bound(want, want if plain is None else np.asarray(plain, np.float64), dtype)
+    if want.size == 0:
+        return 0.0
+    with np.errstate(invalid="ignore"):
+        diff = np.abs(values - want)
+    same = (values == want) | (np.isnan(values) & np.isnan(want))  # -inf lse, NaN of a +inf bias
+    diff = np.where(same, 0.0, np.where(np.isnan(diff), math.inf, diff))
+    flat = int(np.argmax(diff))
+    err = float(diff.flat[flat])
+    where = tuple(int(i) for i in np.unravel_index(flat, want.shape))
+    assert err <= bound, (
+        f"{what}max |got - golden| = {err:.3g} > the {dtype} bound {bound:.3g} at {where}: "
+        f"golden {float(want[where])!r}, got {float(values[where])!r}"
+    )
+    return err
 
 
 # ---------------------------------------------------------------------------------------------

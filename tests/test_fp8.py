@@ -19,7 +19,7 @@ import torch
 import impl_numpy
 from attention_spec import FP8_MAX, MIN_DESCALE, ConfigError, DimensionMismatchError, DTypeError
 from conformance import oracle
-from tests.frameworks import AGREE, FRAMEWORKS, NP_DTYPES, same_error
+from tests.frameworks import FRAMEWORKS, NP_DTYPES, assert_agree, same_error
 
 B, H, K, L, S, D, E = 2, 6, 2, 5, 7, 11, 13
 FP8 = ("float8_e4m3fn", "float8_e5m2")
@@ -478,4 +478,4 @@ def test_varlen_fp8_is_each_sequence_with_its_own_descales(fmt: str, q_dtype) ->
             fw.module.varlen_attention(query, key, value, CU_Q, CU_K, is_causal=True, **kw)
         )
         assert str(got.dtype) == out_dtype
-        np.testing.assert_allclose(got.astype(np.float32), expected, atol=AGREE[out_dtype])
+        assert_agree(got, expected, out_dtype, what=f"{fw.name}: ")

@@ -24,13 +24,11 @@ import impl_jax
 import impl_numpy
 import impl_torch
 from attention_spec import ConfigError
-from tests.frameworks import AGREE, FRAMEWORKS, NP_DTYPES
+from tests.frameworks import FRAMEWORKS, NP_DTYPES, assert_agree
 
 PACKAGES = (impl_numpy, impl_torch, impl_jax)
 SETTINGS = settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-#: tests.frameworks.AGREE for the two dtypes drawn here, float32 twice as wide (the bound this file
-#: has always had: float32 after exp(-x)).
-AGREE_EXTRA = {"float64": AGREE["float64"], "float32": 2 * AGREE["float32"]}
+DTYPES = ("float32", "float64")  # compared with tests.frameworks.assert_agree
 
 
 # -- alibi_slopes(n_heads) ----------------------------------------------------------------------
@@ -93,7 +91,7 @@ def _run(name: str, path: str, q, k, v, **kw) -> np.ndarray:
 def packages_and_paths(draw):
     name = draw(st.sampled_from(sorted(FRAMEWORKS)))
     path = draw(st.sampled_from(["plain", "tiled"]))
-    dtype = draw(st.sampled_from(sorted(AGREE_EXTRA)))
+    dtype = draw(st.sampled_from(DTYPES))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     return name, path, dtype, rng
 
@@ -124,7 +122,7 @@ def test_packed_documents_equal_each_document_alone(setup, lengths, is_causal, w
     for n in lengths:
         doc = slice(start, start + n)
         alone = _run(name, path, q[..., doc, :], k[..., doc, :], v[..., doc, :], **kw)
-        np.testing.assert_allclose(packed[..., doc, :], alone, rtol=0, atol=AGREE_EXTRA[dtype])
+        assert_agree(packed[..., doc, :], alone, dtype, what=f"document {doc}: ")
         start += n
 
 
@@ -136,9 +134,7 @@ def test_a_window_wider_than_the_sequence_is_no_window(setup, L, S, is_causal, a
     q, k, v = _qkv(rng, dtype, H=2, K=1, L=L, S=S)
     kw = {"is_causal": is_causal, "causal_alignment": alignment}
     wide = _run(name, path, q, k, v, window=(S + L, S + L), **kw)
-    np.testing.assert_allclose(
-        wide, _run(name, path, q, k, v, **kw), rtol=0, atol=AGREE_EXTRA[dtype]
-    )
+    assert_agree(wide, _run(name, path, q, k, v, **kw), dtype)
 
 
 @SETTINGS
@@ -151,7 +147,7 @@ def test_a_left_window_to_the_diagonal_is_causal(setup, L, S, W, alignment) -> N
     q, k, v = _qkv(rng, dtype, H=2, K=2, L=L, S=S)
     banded = _run(name, path, q, k, v, window=(W, 0), causal_alignment=alignment)
     causal = _run(name, path, q, k, v, window=(W, None), is_causal=True, causal_alignment=alignment)
-    np.testing.assert_allclose(banded, causal, rtol=0, atol=AGREE_EXTRA[dtype])
+    assert_agree(banded, causal, dtype)
 
 
 @SETTINGS
@@ -162,8 +158,7 @@ def test_sinks_of_minus_infinity_are_no_sinks(setup, L, S, masked) -> None:
     kw = {"mask": rng.random((L, S)) > 0.4} if masked else {}
     sinks = np.full(4, -np.inf, NP_DTYPES[dtype])
     with_sinks = _run(name, path, q, k, v, sinks=sinks, **kw)
-    np.testing.assert_allclose(with_sinks, _run(name, path, q, k, v, **kw), rtol=0,
-                               atol=AGREE_EXTRA[dtype])  # fmt: skip
+    assert_agree(with_sinks, _run(name, path, q, k, v, **kw), dtype)
 
 
 @st.composite
@@ -172,7 +167,7 @@ def extra_keyword_problems(draw):
     and ALiBi slopes, on top of causal and a mask."""
     L, S = draw(st.integers(1, 9)), draw(st.integers(1, 9))
     K, G = draw(st.sampled_from([1, 2])), draw(st.sampled_from([1, 3]))
-    dtype = draw(st.sampled_from(sorted(AGREE_EXTRA)))
+    dtype = draw(st.sampled_from(DTYPES))
     rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
     q, k, v = _qkv(rng, dtype, H=K * G, K=K, L=L, S=S)
     dt = NP_DTYPES[dtype]
@@ -207,6 +202,4 @@ def test_the_three_packages_agree_on_extra_keywords_plain_and_tiled(problem) -> 
             if (name, path) == ("numpy", "plain"):
                 continue
             got = _run(name, path, q, k, v, **kw, **(blocks if path == "tiled" else {}))
-            np.testing.assert_allclose(
-                got, ref, rtol=0, atol=AGREE_EXTRA[dtype], err_msg=f"{name} {path}"
-            )
+            assert_agree(got, ref, dtype, what=f"{name} {path}: ")

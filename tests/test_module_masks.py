@@ -17,7 +17,7 @@ import impl_jax.interop
 import impl_torch.interop
 from attention_spec import AttentionError
 from conformance.cases.base import canonical
-from conformance.oracle import module_forward
+from conformance.oracle import assert_within, module_forward
 from tests.module_frameworks import MODULE_FRAMEWORKS, B, H, K, M, random_canonical
 
 T = 9  # sequence length of the decode tests (distinct from every other size)
@@ -71,8 +71,8 @@ def test_module_settings_match_the_oracle(name, setting):
     )
     golden = module_forward(weights, x, n_heads=H, n_kv_heads=K, is_causal=True,
                             q_segment_ids=ids, kv_segment_ids=ids, **options)  # fmt: skip
-    np.testing.assert_allclose(got, golden.output, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(w, golden.weights, rtol=0, atol=1e-13)
+    assert_within(got, golden.output, "float64", what="output: ")
+    assert_within(w, golden.weights, "float64", what="weights: ")
     assert np.all(w[0, :, 3:, :3] == 0) and np.all(w[1, :, :4, 4:] == 0)  # no leak across docs
     plain = mf.forward(mf.build(_weights(sinks=False), H, K), x, is_causal=True)
     assert np.abs(got - plain).max() > 1e-3  # the setting changed the result
@@ -108,11 +108,11 @@ def test_windowed_decoding_matches_the_full_forward(name, rolling, chunking):
     module = mf.build(weights, H, K, **options)
     full = mf.forward(module, x, is_causal=True)
     golden = module_forward(weights, x, n_heads=H, n_kv_heads=K, is_causal=True, **options)
-    np.testing.assert_allclose(full, golden.output, rtol=0, atol=1e-12)
+    assert_within(full, golden.output, "float64", what="the full forward: ")
     decoded, cache = _decode(
         mf, module, x, CHUNKINGS[chunking], module.init_cache(B, MAX_LEN, rolling=rolling)
     )
-    np.testing.assert_allclose(decoded, full, rtol=0, atol=1e-12)
+    assert_within(decoded, full, "float64", what="decoded against the full forward: ")
     assert cache.slots == (WINDOW[0] + 1 if rolling else MAX_LEN)
 
 
@@ -152,7 +152,7 @@ def test_packed_prefill_into_a_plain_cache(mf):
                           kv_segment_ids=ids[:, :5])  # fmt: skip
     y2, cache = mf.decode(module, x[:, 5:], cache, q_segment_ids=ids[:, 5:],
                           kv_segment_ids=ids)  # fmt: skip
-    np.testing.assert_allclose(np.concatenate([y1, y2], axis=1), full, rtol=0, atol=1e-12)
+    assert_within(np.concatenate([y1, y2], axis=1), full, "float64")
 
 
 def _error(fn) -> tuple[str, str, str]:
@@ -205,8 +205,8 @@ def test_sinks_round_trip_through_canonical_save_and_load(tmp_path):
             assert loaded.options == mf.build(weights, H, K, **options).options
             outputs[writer, name] = mf.forward(loaded, x, is_causal=True)
     golden = module_forward(weights, x, n_heads=H, n_kv_heads=K, is_causal=True, **options)
-    for out in outputs.values():
-        np.testing.assert_allclose(out, golden.output, rtol=0, atol=1e-12)
+    for (writer, name), out in outputs.items():
+        assert_within(out, golden.output, "float64", what=f"{writer}'s file in {name}: ")
 
 
 def test_sinks_flag_must_agree_with_the_weights():

@@ -14,8 +14,9 @@ import numpy as np
 import pytest
 
 from attention_spec import ConfigError, DimensionMismatchError
+from conformance.oracle import assert_within
 from tests.frameworks import same_error
-from tests.module_frameworks import MODULE_FRAMEWORKS, TOLERANCE, B, H, M, random_canonical
+from tests.module_frameworks import MODULE_FRAMEWORKS, B, H, M, random_canonical
 from tests.module_frameworks import reference_forward as reference
 
 T, MAX_LEN, PAGE = 10, 12, 3  # the last page partial (12 = 4 pages of 3; 10 tokens: 4 pages)
@@ -62,8 +63,8 @@ def test_paged_decode_is_the_contiguous_decode(name, options):
             start += n
             assert paged.position == start
         got, ref = np.concatenate(got, axis=1), np.concatenate(ref, axis=1)
-        np.testing.assert_allclose(got, ref, rtol=0, atol=TOLERANCE["float64"])
-        np.testing.assert_allclose(got, want, rtol=0, atol=TOLERANCE["float64"])
+        assert_within(got, ref, "float64", what=f"paged against contiguous, {chunks}: ")
+        assert_within(got, want, "float64", what=f"paged against the oracle, {chunks}: ")
     # the sequences took their pages as they grew, interleaved in the pool: 4 pages each.
     table = mf.to_numpy(paged.block_table())
     assert table.tolist() == [[0, 2, 4, 6], [1, 3, 5, 7]] and paged.free == ()
@@ -147,7 +148,7 @@ def test_packed_prefill_is_each_sequence_alone(name, scaled):
             continue
         alone = x[:, cu[n] : cu[n + 1]]
         want, _ = reference(weights, alone, None, n_heads=H, n_kv_heads=2, is_causal=True, **kw)
-        np.testing.assert_allclose(got[:, cu[n] : cu[n + 1]], want, rtol=0, atol=1e-12)
+        assert_within(got[:, cu[n] : cu[n + 1]], want, "float64", what=f"sequence {n}: ")
 
 
 def test_packed_prefill_refusals_are_identical():

@@ -16,9 +16,11 @@ import numpy as np
 import pytest
 from safetensors import safe_open
 
+from conformance.oracle import assert_within
 from docs.site import visualizer
 from docs.site.page import build
 from notebooks.tiny_model import EMBEDDING_FILE, LAYER_FILES
+from tests.frameworks import assert_agree
 
 
 @pytest.fixture(scope="module")
@@ -34,7 +36,7 @@ def test_the_reference_at_tau_1_is_the_float32_models_own_attention(prompts):
             for head in range(w.shape[0]):
                 ref = visualizer.reference(tokens, layer, head, 1.0)
                 assert ref.dtype == np.float64
-                np.testing.assert_allclose(ref, w[head], atol=1e-5, err_msg=(layer, head))
+                assert_agree(w[head], ref, "float32", what=f"layer {layer} head {head}: ")
 
 
 def test_the_prompts_show_what_the_page_says(prompts):
@@ -59,7 +61,7 @@ def test_a_lower_temperature_sharpens_every_head(prompts):
         for head in range(4):
             ws = [visualizer.reference(tokens, layer, head, tau) for tau in (0.25, 1.0, 4.0)]
             for w in ws:
-                np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-12)
+                assert_within(w.sum(-1), 1.0, "float64")
             top = [w.max(-1).mean() for w in ws]
             spread = [visualizer.entropy(w).mean() for w in ws]
             assert top[0] > top[1] > top[2] and spread[0] < spread[1] < spread[2], (layer, head)
@@ -70,7 +72,7 @@ def test_the_toggles_are_the_functional_apis_keywords(prompts):
     w = visualizer.reference(tokens, 0, 2, 1.0, causal=True, padding=6, window=2)
     assert (w[:, 18:] == 0).all()  # padded keys get nothing
     assert (w.sum(-1)[20:] == 0).all()  # a query whose window holds only padding: zeros
-    np.testing.assert_allclose(w.sum(-1)[:20], 1.0, atol=1e-12)
+    assert_within(w.sum(-1)[:20], 1.0, "float64")
     assert (np.triu(w, 1) == 0).all() and (np.tril(w, -3) == 0).all()  # causal, window 2
     open_ = visualizer.reference(tokens, 0, 2, 1.0, causal=False)
     assert (np.triu(open_, 1) > 0).any()

@@ -32,6 +32,7 @@ from attention_spec.sharded import (
     ulysses_bytes_per_exchange,
     usp_bytes_per_device,
 )
+from conformance.oracle import assert_within
 from tests.frameworks import same_error
 from tests.ulysses_calls import (
     HEAD_PAIRS,
@@ -90,7 +91,7 @@ def test_numpy_equals_the_unsharded_contract(name: str, n: int) -> None:
     (q, k, v), kw, _ = random_calls()[name]
     got = impl_numpy.ulysses.ulysses_attention(q, k, v, n_shards=n, **kw)
     want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert_within(got, want, "float64")
     if "mask" in kw and kw["mask"].shape[1] == 8:  # the fully masked row stays zero
         assert not got[:, 3, 5].any()
 
@@ -172,7 +173,7 @@ def test_numpy_usp_equals_the_unsharded_contract(name: str, config) -> None:
     got = impl_numpy.ulysses.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r,
                                            layout=layout, stats=stats, **kw)  # fmt: skip
     want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
-    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+    assert_within(got, want, "float64")
     out_shape = (*q.shape[:-1], v.shape[-1])
     formula = usp_bytes_per_device(q.shape, k.shape, v.shape, out_shape, u, r, 8)
     ring = [s for s in stats if isinstance(s, RingStep)]
@@ -192,7 +193,7 @@ def test_usp_with_u_1_is_the_ring_and_with_r_1_is_ulysses() -> None:
     want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
     for u, r in ((1, 4), (4, 1), (8, 1)):
         got = impl_numpy.ulysses.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r, **kw)
-        np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12, err_msg=f"u={u} r={r}")
+        assert_within(got, want, "float64", what=f"u={u} r={r}: ")
 
 
 def _drawn_rows(section: str) -> dict[str, list[str]]:
@@ -329,15 +330,13 @@ def test_jax_every_head_lands_and_equals_the_unsharded_contract(worker_out) -> N
     assert {f"encoding.{h}_{k}.n{n}" for h, k, n in ENCODINGS if fits(h, k, n)} <= set(names)
     assert sum(n.startswith("usp.") for n in names) >= 20  # every USP config on 4 and 8 devices
     for name in names:
-        np.testing.assert_allclose(got[name], _expected(name), rtol=1e-12, atol=1e-12,
-                                   err_msg=name)  # fmt: skip
+        assert_within(got[name], _expected(name), "float64", what=f"{name}: ")
     for n in (2, 8):  # gradients through both all-to-alls, split and replicated kv heads
         for x in "qkv":
-            np.testing.assert_allclose(got[f"grad.n{n}.{x}"], got[f"grad.ref.{x}"], rtol=1e-10,
-                                       atol=1e-12, err_msg=f"n={n} d{x}")  # fmt: skip
+            assert_within(got[f"grad.n{n}.{x}"], got[f"grad.ref.{x}"], "float64",
+                          what=f"n={n} d{x}: ")  # fmt: skip
     for x in "qkv":  # USP (u = 4, r = 2): through the all-to-alls and the ring
-        np.testing.assert_allclose(got[f"grad.usp.{x}"], got[f"grad.ref.{x}"], rtol=1e-10,
-                                   atol=1e-12, err_msg=f"usp d{x}")  # fmt: skip
+        assert_within(got[f"grad.usp.{x}"], got[f"grad.ref.{x}"], "float64", what=f"usp d{x}: ")
 
 
 @pytest.mark.slow
@@ -352,12 +351,10 @@ def test_torch_every_rank_gets_the_contract_and_sends_the_formula(world, worker_
         grads = [n for n in got if n.startswith("grad.") and not n.endswith(".ref")]
         assert len(grads) == 13  # q, k, v of 3 calls; sinks, slopes; 2 biases
         for name in grads:  # through both all-to-alls, split (n = 2) and replicated (4) kv heads
-            np.testing.assert_allclose(got[name], got[f"{name}.ref"], rtol=1e-12, atol=1e-12,
-                                       err_msg=f"rank {rank}: {name}")  # fmt: skip
+            assert_within(got[name], got[f"{name}.ref"], "float64", what=f"rank {rank}: {name}: ")
         assert any(n.startswith("usp.") for n in names) == (world == 4)
         for name in names:
-            np.testing.assert_allclose(got[name], _expected(name), rtol=1e-12, atol=1e-12,
-                                       err_msg=f"rank {rank}: {name}")  # fmt: skip
+            assert_within(got[name], _expected(name), "float64", what=f"rank {rank}: {name}: ")
         (q, k, v), _, _ = random_calls()["causal_top_left"]
         out_shape = (*q.shape[:-1], v.shape[-1])
         formula = ulysses_bytes_per_exchange(q.shape, k.shape, v.shape, out_shape, world, 8)

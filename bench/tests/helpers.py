@@ -15,7 +15,7 @@ from bench.report import build_results
 from bench.rows import ROWS, row_by_name
 from bench.session import BenchSession
 from bench.workloads import GOAL_WORKLOAD, Workload
-from conformance.oracle import tolerance_bound
+from conformance.oracle import assert_within
 
 # pairwise-distinct sizes (SEMANTICS.md letters)
 B, H, K, L, S, D, E, M = 2, 6, 2, 5, 7, 11, 13, 17
@@ -96,14 +96,11 @@ def to_np(x) -> np.ndarray:
 
 
 def assert_within_bound(got, golden: np.ndarray, plain: np.ndarray, dtype: str) -> None:
-    """``got`` against the float64 oracle's ``golden`` within the manifest's tolerance rule
-    (``oracle.tolerance_bound``: twice the plain same-dtype computation's error ``plain``, plus
-    the dtype's noise floor), as conformance checks a port."""
-    got = to_np(got)
-    assert got.shape == golden.shape, (got.shape, golden.shape)
-    bound = tolerance_bound(golden, plain, dtype)
-    err = float(np.max(np.abs(got - golden), initial=0.0))
-    assert err <= bound, f"max |got - oracle| = {err:.3g} > the {dtype} bound {bound:.3g}"
+    """``got`` (any framework's array, on any device) against the float64 oracle's ``golden``
+    within the manifest's tolerance rule, ``oracle.assert_within``: twice the plain same-dtype
+    computation's error ``plain``, plus the dtype's noise floor (``plain=golden``: the floor
+    alone), as conformance checks a port."""
+    assert_within(to_np(got), golden, dtype, plain)
 
 
 def rec(row, w, median, *, status="ok", kind="row", device="cpu", matmul=None, skips=False):

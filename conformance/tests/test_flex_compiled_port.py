@@ -130,7 +130,7 @@ def test_chained_index_score_mod_still_corrupts_the_heap() -> None:
     comma = subprocess.run([sys.executable, script, "--comma"], capture_output=True, text=True)
     assert comma.returncode == 0, comma.stdout + comma.stderr
     diff = float(comma.stdout.split("max diff")[1])
-    assert np.isfinite(diff) and diff < 1e-5
+    assert np.isfinite(diff) and diff < 1e-5  # compiled against eager float32: AGREE's float32
 
 
 @pytest.mark.slow

@@ -126,6 +126,7 @@ def test_torch_flex_paged_agrees_once_the_unused_slots_are_finite() -> None:
     args = [torch.from_numpy(np.nan_to_num(np.array(arrays[name]))) for name in PAGED_INPUTS]
     keywords = dict(run.case.keywords)
     got = torch_flex.paged_attention(*args, **keywords)
+    # flex's float32 kernel against ours on one call: tests.frameworks.AGREE's float32 agreement
     torch.testing.assert_close(
         got, impl_torch.paged_attention(*args, **keywords), atol=1e-5, rtol=0
     )
@@ -193,7 +194,7 @@ def test_hf_eager_rows_with_no_key_are_uniform_and_sdpa_ones_zero() -> None:
     assert uniform.status == "xfail" and "expected 0.0, got 0.14285714" in uniform.message  # 1/S
     assert _hf_outcome("hf_sdpa", "weights.fully_masked.bool_row.float32").status == "pass"
     f64 = _hf_outcome("hf_eager", "sdpa.basic.mha.float64")  # the float32 softmax
-    assert f64.status == "xfail" and 1e-9 < f64.error < 1e-5
+    assert f64.status == "xfail" and 1e-9 < f64.error < 1e-5  # measured: float32's size
     assert _hf_outcome("hf_gpt_oss_eager", "sdpa.basic.mha.float64").status == "pass"
 
 

@@ -20,7 +20,9 @@ def test_hand_computed_two_keys() -> None:
     g = oracle.attention(q, k, v)
     e = math.e
     np.testing.assert_allclose(g.weights[0, 0], [1 / (1 + e), e / (1 + e)], rtol=1e-15)
-    np.testing.assert_allclose(g.output[0, 0], [1 / (1 + e), e / (1 + e), (3 + 5 * e) / (1 + e)])
+    np.testing.assert_allclose(
+        g.output[0, 0], [1 / (1 + e), e / (1 + e), (3 + 5 * e) / (1 + e)], rtol=1e-15
+    )
 
 
 def test_fully_masked_rows_are_zero_and_huge_negative_rows_uniform() -> None:
@@ -75,6 +77,26 @@ def test_plain_rounding_and_the_bound() -> None:
     assert bound >= 2 * err + oracle.NOISE_FLOOR["float16"]
     floor = oracle.NOISE_FLOOR["float16"] * max(1.0, np.abs(golden.output).max())
     assert bound <= 1.1 * (2 * err + floor)
+
+
+def test_assert_within_applies_the_bound_and_says_where() -> None:
+    """float64 needs no plain computation (its bound is the floor times max(1, max|golden|));
+    another dtype does; a failure names the error, the bound and the element."""
+    golden = np.array([[0.5, -3.0], [2.0, -np.inf]])
+    at_10 = np.array([[0.0, 0.0], [1.0, 0.0]])  # one at (1, 0), where golden is 2
+    assert oracle.assert_within(golden + 2.5e-12, golden, "float64") == pytest.approx(2.5e-12)
+    with pytest.raises(AssertionError, match=r"4e-12 > the float64 bound 3e-12 at \(1, 0\)"):
+        oracle.assert_within(golden + 4e-12 * at_10, golden, "float64", what="y: ")
+    with pytest.raises(AssertionError, match="inf > the float64 bound"):  # -inf met only by -inf
+        oracle.assert_within(np.where(np.isinf(golden), 0.0, golden), golden, "float64")
+    with pytest.raises(AssertionError, match="inf > the float64 bound"):  # a NaN is no number
+        oracle.assert_within(np.where(at_10 == 1, np.nan, golden), golden, "float64")
+    with pytest.raises(ValueError, match="a float16 bound needs plain"):
+        oracle.assert_within(golden, golden, "float16")
+    plain = golden + 1e-3 * at_10  # bound 2 * 1e-3 + 1e-3 * max(1, 3) = 5e-3
+    oracle.assert_within(golden - 4.9e-3 * at_10, golden, "float16", plain)
+    with pytest.raises(AssertionError, match=r"0\.0051 > the float16 bound 0\.005 at \(1, 0\)"):
+        oracle.assert_within(golden - 5.1e-3 * at_10, golden, "float16", plain)
 
 
 def test_bound_is_rounded_up_to_two_digits() -> None:
