@@ -82,10 +82,12 @@ from attention_spec.modules import (
     module_dtype,
 )
 from attention_spec.paged import (
+    PAGED_BLOCK_K,
     PagedCall,
     SequencePages,
     check_paged_attention,
     check_paged_cache_write,
+    paged_block_k,
     pages_needed,
     sequence_pages,
 )
@@ -177,6 +179,7 @@ __all__ = [
     "MIN_DESCALE",
     "MODULE_ERROR_CODES",
     "NO_VALUE",
+    "PAGED_BLOCK_K",
     # paged key/value caches (Contract v3)
     "PAGED_ERROR_CODES",
     "PUBLIC_API",
@@ -240,6 +243,7 @@ __all__ = [
     "make_error",
     "module_dtype",
     "output_dtype",
+    "paged_block_k",
     "pages_needed",
     "real_keyword",
     "rotary_frequencies",

@@ -47,16 +47,24 @@ from attention_spec.keywords import (
     check_flag,
     check_ranges,
     check_scale,
+    check_size,
     check_softcap,
     check_window,
     divisors,
 )
 from attention_spec.rules import key_band
+from attention_spec.tiling import BLOCK_K, BLOCK_Q
 from attention_spec.varlen import check_cu_seqlens_values, cu_seqlens_spec
 
 __all__ = [
-    "PagedCall", "SequencePages", "check_paged_attention", "check_paged_cache_write",
-    "pages_needed", "sequence_pages",
+    "PAGED_BLOCK_K",
+    "PagedCall",
+    "SequencePages",
+    "check_paged_attention",
+    "check_paged_cache_write",
+    "paged_block_k",
+    "pages_needed",
+    "sequence_pages",
 ]  # fmt: skip
 
 Window = tuple[int | None, int | None]
@@ -366,10 +374,31 @@ class SequencePages(NamedTuple):
     blocks: tuple[tuple[int, int], ...]
 
 
-def sequence_pages(call: PagedCall, block_k: int) -> list[SequencePages]:
+#: The widest key block of the tiled paged read's default (:func:`paged_block_k`): 4 x BLOCK_K
+#: keys, whose keys and values are ``2048 * K * (D + E)`` numbers (2 MiB at K = 2, D = E = 64
+#: in float32), whatever P is.
+PAGED_BLOCK_K: int = 4 * BLOCK_K
+
+
+def paged_block_k(block_k: int | None, L_n: int) -> int:
+    """The keys a block of the tiled paged read holds for a sequence of ``L_n`` queries:
+    ``block_k`` as given (an integer >= 1, ConfigError ``non_positive_size``), or by default the
+    keys whose scores fill the tiled path's ``BLOCK_Q x BLOCK_K`` tile with the sequence's own
+    rows, between ``BLOCK_K`` and :data:`PAGED_BLOCK_K`: 2048 keys for a decode step (``L_n =
+    1``), 512 for a prefill chunk of 256 rows or more. A decode step's scores are one row, so
+    the flash tile's 512 keys would make it four times the steps, each a handful of small ops
+    (the paged decode goal, docs/BENCH.md: torch 1.23-1.28x the contiguous step with 512-key
+    blocks, 1.08-1.10x with 2048, on a quiet machine)."""
+    if block_k is not None:
+        check_size("block_k", block_k)
+        return block_k
+    return min(PAGED_BLOCK_K, max(BLOCK_K, BLOCK_Q * BLOCK_K // max(L_n, 1)))
+
+
+def sequence_pages(call: PagedCall, block_k: int | None) -> list[SequencePages]:
     """The tiled paged read's schedule: each sequence with queries, in order, and the blocks of
-    its own pages it reads, ``max(1, block_k // page_size)`` whole pages a block
-    (``block_k``: the tiled path's keys per block, ``tiled_blocks``' default or the caller's).
+    its own pages it reads, ``max(1, bk // page_size)`` whole pages a block, ``bk`` the
+    caller's ``block_k`` or the default for the sequence's query rows (:func:`paged_block_k`).
 
     A sequence reads only the pages that hold keys its queries may attend: those of the causal
     and window bands of its rows (``rules.key_band`` at its diagonal ``S_n - L_n``, the rule
@@ -394,12 +423,14 @@ def sequence_pages(call: PagedCall, block_k: int) -> list[SequencePages]:
                 actual="traced",
             )
     cu, lens, page_size = call.cu_q, call.seq_lens, call.page_size
-    per_block = max(1, block_k // page_size)  # whole pages a block
+    if block_k is not None:
+        check_size("block_k", block_k)
     schedule = []
     for n in range(call.N):
         q0, q1, S = cu[n], cu[n + 1], lens[n]
         if q1 == q0:  # no query: no rows, nothing read
             continue
+        per_block = max(1, paged_block_k(block_k, q1 - q0) // page_size)  # whole pages a block
         lo, hi = key_band(call.is_causal, call.window, S - (q1 - q0), 0, q1 - q0, S)
         first, last = lo // page_size, pages_needed(hi, page_size)  # the band's pages
         blocks = tuple((p0, min(p0 + per_block, last)) for p0 in range(first, last, per_block))

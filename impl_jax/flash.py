@@ -773,9 +773,9 @@ def paged_flash_attention(
 
     Args: those of ``paged_attention``, ``seq_lens`` and ``cu_seqlens_q`` concrete (the blocks
         are scheduled from them on the host), and
-        block_k: keys per block, as in ``flash_attention`` (any integer >= 1); None:
-            ``attention_spec.tiled_blocks``'s default for the call's causal and window bands.
-            A block is ``max(1, block_k // page_size)`` whole pages.
+        block_k: keys per block (any integer >= 1); None: ``attention_spec.paged_block_k``'s
+            default for each sequence's query rows (2048 keys decoding, 512 for 256 rows or
+            more). A block is ``max(1, block_k // page_size)`` whole pages.
 
     Returns what ``paged_attention`` returns. Raises its errors, ConfigError for a block size
     < 1, and ConfigError ``cu_seqlens_value`` / ``seq_lens_value`` for a ``cu_seqlens_q`` /
@@ -794,7 +794,6 @@ def paged_flash_attention(
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
     _check_x64(query.dtype)
-    block_k = tiled_blocks(BAND_BLOCKS, None, block_k, call.is_causal, call.window)[1]
     schedule = sequence_pages(call, block_k)  # [(n, q0, q1, S, blocks)], Python ints
     query, key_cache, value_cache, block_table, sinks, alibi_slopes = (
         _asarray(x) for x in (query, key_cache, value_cache, block_table, sinks, alibi_slopes)
@@ -813,12 +812,22 @@ def paged_flash_attention(
         m = jnp.full((K, G, L, 1), -jnp.inf, ct)  # running row max of the scores
         l = jnp.zeros((K, G, L, 1), ct)  # running row sum of exp(s - m)
         acc = jnp.zeros((K, G, L, E), ct)  # running sum of exp(s - m) @ value
-        for p0, p1 in blocks:  # one block of the sequence's pages at a time
+        # The blocks as a lax.fori_loop (as flash_attention's are lax loops): XLA then holds one
+        # block's gather, not every block's (the steps unrolled held all of them: O(P) memory).
+        # A block is `width` pages; the last one reads past the sequence's band, masked, its
+        # row padded so that no block reads past the table.
+        first, width = blocks[0][0], blocks[0][1] - blocks[0][0]
+        row = jnp.pad(block_table[n], (0, width))  # (max_pages + width,)
+
+        def block(b, carry, n=n, S=S, L=L, q=q, i=i, at_n=at_n, first=first, width=width,
+                  row=row):  # fmt: skip
+            m, l, acc = carry
+            p0 = first + b * width
             # 0. the block: pages block_table[n, p0:p1], keys j = p0 * page_size + 0 .. bk - 1;
             #    only j < S exists (the last page's tail is masked, its values zeroed). An fp8
             #    page is dequantized as it is read: float32 times the sequence's descale.
-            pages = block_table[n, p0:p1]  # (p1 - p0,)
-            j = p0 * page_size + jnp.arange((p1 - p0) * page_size)  # (bk,)
+            pages = jax.lax.dynamic_slice_in_dim(row, p0, width)  # (p1 - p0,)
+            j = p0 * page_size + jnp.arange(width * page_size)  # (bk,)
             exists = j < S  # (bk,)
             k = _descaled(key_cache[pages], call.k_descale, k_descale, at_n)  # (p1-p0, ps, K, D)
             v = _descaled(value_cache[pages], call.v_descale, v_descale, at_n)  # (.., ps, K, E)
@@ -853,7 +862,9 @@ def paged_flash_attention(
             # 6. output, accumulated: acc = alpha * acc + e @ value, per group.
             pv = jnp.matmul(e.reshape(K, G * L, -1), v, precision=_PRECISION)  # (K, G * L, E)
             acc = alpha * acc + pv.reshape(K, G, L, E)  # (K, G, L, E)
-            m = m_new
+            return m_new, l, acc
+
+        m, l, acc = jax.lax.fori_loop(0, len(blocks), block, (m, l, acc))
 
         # 5. (end) the sink joins the denominator once; a row with no key is 0 / 1 = 0.
         empty = l == 0.0

@@ -507,9 +507,9 @@ def paged_flash_attention(
 
     Args: those of ``paged_attention``, ``seq_lens`` and ``cu_seqlens_q`` concrete (the blocks
         are scheduled from them on the host), and
-        block_k: keys per block, as in ``flash_attention`` (any integer >= 1); None:
-            ``attention_spec.tiled_blocks``'s default for the call's causal and window bands.
-            A block is ``max(1, block_k // page_size)`` whole pages.
+        block_k: keys per block (any integer >= 1); None: ``attention_spec.paged_block_k``'s
+            default for each sequence's query rows (2048 keys decoding, 512 for 256 rows or
+            more). A block is ``max(1, block_k // page_size)`` whole pages.
 
     Returns what ``paged_attention`` returns. Raises its errors, ConfigError for a block size
     < 1, and ConfigError ``cu_seqlens_value`` / ``seq_lens_value`` for a ``cu_seqlens_q`` /
@@ -525,7 +525,6 @@ def paged_flash_attention(
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
     )  # fmt: skip
-    block_k = tiled_blocks(BAND_BLOCKS, None, block_k, call.is_causal, call.window)[1]
     schedule = sequence_pages(call, block_k)  # [(n, q0, q1, S, blocks)], Python ints
     ct = _compute_dtype(query.dtype)
     H, K, G, D, E, page_size = call.H, call.K, call.G, call.D, call.E, call.page_size

@@ -17,6 +17,7 @@ from attention_spec import (
     DTypeError,
     MaskError,
     check_paged_attention,
+    paged_block_k,
     sequence_pages,
 )
 from conformance import oracle
@@ -218,6 +219,21 @@ def test_the_schedule_reads_each_sequences_band_in_blocks():
         impl_numpy.paged_flash_attention(*args, block_k=0)
 
 
+def test_the_default_block_fills_the_flash_tile_with_the_sequences_rows():
+    """attention_spec.paged_block_k: a decode step's block is PAGED_BLOCK_K = 2048 keys, a chunk
+    of 256 rows or more BLOCK_K = 512, between them BLOCK_Q * BLOCK_K / L_n; a block_k given is
+    kept; the schedule gives each sequence its own (page 16: 128 pages, then 32)."""
+    assert [paged_block_k(None, L) for L in (1, 64, 100, 256, 4096)] == [2048, 2048, 1310, 512,
+                                                                         512]  # fmt: skip
+    assert paged_block_k(7, 1) == 7
+    with pytest.raises(ConfigError, match="block_k must be"):
+        paged_block_k(0, 1)
+    c = paged_problem(np.random.default_rng(0), [4000, 4000], [1, 300], page_size=16)
+    call = check_paged_attention(*(getattr(c, n) for n in ARGS))
+    decode, chunk = sequence_pages(call, None)
+    assert decode.blocks[0] == (0, 128) and chunk.blocks[0] == (0, 32)
+
+
 def test_paged_cache_write(fw):
     """-1 slots skipped (the pool's last slot keeps its number); NumPy and torch write in place
     and return the arrays given, JAX returns new arrays."""
@@ -412,6 +428,28 @@ def test_the_tiled_read_memory_does_not_grow_with_the_pool_or_the_table():
     assert peaks[320, page_size] < peaks[320, None] / 4  # a block's memory, not a sequence's
     plain_small, plain_wide = peaks[20, "plain"], peaks[320, "plain"]
     assert plain_wide > 10 * plain_small and plain_wide > 10 * peaks[320, None]
+
+
+def test_the_jax_tiled_read_holds_one_block_of_a_long_sequence():
+    """JAX's block walk is a lax.fori_loop: the compiled step's temporaries are one block
+    (512 keys here), not the sequence's keys, whether it holds 4,096 or 16,384 of them (the
+    blocks unrolled held every block's gather: 16.8 MB at 16,384 keys)."""
+    rng, page_size, K, D, H = np.random.default_rng(0), 16, 2, 64, 8
+    temps = {}
+    for S in (4096, 16384):
+        pool = jnp.asarray(rng.standard_normal((S // page_size, page_size, K, D), np.float32))
+        table = jnp.arange(S // page_size, dtype=jnp.int32)[None]  # (1, S / page_size)
+        lens, cu = np.array([S], np.int32), np.array([0, 1], np.int32)
+        query = jnp.asarray(rng.standard_normal((1, H, D), np.float32))
+
+        def step(query, key_cache, value_cache, block_table, lens=lens, cu=cu):
+            return impl_jax.paged_flash_attention(query, key_cache, value_cache, block_table,
+                                                  lens, cu, block_k=512)  # fmt: skip
+
+        compiled = jax.jit(step).lower(query, pool, pool, table).compile()
+        temps[S] = compiled.memory_analysis().temp_size_in_bytes
+    block = 512 * K * (D + D) * 4  # one block's keys and values, float32
+    assert temps[16384] < 1.5 * temps[4096] and temps[16384] < 4 * block, (temps, block)
 
 
 def test_the_drawn_block_table_of_semantics_md(fw):
