@@ -87,13 +87,16 @@ test: $(ENV_READY)
 test-slow: $(ENV_READY)
 	$(JAX_CACHE_ENV) $(PY) -m pytest -n $(WORKERS) -q -m slow
 
+# Layout is by hand, not by a formatter: the three scripts keep their argument lists filled and
+# their continuation lines aligned so that the same step reads line for line in each, which no
+# formatter writes (ruff's format put 904 statements under `# fmt: skip` and would have added
+# ~5,000 lines). ruff check holds what a formatter would: line length, whitespace, imports.
 lint: $(ENV_READY)
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check .
+	@if git grep -n "fmt: skip\|fmt: off" -- '*.py' '*.md'; then echo "lint: formatter markers above (layout is by hand)"; exit 1; fi
 
 format: $(ENV_READY)
 	$(PY) -m ruff check --fix .
-	$(PY) -m ruff format .
 
 conformance: $(ENV_READY)
 	$(PY) -m conformance --impl impl_numpy --impl impl_torch --impl impl_jax --device $(CONFORMANCE_DEVICE)

@@ -27,7 +27,7 @@ from attention_spec.varlen import _check_cu_seqlens
 __all__ = [
     "check_cache_dtype", "check_cache_size", "check_decode_inputs", "check_paged_decode_inputs",
     "check_prefill_inputs",
-]  # fmt: skip
+]
 
 
 def check_cache_size(
@@ -232,7 +232,7 @@ def check_decode_inputs(
         return _check_decode_inputs_1_0(
             dims, param_dtype, x, *x_dtype_1_0, position=position, max_len=max_len,
             return_weights=return_weights, **keywords_1_0,
-        )  # fmt: skip
+        )
     check_flag("return_weights", return_weights)
     check_given(x=x, cache_key=cache_key, cache_value=cache_value)
     x = describe(x)
@@ -241,7 +241,7 @@ def check_decode_inputs(
     if rolling:
         slots = check_cache_size(1, max_len, rolling=True, left=left)
         _check_rolling(describe(cache_key).shape[2], slots, mask=mask, bias=bias,
-                       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)  # fmt: skip
+                       q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
     n_batch, new_len, _ = x.shape
     _check_batch_and_length(x.shape, describe(cache_key).shape[0], position, max_len)
     S = position + new_len
@@ -253,7 +253,7 @@ def check_decode_inputs(
         ArraySpec((n_batch, dims.K, S, dims.E), stored),  # v
         mask=mask, bias=bias, causal_alignment="bottom_right",
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, **fp8,
-    )  # fmt: skip
+    )
 
 
 def _check_batch_and_length(
@@ -353,7 +353,7 @@ def _check_decode_inputs_1_0(
         cache_key=ArraySpec((cache_batch, dims.K, position, dims.D), param_dtype),
         cache_value=ArraySpec((cache_batch, dims.K, position, dims.E), param_dtype),
         position=position, max_len=max_len, **masks, **keywords,
-    )  # fmt: skip
+    )
 
 
 def _check_rolling(length: int, slots: int, **refused: Any) -> None:

@@ -231,14 +231,14 @@ MODULE_ERROR_CODES: frozenset[str] = frozenset(
      "cache_mismatch", "rolling_cache", "mla_dims"}
     | {"paged_cache"}  # the modules' paged KV cache
     | {"fp8_cache"}  # the modules' fp8 KV cache
-)  # fmt: skip
+)
 
 #: The codes of rotary position embedding: ``apply_rotary`` raises them (and ``rotary_dim``,
 #: ``rope_theta`` a module built with ``rope_theta``); the attention functions never do.
 ROTARY_ERROR_CODES: frozenset[str] = frozenset(
     {"rotary_dim", "rope_theta", "positions_dtype", "positions_shape",
      "inv_freq_shape", "inv_freq_dtype", "attention_factor"}
-)  # fmt: skip
+)
 
 #: The codes only the sharded functions raise (``ring_attention``, ``head_parallel_attention``,
 #: ``head_parallel_gqa`` in ``impl_*/sharded.py``); they also raise every functional code.
@@ -255,7 +255,7 @@ SHARDED_ERROR_CODES: frozenset[str] = frozenset(
 FP8_ERROR_CODES: frozenset[str] = frozenset(
     {"descale_shape", "descale_dtype", "descale_not_fp8", "descale_value", "axes_value",
      "fp8_combination", "fp8_nonfinite"}
-)  # fmt: skip
+)
 
 
 #: The codes of variable-length batches: raised by varlen_attention and varlen_attention_vjp
@@ -269,7 +269,7 @@ PAGED_ERROR_CODES: frozenset[str] = frozenset(
     {"cu_seqlens_dtype", "cu_seqlens_value", "cu_seqlens_count", "block_table_dtype",
      "seq_lens_dtype", "slot_mapping_dtype", "seq_lens_value", "block_table_value",
      "page_shape", "cache_write_shape", "slot_mapping_value"}
-)  # fmt: skip
+)
 
 
 def make_error(code: str, message: str, *, expected: str = "", actual: str = "") -> AttentionError:

@@ -186,7 +186,7 @@ def check_descale(
 
 
 def check_token_descale(name: str, x: Any, dtype: str, N: int, letter: str,
-                        n: int) -> float | ArraySpec | None:  # fmt: skip
+                        n: int) -> float | ArraySpec | None:
     """A descale of a token-major call (``paged_attention``, ``varlen_attention``): None, a
     number, or a float32 array of shape exactly ``()``, ``(n,)`` or ``(N, n)`` (one per head,
     or per sequence and head; ``letter`` names n: H or K); anything else ``descale_shape``

@@ -255,7 +255,7 @@ def check_window(window: object) -> tuple[int | None, int | None] | None:
     shown = (
         f"({', '.join(value_text(side) for side in window)})"
         if isinstance(window, tuple | list) else value_text(window)
-    )  # fmt: skip
+    )
     raise make_error(
         "window_value",
         f"window must be a pair (left, right), each side an integer >= 0 or None for "

@@ -199,7 +199,7 @@ class MlaRope:
     def module_keywords(self) -> dict[str, Any]:
         """The constructor's keywords that rebuild this configuration (JSON values)."""
         config = {"rope_theta": self.theta, "rope_interleaved": self.interleaved,
-                  "rope_attention_factor": self.attention_factor}  # fmt: skip
+                  "rope_attention_factor": self.attention_factor}
         if self.inv_freq is not None:
             config["rope_inv_freq"] = list(self.inv_freq)
         return config
@@ -246,7 +246,7 @@ def _dims_from_shapes(shapes: Mapping[str, tuple[int, ...]], H: int, Dr: int) ->
     _, h_dn_e = need("kv_b_proj.kernel", "(R, H*(Dn+E))")
     q = shapes.get("q_a_proj.kernel")
     sizes = {"R": r_dr - Dr, "E": he // H if he % H == 0 else 0,
-             "Dn": (h_dn_e // H - he // H) if h_dn_e % H == 0 else 0}  # fmt: skip
+             "Dn": (h_dn_e // H - he // H) if h_dn_e % H == 0 else 0}
     if min(sizes.values()) <= 0:
         raise make_error(
             "weight_shape",
@@ -365,7 +365,7 @@ def check_latent_decode_inputs(
     call = check_decode_inputs(
         dims.latent, param_dtype, x, cache_key=key, cache_value=c_kv, position=position,
         max_len=max_len, mask=mask, bias=bias, return_weights=return_weights,
-    )  # fmt: skip
+    )
     buffers = replace(dims.latent, E=0)  # key (B, 1, T, R + Dr), value (B, 1, T, 0)
     _check_cache(buffers, param_dtype, key, value)
     return call

@@ -64,7 +64,7 @@ _MOVED: dict[str, str] = {
         "attention_spec.weights",
     ),
     **dict.fromkeys(("check_cache_size", "check_decode_inputs"), "attention_spec.cache"),
-}  # fmt: skip
+}
 
 
 def __getattr__(name: str) -> Any:
@@ -95,7 +95,7 @@ class ModuleDims:
         format: :mod:`attention_spec.weights`)."""
         M, H, K, D, E = self.M, self.H, self.K, self.D, self.E
         kernels = {"q_proj": (M, H * D), "k_proj": (M, K * D), "v_proj": (M, K * E),
-                   "o_proj": (H * E, M)}  # fmt: skip
+                   "o_proj": (H * E, M)}
         shapes: dict[str, tuple[int, ...]] = {}
         for name, (n_in, n_out) in kernels.items():
             shapes[f"{name}.kernel"] = (n_in, n_out)
@@ -194,7 +194,7 @@ def check_module_config(
     D = d_model // n_heads if head_dim is None else head_dim
     E = D if value_head_dim is None else value_head_dim
     dims = ModuleDims(M=int(d_model), H=int(n_heads), K=int(n_kv_heads), D=int(D), E=int(E),
-                      bias=bias, sinks=sinks)  # fmt: skip
+                      bias=bias, sinks=sinks)
     check_allocatable(dims, dtype, memory_bytes)
     return dims
 
@@ -222,7 +222,7 @@ class AttentionOptions:
         default (a weight file of a v1 module keeps its v1 metadata). ``sinks`` is left out: it
         travels as a weight, and ``from_canonical`` reads it from there."""
         config = {"window": None if self.window is None else list(self.window),
-                  "alibi": self.alibi, "softcap": self.softcap, "scale": self.scale}  # fmt: skip
+                  "alibi": self.alibi, "softcap": self.softcap, "scale": self.scale}
         return {k: v for k, v in config.items() if v not in (None, False)}
 
 
@@ -340,7 +340,7 @@ def check_module_inputs(
             dims, param_dtype, x, context, *context_1_0, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, **keywords_1_0,
-        )  # fmt: skip
+        )
     check_flag("return_weights", return_weights)
     is_causal = check_flag("is_causal", is_causal)
     check_alignment(causal_alignment)
@@ -364,7 +364,7 @@ def check_module_inputs(
         ArraySpec((Bc, dims.K, S, dims.E), param_dtype),  # v
         mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-    )  # fmt: skip
+    )
 
 
 def _check_module_inputs_1_0(
@@ -382,12 +382,12 @@ def _check_module_inputs_1_0(
         raise TypeError(f"check_module_inputs() got an unexpected keyword argument {unknown[0]!r}")
     warn_1_0("check_module_inputs(dims, param_dtype, x_shape, x_dtype, ..., mask_shape=...)",
              "pass the arrays: check_module_inputs(dims, param_dtype, x, context, mask=mask, "
-             "bias=bias, ...)")  # fmt: skip
+             "bias=bias, ...)")
     masks = masks_1_0(keywords)
     return check_module_inputs(
         dims, param_dtype, spec_1_0(x_shape, x_dtype), spec_1_0(context_shape, context_dtype),
         **masks, **keywords,
-    )  # fmt: skip
+    )
 
 
 #: The keywords of :func:`check_module_inputs` besides its arrays, which its 1.0 form passes on.

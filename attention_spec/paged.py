@@ -65,7 +65,7 @@ __all__ = [
     "paged_block_k",
     "pages_needed",
     "sequence_pages",
-]  # fmt: skip
+]
 
 Window = tuple[int | None, int | None]
 
@@ -172,7 +172,7 @@ def _check_caches(k: ArraySpec, v: ArraySpec, *, fp8: bool) -> None:
         )
     for what, n in (("pages P", k.shape[0]), ("page_size", k.shape[1]),
                     ("key/value heads K", k.shape[2]),
-                    ("head dim D", k.shape[3]), ("value head dim E", v.shape[3])):  # fmt: skip
+                    ("head dim D", k.shape[3]), ("value head dim E", v.shape[3])):
         if n < 1:
             raise make_error(
                 "non_positive_size",
@@ -206,7 +206,7 @@ def _per_head(name: str, array: Any, H: int) -> ArraySpec | None:
 
 
 def _check_seq_lens(seq_lens: list[int], cu: list[int] | None, max_len: int, max_pages: int,
-                    page_size: int) -> None:  # fmt: skip
+                    page_size: int) -> None:
     """Each ``seq_lens[n]`` in ``[L_n, max_pages * page_size]`` (``seq_lens_value``)."""
     for n, s in enumerate(seq_lens):
         L_n = 0 if cu is None else cu[n + 1] - cu[n]
@@ -222,7 +222,7 @@ def _check_seq_lens(seq_lens: list[int], cu: list[int] | None, max_len: int, max
 
 
 def _check_block_table(table: list[list[int]], seq_lens: list[int], P: int,
-                       page_size: int) -> None:  # fmt: skip
+                       page_size: int) -> None:
     """Every page a sequence needs (the first ``ceil(seq_lens[n] / page_size)`` entries of its
     row) is in ``[0, P)`` (``block_table_value``); the other entries are never read."""
     for n, (row, s) in enumerate(zip(table, seq_lens)):
@@ -271,7 +271,7 @@ def check_paged_attention(
 
     # 2. the arrays: given, ranks, dtypes, the caches, sizes, the integer arrays
     check_given(query=query, key_cache=key_cache, value_cache=value_cache,
-                block_table=block_table, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q)  # fmt: skip
+                block_table=block_table, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q)
     q, k, v = describe(query), describe(key_cache), describe(value_cache)
     table, lens, cu = describe(block_table), describe(seq_lens), describe(cu_seqlens_q)
     _check_rank("query", q.shape, "T, H, D")
@@ -337,7 +337,7 @@ def check_paged_attention(
         for name, x, dtype, letter, n in (("q_descale", q_descale, q.dtype, "H", H),
                                           ("k_descale", k_descale, k.dtype, "K", K),
                                           ("v_descale", v_descale, v.dtype, "K", K))
-    }  # fmt: skip
+    }
 
     # 4. the integer arrays' values, where concrete
     cu_values, len_values = _concrete(cu_seqlens_q), _concrete(seq_lens)
@@ -357,7 +357,7 @@ def check_paged_attention(
         is_causal=is_causal, window=window, sinks=sinks_spec, alibi_slopes=slopes_spec,
         **descales, cu_q=None if cu_values is None else tuple(int(c) for c in cu_values),
         seq_lens=None if len_values is None else tuple(int(s) for s in len_values),
-    )  # fmt: skip
+    )
 
 
 class SequencePages(NamedTuple):
@@ -410,7 +410,7 @@ def sequence_pages(call: PagedCall, block_k: int | None) -> list[SequencePages]:
     before any arithmetic. ``block_table`` may stay traced: it is only sliced and gathered by.
     """
     needed = (("cu_seqlens_q", "cu_seqlens_value", call.cu_q, "N + 1"),
-              ("seq_lens", "seq_lens_value", call.seq_lens, "N"))  # fmt: skip
+              ("seq_lens", "seq_lens_value", call.seq_lens, "N"))
     for name, code, values, entries in needed:
         if values is None:
             raise make_error(
@@ -450,7 +450,7 @@ def check_paged_cache_write(
     each slot in ``[-1, P * page_size)`` with no slot >= 0 twice (``slot_mapping_value``).
     """
     check_given(key_cache=key_cache, value_cache=value_cache, key=key, value=value,
-                slot_mapping=slot_mapping)  # fmt: skip
+                slot_mapping=slot_mapping)
     kc, vc = describe(key_cache), describe(value_cache)
     k, v, slots = describe(key), describe(value), describe(slot_mapping)
     _check_caches(kc, vc, fp8=True)

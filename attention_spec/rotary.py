@@ -50,7 +50,7 @@ DEFAULT_THETA: float = 10000.0
 #: The dtypes positions may have (token indices).
 INTEGER_DTYPES: tuple[str, ...] = (
     "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64",
-)  # fmt: skip
+)
 
 Shape = tuple[int, ...]
 
@@ -284,7 +284,7 @@ class RopeConfig:
         ``apply_rotary`` has no attention_factor, PORTING.md's example of 2026-11-30) passes
         ``**keywords()`` on unchanged: the key appears only for a module that sets it."""
         keywords = {"theta": self.theta, "rotary_dim": self.rotary_dim,
-                    "interleaved": self.interleaved}  # fmt: skip
+                    "interleaved": self.interleaved}
         if self.attention_factor != 1.0:
             keywords["attention_factor"] = self.attention_factor
         return keywords
@@ -294,7 +294,7 @@ class RopeConfig:
         ``rope_inv_freq`` and ``rope_attention_factor`` only when given, so a file without
         them is the same bytes as before they existed)."""
         config = {"rope_theta": self.theta, "rope_interleaved": self.interleaved,
-                  "rotary_dim": self.rotary_dim}  # fmt: skip
+                  "rotary_dim": self.rotary_dim}
         if self.inv_freq is not None:
             config["rope_inv_freq"] = list(self.inv_freq)
         if self.attention_factor != 1.0:
@@ -343,9 +343,9 @@ def check_rope_config(
     if rope_theta is None:
         options = {"rotary_dim": rotary_dim is not None, "rope_interleaved": interleaved,
                    "rope_inv_freq": rope_inv_freq is not None,
-                   "rope_attention_factor": factor != 1.0}  # fmt: skip
+                   "rope_attention_factor": factor != 1.0}
         values = {"rotary_dim": rotary_dim, "rope_interleaved": interleaved,
-                  "rope_inv_freq": rope_inv_freq, "rope_attention_factor": factor}  # fmt: skip
+                  "rope_inv_freq": rope_inv_freq, "rope_attention_factor": factor}
         given = ", ".join(f"{name}={_text(values[name])}" for name, on in options.items() if on)
         if given:
             raise make_error(

@@ -212,7 +212,7 @@ def block_computed(dims, offset: int, q_chunk, k_chunk, Lc: int, Sc: int, q_ids,
     """
     i0, j0 = q_chunk * Lc, k_chunk * Sc
     some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + Lc, j0, j0 + Sc,
-                          q_ids, kv_ids)  # fmt: skip
+                          q_ids, kv_ids)
     return some
 
 
@@ -453,7 +453,7 @@ def ulysses_bytes_per_exchange(
         return math.prod(batch) * per_device * (positions // n) * dim * (n - 1) * itemsize
 
     shapes = {"query": query_shape, "key": key_shape, "value": value_shape,
-              "output": output_shape}  # fmt: skip
+              "output": output_shape}
     return {name: sent(shape) for name, shape in shapes.items()}
 
 
@@ -481,7 +481,7 @@ def usp_bytes_per_device(
     sent = ulysses_bytes_per_exchange(
         group(query_shape), group(key_shape), group(value_shape), group(output_shape), u,
         itemsize,
-    )  # fmt: skip
+    )
     *kb, K, S, D = key_shape
     *vb, _, _, E = value_shape
     kv_heads = max(K // u, 1)  # a member's key/value heads

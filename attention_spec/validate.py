@@ -499,7 +499,7 @@ _FORM_1_0 = ARRAY_KEYWORDS_1_0 | {"value_shape", "value_dtype"}
 
 
 def check_attention(query: Any, key: Any, value: Any = NO_VALUE, *form_1_0: Any,
-                    **keywords: Any) -> AttentionCall:  # fmt: skip
+                    **keywords: Any) -> AttentionCall:
     """Validate one attention call; return it as an :class:`~attention_spec.AttentionCall`.
 
     ``check_attention(query, key, value=NO_VALUE, *, mask=None, bias=None, is_causal=False,
@@ -554,7 +554,7 @@ check_attention.__signature__ = inspect.Signature(  # what help() and inspect sh
           for k in KEYWORDS),
     ],
     return_annotation=AttentionCall,
-)  # fmt: skip
+)
 
 
 def _call(sizes: CallSizes, values: dict[str, Any]) -> AttentionCall:
@@ -571,7 +571,7 @@ def _call(sizes: CallSizes, values: dict[str, Any]) -> AttentionCall:
         scale=values["scale"], softcap=values["softcap"], is_causal=is_causal, window=window,
         causal_alignment=values["causal_alignment"], offset=offset, bands=bands,
         keywords=Keywords(values),
-    )  # fmt: skip
+    )
 
 
 def _check_attention_1_0(
@@ -596,4 +596,4 @@ def _check_attention_1_0(
     return check_attention(
         spec_1_0(query_shape, query_dtype), spec_1_0(key_shape, key_dtype),
         NO_VALUE if value is None else value, **masks, **keywords,
-    )  # fmt: skip
+    )

@@ -41,7 +41,7 @@ from attention_spec.validate import KEYWORDS, _check_dtypes, check_attention
 __all__ = [
     "VARLEN_KEYWORDS", "VarlenCall", "check_varlen", "check_varlen_grad_output",
     "sequence_bounds",
-]  # fmt: skip
+]
 
 #: The keywords of ``varlen_attention``, in the order of its signature (no mask, no bias, no
 #: segment ids: the sequences are the segments; see docs/SEMANTICS.md, "Contract v3
@@ -49,7 +49,7 @@ __all__ = [
 VARLEN_KEYWORDS: tuple[str, ...] = (
     "is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes",
     "q_descale", "k_descale", "v_descale",
-)  # fmt: skip
+)
 _DESCALES = ("q_descale", "k_descale", "v_descale")
 _ALONE = tuple(k for k in KEYWORDS if k.name in VARLEN_KEYWORDS and k.alone is not None)
 
@@ -273,17 +273,17 @@ def check_varlen(
         for name, dtype, letter, n in (("q_descale", dtypes[0], "H", H),
                                        ("k_descale", dtypes[1], "K", K),
                                        ("v_descale", dtypes[2], "K", K))
-    }  # fmt: skip
+    }
     plain = {name: None for name in _DESCALES} if fp8 else {}  # checked above, as token-major
     call = check_attention(  # 4. the keywords against the sizes and the compute dtype
         ArraySpec((H, Tq, D), dtypes[0]), ArraySpec((K, Tk, D), dtypes[1]),
         ArraySpec((K, Tk, E), dtypes[2]), **keywords, **plain,
-    )  # fmt: skip
+    )
     return VarlenCall(
         N, Tq, Tk, H, K, D, E, dtypes[0], call,
         None if cu_q is None else tuple(cu_q), None if cu_k is None else tuple(cu_k),
         **descales,
-    )  # fmt: skip
+    )
 
 
 def check_varlen_grad_output(varlen: VarlenCall, grad_output: Any) -> None:

@@ -69,7 +69,7 @@ def _dims_from_shapes(
             )
     q_shape, v_shape = shapes["q_proj.kernel"], shapes["v_proj.kernel"]
     for name, shape, heads, letter in (("q_proj.kernel", q_shape, H, "H*D"),
-                                       ("v_proj.kernel", v_shape, K, "K*E")):  # fmt: skip
+                                       ("v_proj.kernel", v_shape, K, "K*E")):
         if len(shape) != 2 or shape[1] % heads or shape[1] == 0:
             raise make_error(
                 "weight_shape",
@@ -80,7 +80,7 @@ def _dims_from_shapes(
     return check_module_config(
         q_shape[0], H, K, q_shape[1] // H, v_shape[1] // K, bias="q_proj.bias" in shapes,
         sinks="sinks" in shapes,
-    )  # fmt: skip
+    )
 
 
 def check_canonical(

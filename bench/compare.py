@@ -58,7 +58,7 @@ def compare(a: dict, b: dict, *, threshold: float = 0.05) -> dict[str, Any]:
         x, y = ra[cid], rb[cid]
         if x["status"] != y["status"]:
             changes.append({"case_id": cid, "row": x["row"], "a": x["status"], "b": y["status"],
-                            "reason_b": y.get("reason", "")})  # fmt: skip
+                            "reason_b": y.get("reason", "")})
         if x["status"] == "ok" == y["status"] and x.get("stats") and y.get("stats"):
             a_s, b_s = x["stats"]["median"], y["stats"]["median"]
             ratio = b_s / a_s
@@ -68,7 +68,7 @@ def compare(a: dict, b: dict, *, threshold: float = 0.05) -> dict[str, Any]:
             elif ratio > 1 + threshold:
                 change = "slower"
             pairs.append({"case_id": cid, "row": x["row"], "workload": x["workload"]["label"],
-                          "a_s": a_s, "b_s": b_s, "ratio": ratio, "change": change})  # fmt: skip
+                          "a_s": a_s, "b_s": b_s, "ratio": ratio, "change": change})
     per_row: dict[str, list[float]] = {}
     for p in pairs:
         per_row.setdefault(p["row"], []).append(math.log(p["ratio"]))
@@ -106,7 +106,7 @@ def compare_goals(a: dict, b: dict) -> list[dict[str, Any]]:
             "row": key[0], "goal": key[1], "a_status": x["status"], "b_status": y["status"],
             "a": {k: x.get(k) for k in ("ratio", "spread")},
             "b": {k: y.get(k) for k in ("ratio", "spread")}, "change": change,
-        })  # fmt: skip
+        })
     return out
 
 
@@ -147,14 +147,14 @@ def main(argv: list[str] | None = None) -> int:
     goals = [g for g in compare_goals(a, b) if g["a"]["ratio"] or g["b"]["ratio"]]
     if goals:
         g = Table(title="goals: median per-round ratio [IQR], interleaved timing",
-                  title_justify="left")  # fmt: skip
+                  title_justify="left")
         for col in ("row", "goal", "A", "B", "change", "status A -> B"):
             g.add_column(col)
         for x in goals:
             c = {"lower": "green", "higher": "red"}.get(x["change"], "")
             change = f"[{c}]{x['change']}[/]" if c else x["change"]
             g.add_row(esc(x["row"]), esc(x["goal"]), _goal_text(x["a"]), _goal_text(x["b"]),
-                      change, f"{x['a_status']} -> {x['b_status']}")  # fmt: skip
+                      change, f"{x['a_status']} -> {x['b_status']}")
         console.print(g, width=max(console.width, 120))
     for s in res["status_changes"]:
         line = f"status {s['case_id']}: {s['a']} -> {s['b']} {s['reason_b']}"

@@ -282,7 +282,7 @@ def _git(*args: str) -> str | None:
         out = subprocess.run(
             ["git", *args], capture_output=True, text=True, timeout=10,
             cwd=Path(__file__).resolve().parent.parent,
-        )  # fmt: skip
+        )
     except (OSError, subprocess.SubprocessError):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -116,7 +116,7 @@ def module_dims(w: Workload) -> dict[str, int]:
     if w.op not in ("mla_decode", "mla_prefill"):
         return {"head_dim": w.D}
     return {"kv_lora_rank": w.R, "qk_nope_head_dim": w.D, "qk_rope_head_dim": w.Dr,
-            "v_head_dim": w.E}  # fmt: skip
+            "v_head_dim": w.E}
 
 
 class Framework(abc.ABC):
@@ -136,11 +136,11 @@ class Framework(abc.ABC):
 
     @abc.abstractmethod
     def prepare(self, fn: Callable, args: list, fdevice: str, layout: str = "heads_first"
-                ) -> Prepared:  # fmt: skip
+                ) -> Prepared:
         """A forward call of ``fn`` on ``args``."""
 
     def prepare_train(self, fn: Callable, args: list, fdevice: str, layout: str = "train"
-                      ) -> Prepared:  # fmt: skip
+                      ) -> Prepared:
         """A training step (a forward and its backward): as :meth:`prepare` unless the framework
         records for autograd only when asked."""
         return self.prepare(fn, args, fdevice, layout)
@@ -190,7 +190,7 @@ class Numpy(Framework):
         return [rng.standard_normal(s, dtype=np.float32).astype(dt) for s in shapes]
 
     def prepare(self, fn: Callable, args: list, fdevice: str, layout: str = "heads_first"
-                ) -> Prepared:  # fmt: skip
+                ) -> Prepared:
         def call():
             return fn(*args)
 
@@ -245,13 +245,13 @@ class Torch(Framework):
         return [torch.randn(s, generator=g, device=fdevice, dtype=dt) for s in shapes]
 
     def prepare(self, fn: Callable, args: list, fdevice: str, layout: str = "heads_first"
-                ) -> Prepared:  # fmt: skip
+                ) -> Prepared:
         import torch
 
         return self._timed(torch.inference_mode, fn, args, fdevice, layout)
 
     def prepare_train(self, fn: Callable, args: list, fdevice: str, layout: str = "train"
-                      ) -> Prepared:  # fmt: skip
+                      ) -> Prepared:
         import torch
 
         return self._timed(torch.enable_grad, fn, args, fdevice, layout)
@@ -369,7 +369,7 @@ class Jax(Framework):
             return [jax.random.normal(k, s, dtype=dtype) for k, s in zip(keys, shapes)]
 
     def prepare(self, fn: Callable, args: list, fdevice: str, layout: str = "heads_first"
-                ) -> Prepared:  # fmt: skip
+                ) -> Prepared:
         return self.prepare_step(fn, args, fdevice, _output, (), layout)
 
     def prepare_step(

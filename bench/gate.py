@@ -52,7 +52,7 @@ SHARDED_OPS = ("ring", "ulysses", "usp")
 GATE_CASES = 8
 #: The port a pinned gate's kernel belongs to (for its "not supported" messages).
 _PIN_KERNEL = {"conformance.ports.torch_fused": "torch_sdpa", "conformance.ports.jax_fused":
-               "jax_cudnn"}  # fmt: skip
+               "jax_cudnn"}
 
 
 @dataclass(frozen=True)
@@ -148,7 +148,7 @@ def _sharded_report(port: str, op: str, device: str, n_cases: int) -> Any:
     from conformance import QuickCheckResult, load_port, plan_runs
 
     runs = [r for r in plan_runs(load_port(port), functions=[op], shards=(SHARDS,))
-            if r.case.kind == "values"]  # fmt: skip
+            if r.case.kind == "values"]
     runs.sort(key=lambda r: (r.case.n_elements, r.id))
     n_run, failures = run_fixtures(port, op, [r.id for r in runs[:n_cases]])
     return QuickCheckResult(not failures, n_run, failures, port, device)
@@ -183,7 +183,7 @@ def _pinned_report(
     if bad:
         detail = "; ".join(_describe(o) for o in bad[:3])
         return GateResult("failed", n_failed=len(bad), n_unsupported=len(unsupported),
-                          detail=detail, **kw)  # fmt: skip
+                          detail=detail, **kw)
     if len(unsupported) == n_run:
         detail = f"{pin} has no kernel for any gate fixture: {_describe(unsupported[0])}"
         return GateResult("unsupported", n_unsupported=n_run, detail=detail, **kw)
@@ -266,7 +266,7 @@ class GateCache:
                 self.results[key] = run_gate(
                     port, op, device, pin=pin, quick_check=self.quick_check,
                     run_suite=self.run_suite,
-                )  # fmt: skip
+                )
         return self.results[key]
 
 
@@ -300,7 +300,7 @@ def run_gates(
             port, op, dev, pin = key
             g = {"status": "not run", "port": port, "op": op, "device": dev, "pin": pin,
                  "n_run": 0, "n_failed": 0, "n_unsupported": 0, "seconds": 0.0,
-                 "detail": "the time budget (--budget-s) was spent"}  # fmt: skip
+                 "detail": "the time budget (--budget-s) was spent"}
         else:
             g = gates.check(*key).to_dict()
         out.append({**g, "rows": names})

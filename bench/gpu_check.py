@@ -383,7 +383,7 @@ def _conformance_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, l
         if bad and s.name in ("conformance-fused", "conformance-kernels"):  # on CUDA: a kernel's
             fails = [_xfail_line(o) for o in bad if o["status"] == "fail"]
             xpasses = [f"# XPASS on cuda, narrow its entry: {o['run_id']}" for o in bad
-                       if o["status"] == "xpass"]  # fmt: skip
+                       if o["status"] == "xpass"]
             more += ["", f"Candidate `cuda:` lines for {rep['port']}'s xfails (check each):"]
             more += ["", "```", *fails[:max_lines], *xpasses[:max_lines], "```"]
     return "; ".join(notes), more

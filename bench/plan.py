@@ -49,7 +49,7 @@ GRID_TIMING = {
               "goal_max_s": 5.0},
     "smoke": {"max_time": 0.01, "min_rounds": 2, "goal_rounds": 5, "goal_sample_s": 0.001,
               "goal_max_s": 2.0},
-}  # fmt: skip
+}
 
 #: On an accelerator run, host (NumPy) rows only take float32 workloads up to this L * S.
 HOST_LIMIT = 4096 * 4096
@@ -249,5 +249,5 @@ def build_goal_cases(
             skip = ("n/a", missing[0]) if missing else None
             cid = _case_id("goal", row.name, goal.text())
             cases.append(Case(cid, "goal", row.framework, full[0][2], row, w, skip=skip,
-                              goal=goal, pair=full))  # fmt: skip
+                              goal=goal, pair=full))
     return cases

@@ -45,7 +45,7 @@ _BASELINE = {
     "jax.nn.dpa[xla]": 2, "jax.nn.dpa[cudnn]": 3, "flax nnx.MHA": 2,
     "torch F.sdpa decode": 8, "jax.nn.dpa decode": 2,
     "torch F.sdpa train": 8, "jax.nn.dpa[xla] train": 2,
-}  # fmt: skip
+}
 
 
 def colour(row: str) -> int:

@@ -120,7 +120,7 @@ def _prepare_mla_prefill(row: Row, target: Any, w: Workload, fdevice: str) -> Pr
 
 
 def _step_at(fw: Framework, module: Any, method: str, x: Any, cache: Any, fdevice: str,
-             layout: str) -> Prepared:  # fmt: skip
+             layout: str) -> Prepared:
     """``module.method(x, cache)`` timed at the cache's position P, every round: the step's
     written buffers are carried to the next round with the position set back to P."""
     P = cache.position
@@ -145,7 +145,7 @@ def _prepare_train(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared
 
 
 def _module(fw: Framework, cls: type, w: Workload, fdevice: str, gqa: bool, **options: Any
-            ) -> Any:  # fmt: skip
+            ) -> Any:
     """A project module with the contract's constructor, ``(M, H[, K], head_dim=D)``."""
     return fw.module(cls, [w.M, w.H, w.K] if gqa else [w.M, w.H], w, fdevice, **options)
 
@@ -195,7 +195,7 @@ def paged_inputs(w: Workload) -> dict[str, np.ndarray]:
     return {"query": query, "key": key, "value": value, "mask": mask,
             "key_cache": key_cache, "value_cache": value_cache, "block_table": block_table,
             "seq_lens": np.asarray(lengths, dtype=np.int32),
-            "cu_seqlens_q": np.arange(B + 1, dtype=np.int32)}  # fmt: skip
+            "cu_seqlens_q": np.arange(B + 1, dtype=np.int32)}
 
 
 def varlen_inputs(w: Workload) -> dict[str, np.ndarray]:
@@ -207,7 +207,7 @@ def varlen_inputs(w: Workload) -> dict[str, np.ndarray]:
     lengths, T, H, K = w.lengths, w.L, w.H, w.K
     cu = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
     packed = [rng.standard_normal((T, h, d), dtype=np.float32)
-              for h, d in ((H, w.D), (K, w.D), (K, w.E))]  # fmt: skip
+              for h, d in ((H, w.D), (K, w.D), (K, w.E))]
     L_max = max(lengths)
     padded = [np.zeros((w.B, x.shape[1], L_max, x.shape[2]), dtype=np.float32) for x in packed]
     for b, n in enumerate(lengths):
@@ -216,7 +216,7 @@ def varlen_inputs(w: Workload) -> dict[str, np.ndarray]:
     mask = (np.arange(L_max) < np.asarray(lengths)[:, None])[:, None, None, :]
     return {"query": packed[0], "key": packed[1], "value": packed[2], "cu_seqlens": cu,
             "padded_query": padded[0], "padded_key": padded[1], "padded_value": padded[2],
-            "mask": mask}  # fmt: skip
+            "mask": mask}
 
 
 def _to(fw: Framework, x: np.ndarray, dtype: str | None, fdevice: str) -> Any:
@@ -352,7 +352,7 @@ def _prepare_nnx_mha(row: Row, target: Any, w: Workload, fdevice: str) -> Prepar
         num_heads=w.H, in_features=w.M, qkv_features=w.H * w.D, out_features=w.M,
         dtype=w.dtype, param_dtype=w.dtype, decode=False, rngs=nnx.Rngs(JAX.key(0)),
         **({"num_kv_heads": w.K} if w.K != w.H else {}),
-    )  # fmt: skip
+    )
     fn, state = JAX.bind(module)
     args = [*state, *JAX.inputs(w, fdevice, layout="module")]
     return JAX.prepare(functools.partial(fn, is_causal=w.is_causal), args, fdevice, "module")

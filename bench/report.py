@@ -220,13 +220,13 @@ def evaluate_goals(
                 out.append({**entry, "status": "not measured", "detail": detail})
             elif rec["status"] != "ok":
                 out.append({**entry, "status": "not measured",
-                            "detail": f"{rec['status']}: {rec['reason']}"})  # fmt: skip
+                            "detail": f"{rec['status']}: {rec['reason']}"})
             elif goal.kind == "memory":
                 g = rec["goal"]
                 keep = ("a_peak_bytes", "a_memory_method", "b_peak_bytes", "b_memory_method")
                 out.append({**entry, "status": g["status"], "method": "one call each",
                             "detail": memory_text(g), "ref": goal.ref,
-                            **{k: g.get(k) for k in keep}})  # fmt: skip
+                            **{k: g.get(k) for k in keep}})
             else:
                 g = rec["goal"]
                 spread = {k: g["ratio"][k] for k in ("min", "q1", "q3", "max")}
@@ -327,12 +327,12 @@ def _cache_note(w: dict) -> str:
     if w["op"] == "sharded":
         u, r = USP_SIZES.values()
         return (f"{SHARDS} devices (JAX: simulated CPU devices, torch: gloo processes); "
-                f"USP u={u} x r={r}; x fused: against the framework's ring")  # fmt: skip
+                f"USP u={u} x r={r}; x fused: against the framework's ring")
     if w["op"] == "paged_decode":  # bytes read by formula (bench/workloads.py)
         return (f"{len(w['lengths'])} sequences of {min(w['lengths'])}-{max(w['lengths'])} "
                 f"keys; read: paged {fmt_bytes(w['cache_bytes'])} (whole pages), contiguous "
                 f"padded {fmt_bytes(w['padded_cache_bytes'])}, fp8 e4m3 pages "
-                f"{fmt_bytes(w['fp8_cache_bytes'])}")  # fmt: skip
+                f"{fmt_bytes(w['fp8_cache_bytes'])}")
     if w["op"] == "varlen":
         return f"{len(w['lengths'])} sequences of {min(w['lengths'])}-{max(w['lengths'])} tokens"
     if not w.get("cache_bytes"):
@@ -405,7 +405,7 @@ def render(results: dict, console: Any) -> None:
         ("median", "right"), ("IQR", "right"), ("TFLOP/s", "right"), ("% peak", "right"),
         ("x fused", "right"), ("peak mem", "right"), ("causal", "left"),
         ("compile", "right"), ("goal", "left"),
-    ):  # fmt: skip
+    ):
         t.add_column(name, justify=just, no_wrap=name in ("row", "median"))
 
     notes: dict[str, int] = {}  # reason -> footnote number
@@ -494,7 +494,7 @@ def render(results: dict, console: Any) -> None:
             minmax = f"{x['spread']['min']:.2f}-{x['spread']['max']:.2f}" if "spread" in x else ""
             sep = f"{x['separate_ratio']:.2f}x" if "separate_ratio" in x else ""
             g.add_row(esc(x["row"]), esc(x["goal"]), esc(goal_measured(x)), minmax, sep,
-                      f"[{colour}]{st}[/]")  # fmt: skip
+                      f"[{colour}]{st}[/]")
         console.print(g)
         console.print(
             "[dim]met / missed: the whole IQR of the per-round ratios is within / beyond the "
@@ -545,7 +545,7 @@ def render_gates(gates: list[dict], device: str, console: Any) -> None:
             escape(g["port"]), g["op"], g["pin"] or "", g["device"],
             f"[{style}]{escape(cell)}[/]", f"{g['seconds']:.1f}",
             escape(", ".join(g["rows"])), escape(g["detail"][:200]),
-        )  # fmt: skip
+        )
     console.print(t)
 
 
@@ -564,7 +564,7 @@ def time_spent(results: dict, longest: int = 5) -> str:
     total = sum(by_kind.values())
     parts = [f"{k}s {v:.0f} s" for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])]
     parts = [p + (f", the gates' {gates:.0f} s within them" if p.startswith("rows") else "")
-             for p in parts]  # fmt: skip
+             for p in parts]
     top = sorted(timed, key=lambda r: -r["wall_s"])[:longest]
     names = ", ".join(f"{r['case_id']} {r['wall_s']:.0f} s" for r in top)
     wall = results.get("wall_s")

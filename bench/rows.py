@@ -329,7 +329,7 @@ _VJP, _FLASH_VJP = "functional:scaled_dot_product_attention_vjp", "flash:flash_a
 _TFT, _JFT = "torch F.sdpa train", "jax.nn.dpa[xla] train"  # the frameworks' fwd+bwd
 _TRAIN = {"workloads": "train", "variants": ("MHA", "GQA", "MQA")}
 _SHARDED = {"workloads": "sharded", "devices": ("cpu",), "skips_masked": True,
-            "materializes": False}  # fmt: skip
+            "materializes": False}
 
 
 def _sharded(framework: str, method: str) -> Row:
@@ -337,7 +337,7 @@ def _sharded(framework: str, method: str) -> Row:
     against the same framework's ring."""
     target = f"impl_{framework}.{MODULES[method]}:{METHODS[method]}"
     return Row(f"{framework} {method}", target, "sharded",
-               ref=f"{framework} ring", gate_op=method, **_SHARDED)  # fmt: skip
+               ref=f"{framework} ring", gate_op=method, **_SHARDED)
 
 
 def _ratio(limit: float, ref: str = _TF) -> Goal:
@@ -360,7 +360,7 @@ _TDG, _JDG = _decode_goals(_TD), _decode_goals(_JD)  # the decode rows' goals
 _MLA = "mla:MultiHeadLatentAttention"
 # gated on the decode fixtures (decode.mla.* among them); CPU only: no GPU grid lists MLA yet
 _MLA_DECODE = {"workloads": "mla_decode", "variants": ("MLA",), "materializes": False,
-               "gate_op": "decode", "devices": ("cpu",)}  # fmt: skip
+               "gate_op": "decode", "devices": ("cpu",)}
 
 
 def _mla_rows(fw: str) -> tuple[Row, Row]:
@@ -372,12 +372,12 @@ def _mla_rows(fw: str) -> tuple[Row, Row]:
         Row(f"{fw} MLA decode", f"impl_{fw}.{_MLA}", "mla_decode", ref=naive, goals=(goal,),
             **_MLA_DECODE),
         Row(naive, f"impl_{fw}.{_MLA}", "mla_decode_naive", **_MLA_DECODE),
-    )  # fmt: skip
+    )
 
 
 # gated on the module fixtures (module.mla.* among them); CPU only, as the decode rows
 _MLA_PREFILL = {"workloads": "mla_prefill", "variants": ("MLA",), "materializes": False,
-                "gate_op": "module", "devices": ("cpu",)}  # fmt: skip
+                "gate_op": "module", "devices": ("cpu",)}
 
 
 def _mla_prefill_rows(fw: str) -> tuple[Row, Row]:
@@ -394,7 +394,7 @@ def _mla_prefill_rows(fw: str) -> tuple[Row, Row]:
 # fixtures (paged.*), the contiguous step on the flash ones, varlen on varlen.*, its padded twin
 # on sdpa's
 _PAGED = {"workloads": "paged_decode", "variants": ("GQA",), "materializes": False,
-          "devices": ("cpu",)}  # fmt: skip
+          "devices": ("cpu",)}
 _VARLEN = {"workloads": "varlen", "variants": ("MHA",), "devices": ("cpu",)}
 
 
@@ -411,7 +411,7 @@ def _paged_rows(fw: str) -> tuple[Row, Row, Row]:
         Row(contiguous, f"impl_{fw}.{_FLASH}", "contiguous_decode", gate_op="flash", **_PAGED),
         Row(f"{fw} paged decode fp8", target, "paged_decode_fp8", ref=paged,
             gate_op="paged_flash", dtypes=("bfloat16",), **_PAGED),
-    )  # fmt: skip
+    )
 
 
 def _kernel_paged_rows(kernel: str, port: str) -> tuple[Row, Row]:
@@ -425,7 +425,7 @@ def _kernel_paged_rows(kernel: str, port: str) -> tuple[Row, Row]:
         Row(paged, target, "paged_decode", **kernel_rows),
         Row(f"{paged} fp8", target, "paged_decode_fp8", ref=paged, dtypes=("bfloat16",),
             **kernel_rows),
-    )  # fmt: skip
+    )
 
 
 def _varlen_rows(fw: str) -> tuple[Row, Row]:
@@ -438,7 +438,7 @@ def _varlen_rows(fw: str) -> tuple[Row, Row]:
         Row(f"{fw} varlen", f"impl_{fw}.varlen:varlen_flash_attention", "varlen", ref=padded,
             goals=(goal,), gate_op="varlen_flash", **_VARLEN),
         Row(padded, f"impl_{fw}.{_SDPA}", "varlen_padded", gate_op="sdpa", **_VARLEN),
-    )  # fmt: skip
+    )
 
 
 def _train_goals(limit: float | None, ref: str, plain: str, kind: str = "ratio") -> tuple:
@@ -509,7 +509,7 @@ ROWS: tuple[Row, ...] = (
     # sequence parallelism on 4 devices (issue 30): JAX's simulated CPU devices, torch's gloo
     # processes; each against its own framework's ring, the formula's bytes per device beside
     *(_sharded(fw, m) for fw in ("torch", "jax") for m in ("ring", "ulysses", "usp")),
-)  # fmt: skip
+)
 
 
 def row_by_name(name: str, rows: tuple[Row, ...] = ROWS) -> Row:

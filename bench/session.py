@@ -68,7 +68,7 @@ def pytest_args(out_dir: Path, grid_name: str, extra: list[str]) -> list[str]:
         "--benchmark-disable-gc",
         "--benchmark-sort=name",
         *extra,
-    ]  # fmt: skip
+    ]
 
 
 def _param_id(nodeid: str) -> str:
@@ -127,7 +127,7 @@ class BenchSession:
                 SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                 MofNCompleteColumn(), TimeElapsedColumn(), console=console,
                 redirect_stdout=False, redirect_stderr=False, transient=False,
-            )  # fmt: skip
+            )
         else:  # a log or a pipe: one line per case instead of a live display
             self.echo = lambda line: console.print(escape(line), highlight=False)
         with open(out_dir / "pytest.log", "w") as log, display:
@@ -140,7 +140,7 @@ class BenchSession:
     # ----------------------------------------------------------------------------- pytest hooks
 
     def results(self, started: float, cpu_before: CpuSnapshot | None, pytest_options: dict
-                ) -> dict:  # fmt: skip
+                ) -> dict:
         """The run's results.json document (``report.build_results``): the records in plan
         order, the gates, the environment, the run's wall time since ``started``
         (``time.perf_counter()``) and the share of the CPUs other processes used since
@@ -153,7 +153,7 @@ class BenchSession:
             device=self.plan.device, grid=self.plan.grid, environment=env, records=records,
             gates=self.gate_results(), wall_s=wall_s, rows=self.plan.rows,
             pytest_options=pytest_options, contention=contention,
-        )  # fmt: skip
+        )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
@@ -208,7 +208,7 @@ class BenchSession:
         prepared = None
         try:
             with self._outcome(case, fields, row.kernel if row else None,
-                               reraise=row is None or row.kind == "impl"):  # fmt: skip
+                               reraise=row is None or row.kind == "impl"):
                 if case.kind == "peak":
                     prepared, fields["matmul"] = prepare_matmul(
                         case.framework, case.dtype, case.n, case.fdevice, self.plan.tf32
@@ -259,11 +259,11 @@ class BenchSession:
         gate = self._gate(case.row, case.fdevice)
         if gate.status == "unsupported":  # the pinned kernel takes none of its fixtures
             self._end(case, "unsupported", f"gate: {gate.detail}",
-                      f"unsupported: {gate.detail}", gate=gate.to_dict())  # fmt: skip
+                      f"unsupported: {gate.detail}", gate=gate.to_dict())
         if not gate.ok:
             self._end(case, "failed", f"correctness gate: {gate.detail}",
                       f"correctness gate did not pass: {gate.detail}",
-                      gate=gate.to_dict())  # fmt: skip
+                      gate=gate.to_dict())
         return gate.to_dict()
 
     @staticmethod
@@ -300,14 +300,14 @@ class BenchSession:
         try:
             with self._outcome(case, {"goal": info}):
                 prepared = [preparers.prepare(row_a, w_a, dev_a),
-                            preparers.prepare(row_b, w_b, dev_b)]  # fmt: skip
+                            preparers.prepare(row_b, w_b, dev_b)]
                 before = cpu_snapshot()
                 timing = goals.interleave(
                     prepared[0].call, prepared[1].call,
                     rounds=plan.goal_rounds, min_sample_s=plan.goal_sample_s,
                     max_s=plan.goal_max_s,
                     settle_s=plan.goal_settle_s if row_a.framework != row_b.framework else 0.0,
-                )  # fmt: skip
+                )
                 contention = others_share(before, cpu_snapshot())
                 if case.goal.kind == "window":  # the issue's second number: the window's memory
                     info["a_peak_bytes"], info["a_memory_method"] = prepared[0].memory()
@@ -337,7 +337,7 @@ class BenchSession:
             if not gate.ok:
                 self._end(case, "failed", f"{row.name}: gate {gate.status}: {gate.detail}",
                           f"correctness gate of {row.name} did not pass",
-                          gate=gate.to_dict(), goal=info)  # fmt: skip
+                          gate=gate.to_dict(), goal=info)
         return info
 
     def _measure_memory_goal(self, case: Case, info: dict[str, Any]) -> None:
@@ -380,17 +380,17 @@ class BenchSession:
             self._end(case, *case.skip, case.skip[1])
         if self.deadline is not None and time.monotonic() > self.deadline:
             self._end(case, "skipped", "the run's time budget (--budget-s) was spent",
-                      "time budget spent")  # fmt: skip
+                      "time budget spent")
 
     def _end(self, case: Case, status: str, reason: str, message: str, **fields: Any
-             ) -> NoReturn:  # fmt: skip
+             ) -> NoReturn:
         """Record an untimed outcome and end the test with ``pytest.skip(message)``."""
         self._record(case, status, reason, **fields)
         pytest.skip(message)
 
     @contextlib.contextmanager
     def _outcome(self, case: Case, fields: dict[str, Any], kernel: str | None = None, *,
-                 reraise: bool = True) -> Iterator[None]:  # fmt: skip
+                 reraise: bool = True) -> Iterator[None]:
         """An exception in the block is classified (``errors.classify_error``, ``kernel``: the
         row's own "not supported" words), recorded with ``fields`` as they are then, and ends
         the test: re-raised when it is an ``error`` and ``reraise``, else ``pytest.skip``."""

@@ -56,7 +56,7 @@ def keywords(method: str, w: Workload) -> dict[str, Any]:
     ``contiguous``), ``is_causal``."""
     layout = {"layout": "zigzag" if w.is_causal else "contiguous"}
     devices = {"ring": {"n_shards": SHARDS, **layout}, "ulysses": {"n_shards": SHARDS},
-               "usp": {**USP_SIZES, **layout}}[method]  # fmt: skip
+               "usp": {**USP_SIZES, **layout}}[method]
     return {**devices, "is_causal": w.is_causal}
 
 
@@ -94,13 +94,13 @@ class _Child:
         env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(REPO), os.environ.get(
             "PYTHONPATH", "")]), "JAX_PLATFORMS": "cpu",
             "XLA_FLAGS": f"{os.environ.get('XLA_FLAGS', '')} "
-                         f"--xla_force_host_platform_device_count={SHARDS}".strip()}  # fmt: skip
+                         f"--xla_force_host_platform_device_count={SHARDS}".strip()}
         self._log = tempfile.TemporaryFile(mode="w+")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "bench.sharded", framework, method, json.dumps(spec)],
             cwd=REPO, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self._log, text=True, bufsize=1,
-        )  # fmt: skip
+        )
         self.compile_s = None if method == "gate" else float(self._answer("ready"))
 
     def _answer(self, word: str) -> str:
@@ -112,7 +112,7 @@ class _Child:
         self.proc.wait()
         self._log.seek(0)
         raise RuntimeError(f"the sharded child ended (exit {self.proc.returncode}): "
-                           f"{self._log.read()[-2000:]}")  # fmt: skip
+                           f"{self._log.read()[-2000:]}")
 
     def call(self) -> None:
         self.proc.stdin.write("call\n")
@@ -203,7 +203,7 @@ def _gate(spec: dict[str, Any]) -> Any:
         from conformance import run_suite
 
         report = run_suite(spec["port"], functions=[spec["op"]], shards=(SHARDS,),
-                           only=spec["only"])  # fmt: skip
+                           only=spec["only"])
         outcomes = [o for o in report.outcomes if o.status != "skip"]
         failures = [o.line() for o in outcomes if not o.ok or o.status == "xpass"]
         failures += [f"crash {spec['port']}: {report.error}"] if report.error else []
@@ -241,7 +241,7 @@ def _torch_rank(method: str, spec: dict[str, Any], rank: int, port: int) -> None
 
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // SHARDS))
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=SHARDS)  # fmt: skip
+                            world_size=SHARDS)
     if method == "gate":
         torch.backends.cuda.matmul.allow_tf32 = False
         _gate(spec)()  # ranks 1-3 print to nothing

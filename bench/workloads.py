@@ -236,7 +236,7 @@ class Workload:
             return f"decode {self.variant} {dims} {_SHORT[self.dtype]}{ring}"
         lengths = f"L=S={self.L}" if self.L == self.S else f"L={self.L} S={self.S}"
         kind = {"module": "module ", "train": "train ", "sharded": f"sharded n={SHARDS} ",
-                "varlen": f"varlen N={self.B} "}.get(self.op, "")  # fmt: skip
+                "varlen": f"varlen N={self.B} "}.get(self.op, "")
         mode = (" causal" if self.is_causal else "") + (
             "" if self.window is None else f" window ({self.window}, 0)"
         )
@@ -254,7 +254,7 @@ class Workload:
             else f" {'rolling' if self.op == 'decode' else 'window'} {self.window}"
         )
         kind = {"module": "module ", "decode": "decode ", "train": "train ",
-                "sharded": f"sharded n={SHARDS} "}.get(self.op, "")  # fmt: skip
+                "sharded": f"sharded n={SHARDS} "}.get(self.op, "")
         if self.op in ("mla_decode", "mla_prefill"):
             dims = f"B{self.B} H{self.H} R{self.R} Dr{self.Dr} Dn{self.D} E{self.E}"
             step = "decode" if self.op == "mla_decode" else "prefill"
@@ -266,7 +266,7 @@ class Workload:
         :func:`decode_flops`; an MLA decode step: the naive step's, :func:`mla_decode_flops`)."""
         if self.op == "mla_prefill":
             return mla_prefill_flops(self.B, self.H, self.L, self.R, self.Dr, self.D, self.E,
-                                     self.M, is_causal=self.is_causal)  # fmt: skip
+                                     self.M, is_causal=self.is_causal)
         if self.op == "mla_decode":
             n = mla_decode_flops(
                 self.B, self.H, self.P, self.R, self.Dr, self.D, self.E, self.M, absorbed=False
@@ -277,7 +277,7 @@ class Workload:
             return n, n
         if self.op == "varlen":  # each sequence's own causal attention
             per = [attention_flops(1, self.H, n, n, self.D, self.E, is_causal=self.is_causal)
-                   for n in self.lengths]  # fmt: skip
+                   for n in self.lengths]
             return sum(d for d, _ in per), sum(u for _, u in per)
         if self.op == "decode":
             n = decode_flops(
@@ -292,11 +292,11 @@ class Workload:
             return module_flops(
                 self.B, self.H, self.K, self.L, self.S, self.D, self.E, self.M,
                 is_causal=self.is_causal,
-            )  # fmt: skip
+            )
         return attention_flops(
             self.B, self.H, self.L, self.S, self.D, self.E, is_causal=self.is_causal,
             window=self.window,
-        )  # fmt: skip
+        )
 
     def score_bytes(self) -> int:
         """Bytes of one float32 ``(B, H, L, S)`` score tensor: the quadratic wall (a varlen
@@ -429,14 +429,14 @@ def _decode(B, H, K, P, D, *, dtype="float32", rolling: int | None = None) -> Wo
 
 
 def _mla_decode(P: int, *, B: int = 1, H: int = 16, R: int = 512, Dr: int = 64, D: int = 128
-                ) -> Workload:  # fmt: skip
+                ) -> Workload:
     """One MLA decode step after ``P`` cached tokens (issue 29's sizes: H = 16, R = 512,
     Dr = 64, Dn = E = 128; M = H * Dn = 2048), float32."""
     return Workload("mla_decode", B, H, H, 1, P + 1, D, D, R=R, Dr=Dr)
 
 
 def _mla_prefill(L: int, *, B: int = 1, H: int = 16, R: int = 512, Dr: int = 64, D: int = 128
-                 ) -> Workload:  # fmt: skip
+                 ) -> Workload:
     """One causal MLA forward on L tokens (the decode rows' sizes), K = H / MLA_GQA_GROUP for
     the same-size GQA module it is set against, float32."""
     return Workload("mla_prefill", B, H, H // MLA_GQA_GROUP, L, L, D, D, True, R=R, Dr=Dr)

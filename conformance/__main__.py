@@ -168,7 +168,7 @@ def _list(args: argparse.Namespace) -> int:
         runs = plan_runs(
             port, functions=args.function, fixtures=args.fixtures, pattern=args.pattern,
             shards=args.shards,
-        )  # fmt: skip
+        )
         for run in runs:
             entry = port.xfails.lookup(run.id, args.device)
             tag = "" if entry is None else ("  # skip" if entry.skip else "  # xfail")

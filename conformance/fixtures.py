@@ -43,7 +43,7 @@ __all__ = [
 #: The optional array arguments of the attention functions, stored in a fixture when a case
 #: gives them: v1's mask and bias, v2's segment ids, sinks and ALiBi slopes.
 ARRAY_KEYWORDS = ("mask", "bias", "q_segment_ids", "kv_segment_ids", "sinks", "alibi_slopes",
-                  "q_descale", "k_descale", "v_descale")  # fmt: skip
+                  "q_descale", "k_descale", "v_descale")
 # The contract v2 keywords and the case family (``sdpa.<family>.*``) that pins each.
 KEYWORD_GROUPS = {
     "window": "window",

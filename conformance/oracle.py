@@ -515,7 +515,7 @@ def module_forward(
         inv = None if rope_inv_freq is None else np.asarray(rope_inv_freq, np.float64)
         rope = dict(theta=rope_theta, rotary_dim=rotary_dim, interleaved=rope_interleaved,
                     inv_freq=inv, attention_factor=rope_attention_factor,
-                    round_to=round_to)  # fmt: skip
+                    round_to=round_to)
         q = rotary(q, np.array([i + offset for i in range(q_len)]), **rope)  # (B, H, L, D)
         k = rotary(k, np.array(list(range(kv_len))), **rope)  # (B, K, S, D)
     # 2. attention of every head (query head h reads key/value head h // (H // K))
@@ -525,7 +525,7 @@ def module_forward(
         window=None if window is None else tuple(window), softcap=softcap, scale=scale,
         sinks=weights.get("sinks"), alibi_slopes=alibi_slopes(n_heads) if alibi else None,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-    )  # fmt: skip
+    )
     # 3. heads merged back, output projection: (B, L, H*E) -> (B, L, M)
     y = project("o_proj", _merge_heads(golden.output))
     return ModuleGolden(output=y, weights=golden.weights)
@@ -606,7 +606,7 @@ def fp8_cache_decode(
     if rope_theta is not None:  # token t at position t, query and key alike
         positions = np.array(list(range(T)))
         rope = dict(theta=rope_theta, rotary_dim=rotary_dim, interleaved=rope_interleaved,
-                    round_to=round_to)  # fmt: skip
+                    round_to=round_to)
         q, k = rotary(q, positions, **rope), rotary(k, positions, **rope)
     # 2. the cache's descales: the caller's, or the first chunk's dynamic ones, then fixed.
     first = chunks[0]
@@ -627,7 +627,7 @@ def fp8_cache_decode(
         stop = start + n
         step = attention(q[:, :, start:stop], k64[:, :, :stop], v64[:, :, :stop],
                          is_causal=True, causal_alignment="bottom_right", round_to=round_to,
-                         window=None if window is None else tuple(window))  # fmt: skip
+                         window=None if window is None else tuple(window))
         out[:, :, start:stop] = step.output
         start = stop
     # 5. heads merged back, output projection.
@@ -728,7 +728,7 @@ def attention_vjp(
         mask=mask, bias=bias, is_causal=is_causal, causal_alignment=causal_alignment, scale=scale,
         softcap=softcap, window=window, q_segment_ids=q_segment_ids,
         kv_segment_ids=kv_segment_ids, sinks=sinks, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
     golden = attention(query, key, value, **keywords, round_to=round_to)
     q = np.asarray(query, dtype=np.float64)
     k = np.asarray(key, dtype=np.float64)
@@ -832,7 +832,7 @@ def tolerance_bound(golden: np.ndarray, plain: np.ndarray, dtype: str) -> float:
 def assert_within(
     got: np.ndarray, golden: np.ndarray, dtype: str, plain: np.ndarray | None = None, *,
     what: str = "",
-) -> float:  # fmt: skip
+) -> float:
     """The tests' one tolerance: ``got`` against the float64 ``golden`` under
     :func:`tolerance_bound`, as a port's result is checked; returns the max error.
 
@@ -916,7 +916,7 @@ def varlen_attention(
     cu_q = [int(x) for x in cu_seqlens_q]
     cu_k = [int(x) for x in cu_seqlens_k]
     for x, cu, d, heads in ((q, cu_q, q_descale, H), (k, cu_k, k_descale, K),
-                            (v, cu_k, v_descale, K)):  # fmt: skip
+                            (v, cu_k, v_descale, K)):
         if d is None:
             continue
         rows = np.broadcast_to(np.asarray(d, np.float64), (len(cu) - 1, heads))  # (N, H|K)
@@ -1002,7 +1002,7 @@ def varlen_attention_vjp(
             do[rows].transpose(1, 0, 2), is_causal=is_causal, causal_alignment=causal_alignment,
             scale=scale, softcap=softcap, window=window, sinks=sinks, alibi_slopes=alibi_slopes,
             round_to=round_to,
-        )  # fmt: skip
+        )
         dq[rows] = grads.query.transpose(1, 0, 2)  # (L_n, H, D)
         dk[keys] = grads.key.transpose(1, 0, 2)  # (S_n, K, D)
         dv[keys] = grads.value.transpose(1, 0, 2)  # (S_n, K, E)
@@ -1012,7 +1012,7 @@ def varlen_attention_vjp(
     return GoldenGrads(
         query=dq, key=dk, value=dv,
         sinks=None if sinks is None else np.array([rnd(math.fsum(t)) for t in dsinks]),
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1230,7 +1230,7 @@ def mla_forward(
     positions = np.arange(n_tokens)
     inv = None if rope_inv_freq is None else np.asarray(rope_inv_freq, np.float64)
     rope = dict(theta=rope_theta, interleaved=rope_interleaved, inv_freq=inv,
-                attention_factor=rope_attention_factor, round_to=round_to)  # fmt: skip
+                attention_factor=rope_attention_factor, round_to=round_to)
     q[..., Dn:] = rotary(q_pe, positions, **rope)
     k_pe = rotary(kv[:, None, :, R:], positions, **rope)[:, 0]  # (B, L, Dr), one head
     for h in range(H):
@@ -1242,7 +1242,7 @@ def mla_forward(
         window=None if window is None else tuple(window), softcap=softcap,
         scale=(Dn + Dr) ** -0.5 if scale is None else scale, sinks=w.get("sinks"),
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-    )  # fmt: skip
+    )
     # 5. heads merged back, output projection
     y = project("o_proj", _merge_heads(golden.output))
     return ModuleGolden(output=y, weights=golden.weights)

@@ -67,25 +67,25 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption(
         "--port-xfails", action="append", default=[], metavar="FILE",
         help="known failures (globs over run ids), on top of the port's own <module>.xfails",
-    )  # fmt: skip
+    )
     group.addoption(
         "--port-function", action="append", metavar="ALIAS",
         help="run only these function aliases (repeatable; default: all required + present)",
-    )  # fmt: skip
+    )
     group.addoption("--port-device", default="cpu", help="cpu | cuda | tpu (default cpu)")
     group.addoption(
         "--port-shards", action="append", type=int, metavar="N",
         help="shard counts of the sharded functions (repeatable)",
-    )  # fmt: skip
+    )
     group.addoption("--port-fixtures", metavar="DIR", help="fixture folder (default: v1)")
     group.addoption(
         "--port-exec-timeout", type=float, metavar="SECONDS",
         help="seconds a --port-exec port may take per run",
-    )  # fmt: skip
+    )
     group.addoption(
         "--port-in-process", action="store_true",
         help="run the port in pytest's own process (a crash then ends the session)",
-    )  # fmt: skip
+    )
 
 
 def _port_name(config: pytest.Config) -> str | None:
@@ -231,7 +231,7 @@ class _Suite:
                 self.name, device=self.device, functions=self.functions, xfails=self.xfails,
                 fixtures=self.fixtures, isolate=True, on_outcome=self._got, shards=self.shards,
                 only=selected,
-            )  # fmt: skip
+            )
             error = report.error
         except _Stopped:
             pass

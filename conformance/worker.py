@@ -48,10 +48,10 @@ def run_job(job: dict, send: Callable[[dict], None]) -> None:
     runs = plan_runs(
         port, functions=job["functions"], fixtures=job["fixtures"], pattern=job["pattern"],
         shards=job["shards"],
-    )  # fmt: skip
+    )
     host_port = port.numpy_native and job["device"] != "cpu"
     send({"plan": [r.id for r in runs], "port": port.name, "host_port": host_port,
-          "xfails": port.xfails.to_json()})  # fmt: skip
+          "xfails": port.xfails.to_json()})
     if job.get("list"):
         return
     only = None if job["only"] is None else set(job["only"])

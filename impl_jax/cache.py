@@ -242,7 +242,7 @@ class PagedKVCache:
         """As :meth:`KVCache.quantize`: the new tokens in the pool's dtype and the cache holding
         their descales (an fp8 pool's, fixed at its first write)."""
         k, v, k_descale, v_descale = _quantized(self.key_pages, k, v, self.k_descale,
-                                                self.v_descale)  # fmt: skip
+                                                self.v_descale)
         return replace(self, k_descale=k_descale, v_descale=v_descale), k, v
 
     def write(self, k: jax.Array, v: jax.Array) -> PagedKVCache:
@@ -259,6 +259,6 @@ class PagedKVCache:
         key_pages, value_pages = paged_cache_write(
             self.key_pages, self.value_pages, k.transpose(0, 2, 1, 3).reshape(B * L, K, -1),
             v.transpose(0, 2, 1, 3).reshape(B * L, K, -1), jnp.asarray(slots.reshape(B * L)),
-        )  # fmt: skip
+        )
         return replace(cache, key_pages=key_pages, value_pages=value_pages, pages=pages,
-                       free=free, position=end)  # fmt: skip
+                       free=free, position=end)

@@ -362,7 +362,7 @@ def _key_blocks(tiling: _Tiling, carry, step, blk_of, i0, q_ids_rows, kv_ids):
         if not (skips or q_ids_rows is not None):
             return run(carry)
         some, _ = block_rules(call.is_causal, call.window, tiling.call.offset, i0, i0 + tiling.bq,
-                              j0, j_start + size, q_ids_rows, kv_ids_blk)  # fmt: skip
+                              j0, j_start + size, q_ids_rows, kv_ids_blk)
         some = some & (j0 < S)  # past the last key: the band started late, nothing left
         return jax.lax.cond(some, run, lambda c: c, carry)
 
@@ -451,7 +451,7 @@ def _arrays(query, key, value, keywords: Mapping[str, jax.Array | None]) -> _Arr
     return _Arrays(
         query, key, value, keywords["bias"], keywords["sinks"], keywords["mask"],
         keywords["q_segment_ids"], keywords["kv_segment_ids"], keywords["alibi_slopes"],
-    )  # fmt: skip
+    )
 
 
 def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
@@ -462,7 +462,7 @@ def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
     return x._replace(
         query=q, key=x.key.astype(ct), value=x.value.astype(ct), bias=_cast(x.bias, ct),
         sinks=_cast(x.sinks, ct), slopes=_cast(x.slopes, ct),
-    )  # fmt: skip
+    )
 
 
 def _row_blocks(x: _Arrays, q_blk, i, i0, bq: int):
@@ -483,7 +483,7 @@ def _row_blocks(x: _Arrays, q_blk, i, i0, bq: int):
             bias=_block(bias_rows, -1, j_start, size),
             mask=_block(mask_rows, -1, j_start, size),
             q_ids=q_ids_rows, kv_ids=kv_ids_blk, slopes=x.slopes, i=i, j=j, j0=j0,
-        )  # fmt: skip
+        )
 
     return blk_of, q_ids_rows
 
@@ -609,7 +609,7 @@ def _flash_backward(tiling: _Tiling, residuals, cotangents):
         query=back(dq, x.query), key=back(dk, x.key), value=back(dv, x.value),
         bias=back(dbias, x.bias), sinks=back(dsinks, x.sinks),
         mask=None, q_ids=None, kv_ids=None, slopes=None,  # not differentiated
-    )  # fmt: skip
+    )
     return (grads,)
 
 
@@ -728,7 +728,7 @@ def flash_attention_vjp(
         tiled, given=locals(),
         # the block sizes are checked before grad_output, as NumPy's flash_attention_vjp does
         checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -787,12 +787,12 @@ def paged_flash_attention(
         _as_given(x)
         for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
                   alibi_slopes)
-    )  # fmt: skip
+    )
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
     _check_x64(query.dtype)
     schedule = sequence_pages(call, block_k)  # [(n, q0, q1, S, blocks)], Python ints
     query, key_cache, value_cache, block_table, sinks, alibi_slopes = (
@@ -820,7 +820,7 @@ def paged_flash_attention(
         row = jnp.pad(block_table[n], (0, width))  # (max_pages + width,)
 
         def block(b, carry, n=n, S=S, L=L, q=q, i=i, at_n=at_n, first=first, width=width,
-                  row=row):  # fmt: skip
+                  row=row):
             m, l, acc = carry
             p0 = first + b * width
             # 0. the block: pages block_table[n, p0:p1], keys j = p0 * page_size + 0 .. bk - 1;

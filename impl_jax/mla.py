@@ -146,7 +146,7 @@ class MultiHeadLatentAttention(nnx.Module):
             d_model, n_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
             qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, q_lora_rank=q_lora_rank,
             sinks=sinks, dtype=dtype.name,
-        )  # fmt: skip
+        )
         _check_x64(dtype)  # float64 weights need x64, as float64 inputs do
         self.dims = dims
         self.rope = check_mla_rope(
@@ -206,7 +206,7 @@ class MultiHeadLatentAttention(nnx.Module):
         r = self.rope
         inv_freq = None if r.inv_freq is None else np.asarray(r.inv_freq, np.float64)  # static
         rope = dict(theta=r.theta, rotary_dim=r.rotary_dim, interleaved=r.interleaved,
-                    inv_freq=inv_freq, attention_factor=r.attention_factor)  # fmt: skip
+                    inv_freq=inv_freq, attention_factor=r.attention_factor)
         positions = start + jnp.arange(q_pe.shape[2])  # (L,)
         return apply_rotary(q_pe, positions, **rope), apply_rotary(k_pe, positions, **rope)
 
@@ -272,7 +272,7 @@ class MultiHeadLatentAttention(nnx.Module):
             is_causal=is_causal, causal_alignment=causal_alignment,
             return_weights=return_weights, q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 1. projections: the query heads, the latent c_kv and the shared k_pe.
         q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
         c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
@@ -286,7 +286,7 @@ class MultiHeadLatentAttention(nnx.Module):
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 5. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights) if return_weights else y
@@ -304,7 +304,7 @@ class MultiHeadLatentAttention(nnx.Module):
     def decode_naive(
         self, x: jax.Array, cache: KVCache, *, mask: jax.Array | None = None,
         bias: jax.Array | None = None, return_weights: bool = False,
-    ) -> tuple:  # fmt: skip
+    ) -> tuple:
         """New tokens ``x (B, L, M)`` through a naive cache (:meth:`init_kv_cache`): their keys
         and values expanded per head and appended, then bottom-right causal attention over the
         S = position + L keys. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
@@ -315,7 +315,7 @@ class MultiHeadLatentAttention(nnx.Module):
             cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
             return_weights=return_weights,
-        )  # fmt: skip
+        )
         # 1. projections of the new tokens.
         q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
         c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
@@ -329,7 +329,7 @@ class MultiHeadLatentAttention(nnx.Module):
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
-        )  # fmt: skip
+        )
         # 5. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
@@ -375,7 +375,7 @@ class MultiHeadLatentAttention(nnx.Module):
     def decode(
         self, x: jax.Array, cache: KVCache, *, mask: jax.Array | None = None,
         bias: jax.Array | None = None, return_weights: bool = False,
-    ) -> tuple:  # fmt: skip
+    ) -> tuple:
         """New tokens ``x (B, L, M)`` through the latent cache (:meth:`init_cache`): the
         absorbed step, one MQA over the latent ``[c_kv, k_pe]`` (K = 1, D = R + Dr, E = R: the
         values are its first R features) with the module's scale. The same outputs as the naive
@@ -392,7 +392,7 @@ class MultiHeadLatentAttention(nnx.Module):
             self.dims, jnp.dtype(self.dtype).name, x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
             return_weights=return_weights,
-        )  # fmt: skip
+        )
         R = self.dims.R
         ct = compute_dtype(jnp.dtype(self.dtype).name)
         W_UK, W_UV = self._absorbed()  # (R, H, Dn), (R, H, E)
@@ -403,7 +403,7 @@ class MultiHeadLatentAttention(nnx.Module):
         q_pe, k_pe_new = self._rotate(q_pe, k_pe_new, cache.position)
         # 3. absorption of kv_b_proj's key part into the query: q_lat_h = q_nope_h W_UK_h^T.
         q_lat = jnp.einsum("bhld,rhd->bhlr", q_nope.astype(ct), W_UK.astype(ct),
-                           precision=_PRECISION)  # fmt: skip
+                           precision=_PRECISION)
         q_lat = q_lat.astype(self.dtype)  # (B, H, L, R)
         # 4. the latent cache: the new tokens' [c_kv, k_pe] written as keys (the value buffer
         #    is zero-width); all S = position + L read.
@@ -416,7 +416,7 @@ class MultiHeadLatentAttention(nnx.Module):
         o_lat, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
-        )  # fmt: skip  # o_lat (B, H, L, R)
+        )  # o_lat (B, H, L, R)
         # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.
         out = jnp.einsum("bhlr,rhe->bhle", o_lat.astype(ct), W_UV.astype(ct), precision=_PRECISION)
         out = out.astype(self.dtype)  # (B, H, L, E)
@@ -432,7 +432,7 @@ class MultiHeadLatentAttention(nnx.Module):
             self.dims.paged, jnp.dtype(self.dtype).name, x, key_pages=cache.key_pages,
             value_pages=cache.value_pages, batch_size=len(cache.pages),
             position=cache.position, max_len=cache.max_len, **refused,
-        )  # fmt: skip
+        )
         B, L, _ = x.shape
         H, R, Dr = self.dims.H, self.dims.R, self.dims.Dr
         ct = compute_dtype(jnp.dtype(self.dtype).name)
@@ -444,7 +444,7 @@ class MultiHeadLatentAttention(nnx.Module):
         q_pe, k_pe_new = self._rotate(q_pe, k_pe_new, cache.position)
         # 3. absorption of kv_b_proj's key part into the query: q_lat_h = q_nope_h W_UK_h^T.
         q_lat = jnp.einsum("bhld,rhd->bhlr", q_nope.astype(ct), W_UK.astype(ct),
-                           precision=_PRECISION)  # fmt: skip
+                           precision=_PRECISION)
         q_lat = q_lat.astype(self.dtype)  # (B, H, L, R)
         # 4. the latent cache: each sequence takes the pages its new tokens need from the pool,
         #    and the new [c_kv, k_pe] (key pages) and c_kv (value pages) are written into them.
@@ -469,7 +469,7 @@ class MultiHeadLatentAttention(nnx.Module):
             window=o.window,
             softcap=o.softcap,
             sinks=self.sinks,
-        )  # fmt: skip  (B*L, H, R)
+        )  # (B*L, H, R)
         o_lat = o_lat.reshape(B, L, H, R).transpose(0, 2, 1, 3)  # (B, H, L, R)
         # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.
         out = jnp.einsum("bhlr,rhe->bhle", o_lat.astype(ct), W_UV.astype(ct), precision=_PRECISION)
@@ -525,14 +525,14 @@ class MultiHeadLatentAttention(nnx.Module):
         module = nnx.eval_shape(lambda: cls(
             d.M, d.H, kv_lora_rank=d.R, qk_nope_head_dim=d.Dn, qk_rope_head_dim=d.Dr,
             v_head_dim=d.E, q_lora_rank=d.Q, sinks=d.sinks, dtype=dtype, **settings,
-        ))  # fmt: skip
+        ))
         module.load_canonical(weights)
         return module
 
     def _settings(self) -> dict[str, Any]:
         o = self.options
         return {"rms_norm_eps": self.rms_norm_eps, "softcap": o.softcap, "scale": o.scale,
-                "window": None if o.window is None else list(o.window)}  # fmt: skip
+                "window": None if o.window is None else list(o.window)}
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the canonical weights with H, Dr and the settings in the metadata."""

@@ -93,18 +93,18 @@ def paged_attention(
         _as_given(x)
         for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
                   alibi_slopes)
-    )  # fmt: skip
+    )
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
     _check_x64(query.dtype)
     query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
         _asarray(x)
         for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
                   alibi_slopes)
-    )  # fmt: skip
+    )
     T, page_size, Smax = call.T, call.page_size, call.max_len
     cu, lens = cu_seqlens_q.astype(jnp.int32), seq_lens.astype(jnp.int32)
 

@@ -62,7 +62,7 @@ def apply_rotary(
     dims = check_rotary(
         x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
         inv_freq=inv_freq, attention_factor=attention_factor,
-    )  # fmt: skip
+    )
     _check_x64(x.dtype)
     x, positions, inv_freq = _asarray(x), _asarray(positions), _asarray(inv_freq)
     ct = _compute_dtype(x.dtype)

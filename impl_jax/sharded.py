@@ -84,7 +84,7 @@ __all__ = [
     "head_parallel_attention",
     "head_parallel_gqa",
     "ring_attention",
-]  # fmt: skip
+]
 
 #: The mesh axis names: the sequence (ring) and the heads (head-parallel); USP's second axis,
 #: the members of a Ulysses group.
@@ -227,7 +227,7 @@ def _ring_device(x, *, ring: RingLayout, dims, offset):
     bias, sinks, slopes = (_cast(x.get(name), ct) for name in ("bias", "sinks", "alibi_slopes"))
     shard = dict(r=jax.lax.axis_index(SEQ), q=q, mask=x.get("mask"), bias=bias,
                  q_ids=x.get("q_segment_ids"), kv_ids=x.get("kv_segment_ids"), slopes=slopes,
-                 ring=ring, dims=dims, offset=offset)  # fmt: skip
+                 ring=ring, dims=dims, offset=offset)
 
     # R2. the ring: every query chunk starts with nothing seen (output 0, row log-sum-exp
     #     -inf); steps 0 .. n-2 are one lax.scan (the program does not grow with n), then the
@@ -505,7 +505,7 @@ def head_parallel_gqa(
     check_module_inputs(
         dims, module.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-    )  # fmt: skip
+    )
     check_head_parallel(dims.H, dims.K, n_shards)
     mesh = _mesh(n_shards, HEADS)
     x, context, mask, bias = _asarray(x), _asarray(context), _asarray(mask), _asarray(bias)

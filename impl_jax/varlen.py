@@ -46,12 +46,12 @@ from impl_jax.paged import _descaled
 __all__ = [
     "VARLEN_STATIC_ARGNAMES", "varlen_attention", "varlen_attention_vjp",
     "varlen_flash_attention", "varlen_flash_attention_vjp",
-]  # fmt: skip
+]
 
 #: The keywords to mark static under ``jax.jit``.
 VARLEN_STATIC_ARGNAMES: tuple[str, ...] = (
     "is_causal", "causal_alignment", "window", "scale", "softcap",
-)  # fmt: skip
+)
 
 #: The array arguments of varlen_attention, read as given, then as JAX arrays.
 _ARRAYS = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "sinks", "alibi_slopes")
@@ -60,7 +60,7 @@ _ARRAYS = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "sinks", "al
 _KEYWORDS = (
     "is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes",
     "q_descale", "k_descale", "v_descale",
-)  # fmt: skip
+)
 
 
 def _validated(given: Mapping[str, object]) -> tuple[VarlenCall, dict]:
@@ -72,7 +72,7 @@ def _validated(given: Mapping[str, object]) -> tuple[VarlenCall, dict]:
     varlen = check_varlen(
         arrays["query"], arrays["key"], arrays["value"], arrays["cu_seqlens_q"],
         arrays["cu_seqlens_k"], **keywords,
-    )  # fmt: skip
+    )
     if "grad_output" in given:
         check_varlen_grad_output(varlen, arrays["grad_output"])
     _check_x64(arrays["query"].dtype)
@@ -189,7 +189,7 @@ def varlen_attention(
         _heads_first(arrays["query"]), _heads_first(arrays["key"]),
         _heads_first(arrays["value"]), mask=allowed, bias=bias, scale=call.scale,
         softcap=call.softcap, sinks=arrays["sinks"],
-    )  # fmt: skip  # (H, Tq, E)
+    )  # (H, Tq, E)
 
     # 5. back to token-major.
     return jnp.swapaxes(out.astype(out_dtype), 0, 1)  # (Tq, H, E)
@@ -234,7 +234,7 @@ def varlen_attention_vjp(
         _heads_first(arrays["query"]), _heads_first(arrays["key"]),
         _heads_first(arrays["value"]), _heads_first(arrays["grad_output"]), mask=allowed,
         bias=bias, scale=call.scale, softcap=call.softcap, sinks=arrays["sinks"],
-    )  # fmt: skip
+    )
 
     # 5. back to token-major.
     return AttentionGrads(
@@ -262,7 +262,7 @@ def _tiled_keywords(
         "window": call.window, "scale": call.scale, "softcap": call.softcap,
         "sinks": arrays["sinks"], "alibi_slopes": arrays["alibi_slopes"],
         "block_q": block_q, "block_k": block_k,
-    }  # fmt: skip
+    }
 
 
 def varlen_flash_attention(

@@ -227,7 +227,7 @@ class PagedKVCache:
         """As :meth:`KVCache.quantize`: the new tokens in the pool's dtype and the cache holding
         their descales (an fp8 pool's, fixed at its first write)."""
         k, v, k_descale, v_descale = _quantized(self.key_pages, k, v, self.k_descale,
-                                                self.v_descale)  # fmt: skip
+                                                self.v_descale)
         return replace(self, k_descale=k_descale, v_descale=v_descale), k, v
 
     def write(self, k: np.ndarray, v: np.ndarray) -> PagedKVCache:
@@ -244,5 +244,5 @@ class PagedKVCache:
         paged_cache_write(
             self.key_pages, self.value_pages, k.transpose(0, 2, 1, 3).reshape(B * L, K, -1),
             v.transpose(0, 2, 1, 3).reshape(B * L, K, -1), slots.reshape(B * L),
-        )  # fmt: skip
+        )
         return replace(cache, pages=pages, free=free, position=end)

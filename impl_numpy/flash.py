@@ -325,7 +325,7 @@ def _arrays(query, key, value, keywords: Mapping[str, np.ndarray | None]) -> _Ar
     return _Arrays(
         query, key, value, keywords["bias"], keywords["sinks"], keywords["mask"],
         keywords["q_segment_ids"], keywords["kv_segment_ids"], keywords["alibi_slopes"],
-    )  # fmt: skip
+    )
 
 
 def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
@@ -340,7 +340,7 @@ def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
     return x._replace(
         query=q, key=k, value=v, bias=_cast(x.bias, ct), sinks=_cast(x.sinks, ct),
         slopes=_cast(x.slopes, ct),
-    )  # fmt: skip
+    )
 
 
 def flash_attention(
@@ -519,12 +519,12 @@ def paged_flash_attention(
         _asarray(x)
         for x in (query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
                   alibi_slopes)
-    )  # fmt: skip
+    )
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
     schedule = sequence_pages(call, block_k)  # [(n, q0, q1, S, blocks)], Python ints
     ct = _compute_dtype(query.dtype)
     H, K, G, D, E, page_size = call.H, call.K, call.G, call.D, call.E, call.page_size

@@ -216,7 +216,7 @@ def _prepared(query, call: AttentionCall, arrays: Mapping[str, np.ndarray | None
     allowed = _allowed(
         call, call.offset, i, j, arrays["mask"], arrays["q_segment_ids"],
         arrays["kv_segment_ids"], bands=call.bands,
-    )  # fmt: skip
+    )
     bias = _cast(arrays["bias"], ct)
     attended = _attended(allowed, bias, call.scores_shape, call.K)
     slopes, sinks = _cast(arrays["alibi_slopes"], ct), _cast(arrays["sinks"], ct)

@@ -137,7 +137,7 @@ class MultiHeadLatentAttention:
             d_model, n_heads, kv_lora_rank=kv_lora_rank, qk_nope_head_dim=qk_nope_head_dim,
             qk_rope_head_dim=qk_rope_head_dim, v_head_dim=v_head_dim, q_lora_rank=q_lora_rank,
             sinks=sinks, dtype=dtype.name,
-        )  # fmt: skip
+        )
         self.dims = dims
         self.rope = check_mla_rope(
             rope_theta, rope_interleaved, _asarray(rope_inv_freq), rope_attention_factor, dims
@@ -193,7 +193,7 @@ class MultiHeadLatentAttention:
         r = self.rope
         inv_freq = None if r.inv_freq is None else np.asarray(r.inv_freq, np.float64)
         rope = dict(theta=r.theta, rotary_dim=r.rotary_dim, interleaved=r.interleaved,
-                    inv_freq=inv_freq, attention_factor=r.attention_factor)  # fmt: skip
+                    inv_freq=inv_freq, attention_factor=r.attention_factor)
         positions = start + np.arange(q_pe.shape[2])  # (L,)
         return apply_rotary(q_pe, positions, **rope), apply_rotary(k_pe, positions, **rope)
 
@@ -258,7 +258,7 @@ class MultiHeadLatentAttention:
             is_causal=is_causal, causal_alignment=causal_alignment,
             return_weights=return_weights, q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 1. projections: the query heads, the latent c_kv and the shared k_pe.
         q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
         c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
@@ -272,7 +272,7 @@ class MultiHeadLatentAttention:
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 5. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights) if return_weights else y
@@ -290,7 +290,7 @@ class MultiHeadLatentAttention:
     def decode_naive(
         self, x: np.ndarray, cache: KVCache, *, mask: np.ndarray | None = None,
         bias: np.ndarray | None = None, return_weights: bool = False,
-    ) -> tuple:  # fmt: skip
+    ) -> tuple:
         """New tokens ``x (B, L, M)`` through a naive cache (:meth:`init_kv_cache`): their keys
         and values expanded per head and appended, then bottom-right causal attention over the
         S = position + L keys. Returns ``(y, cache)`` or ``(y, weights, cache)``."""
@@ -300,7 +300,7 @@ class MultiHeadLatentAttention:
             self.dims.naive, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
             return_weights=return_weights,
-        )  # fmt: skip
+        )
         # 1. projections of the new tokens.
         q_nope, q_pe = self._project_query(x)  # (B, H, L, Dn), (B, H, L, Dr)
         c_kv, k_pe = self._project_latent(x)  # (B, 1, L, R), (B, 1, L, Dr)
@@ -314,7 +314,7 @@ class MultiHeadLatentAttention:
         out, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
-        )  # fmt: skip
+        )
         # 5. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
@@ -360,7 +360,7 @@ class MultiHeadLatentAttention:
     def decode(
         self, x: np.ndarray, cache: KVCache, *, mask: np.ndarray | None = None,
         bias: np.ndarray | None = None, return_weights: bool = False,
-    ) -> tuple:  # fmt: skip
+    ) -> tuple:
         """New tokens ``x (B, L, M)`` through the latent cache (:meth:`init_cache`): the
         absorbed step, one MQA over the latent ``[c_kv, k_pe]`` (K = 1, D = R + Dr, E = R: the
         values are its first R features) with the module's scale. The same outputs as the naive
@@ -377,7 +377,7 @@ class MultiHeadLatentAttention:
             self.dims, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
             return_weights=return_weights,
-        )  # fmt: skip
+        )
         R = self.dims.R
         ct = compute_dtype(self.dtype.name)
         W_UK, W_UV = self._absorbed()  # (R, H, Dn), (R, H, E)
@@ -400,7 +400,7 @@ class MultiHeadLatentAttention:
         o_lat, weights = self._attend(
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights,
-        )  # fmt: skip  # o_lat (B, H, L, R)
+        )  # o_lat (B, H, L, R)
         # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.
         out = np.einsum("bhlr,rhe->bhle", o_lat.astype(ct), W_UV.astype(ct)).astype(self.dtype)
         # 7. heads merged back, output projection.
@@ -415,7 +415,7 @@ class MultiHeadLatentAttention:
             self.dims.paged, self.dtype.name, x, key_pages=cache.key_pages,
             value_pages=cache.value_pages, batch_size=len(cache.pages),
             position=cache.position, max_len=cache.max_len, **refused,
-        )  # fmt: skip
+        )
         B, L, _ = x.shape
         H, R, Dr = self.dims.H, self.dims.R, self.dims.Dr
         ct = compute_dtype(self.dtype.name)
@@ -451,7 +451,7 @@ class MultiHeadLatentAttention:
             window=o.window,
             softcap=o.softcap,
             sinks=self.sinks,
-        )  # fmt: skip  (B*L, H, R)
+        )  # (B*L, H, R)
         o_lat = o_lat.reshape(B, L, H, R).transpose(0, 2, 1, 3)  # (B, H, L, R)
         # 6. absorption of the value part into the output: o_h = o_lat_h W_UV_h.
         out = np.einsum("bhlr,rhe->bhle", o_lat.astype(ct), W_UV.astype(ct)).astype(self.dtype)
@@ -505,14 +505,14 @@ class MultiHeadLatentAttention:
         module = cls(
             d.M, d.H, kv_lora_rank=d.R, qk_nope_head_dim=d.Dn, qk_rope_head_dim=d.Dr,
             v_head_dim=d.E, q_lora_rank=d.Q, sinks=d.sinks, dtype=dtype, **settings,
-        )  # fmt: skip
+        )
         module.load_canonical(weights)
         return module
 
     def _settings(self) -> dict[str, Any]:
         o = self.options
         return {"rms_norm_eps": self.rms_norm_eps, "softcap": o.softcap, "scale": o.scale,
-                "window": None if o.window is None else list(o.window)}  # fmt: skip
+                "window": None if o.window is None else list(o.window)}
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the canonical weights with H, Dr and the settings in the metadata."""

@@ -71,7 +71,7 @@ from impl_numpy.varlen import varlen_attention
 __all__ = [
     "GroupedQueryAttention", "KVCache", "Linear", "MultiHeadAttention", "PagedKVCache",
     "padding_mask",
-]  # fmt: skip
+]
 
 
 def _memory_bytes() -> int | None:
@@ -181,7 +181,7 @@ class GroupedQueryAttention:
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias, dtype=dtype.name,
             sinks=sinks, memory_bytes=_memory_bytes(),
-        )  # fmt: skip
+        )
         self.dims = dims
         self.rope = check_rope_config(
             rope_theta, rope_interleaved, rotary_dim, dims.D, rope_inv_freq, rope_attention_factor
@@ -303,7 +303,7 @@ class GroupedQueryAttention:
             self.dims, self.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
         k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
@@ -315,7 +315,7 @@ class GroupedQueryAttention:
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 3. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights) if return_weights else y
@@ -385,7 +385,7 @@ class GroupedQueryAttention:
             shape = (P, page_size, K, E)
             value = np.zeros(shape, dtype)  # (P, page_size, K, E)
             return PagedKVCache(key, value, ((),) * B, tuple(range(P)), max_len, 0,
-                                k_descale, v_descale)  # fmt: skip
+                                k_descale, v_descale)
         shape = (B, K, T, D)
         key = np.zeros(shape, dtype)  # (B, K, T, D)
         shape = (B, K, T, E)
@@ -441,13 +441,13 @@ class GroupedQueryAttention:
             return self._decode_paged(
                 x, cache, mask=mask, bias=bias, return_weights=return_weights,
                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-            )  # fmt: skip
+            )
         check_decode_inputs(
             self.dims, self.dtype.name, x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
             return_weights=return_weights, q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids, rolling=cache.rolling, left=self.options.left,
-        )  # fmt: skip
+        )
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
         k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
@@ -465,7 +465,7 @@ class GroupedQueryAttention:
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights, q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids, k_descale=cache.k_descale, v_descale=cache.v_descale,
-        )  # fmt: skip
+        )
         # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
@@ -477,7 +477,7 @@ class GroupedQueryAttention:
             self.dims, self.dtype.name, x, key_pages=cache.key_pages,
             value_pages=cache.value_pages, batch_size=len(cache.pages),
             position=cache.position, max_len=cache.max_len, **refused,
-        )  # fmt: skip
+        )
         B, L, _ = x.shape
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
@@ -506,7 +506,7 @@ class GroupedQueryAttention:
             k_descale=cache.k_descale,
             v_descale=cache.v_descale,
             **self._option_keywords(),
-        )  # fmt: skip  (B*L, H, E)
+        )  # (B*L, H, E)
         out = out.reshape(B, L, self.dims.H, self.dims.E).transpose(0, 2, 1, 3)  # (B, H, L, E)
         # 4. heads merged back, output projection.
         return self._project_output(out), cache  # (B, L, M)
@@ -611,7 +611,7 @@ class GroupedQueryAttention:
                         dtype=dtype, rope_theta=rope_theta, rope_interleaved=rope_interleaved,
                         rotary_dim=rotary_dim, rope_inv_freq=rope_inv_freq,
                         rope_attention_factor=rope_attention_factor, window=window, alibi=alibi,
-                        softcap=softcap, scale=scale)  # fmt: skip
+                        softcap=softcap, scale=scale)
         module = cls._unloaded(dims.M, dims.H, dims.K, **keywords)
         module.load_canonical(weights)
         return module

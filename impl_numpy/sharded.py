@@ -281,7 +281,7 @@ def ring_attention(
                         queries[r][a], k, v, q_pos, k_pos,
                         _block(mask_rows[r][a], -1, *cols), _block(bias_rows[r][a], -1, *cols),
                         q_ids_rows[r][a], kv_ids_blk, dims=call, offset=offset, slopes=slopes,
-                    )  # fmt: skip
+                    )
 
                     # R5. merge: the block into what this query chunk has seen, by their lse.
                     outs[r][a], lses[r][a] = _merge(outs[r][a], lses[r][a], out_blk, lse_blk)
@@ -409,7 +409,7 @@ def head_parallel_gqa(
     check_module_inputs(
         dims, module.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-    )  # fmt: skip
+    )
     check_head_parallel(dims.H, dims.K, n_shards)
     context = x if context is None else context
     w = module.to_canonical()

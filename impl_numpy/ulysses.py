@@ -161,7 +161,7 @@ def _in_group(name, held, cut, group, axis, stats):
     member a holds ``held[a]`` and sends member d ``cut(held[a], d)``; stats under the devices'
     numbers among all of them."""
     return _exchange(name, lambda a, d: cut(held[a], d), len(group), axis, stats,
-                     group.__getitem__)  # fmt: skip
+                     group.__getitem__)
 
 
 def _ring_of(plan: UspPlan, j: int) -> list[tuple[int, int]]:
@@ -265,9 +265,9 @@ def usp_attention(
         group = [plan.rank(i, j) for j in range(u)]  # its devices
         q_heads.append(_in_group("query", [queries[g] for g in group], to_heads, group, -2, stats))
         k_heads.append(_in_group("key", [keys_held[g] for g in group], to_kv_heads, group, -2,
-                                 stats))  # fmt: skip
+                                 stats))
         v_heads.append(_in_group("value", [values_held[g] for g in group], to_kv_heads, group,
-                                 -2, stats))  # fmt: skip
+                                 -2, stats))
 
     # S3. the ring across the groups: for each j, the r devices (i, j) hold ring shard i of
     #     the heads of member j, which is what ring_attention's R1 gives its device i of those

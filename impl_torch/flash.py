@@ -331,7 +331,7 @@ def _arrays(query, key, value, keywords: Mapping[str, torch.Tensor | None]) -> _
     return _Arrays(
         query, key, value, keywords["bias"], keywords["sinks"], keywords["mask"],
         keywords["q_segment_ids"], keywords["kv_segment_ids"], keywords["alibi_slopes"],
-    )  # fmt: skip
+    )
 
 
 def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
@@ -341,7 +341,7 @@ def _in_compute_dtype(x: _Arrays, call: AttentionCall) -> _Arrays:
     return x._replace(
         query=x.query.to(ct), key=x.key.to(ct), value=x.value.to(ct), bias=_cast(x.bias, ct),
         sinks=_cast(x.sinks, ct), slopes=_cast(x.slopes, ct),
-    )  # fmt: skip
+    )
 
 
 class _Tiling(NamedTuple):
@@ -390,7 +390,7 @@ class FlashAttention(torch.autograd.Function):
             return None if given is None else grad.sum_to_size(given.shape).to(given.dtype)
 
         grads = (back(dq, x.query), back(dk, x.key), back(dv, x.value), back(dbias, x.bias),
-                 back(dsinks, x.sinks))  # fmt: skip
+                 back(dsinks, x.sinks))
         return (*grads, None, None, None, None, None)  # mask, segment ids, slopes, tiling
 
 
@@ -497,7 +497,7 @@ def flash_attention_vjp(
         tiled, given=locals(),
         # the block sizes are checked before grad_output, as NumPy's flash_attention_vjp does
         checks=(lambda: tiled_blocks(BAND_BLOCKS, block_q, block_k, False, None),),
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,12 +553,12 @@ def paged_flash_attention(
     query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks, alibi_slopes = (
         _as_tensors(query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, sinks,
                     alibi_slopes)
-    )  # fmt: skip
+    )
     call = check_paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
     schedule = sequence_pages(call, block_k)  # [(n, q0, q1, S, blocks)], Python ints
     ct, device = _compute_dtype(query.dtype), query.device
     H, K, G, D, E, page_size = call.H, call.K, call.G, call.D, call.E, call.page_size

@@ -246,7 +246,7 @@ def _prepared(query, call: AttentionCall, arrays: Mapping[str, torch.Tensor | No
     allowed = _allowed(
         call, call.offset, i, j, arrays["mask"], arrays["q_segment_ids"],
         arrays["kv_segment_ids"], bands=call.bands,
-    )  # fmt: skip
+    )
     bias = _cast(arrays["bias"], ct)
     attended = _attended(allowed, bias, call.scores_shape, call.K)
     slopes, sinks = _cast(arrays["alibi_slopes"], ct), _cast(arrays["sinks"], ct)
@@ -453,7 +453,7 @@ def _vjp_by_autograd(
         out = forward(
             leaves["query"], leaves["key"], leaves["value"],
             **(kw | {"bias": leaves["bias"], "sinks": leaves["sinks"]}),
-        )  # fmt: skip
+        )
     wrt = [x for x in leaves.values() if x is not None]
     grads = torch.autograd.grad(
         out, wrt, grad_output.to(out.dtype), allow_unused=True, materialize_grads=True

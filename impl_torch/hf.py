@@ -421,7 +421,7 @@ def attention_module(
     return load(
         dict(weights), n_heads=options["n_heads"], n_kv_heads=options["n_kv_heads"], **settings,
         **kw,
-    )  # fmt: skip
+    )
 
 
 # ---------------------------------------------------------------------------------------------

@@ -229,7 +229,7 @@ class GroupedQueryAttention(nn.Module):
         dims = check_module_config(
             d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
             dtype=dtype_name(dtype), sinks=sinks, memory_bytes=_memory_bytes(),
-        )  # fmt: skip
+        )
         self.dims = dims
         self.rope = check_rope_config(
             rope_theta, rope_interleaved, rotary_dim, dims.D, rope_inv_freq, rope_attention_factor
@@ -237,7 +237,7 @@ class GroupedQueryAttention(nn.Module):
         self.options = check_attention_options(
             dtype_name(dtype), window=window, sinks=sinks, alibi=alibi, softcap=softcap,
             scale=scale,
-        )  # fmt: skip
+        )
         M, H, K, D, E = dims.M, dims.H, dims.K, dims.D, dims.E
         factory = {"bias": bias, "dtype": dtype, "device": device}
         self.q_proj = nn.Linear(M, H * D, **factory)  # weight (H*D, M)
@@ -375,7 +375,7 @@ class GroupedQueryAttention(nn.Module):
             self.dims, dtype_name(self.dtype), x, context, mask=mask, bias=bias,
             is_causal=is_causal, causal_alignment=causal_alignment, return_weights=return_weights,
             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 1. projections: queries from x, keys and values from the context (x itself if None).
         q = self._project_query(x)  # (B, H, L, D)
         k, v = self._project_key_value(x if context is None else context)  # (B, K, S, D|E)
@@ -387,7 +387,7 @@ class GroupedQueryAttention(nn.Module):
             q, k, v, mask=mask, bias=bias, is_causal=is_causal,
             causal_alignment=causal_alignment, return_weights=return_weights,
             q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-        )  # fmt: skip
+        )
         # 3. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights) if return_weights else y
@@ -460,7 +460,7 @@ class GroupedQueryAttention(nn.Module):
             shape = (P, page_size, K, E)
             value = torch.zeros(shape, dtype=dtype, device=device)  # (P, page_size, K, E)
             return PagedKVCache(key, value, ((),) * B, tuple(range(P)), max_len, 0,
-                                k_descale, v_descale)  # fmt: skip
+                                k_descale, v_descale)
         shape = (B, K, T, D)
         key = torch.zeros(shape, dtype=dtype, device=device)  # (B, K, T, D)
         shape = (B, K, T, E)
@@ -516,13 +516,13 @@ class GroupedQueryAttention(nn.Module):
             return self._decode_paged(
                 x, cache, mask=mask, bias=bias, return_weights=return_weights,
                 q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids,
-            )  # fmt: skip
+            )
         check_decode_inputs(
             self.dims, dtype_name(self.dtype), x, cache_key=cache.key, cache_value=cache.value,
             position=cache.position, max_len=cache.max_len, mask=mask, bias=bias,
             return_weights=return_weights, q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids, rolling=cache.rolling, left=self.options.left,
-        )  # fmt: skip
+        )
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
         k_new, v_new = self._project_key_value(x)  # (B, K, L, D), (B, K, L, E)
@@ -540,7 +540,7 @@ class GroupedQueryAttention(nn.Module):
             q, k, v, mask=mask, bias=bias, is_causal=True, causal_alignment="bottom_right",
             return_weights=return_weights, q_segment_ids=q_segment_ids,
             kv_segment_ids=kv_segment_ids, k_descale=cache.k_descale, v_descale=cache.v_descale,
-        )  # fmt: skip
+        )
         # 4. heads merged back, output projection.
         y = self._project_output(out)  # (B, L, M)
         return (y, weights, cache) if return_weights else (y, cache)
@@ -552,7 +552,7 @@ class GroupedQueryAttention(nn.Module):
             self.dims, dtype_name(self.dtype), x, key_pages=cache.key_pages,
             value_pages=cache.value_pages, batch_size=len(cache.pages),
             position=cache.position, max_len=cache.max_len, **refused,
-        )  # fmt: skip
+        )
         B, L, _ = x.shape
         # 1. projections of the new tokens: their queries, keys and values.
         q = self._project_query(x)  # (B, H, L, D)
@@ -582,7 +582,7 @@ class GroupedQueryAttention(nn.Module):
             k_descale=cache.k_descale,
             v_descale=cache.v_descale,
             **self._option_keywords(),
-        )  # fmt: skip  (B*L, H, E)
+        )  # (B*L, H, E)
         out = out.reshape(B, L, self.dims.H, self.dims.E).transpose(1, 2)  # (B, H, L, E)
         # 4. heads merged back, output projection.
         return self._project_output(out), cache  # (B, L, M)
@@ -690,7 +690,7 @@ class GroupedQueryAttention(nn.Module):
                         dtype=dtype, device=device, rope_theta=rope_theta,
                         rope_interleaved=rope_interleaved, rotary_dim=rotary_dim,
                         rope_inv_freq=rope_inv_freq, rope_attention_factor=rope_attention_factor,
-                        window=window, alibi=alibi, softcap=softcap, scale=scale)  # fmt: skip
+                        window=window, alibi=alibi, softcap=softcap, scale=scale)
         module = cls._unloaded(dims.M, dims.H, dims.K, **keywords)
         module.load_canonical(weights)
         return module

@@ -56,7 +56,7 @@ def apply_rotary(
     dims = check_rotary(
         x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
         inv_freq=inv_freq, attention_factor=attention_factor,
-    )  # fmt: skip
+    )
     ct = _compute_dtype(x.dtype)
     R, P = dims.rotary_dim, dims.rotary_dim // 2
 

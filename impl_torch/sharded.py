@@ -286,7 +286,7 @@ def ring_attention(
                     queries[a], k, v, q_pos, k_pos,
                     _block(mask_rows[a], -1, *cols), _block(bias_rows[a], -1, *cols),
                     q_ids_rows[a], kv_ids_blk, dims=call, offset=offset, slopes=slopes,
-                )  # fmt: skip
+                )
 
                 # R5. merge: the block into what this query chunk has seen, by their lse.
                 outs[a], lses[a] = _merge(outs[a], lses[a], out_blk, lse_blk)
@@ -428,7 +428,7 @@ def head_parallel_gqa(
     check_module_inputs(
         dims, dtype_name(module.dtype), x, context, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, q_segment_ids=q_ids, kv_segment_ids=kv_ids,
-    )  # fmt: skip
+    )
     check_head_parallel(dims.H, dims.K, n_shards)
     r = _rank(n_shards, group)  # this process
     context = x if context is None else context

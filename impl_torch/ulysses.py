@@ -232,7 +232,7 @@ def ulysses_attention(
     #     joins what it gets along the heads, in source order: its rows, every head. Then every
     #     rank's rows to every rank, in order (the whole output).
     mine = _exchange("output", lambda r, d: out[..., d * Lc : (d + 1) * Lc, :], n, r, -3,
-                     stats, grp)  # (..., H, Lc, E)  # fmt: skip
+                     stats, grp)  # (..., H, Lc, E)
     return _Gather.apply(mine, -2, r, n, group)  # (..., H, L, E)
 
 
@@ -331,7 +331,7 @@ def usp_attention(
     q = _exchange("query", lambda a, d: _block(q_rows, -3, *heads[d]), u, j, -2, stats, mates, g)
     k = _exchange("key", lambda a, d: _block(k_rows, -3, *kv_heads[d]), u, j, -2, stats, mates, g)
     v = _exchange("value", lambda a, d: _block(v_rows, -3, *kv_heads[d]), u, j, -2, stats, mates,
-                  g)  # fmt: skip
+                  g)
 
     # S3. the ring across the groups: this rank is rank i of member j's ring, holding ring
     #     shard i of its heads; ring_attention reads only its own shard of the arrays it is
@@ -350,7 +350,7 @@ def usp_attention(
     }  # member j's heads of mask, bias, sinks and slopes; every other keyword whole
     steps = None if stats is None else []
     out = ring_attention(q_all, k_all, v_all, n_shards=r, layout=layout, group=ring_mates,
-                         stats=steps, **on_heads)  # fmt: skip  # (..., H/u, L, E)
+                         stats=steps, **on_heads)  # (..., H/u, L, E)
     for step in steps or ():  # the ring's rank i is rank (i, j)
         stats.append(replace(step, r=plan.rank(step.r, j), src=plan.rank(step.src, j)))
 

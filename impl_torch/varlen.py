@@ -42,7 +42,7 @@ from impl_torch.paged import _descaled
 __all__ = [
     "varlen_attention", "varlen_attention_vjp", "varlen_flash_attention",
     "varlen_flash_attention_vjp",
-]  # fmt: skip
+]
 
 #: The array arguments of varlen_attention, converted with ``torch.as_tensor`` (on one device).
 _ARRAYS = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "sinks", "alibi_slopes")
@@ -51,7 +51,7 @@ _ARRAYS = ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k", "sinks", "al
 _KEYWORDS = (
     "is_causal", "causal_alignment", "window", "scale", "softcap", "sinks", "alibi_slopes",
     "q_descale", "k_descale", "v_descale",
-)  # fmt: skip
+)
 
 
 def _validated(given: Mapping[str, object]) -> tuple[VarlenCall, dict]:
@@ -63,7 +63,7 @@ def _validated(given: Mapping[str, object]) -> tuple[VarlenCall, dict]:
     varlen = check_varlen(
         arrays["query"], arrays["key"], arrays["value"], arrays["cu_seqlens_q"],
         arrays["cu_seqlens_k"], **keywords,
-    )  # fmt: skip
+    )
     if "grad_output" in given:
         check_varlen_grad_output(varlen, arrays["grad_output"])
     return varlen, arrays
@@ -181,7 +181,7 @@ def varlen_attention(
         _heads_first(arrays["query"]), _heads_first(arrays["key"]),
         _heads_first(arrays["value"]), mask=allowed, bias=bias, scale=call.scale,
         softcap=call.softcap, sinks=arrays["sinks"],
-    )  # fmt: skip  # (H, Tq, E)
+    )  # (H, Tq, E)
 
     # 5. back to token-major.
     return out.to(out_dtype).transpose(0, 1).contiguous()  # (Tq, H, E)
@@ -226,7 +226,7 @@ def varlen_attention_vjp(
         _heads_first(arrays["query"]), _heads_first(arrays["key"]),
         _heads_first(arrays["value"]), _heads_first(arrays["grad_output"]), mask=allowed,
         bias=bias, scale=call.scale, softcap=call.softcap, sinks=arrays["sinks"],
-    )  # fmt: skip
+    )
 
     # 5. back to token-major.
     return AttentionGrads(
@@ -254,7 +254,7 @@ def _tiled_keywords(
         "window": call.window, "scale": call.scale, "softcap": call.softcap,
         "sinks": arrays["sinks"], "alibi_slopes": arrays["alibi_slopes"],
         "block_q": block_q, "block_k": block_k,
-    }  # fmt: skip
+    }
 
 
 def varlen_flash_attention(

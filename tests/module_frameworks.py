@@ -67,7 +67,7 @@ def reference_plain(
     w64 = {name: np.asarray(a, np.float64) for name, a in weights.items()}
     context = None if context is None else np.asarray(context, np.float64)
     plain = module_forward(w64, np.asarray(x, np.float64), context, n_heads=n_heads,
-                           n_kv_heads=n_kv_heads, **kw, round_to=dtype)  # fmt: skip
+                           n_kv_heads=n_kv_heads, **kw, round_to=dtype)
     return plain.output, plain.weights
 
 

@@ -111,7 +111,7 @@ def run_inputs(run: Run) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
 
 
 def call(module: Any, run: Run, arrays: dict[str, Any], keywords: dict[str, Any],
-         **extra: Any) -> Any:  # fmt: skip
+         **extra: Any) -> Any:
     """Call the framework ``module`` (``impl_*.sharded``) for ``run`` on framework arrays
     (query, key, value and the array keywords: mask, bias, segment ids, sinks, ALiBi slopes);
     ``extra`` goes to the function (``stats``)."""

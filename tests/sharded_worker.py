@@ -66,7 +66,7 @@ _HLO_SHAPE = re.compile(r"\b(pred|s32|u32|s64|f16|bf16|f32|f64)\[([0-9,]*)\]")
 #: ``tensor<1x2x16x5xbf16>``: a shape in StableHLO text.
 _MLIR_SHAPE = re.compile(r"tensor<([0-9x]*)x(i1|i32|i64|f16|bf16|f32|f64)>")
 _BYTES = {"pred": 1, "i1": 1, "s32": 4, "i32": 4, "u32": 4, "s64": 8, "i64": 8, "f16": 2,
-          "bf16": 2, "f32": 4, "f64": 8}  # fmt: skip
+          "bf16": 2, "f32": 4, "f64": 8}
 
 
 def _nbytes(dtype: str, dims: str, sep: str) -> int:
@@ -107,7 +107,7 @@ def _jax_measure(run, sharded, jax) -> dict[str, Any]:
     layout = "zigzag" if run.function == "ring_zigzag" else "contiguous"
     kw = dict(keywords, n_shards=run.shards, layout=layout)
     ring = jax.jit(sharded.ring_attention, static_argnames=[s for s in sharded.STATIC_ARGNAMES
-                                                            if s in kw])  # fmt: skip
+                                                            if s in kw])
     lowered = ring.lower(**given, **kw)
     compiled = lowered.compile()
     memory = compiled.memory_analysis()
@@ -132,7 +132,7 @@ def _jax_gradients(run, wrt, sharded, impl_jax, jax, jnp) -> dict[str, np.ndarra
     implementation, with respect to ``wrt``."""
     arrays, keywords = run_inputs(run)
     given = {n: jnp.asarray(a) for n, a in arrays.items()
-             if n in ("query", "key", "value", "mask", "bias")}  # fmt: skip
+             if n in ("query", "key", "value", "mask", "bias")}
     out = impl_jax.scaled_dot_product_attention(**given, **keywords)
     cotangent = jnp.asarray(grad_output(out.shape), out.dtype)  # in the run's dtype
     layout = "zigzag" if run.function == "ring_zigzag" else "contiguous"
@@ -145,7 +145,7 @@ def _jax_gradients(run, wrt, sharded, impl_jax, jax, jnp) -> dict[str, np.ndarra
 
     def sdpa_loss(diff):
         return jnp.sum(impl_jax.scaled_dot_product_attention(**(given | diff), **keywords) * (
-            cotangent))  # fmt: skip
+            cotangent))
 
     diff = {n: given[n] for n in wrt}
     got, want = jax.jit(jax.grad(ring_loss))(diff), jax.jit(jax.grad(sdpa_loss))(diff)
@@ -232,7 +232,7 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{out / f'rendezvous_{world}'}", rank=rank,
         world_size=world, timeout=timedelta(seconds=120),
-    )  # fmt: skip
+    )
     port = load_port("impl_torch")
     meta: dict[str, Any] = {"runs": {}}
     for run in torch_runs(world):
@@ -242,7 +242,7 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
             if run.function.startswith("ring") and run.case.op == "ring" and run.shards:
                 arrays, keywords = run_inputs(run)
                 given = {n: tensor_from_numpy(a) for n, a in arrays.items()
-                         if n in ("query", "key", "value", "mask", "bias")}  # fmt: skip
+                         if n in ("query", "key", "value", "mask", "bias")}
                 stats: list = []
                 call(sharded, run, given, keywords, stats=stats)
                 record["bytes_sent"] = [s.bytes_sent for s in stats]

@@ -51,7 +51,7 @@ def test_readme_hugging_face_example_is_within_the_float32_bound(tmp_path):
     x = np.random.default_rng(0).standard_normal((1, 7, 64)).astype(np.float32)  # the example's
     w64 = {n: a.astype(np.float64) for n, a in weights.items()}
     kw = dict(n_heads=options["n_heads"], n_kv_heads=options["n_kv_heads"], is_causal=True,
-              rope_theta=options["rope_theta"])  # fmt: skip
+              rope_theta=options["rope_theta"])
     golden = module_forward(w64, x.astype(np.float64), **kw).output
     plain = module_forward(w64, x.astype(np.float64), **kw, round_to="float32").output
     bound = tolerance_bound(golden, plain, "float32")

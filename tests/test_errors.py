@@ -164,7 +164,7 @@ CASES = {
     "alibi_bool": (
         _arrays(), {"alibi_slopes": np.zeros(8, bool)}, DTypeError, "alibi_dtype", "got bool",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))
@@ -273,7 +273,7 @@ VARLEN_CASES = {
         _packed(), np.array([1, 9]), _CU_K, {"window": (-1, 0)}, ConfigError, "window_value",
         "",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(VARLEN_CASES))

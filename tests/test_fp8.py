@@ -152,7 +152,7 @@ def _strict_bound(golden: np.ndarray, plain32: np.ndarray, out: str) -> float:
     ("fmt", "q_dtype"),
     [("float8_e4m3fn", None), ("float8_e5m2", None), ("float8_e4m3fn", "bfloat16"),
      ("float8_e5m2", "float16"), ("float8_e4m3fn", "float32")],
-)  # fmt: skip
+)
 def test_fp8_attention_matches_the_oracle_on_dequantized_inputs(fmt, q_dtype, option) -> None:
     rng = np.random.default_rng(len(option) * 7 + len(fmt))
     query, key, value, kw = _fp8_call(rng, fmt, q_dtype)
@@ -263,7 +263,7 @@ ERRORS = {
         *_varlen_fp8("float8_e4m3fn", None)[:3], CU_Q, CU_K,
         k_descale=np.ones((3, H), np.float32)),
         DimensionMismatchError, "descale_shape", "(N=3, K=2)"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
@@ -423,7 +423,7 @@ def test_fp8_bounds_table() -> None:
         query, key, value, kw, opts, golden, _, bound, strict = _run(name)
         errors = {}
         for broken in ("drop_v_descale", "k_descale_twice", "e5m2_for_e4m3",
-                       "k_descale_by_query_head"):  # fmt: skip
+                       "k_descale_by_query_head"):
             got = np.asarray(BROKEN[broken](query, key, value, kw, opts), np.float64)
             errors[broken] = float(np.abs(got - golden).max())
             if broken != "e5m2_for_e4m3" or RUNS[name][0] == "float8_e4m3fn":
@@ -471,7 +471,7 @@ def test_varlen_fp8_is_each_sequence_with_its_own_descales(fmt: str, q_dtype) ->
         out = impl_numpy.scaled_dot_product_attention(
             *(np.swapaxes(x, 0, 1) for x in (query[rows], key[keys], value[keys])),
             is_causal=True, **one,
-        )  # fmt: skip
+        )
         expected[rows] = np.swapaxes(out, 0, 1).astype(np.float32)
     for fw in FRAMEWORKS.values():
         got = fw.to_numpy(

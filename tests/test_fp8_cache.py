@@ -95,7 +95,7 @@ def _stored(mf, cache) -> tuple[np.ndarray, np.ndarray]:
         for pool in pages:
             pool = pool.astype(np.float64)  # (P, page_size, K, X)
             seqs = [np.concatenate([pool[p] for p in row if p >= 0])[: cache.position]
-                    for row in table]  # fmt: skip
+                    for row in table]
             out.append(np.stack(seqs).transpose(0, 2, 1, 3))  # (B, K, T, X)
         return out[0], out[1]
     return _np(mf, cache.key).astype(np.float64), _np(mf, cache.value).astype(np.float64)
@@ -171,7 +171,7 @@ def test_stored_bytes_are_quantize_fp8_of_the_rotated_keys(fmt):
         stored[name] = _np(mf, cache.key).view(np.uint8)  # the bytes
         quantize = IMPLS[name].quantize_fp8
         want, _ = quantize(mf.asarray(k.astype(np.float32)), fmt, axes=(0, 2, 3),
-                           descale=cache.k_descale)  # fmt: skip
+                           descale=cache.k_descale)
         np.testing.assert_array_equal(stored[name], _np(mf, want).view(np.uint8))
     np.testing.assert_array_equal(stored["numpy"], stored["torch"])
     np.testing.assert_array_equal(stored["numpy"], stored["jax"])
@@ -240,7 +240,7 @@ ERRORS = [
     ("nan", dict(dtype="float8_e5m2", k_descale=math.nan), ConfigError, "descale_value"),
     ("float64_array", dict(dtype="float8_e5m2", k_descale=np.ones(K)), DTypeError,
      "descale_dtype"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("keywords, cls, code", [e[1:] for e in ERRORS], ids=[e[0] for e in ERRORS])
@@ -259,7 +259,7 @@ def test_an_fp8_cache_of_a_float64_module_is_fp8_combination():
     weights, _ = _problem()
     w64 = {n: w.astype(np.float64) for n, w in weights.items()}
     same_error(lambda mf: mf.build(w64, H, K).init_cache(B, T, dtype="float8_e4m3fn"),
-               DTypeError, "fp8_combination", frameworks=MODULE_FRAMEWORKS)  # fmt: skip
+               DTypeError, "fp8_combination", frameworks=MODULE_FRAMEWORKS)
 
 
 def test_multi_head_latent_attention_refuses_an_fp8_cache():

@@ -142,7 +142,7 @@ def _oracle_inputs(call: dict) -> tuple[dict, dict]:
     if "window" in call:
         semantic["window"] = check_window(call["window"])
     as64 = {n: call[n].astype(np.float64) for n in ("query", "key", "value", "grad_output")
-            if n in call}  # fmt: skip
+            if n in call}
     for name in ("mask", "q_segment_ids", "kv_segment_ids"):
         if name in call:
             as64[name] = call[name]
@@ -319,7 +319,7 @@ def decode_runs(draw) -> dict:
     max_len = draw(st.integers(max(T - 2, 1), T + 3))  # below T: the cache runs out
     seed = draw(st.integers(0, 2**16))
     return dict(K=K, H=H, options=options, sinks=draw(st.booleans()), T=T, chunks=chunks,
-                rolling=rolling, max_len=max_len, seed=seed)  # fmt: skip
+                rolling=rolling, max_len=max_len, seed=seed)
 
 
 def _decoded(mf, run: dict, weights: dict, x: np.ndarray):
@@ -364,6 +364,6 @@ def test_decoding_in_any_chunks_is_the_full_forward_or_the_same_error(run) -> No
         assert len(set(errors.values())) == 1, f"the three raised differently: {errors}"
         return
     golden = module_forward(weights, x, n_heads=run["H"], n_kv_heads=run["K"], is_causal=True,
-                            **run["options"]).output  # fmt: skip
+                            **run["options"]).output
     for name, got in results.items():
         assert_within(got, golden, "float64", what=f"{name}: ")

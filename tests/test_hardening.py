@@ -34,7 +34,7 @@ def _qkv(dtype="float32", q=(1, 2, 3, 4), k=(1, 2, 5, 4), v=None, seed=0):
     rng = np.random.default_rng(seed)
     dt = NP_DTYPES[dtype]
     return (rng.standard_normal(q).astype(dt), rng.standard_normal(k).astype(dt),
-            rng.standard_normal(v or k).astype(dt))  # fmt: skip
+            rng.standard_normal(v or k).astype(dt))
 
 
 def _within_oracle(got, q, k, v=None, *, what: str = "", **kw) -> float:
@@ -139,7 +139,7 @@ def _grads(name: str, tiled: bool, q, k, v, do, **kw) -> tuple[np.ndarray, np.nd
         ("float32", 2.0**-102), ("float32", 2.0**102), ("float32", 1e30), ("float32", 2**70),
         ("float16", 2.0**102), ("float64", 2.0**-969), ("float64", 2.0**969),
     ],
-)  # fmt: skip
+)
 def test_3_a_softcap_in_the_allowance_agrees_everywhere(dtype, softcap) -> None:
     """Inside ``[tiny / u, u / tiny]`` of the compute dtype (float32 ``[2**-102, 2**102]``,
     float64 ``[2**-969, 2**969]``) whatever a flush to zero removes is below the unit roundoff:
@@ -154,7 +154,7 @@ def test_3_a_softcap_in_the_allowance_agrees_everywhere(dtype, softcap) -> None:
     plain_grads = grads if dtype == "float64" else attention_vjp(*as64, **kw, round_to=dtype)
     for name, fw in FRAMEWORKS.items():
         outs = {"plain": fw.sdpa(q, k, v, **kw), "tiled": fw.flash(q, k, v, **kw, block_q=2,
-                                                                    block_k=3)}  # fmt: skip
+                                                                    block_k=3)}
         for path, out in outs.items():
             assert_within(out, golden, dtype, plain, what=f"{name} {path} output: ")
         if dtype == "float16":
@@ -162,7 +162,7 @@ def test_3_a_softcap_in_the_allowance_agrees_everywhere(dtype, softcap) -> None:
         for tiled in (False, True):
             for got, field in zip(_grads(name, tiled, q, k, v, do, **kw), ("query", "key")):
                 assert_within(got, getattr(grads, field), dtype, getattr(plain_grads, field),
-                              what=f"{name} tiled={tiled} d{field}: ")  # fmt: skip
+                              what=f"{name} tiled={tiled} d{field}: ")
 
 
 @pytest.mark.parametrize(
@@ -172,7 +172,7 @@ def test_3_a_softcap_in_the_allowance_agrees_everywhere(dtype, softcap) -> None:
         ("float32", 2.0**103, "1.0141204801825835e+31"), ("float32", 1e38, "1e+38"),
         ("bfloat16", 1e35, "1e+35"), ("float64", 1e-300, "1e-300"), ("float64", 1e300, "1e+300"),
     ],
-)  # fmt: skip
+)
 def test_3_b_a_softcap_outside_the_allowance_is_refused_everywhere(dtype, softcap, shown) -> None:
     """Just outside, and where the frameworks were measured to differ (docs/SEMANTICS.md,
     "softcap"): JAX gave uniform weights for 1e38 and 1e35 (float32) and 1e300 (float64), NaN
@@ -195,7 +195,7 @@ def test_3_c_a_range_never_hides_a_shape_mistake(keyword, value) -> None:
     mask = np.ones((2, 3, 5), np.float32)  # a float mask: mask_dtype, before the range
     q, k, v = _qkv()
     assert same_error(lambda fw: fw.sdpa(q, k, v, mask=mask, **{keyword: value})
-                                    ).code == "mask_dtype"  # fmt: skip
+                                    ).code == "mask_dtype"
     assert same_error(lambda fw: fw.sdpa(q, k, v, **{keyword: value})).code == (f"{keyword}_range")
 
 
@@ -225,13 +225,13 @@ def test_4_huge_sizes_get_their_error_at_once() -> None:
     """The messages used to list divisors with range(1, n + 1): a size of 10**12 never came
     back. A child process with a generous timeout (a watchdog against a hang, not a timing)."""
     done = subprocess.run([sys.executable, "-c", HUGE], cwd=REPO, capture_output=True, text=True,
-                          timeout=300)  # fmt: skip
+                          timeout=300)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()
     assert len(lines) == 9 and len(set(lines[:3])) == 3 and lines[:3] == lines[3:6] == lines[6:]
     assert [line.split()[1] for line in lines[:3]] == [
         "d_model_not_divisible", "heads_not_divisible", "heads_not_divisible",
-    ]  # fmt: skip
+    ]
 
 
 # -- 5. modules too large to allocate ----------------------------------------------------------
@@ -330,9 +330,9 @@ def test_8_array_likes_work_in_all_three(name) -> None:
     k = np.array([[[1.0, 0.0], [0.0, 1.0], [1.0, 1.0]]], np.float32)  # (K=1, S=3, D=2)
     v = np.eye(3, dtype=np.float32)[None]  # (K=1, S=3, E=3)
     out = m.scaled_dot_product_attention(np.asarray(q, np.float32), k, v, mask=True, bias=0.5,
-                                         is_causal=np.bool_(False))  # fmt: skip
+                                         is_causal=np.bool_(False))
     _within_oracle(np.asarray(out.tolist(), np.float32), np.asarray(q, np.float32), k, v,
-                   bias=np.float32(0.5))  # v = I: the output is the weights  # fmt: skip
+                   bias=np.float32(0.5))  # v = I: the output is the weights
     out = m.scaled_dot_product_attention(q, k.tolist(), v.tolist())
     assert np.asarray(out.tolist()).shape == (1, 2, 3)
 
@@ -381,7 +381,7 @@ def test_10_none_is_float32_and_framework_dtypes_are_accepted(name) -> None:
     assert {np.asarray(w).dtype for w in weights.values()} == {np.dtype(np.float32)}
     own = {"numpy": (np.float16, np.dtype("bfloat16"), ml_dtypes.bfloat16),
            "torch": (torch.float16, torch.bfloat16, np.float16),
-           "jax": (jnp.float16, jnp.bfloat16, np.dtype("float16"))}[name]  # fmt: skip
+           "jax": (jnp.float16, jnp.bfloat16, np.dtype("float16"))}[name]
     for dtype in own:
         weights = m.GroupedQueryAttention(16, 4, 2, dtype=dtype).to_canonical()
         assert np.asarray(weights["q_proj.kernel"]).dtype.name in ("float16", "bfloat16")
@@ -494,7 +494,7 @@ def test_13_unused_cache_slots_holding_nan_are_never_read(name) -> None:
     clean, _ = module.decode(x, module.init_cache(2, 8))
     cache = module.init_cache(2, 8)
     poisoned = type(cache)(*(b * np.nan if name != "torch" else b.fill_(float("nan"))
-                             for b in (cache.key, cache.value)), cache.position)  # fmt: skip
+                             for b in (cache.key, cache.value)), cache.position)
     got, _ = module.decode(x, poisoned)
     np.testing.assert_array_equal(fw.to_numpy(got), fw.to_numpy(clean))
 
@@ -520,7 +520,7 @@ def test_14_jax_without_x64_names_the_dtype_the_user_passed() -> None:
     """An int64 mask is reported as int64 (JAX would have made it int32 first), and float64
     inputs ask for the 64-bit mode instead of silently computing in float32."""
     done = subprocess.run([sys.executable, "-c", NO_X64], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     mask_line, x64_line = done.stdout.splitlines()
     assert mask_line.startswith("mask_dtype") and "got int64" in mask_line
@@ -628,9 +628,9 @@ def test_gqa_maps_distinct_keys_per_head_contiguously() -> None:
     q = rng.standard_normal((6, 4, 3)).astype(np.float32)  # H = 6
     k = (rng.standard_normal((3, 5, 3)) * np.array([1, 4, 9])[:, None, None]).astype(np.float32)
     w_contig = np.stack([impl_numpy.attention_weights(q[h : h + 1], k[h // 2 : h // 2 + 1])[0]
-                         for h in range(6)])  # fmt: skip
+                         for h in range(6)])
     w_tiled = np.stack([impl_numpy.attention_weights(q[h : h + 1], k[h % 3 : h % 3 + 1])[0]
-                        for h in range(6)])  # fmt: skip
+                        for h in range(6)])
     assert not np.allclose(w_contig, w_tiled)  # the oracle's mapping is w_contig's
     for fw in FRAMEWORKS.values():
         _within_oracle(fw.weights(q, k), q, k, what=f"{fw.name}: ")
@@ -660,10 +660,10 @@ def test_low_precision_results_are_a_float32_computation_rounded(dtype) -> None:
     float32 computation of the same inputs, rounded once to the dtype (within one ulp)."""
     q, k, v = _qkv(dtype, q=(2, 4, 9, 8), k=(2, 2, 11, 8), seed=9)
     f32 = impl_numpy.scaled_dot_product_attention(*(a.astype(np.float32) for a in (q, k, v)),
-                                                  is_causal=True)  # fmt: skip
+                                                  is_causal=True)
     rounded = f32.astype(NP_DTYPES[dtype])
     ulp = np.abs(np.spacing(rounded.astype(np.float32)) if dtype == "float16"
-                 else rounded.astype(np.float32) * 2.0**-7)  # fmt: skip
+                 else rounded.astype(np.float32) * 2.0**-7)
     for fw in FRAMEWORKS.values():
         got = fw.sdpa(q, k, v, is_causal=True)
         assert got.dtype == NP_DTYPES[dtype]

@@ -43,7 +43,7 @@ IMPLS = {"numpy": impl_numpy, "torch": impl_torch, "jax": impl_jax}
 B, L, M, H, K, D = 2, 6, 32, 4, 2, 8  # batch, tokens, width, heads, kv heads, head dim
 SIZES = dict(hidden_size=M, num_attention_heads=H, num_key_value_heads=K, head_dim=D,
              num_hidden_layers=2, vocab_size=64, intermediate_size=48, max_position_embeddings=64,
-             attn_implementation="eager")  # fmt: skip
+             attn_implementation="eager")
 ROPE = {"rope_type": "default", "rope_theta": 100.0}  # large angles at small positions
 
 
@@ -54,7 +54,7 @@ def _family_module(model_type: str):
 def _config(model_type: str, **extra):
     """A tiny config of the family; ``extra`` switches its own features on or off."""
     cls = {"llama": transformers.LlamaConfig, "mistral": transformers.MistralConfig,
-           "gemma2": transformers.Gemma2Config}.get(model_type)  # fmt: skip
+           "gemma2": transformers.Gemma2Config}.get(model_type)
     if cls is None:
         cls = getattr(transformers, "GptOssConfig", None)
         if cls is None:
@@ -103,7 +103,7 @@ def _hf_forward(attention, rotary, x: np.ndarray) -> np.ndarray:
     cos, sin = rotary(xt, positions)
     W = getattr(attention, "sliding_window", getattr(attention.config, "sliding_window", None))
     rule = (masking_utils.causal_mask_function if W is None
-            else masking_utils.sliding_window_causal_mask_function(W))  # fmt: skip
+            else masking_utils.sliding_window_causal_mask_function(W))
     n = torch.arange(x.shape[1])
     allowed = np.array([[bool(rule(0, 0, i, j)) for j in n] for i in n])  # (L, S)
     mask = torch.from_numpy(np.where(allowed, 0.0, -np.inf)).to(xt.dtype)[None, None]
@@ -198,7 +198,7 @@ SCALED = {
                "high_freq_factor": 4.0, "original_max_position_embeddings": 16},
     "yarn": {"rope_type": "yarn", "rope_theta": 100.0, "factor": 4.0,
              "original_max_position_embeddings": 16},
-}  # fmt: skip
+}
 
 
 def _scaled_expected(rope_type: str) -> tuple[np.ndarray, float]:
@@ -227,7 +227,7 @@ def test_scaled_rope_llama_layers_agree_in_float32_and_float64(rope_type):
     x = _x(2)
     w64 = {n: a.astype(np.float64) for n, a in weights.items()}
     kw = dict(n_heads=H, n_kv_heads=K, is_causal=True, rope_theta=100.0, rope_inv_freq=inv_freq,
-              rope_attention_factor=factor)  # fmt: skip
+              rope_attention_factor=factor)
     golden = module_forward(w64, x.astype(np.float64), **kw).output
     plain = module_forward(w64, x.astype(np.float64), **kw, round_to="float32").output
     bound = tolerance_bound(golden, plain, "float32")
@@ -350,7 +350,7 @@ def _generate_with_ours(model, name: str, prompt: torch.Tensor, steps: int, dtyp
 
 def _generate_with_hf(model, prompt: torch.Tensor, steps: int):
     out = model.generate(prompt, max_new_tokens=steps, do_sample=False, output_logits=True,
-                         return_dict_in_generate=True)  # fmt: skip
+                         return_dict_in_generate=True)
     return out.sequences, np.stack([s.numpy() for s in out.logits], axis=1)
 
 
@@ -399,7 +399,7 @@ def test_module_options_of_each_family():
         "d_model": M, "n_heads": H, "n_kv_heads": K, "head_dim": D, "bias": False,
         "rope_theta": 100.0, "rope_interleaved": False, "window": (2, 0), "scale": 0.25,
         "softcap": 2.0,
-    }  # fmt: skip
+    }
     assert "window" not in module_options(gemma, 1)  # layer 1 is a full-attention layer
     options = module_options(_config("gpt_oss", sliding_window=3), 0)
     assert options["sinks"] is True and options["bias"] is True and options["window"] == (2, 0)
@@ -409,7 +409,7 @@ def test_module_options_of_each_family():
     with pytest.raises(NotImplementedError, match="rope_type 'longrope'"):
         module_options({**_config("llama").to_dict(), "rope_parameters": {"rope_type": "longrope"}})
     linear = module_options({**_config("llama").to_dict(), "rope_parameters": {
-        "rope_type": "linear", "rope_theta": 100.0, "factor": 4.0}})  # fmt: skip
+        "rope_type": "linear", "rope_theta": 100.0, "factor": 4.0}})
     want = [100 ** (-p / 4) / 4 for p in range(4)]  # by hand: exact to an ulp
     np.testing.assert_allclose(linear["rope_inv_freq"], want, rtol=1e-15)
     with pytest.raises(NotImplementedError, match="no converter for model_type 'gpt2'"):
@@ -443,7 +443,7 @@ def _functional_reference(weights, options, x: np.ndarray) -> np.ndarray:
 WRONG = {"window": lambda o: o | {"window": (o["window"][0] + 1, 0)},
          "scale": lambda o: {k: v for k, v in o.items() if k != "scale"},
          "softcap": lambda o: {k: v for k, v in o.items() if k != "softcap"},
-         "sinks": lambda o: o | {"sinks": False}}  # fmt: skip
+         "sinks": lambda o: o | {"sinks": False}}
 
 
 @pytest.mark.parametrize("model_type", list(FEATURES))

@@ -196,7 +196,7 @@ def _flax_weights(seed=0, dtype="float64", n_kv_heads=K, bias=True):
     return random_canonical(
         np.random.default_rng(seed), M=FLAX_M, K=n_kv_heads, D=FLAX_D, E=FLAX_D, bias=bias,
         dtype=dtype,
-    )  # fmt: skip
+    )
 
 
 def _flax_call(mha, x, ctx, mask=None, *, sow_weights):
@@ -217,7 +217,7 @@ def test_flax_mha_matches_our_module(case, n_kv_heads, dtype):
     x = _x(2, FLAX_M, dtype)
     ctx = _x(3, FLAX_M, dtype, length=S) if case == "cross_padding" else None
     mask = {"self": None, "cross_padding": _lengths_mask([4, 6], S),
-            "causal": causal_mask(L, L)}[case]  # fmt: skip
+            "causal": causal_mask(L, L)}[case]
     want_y, want_w = _ours(weights, n_kv_heads, x, ctx, mask=mask)
     mha = to_flax_multihead_attention(weights, n_heads=H, n_kv_heads=n_kv_heads)
     # flax's explicit path (taken when weights are sown) computes in the input dtype
@@ -253,7 +253,7 @@ def test_flax_mha_of_its_own_init_runs_in_our_module():
         num_heads=H, in_features=FLAX_M, qkv_features=H * FLAX_D, num_kv_heads=K,
         param_dtype=jnp.float64, precision=jax.lax.Precision.HIGHEST,
         bias_init=nnx.initializers.uniform(1.0), decode=False, rngs=nnx.Rngs(7),
-    )  # fmt: skip
+    )
     x, ctx = _x(8, FLAX_M), _x(9, FLAX_M, length=S)
     want, _ = _flax_call(mha, x, ctx, sow_weights=True)
     for mf in MODULE_FRAMEWORKS.values():

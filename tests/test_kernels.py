@@ -59,7 +59,7 @@ def _torch_kernel(q, k, v, mask, bias, kw):
     return F.scaled_dot_product_attention(
         *map(torch.from_numpy, (q, k, v)),
         attn_mask=attn_mask, is_causal=is_causal, scale=kw.get("scale"), enable_gqa=True,
-    ).numpy()  # fmt: skip
+    ).numpy()
 
 
 def _ours(impl, asarray, q, k, v, mask, bias, kw):
@@ -130,7 +130,7 @@ def _jax_kernel(q, k, v, *, mask=None, bias=None, is_causal=False, scale=None):
         bias=None if bias is None else jnp.asarray(bias),
         mask=None if mask is None else jnp.asarray(mask),
         scale=scale, is_causal=is_causal, implementation="xla",
-    )  # fmt: skip
+    )
     return np.asarray(_heads_second(out))
 
 
@@ -152,7 +152,7 @@ def test_jax_matches_jax_dot_product_attention(case, dtype, L, S):
     expected = _jax_kernel(
         q, k, v, mask=mask if kw.get("mask") else None, bias=bias if kw.get("bias") else None,
         is_causal=kw.get("is_causal", False), scale=kw.get("scale"),
-    )  # fmt: skip
+    )
     ours = np.asarray(_ours(impl_jax, jnp.asarray, q, k, v, mask, bias, kw))
     # jax's softmax runs in float32 even for float64 input (pinned below), hence float32's bound
     np.testing.assert_allclose(ours, expected, rtol=0, atol=FUSED_FLOAT32)

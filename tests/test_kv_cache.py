@@ -58,7 +58,7 @@ def _decode_cases():
                 for dtype in ("float64", "float32", "float16", "bfloat16"):
                     if fw != "jax" or chunking == "uneven_prefill" or dtype == "float32":
                         yield pytest.param(fw, chunking, heads, dtype,
-                                           id=f"{fw}-{chunking}-{heads}-{dtype}")  # fmt: skip
+                                           id=f"{fw}-{chunking}-{heads}-{dtype}")
 
 
 @pytest.mark.parametrize(("name", "chunking", "heads", "dtype"), list(_decode_cases()))
@@ -146,7 +146,7 @@ def test_a_zero_width_value_caches_the_keys_alone(mf, rolling_max_len):
     keys = np.random.default_rng(36).standard_normal((B, 1, 7, D)).astype(np.float32)
     cache = mf.modules.KVCache(mf.asarray(np.zeros((B, 1, slots, D), np.float32)),
                                mf.asarray(np.zeros((B, 1, slots, 0), np.float32)), 0,
-                               rolling_max_len)  # fmt: skip
+                               rolling_max_len)
     cache, k, v = cache.append(mf.asarray(keys[:, :, :5]), mf.asarray(keys[:, :, :5, :0]))
     cache, k, v = cache.append(mf.asarray(keys[:, :, 5:6]), mf.asarray(keys[:, :, 5:6, :0]))
     attended = slots if rolling_max_len else 6  # a ring's last T - 1 then the new token
@@ -174,7 +174,7 @@ def test_writing_past_max_len_raises_everywhere():
         ConfigError, "cache_overflow",
         "the KV cache holds 10 of at most 12 tokens; writing 3 more would need 13",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
 
 
 def test_prefill_longer_than_cache_raises_everywhere():
@@ -182,7 +182,7 @@ def test_prefill_longer_than_cache_raises_everywhere():
         lambda mf: _decode_error(mf, x_shape=(B, 13, M)), ConfigError,
         "cache_overflow", "writing 13 more would need 13",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
 
 
 def test_decode_batch_must_be_the_caches():
@@ -190,7 +190,7 @@ def test_decode_batch_must_be_the_caches():
         lambda mf: _decode_error(mf, x_shape=(1, 1, M)), DimensionMismatchError,
         "batch_not_broadcastable", "x batch (B=1) must be the KV cache's (B=2)",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
 
 
 def test_init_cache_needs_positive_sizes():
@@ -198,7 +198,7 @@ def test_init_cache_needs_positive_sizes():
         lambda mf: mf.build(random_canonical(np.random.default_rng(0)), H, 2).init_cache(B, 0),
         ConfigError, "non_positive_size", "max_len must be an integer >= 1; got 0",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
 
 
 def test_jax_cache_is_pure_and_jits():

@@ -107,7 +107,7 @@ def _qkv(rng, dtype, H, K, L, S, D=4, E=3, batch=(2,)):
 
 @SETTINGS
 @given(packages_and_paths(), st.lists(st.integers(1, 5), min_size=2, max_size=3),
-       st.booleans(), st.sampled_from([None, (1, 0), (2, 1)]))  # fmt: skip
+       st.booleans(), st.sampled_from([None, (1, 0), (2, 1)]))
 def test_packed_documents_equal_each_document_alone(setup, lengths, is_causal, window) -> None:
     """Self-attention over documents packed in one row, with segment ids, equals attention over
     each document by itself (causal positions and windows are the packed row's, which within a
@@ -128,7 +128,7 @@ def test_packed_documents_equal_each_document_alone(setup, lengths, is_causal, w
 
 @SETTINGS
 @given(packages_and_paths(), st.integers(1, 6), st.integers(1, 6), st.booleans(),
-       st.sampled_from(["top_left", "bottom_right"]))  # fmt: skip
+       st.sampled_from(["top_left", "bottom_right"]))
 def test_a_window_wider_than_the_sequence_is_no_window(setup, L, S, is_causal, alignment):
     name, path, dtype, rng = setup
     q, k, v = _qkv(rng, dtype, H=2, K=1, L=L, S=S)
@@ -139,7 +139,7 @@ def test_a_window_wider_than_the_sequence_is_no_window(setup, L, S, is_causal, a
 
 @SETTINGS
 @given(packages_and_paths(), st.integers(1, 6), st.integers(1, 6), st.integers(0, 7),
-       st.sampled_from(["top_left", "bottom_right"]))  # fmt: skip
+       st.sampled_from(["top_left", "bottom_right"]))
 def test_a_left_window_to_the_diagonal_is_causal(setup, L, S, W, alignment) -> None:
     """``window=(W, 0)`` alone equals ``is_causal`` with ``window=(W, None)``: the window's right
     end is the causal diagonal of the same alignment (rows left without keys are zeros in both)."""

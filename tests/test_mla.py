@@ -80,7 +80,7 @@ VARIANTS = [
      {"mask": np.tril(np.ones((L, L), bool), 1), "causal_alignment": "bottom_right"}),
     ("segments", None, {}, {"q_segment_ids": np.array([0] * 4 + [1] * 5),
                             "kv_segment_ids": np.array([0] * 4 + [1] * 5)}),
-]  # fmt: skip
+]
 
 
 def _module(fw: str, weights: dict, settings: dict, sinks: bool = False):
@@ -103,11 +103,11 @@ def test_forward_and_weights_equal_the_oracle(fw, dtype, variant) -> None:
     w64 = {k: v.astype(np.float64) for k, v in weights.items()}
     oracle_settings = {k: v for k, v in settings.items()}
     golden = mla_forward(w64, x.astype(np.float64), n_heads=H, qk_rope_head_dim=Dr,
-                         **oracle_settings, **call)  # fmt: skip
+                         **oracle_settings, **call)
     plain = None
     if dtype != "float64":
         plain = mla_forward(w64, x.astype(np.float64), n_heads=H, qk_rope_head_dim=Dr,
-                            **oracle_settings, **call, round_to=dtype)  # fmt: skip
+                            **oracle_settings, **call, round_to=dtype)
     module = _module(fw, weights, settings, sinks)
     y, w = module(FRAMEWORKS[fw][1](x), **_call_keywords(fw, call), return_weights=True)
     plain_y, plain_w = (None, None) if plain is None else (plain.output, plain.weights)
@@ -132,7 +132,7 @@ def test_decode_equals_the_forward_token_by_token_and_in_chunks(fw, dtype, cache
     convert = FRAMEWORKS[fw][1]
     full = _np(module(convert(x), is_causal=True)).astype(np.float64)
     init, step = ((module.init_kv_cache, module.decode_naive) if cache == "naive"
-                  else (module.init_cache, module.decode))  # fmt: skip
+                  else (module.init_cache, module.decode))
     for chunks in ([1] * L, [3, 1, 5]):
         state, rows, start = init(B, L + 2), [], 0
         for n in chunks:
@@ -150,7 +150,7 @@ def _nan_pool(fw: str, cache):
     convert = FRAMEWORKS[fw][1]
     nan = {name: convert(np.full(_np(getattr(cache, name)).shape, np.nan,
                                  _np(getattr(cache, name)).dtype))
-           for name in ("key_pages", "value_pages")}  # fmt: skip
+           for name in ("key_pages", "value_pages")}
     return dataclasses.replace(cache, **nan)
 
 
@@ -236,7 +236,7 @@ def test_a_latent_cache_of_another_layout_is_refused_identically_in_all_three() 
         module, x = cls(M, H, **SIZES), convert(_x("float32")[:, :1])
         kv_cache = IMPLS[fw].KVCache
         two = kv_cache(convert(np.zeros((B, 1, 4, R), np.float32)),
-                       convert(np.zeros((B, 1, 4, Dr), np.float32)))  # fmt: skip
+                       convert(np.zeros((B, 1, 4, Dr), np.float32)))
         wide = dataclasses.replace(module.init_cache(B, 4), value=two.value)
         raised[fw] = tuple(_raised(lambda c=c, m=module, x=x: m.decode(x, c)) for c in (two, wide))
     assert len(set(raised.values())) == 1, raised
@@ -257,7 +257,7 @@ def test_the_absorbed_step_returns_the_naive_weights(fw) -> None:
 
 def test_save_and_load_across_the_three(tmp_path) -> None:
     settings = {"rope_inv_freq": np.array([0.9, 0.01]), "rope_attention_factor": 1.1,
-                "window": (2, 1), "softcap": 7.0, "scale": 0.5, "rms_norm_eps": 1e-5}  # fmt: skip
+                "window": (2, 1), "softcap": 7.0, "scale": 0.5, "rms_norm_eps": 1e-5}
     weights, x = _weights(Q, "float64", sinks=True), _x("float64")
     want = _np(_module("numpy", weights, settings, True)(x, is_causal=True))
     for writer in FRAMEWORKS:
@@ -291,7 +291,7 @@ def _raised(fn) -> tuple[str, str, str]:
             {k: v for k, v in _weights(Q, "float32").items() if k != "q_a_layernorm.weight"},
             n_heads=H, qk_rope_head_dim=Dr), "weight_shape"),
     ],
-)  # fmt: skip
+)
 def test_errors_are_identical_in_all_three(build, code) -> None:
     raised = {fw: _raised(lambda c=cls: build(c)) for fw, (cls, _) in FRAMEWORKS.items()}
     assert len(set(raised.values())) == 1, raised
@@ -334,14 +334,14 @@ def _config(q_lora, interleave: bool, yarn: bool, **extra):
     if yarn:
         rope = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0, "mscale": 0.707,
                 "mscale_all_dim": 0.707, "original_max_position_embeddings": 16,
-                "beta_fast": 32.0, "beta_slow": 1.0}  # fmt: skip
+                "beta_fast": 32.0, "beta_slow": 1.0}
     extra = {"attention_bias": False, **extra}
     return transformers.DeepseekV3Config(
         hidden_size=M, num_attention_heads=H, num_key_value_heads=H, q_lora_rank=q_lora,
         kv_lora_rank=R, qk_nope_head_dim=Dn, qk_rope_head_dim=Dr, v_head_dim=E,
         rope_interleave=interleave, rope_parameters=rope, max_position_embeddings=64,
         rms_norm_eps=1e-6, **extra,
-    )  # fmt: skip
+    )
 
 
 def _hf_layer(q_lora, interleave: bool, yarn: bool):
@@ -415,11 +415,11 @@ def _disagreement(q_lora, interleave: bool, yarn: bool, frameworks=tuple(FRAMEWO
         hf_cache, steps = DynamicCache(config=config), []
         for t in range(L):
             out, _ = layer(xt[:, t : t + 1], _hf_rope(options, positions[:, t : t + 1]), None,
-                           cache=hf_cache)  # fmt: skip
+                           cache=hf_cache)
             steps.append(out.numpy())
     want, hf_steps = want.numpy(), np.concatenate(steps, 1)
     errors = {"hf": np.max(np.abs(hf_steps - want)),  # HF's own cache against its forward
-              "scale": abs(options["scale"] - layer.scaling)}  # fmt: skip
+              "scale": abs(options["scale"] - layer.scaling)}
     for fw in frameworks:
         module = hf.attention_module(IMPLS[fw], weights, options)
         convert = FRAMEWORKS[fw][1]
@@ -473,7 +473,7 @@ def test_layer_n_of_a_save_pretrained_checkpoint_is_the_models_layer(tmp_path) -
     transformers = pytest.importorskip("transformers")
     config = _config(Q, True, True, num_hidden_layers=2, vocab_size=32, intermediate_size=8,
                      moe_intermediate_size=4, n_routed_experts=2, num_experts_per_tok=1,
-                     n_group=1, topk_group=1, first_k_dense_replace=1)  # fmt: skip
+                     n_group=1, topk_group=1, first_k_dense_replace=1)
     torch.manual_seed(1)
     model = transformers.DeepseekV3ForCausalLM(config).eval()
     model.save_pretrained(tmp_path, max_shard_size="4KB")

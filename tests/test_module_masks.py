@@ -70,7 +70,7 @@ def test_module_settings_match_the_oracle(name, setting):
         module, x, is_causal=True, return_weights=True, q_segment_ids=ids, kv_segment_ids=ids
     )
     golden = module_forward(weights, x, n_heads=H, n_kv_heads=K, is_causal=True,
-                            q_segment_ids=ids, kv_segment_ids=ids, **options)  # fmt: skip
+                            q_segment_ids=ids, kv_segment_ids=ids, **options)
     assert_within(got, golden.output, "float64", what="output: ")
     assert_within(w, golden.weights, "float64", what="weights: ")
     assert np.all(w[0, :, 3:, :3] == 0) and np.all(w[1, :, :4, 4:] == 0)  # no leak across docs
@@ -149,9 +149,9 @@ def test_packed_prefill_into_a_plain_cache(mf):
     full = mf.forward(module, x, is_causal=True, q_segment_ids=ids, kv_segment_ids=ids)
     cache = module.init_cache(B, 8)
     y1, cache = mf.decode(module, x[:, :5], cache, q_segment_ids=ids[:, :5],
-                          kv_segment_ids=ids[:, :5])  # fmt: skip
+                          kv_segment_ids=ids[:, :5])
     y2, cache = mf.decode(module, x[:, 5:], cache, q_segment_ids=ids[:, 5:],
-                          kv_segment_ids=ids)  # fmt: skip
+                          kv_segment_ids=ids)
     assert_within(np.concatenate([y1, y2], axis=1), full, "float64")
 
 
@@ -183,7 +183,7 @@ def test_rolling_cache_refusals_are_identical():
     assert seen[0] == seen[1] == seen[2]
     assert [code for _, code, _ in seen[0]] == [
         "rolling_cache", "rolling_cache", "rolling_cache", "cache_mismatch",
-    ]  # fmt: skip
+    ]
     assert "mask" in seen[0][1][2] and "q_segment_ids, kv_segment_ids" in seen[0][2][2]
 
 
@@ -217,7 +217,7 @@ def test_sinks_flag_must_agree_with_the_weights():
         seen.append([
             _error(lambda mf=mf: mf.build(_weights(sinks=False), H, K, sinks=True)),
             _error(lambda mf=mf: mf.build(_weights(sinks=True), H, K, sinks=False)),
-        ])  # fmt: skip
+        ])
         fresh = mf.modules.GroupedQueryAttention(24, H, K, sinks=True, dtype="float64")
         assert np.array_equal(fresh.to_canonical()["sinks"], np.zeros(H))
     assert seen[0] == seen[1] == seen[2]

@@ -75,7 +75,7 @@ CASES = {
         "mask": np.random.default_rng(7).random((B, H, L, S)) > 0.3,
         "bias": np.random.default_rng(8).standard_normal((1, H, 1, S)),
     }),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
@@ -172,7 +172,7 @@ def test_multi_head_attention_hands_every_keyword_on(mf, tmp_path):
         head_dim=3, value_head_dim=5, bias=False, rope_theta=500.0, rotary_dim=2,
         rope_inv_freq=np.array([0.3]), rope_attention_factor=1.25, window=(2, 0),
         sinks=True, alibi=True, softcap=30.0, scale=0.5, dtype="float64",
-    )  # fmt: skip
+    )
     mha = mf.modules.MultiHeadAttention(10, 4, **kw)
     gqa = mf.modules.GroupedQueryAttention(10, 4, 4, **kw)
     assert (mha.dims, mha.rope, mha.options) == (gqa.dims, gqa.rope, gqa.options)
@@ -183,7 +183,7 @@ def test_multi_head_attention_hands_every_keyword_on(mf, tmp_path):
     with pytest.raises(TypeError):
         mf.modules.MultiHeadAttention(10, 4, 4, **kw)
     settings = ("rope_theta", "rotary_dim", "rope_inv_freq", "rope_attention_factor", "window",
-                "alibi", "softcap", "scale")  # fmt: skip
+                "alibi", "softcap", "scale")
     loaded = mf.modules.MultiHeadAttention.from_canonical(
         weights, n_heads=4, **{k: kw[k] for k in settings}
     )
@@ -304,7 +304,7 @@ CONSTRUCTION_ERRORS = {
         lambda mf: mf.modules.GroupedQueryAttention(16, 4, 2, dtype="int32"), DTypeError,
         "unsupported_dtype", "module dtype must be one of",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(CONSTRUCTION_ERRORS))
@@ -319,7 +319,7 @@ def test_head_dim_makes_indivisible_width_legal(mf):
 
 
 def _call(mf, x_shape=(B, L, M), ctx_shape=(B, S, M), x_dtype="float32", ctx_dtype="float32",
-          **kw):  # fmt: skip
+          **kw):
     module = mf.build(random_canonical(np.random.default_rng(0), dtype="float32"), H, K)
     x = np.zeros(x_shape, NP_DTYPES[x_dtype])
     ctx = None if ctx_shape is None else np.zeros(ctx_shape, NP_DTYPES[ctx_dtype])
@@ -365,7 +365,7 @@ FORWARD_ERRORS = {
         lambda mf: _call(mf, is_causal=True, causal_alignment="lower_right"), ConfigError,
         "unknown_alignment", "causal_alignment must be one of",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(FORWARD_ERRORS))
@@ -412,7 +412,7 @@ LOAD_ERRORS = {
         DimensionMismatchError, "weight_shape",
         "canonical weight v_proj.kernel must be (17, 26) for (M=17, H=6, K=2, D=11, E=13)",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(LOAD_ERRORS))
@@ -443,7 +443,7 @@ PADDING_ERRORS = {
         lambda mf: mf.modules.padding_mask(mf.asarray(np.ones(2, np.int32)), -1), ConfigError,
         "non_positive_size", "kv_len (S) must be an integer >= 0; got -1",
     ),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(PADDING_ERRORS))
@@ -486,7 +486,7 @@ def test_weight_file_without_metadata_is_refused(tmp_path):
         lambda mf: mf.modules.GroupedQueryAttention.load(path), DimensionMismatchError,
         "weight_shape", "a weight file needs the metadata 'rosetta_attention'",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
 
 
 # -- gradients ------------------------------------------------------------------------------

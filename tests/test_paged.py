@@ -56,7 +56,7 @@ PROBLEMS = {
     "alibi_softcap": dict(seq_lens=[9, 5], q_lens=[3, 1], page_size=2, is_causal=True,
                           alibi_slopes=np.linspace(0.1, 0.8, 6), softcap=3.0, scale=0.7),
     "mqa": dict(seq_lens=[7, 3], q_lens=[2, 1], page_size=3, h=8, k=1, is_causal=True),
-}  # fmt: skip
+}
 
 
 FUNCTIONS = ("paged_attention", "paged_flash_attention")
@@ -87,7 +87,7 @@ def test_the_oracle_equals_the_contiguous_oracle_on_gathered_keys():
         values = c.value_cache[c.block_table[n, j // ps], j % ps].transpose(1, 0, 2)
         q = c.query[cu[n] : cu[n + 1]].transpose(1, 0, 2)  # (H, L, D)
         got = oracle.attention(q, keys, values, causal_alignment="bottom_right", **c.keywords,
-                               **c.arrays).output  # fmt: skip
+                               **c.arrays).output
         oracle.assert_within(got.transpose(1, 0, 2), want[cu[n] : cu[n + 1]], "float64")
 
 
@@ -127,14 +127,14 @@ def test_the_tiled_read_jits_with_its_lengths_closed_over():
     @jax.jit
     def step(query, key_cache, value_cache, table):
         return impl_jax.paged_flash_attention(query, key_cache, value_cache, table, lens, cu,
-                                              **c.keywords, sinks=sinks)  # fmt: skip
+                                              **c.keywords, sinks=sinks)
 
     got = np.asarray(step(query, key_cache, value_cache, table))
     oracle.assert_within(got, _golden(c), "float64")
 
 
 @pytest.mark.parametrize(("traced", "code"), [("seq_lens", "seq_lens_value"),
-                                              ("cu_seqlens_q", "cu_seqlens_value")])  # fmt: skip
+                                              ("cu_seqlens_q", "cu_seqlens_value")])
 def test_the_tiled_read_refuses_traced_lengths(traced, code):
     """A traced seq_lens or cu_seqlens_q cannot be scheduled on the host: ConfigError with the
     value code of that array, which says how to call it instead (attention_spec.sequence_pages).
@@ -208,9 +208,9 @@ def test_the_schedule_reads_each_sequences_band_in_blocks():
     call = check_paged_attention(*args, is_causal=True)
     schedule = sequence_pages(call, 7)  # 2 pages a block
     assert [(s.n, s.q0, s.q1, s.S) for s in schedule] == [(0, 0, 1, 7), (1, 1, 2, 1),
-                                                          (3, 2, 6, 12), (4, 6, 8, 5)]  # fmt: skip
+                                                          (3, 2, 6, 12), (4, 6, 8, 5)]
     assert [s.blocks for s in schedule] == [((0, 2), (2, 3)), ((0, 1),), ((0, 2), (2, 4)),
-                                            ((0, 2),)]  # fmt: skip
+                                            ((0, 2),)]
     assert [s.blocks for s in sequence_pages(call, 2)][2] == ((0, 1), (1, 2), (2, 3), (3, 4))
     windowed = check_paged_attention(*args, is_causal=True, window=(4, 0))
     # sequence 3's rows sit at 8..11: the first sees keys 4..8, so pages 1.. (page 0 unread)
@@ -224,7 +224,7 @@ def test_the_default_block_fills_the_flash_tile_with_the_sequences_rows():
     of 256 rows or more BLOCK_K = 512, between them BLOCK_Q * BLOCK_K / L_n; a block_k given is
     kept; the schedule gives each sequence its own (page 16: 128 pages, then 32)."""
     assert [paged_block_k(None, L) for L in (1, 64, 100, 256, 4096)] == [2048, 2048, 1310, 512,
-                                                                         512]  # fmt: skip
+                                                                         512]
     assert paged_block_k(7, 1) == 7
     with pytest.raises(ConfigError, match="block_k must be"):
         paged_block_k(0, 1)
@@ -239,10 +239,10 @@ def test_paged_cache_write(fw):
     and return the arrays given, JAX returns new arrays."""
     c = write_problem(np.random.default_rng(3), [4, -1, 0, -1, 10])
     want_k, want_v = oracle.paged_cache_write(c.key_cache, c.value_cache, c.key, c.value,
-                                              c.slot_mapping)  # fmt: skip
+                                              c.slot_mapping)
     kc, vc = fw.asarray(c.key_cache.copy()), fw.asarray(c.value_cache.copy())
     out_k, out_v = fw.module.paged_cache_write(kc, vc, fw.asarray(c.key), fw.asarray(c.value),
-                                               fw.asarray(c.slot_mapping))  # fmt: skip
+                                               fw.asarray(c.slot_mapping))
     np.testing.assert_array_equal(fw.to_numpy(out_k), want_k)
     np.testing.assert_array_equal(fw.to_numpy(out_v), want_v)
     assert fw.to_numpy(out_k)[-1, -1].tolist() == c.key_cache[-1, -1].tolist()
@@ -257,7 +257,7 @@ def _ints(*v):
 
 
 def _call(query=(3, 6, 4), kc=(4, 3, 2, 4), vc=(4, 3, 2, 5), table=None, lens=None, cu=None,
-          dtype=np.float32, **kw):  # fmt: skip
+          dtype=np.float32, **kw):
     """A paged_attention call of two sequences (4 and 5 keys; 1 and 2 queries) but for what is
     given, as a function of the framework."""
     table = _ints([0, 1], [2, 3]) if table is None else table
@@ -275,10 +275,10 @@ def _call(query=(3, 6, 4), kc=(4, 3, 2, 4), vc=(4, 3, 2, 5), table=None, lens=No
 
 
 def _write(kc=(4, 3, 2, 4), vc=(4, 3, 2, 5), key=(2, 2, 4), value=(2, 2, 5), slots=None,
-           dtype=np.float32, key_dtype=None):  # fmt: skip
+           dtype=np.float32, key_dtype=None):
     slots = _ints(0, 1) if slots is None else slots
     arrays = [np.zeros(kc, dtype), np.zeros(vc, dtype), np.zeros(key, key_dtype or dtype),
-              np.zeros(value, dtype), slots]  # fmt: skip
+              np.zeros(value, dtype), slots]
     return lambda fw: fw.module.paged_cache_write(*(fw.asarray(a) for a in arrays))
 
 
@@ -336,7 +336,7 @@ ERRORS = {
     "write_tokens": (_write(slots=_ints(0, 1, 2)), DimensionMismatchError, "cache_write_shape",
                      "must agree on the tokens T"),
     "write_page_shape": (_write(vc=(4, 3, 1, 5)), DimensionMismatchError, "page_shape", None),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
@@ -362,9 +362,9 @@ def test_the_tiled_read_raises_the_same(case):
 def test_a_mixed_dtype_cache_is_refused_in_all_three():
     arrays = [np.zeros((3, 6, 4), np.float32), np.zeros((4, 3, 2, 4), np.float64),
               np.zeros((4, 3, 2, 5), np.float64), _ints([0, 1], [2, 3]), _ints(4, 5),
-              _ints(0, 1, 3)]  # fmt: skip
+              _ints(0, 1, 3)]
     same_error(lambda fw: fw.module.paged_attention(*(fw.asarray(a) for a in arrays)),
-               DTypeError, "dtype_mismatch", "query=float32, key_cache=float64")  # fmt: skip
+               DTypeError, "dtype_mismatch", "query=float32, key_cache=float64")
 
 
 def test_every_paged_code_has_a_case():
@@ -380,7 +380,7 @@ def test_values_are_unchecked_under_jit_and_checked_outside():
             *args, table, jnp.asarray(_ints(4, 5)), jnp.asarray(_ints(0, 1, 3))
         )
     out = jax.jit(impl_jax.paged_attention)(*args, table, jnp.asarray(_ints(4, 5)),
-                                            jnp.asarray(_ints(0, 1, 3)))  # fmt: skip
+                                            jnp.asarray(_ints(0, 1, 3)))
     assert out.shape == (3, 6, 5)
 
 
@@ -411,13 +411,13 @@ def test_the_tiled_read_memory_does_not_grow_with_the_pool_or_the_table():
     peaks = {}
     for width, spare in ((20, 31), (320, 991)):  # 33 pages needed
         c = paged_problem(np.random.default_rng(6), [300, 17, 120, 64], [1, 1, 1, 1], h=H, k=K,
-                          page_size=page_size, max_pages=width, spare=spare, d=D, e=E)  # fmt: skip
+                          page_size=page_size, max_pages=width, spare=spare, d=D, e=E)
         args = [getattr(c, n) for n in ARGS]
         args = [a.astype(np.float32 if a.dtype.kind == "f" else np.int32) for a in args]
         assert args[1].shape[0] in (64, 1024)
         for block_k in (None, page_size):
             peaks[width, block_k] = _peak(impl_numpy.paged_flash_attention, *args,
-                                          block_k=block_k)  # fmt: skip
+                                          block_k=block_k)
         peaks[width, "plain"] = _peak(impl_numpy.paged_attention, *args)
     out = T * H * E * 4  # the output's float32 bytes: kept, and once more concatenated
     # the default block (512 keys) holds the longest sequence's 19 pages whole; one page: 16 keys
@@ -444,7 +444,7 @@ def test_the_jax_tiled_read_holds_one_block_of_a_long_sequence():
 
         def step(query, key_cache, value_cache, block_table, lens=lens, cu=cu):
             return impl_jax.paged_flash_attention(query, key_cache, value_cache, block_table,
-                                                  lens, cu, block_k=512)  # fmt: skip
+                                                  lens, cu, block_k=512)
 
         compiled = jax.jit(step).lower(query, pool, pool, table).compile()
         temps[S] = compiled.memory_analysis().temp_size_in_bytes
@@ -468,7 +468,7 @@ def test_the_drawn_block_table_of_semantics_md(fw):
             fw.asarray(key_cache), fw.asarray(value_cache), fw.asarray(b[2:]),
             fw.asarray(b[2:]), fw.asarray(_ints(2)),
         )
-    )  # fmt: skip
+    )
     np.testing.assert_array_equal(key_cache[0, 2], b[2])
     query = rng.standard_normal((3, 2, 4))  # (T=3, H=2, D=4): 2 queries of 0, 1 of 1
     args = (query, key_cache, value_cache, table, _ints(5, 3), _ints(0, 2, 3))
@@ -476,7 +476,7 @@ def test_the_drawn_block_table_of_semantics_md(fw):
     for rows, keys in ((slice(0, 2), a), (slice(2, 3), b)):
         k = keys.transpose(1, 0, 2)  # (K, S, D)
         want = oracle.attention(query[rows].transpose(1, 0, 2), k, k, is_causal=True,
-                                causal_alignment="bottom_right").output  # fmt: skip
+                                causal_alignment="bottom_right").output
         oracle.assert_within(got[rows], want.transpose(1, 0, 2), "float64")
 
 
@@ -485,7 +485,7 @@ def test_the_drawn_block_table_of_semantics_md(fw):
 # ---------------------------------------------------------------------------------------------
 
 FP8_COMBINATIONS = [("float8_e4m3fn", None), ("float8_e5m2", None), ("float8_e4m3fn", "bfloat16"),
-                    ("float8_e5m2", "float16"), ("float8_e4m3fn", "float32")]  # fmt: skip
+                    ("float8_e5m2", "float16"), ("float8_e4m3fn", "float32")]
 N_SEQ, H_, K_ = 5, 6, 2
 
 
@@ -496,10 +496,10 @@ def _descales(kind: str, rng, fp8_query: bool) -> dict:
     elif kind == "per_head":
         d = {"q_descale": np.linspace(0.02, 3.0, H_).astype(np.float32),
              "k_descale": np.array([0.3, 2.0], np.float32),
-             "v_descale": np.array([50.0, 0.9], np.float32)}  # fmt: skip
+             "v_descale": np.array([50.0, 0.9], np.float32)}
     else:
         d = {name: (10.0 ** rng.uniform(-2, 2, (N_SEQ, n))).astype(np.float32)
-             for name, n in (("q_descale", H_), ("k_descale", K_), ("v_descale", K_))}  # fmt: skip
+             for name, n in (("q_descale", H_), ("k_descale", K_), ("v_descale", K_))}
     if not fp8_query:
         del d["q_descale"]
     return d
@@ -510,14 +510,14 @@ def _fp8_problem(fmt: str, q_dtype: str | None, kind: str):
 
     rng = np.random.default_rng(len(fmt) + len(kind) + len(q_dtype or ""))
     c = paged_problem(rng, [7, 1, 0, 12, 5], [1, 1, 0, 4, 2], page_size=3, is_causal=True,
-                      window=(6, 0), sinks=np.linspace(-1, 2, H_))  # fmt: skip
+                      window=(6, 0), sinks=np.linspace(-1, 2, H_))
     dt = getattr(ml_dtypes, fmt)
     key_cache, value_cache = (c.key_cache * 4).astype(dt), (c.value_cache * 4).astype(dt)
     q_np = {"bfloat16": ml_dtypes.bfloat16}.get(q_dtype, q_dtype)
     query = (c.query * 4).astype(dt if q_dtype is None else q_np)
     arrays = {"sinks": c.arrays["sinks"].astype(np.float32)}
     args = (query, key_cache, value_cache, c.block_table.astype(np.int32),
-            c.seq_lens.astype(np.int32), c.cu_seqlens_q.astype(np.int32))  # fmt: skip
+            c.seq_lens.astype(np.int32), c.cu_seqlens_q.astype(np.int32))
     return args, {**c.keywords, **arrays, **_descales(kind, rng, q_dtype is None)}
 
 
@@ -563,9 +563,9 @@ def test_a_dropped_or_doubled_descale_fails_the_strict_bound():
     golden = oracle.paged_attention(*args, **kw)
     plain = oracle.paged_attention(*args, **kw, round_to="float32")
     bound = oracle.tolerance_bound(golden, oracle.rounded(plain, "bfloat16").astype(np.float64),
-                                   "bfloat16")  # fmt: skip
+                                   "bfloat16")
     for wrong in ({"k_descale": None}, {"k_descale": kw["k_descale"] ** 2},
-                  {"v_descale": kw["v_descale"][::-1].copy()}):  # fmt: skip
+                  {"v_descale": kw["v_descale"][::-1].copy()}):
         got = impl_numpy.paged_attention(*args, **{**kw, **wrong}).astype(np.float64)
         assert np.abs(got - golden).max() > 2 * bound, wrong
 
@@ -575,7 +575,7 @@ def _fp8_call(kc_dtype="float8_e4m3fn", q_dtype=np.float32, **kw):
 
     dt = getattr(ml_dtypes, kc_dtype) if kc_dtype.startswith("float8") else kc_dtype
     arrays = [np.zeros((3, 6, 4), q_dtype), np.zeros((4, 3, 2, 4), dt), np.zeros((4, 3, 2, 5), dt),
-              _ints([0, 1], [2, 3]), _ints(4, 5), _ints(0, 1, 3)]  # fmt: skip
+              _ints([0, 1], [2, 3]), _ints(4, 5), _ints(0, 1, 3)]
     return lambda fw: fw.module.paged_attention(*arrays, **kw)
 
 
@@ -591,7 +591,7 @@ FP8_ERRORS = {
                         None),
     "q_descale_float_query": (_fp8_call(q_descale=2.0), DTypeError, "descale_not_fp8", None),
     "float64_query": (_fp8_call(q_dtype=np.float64), DTypeError, "fp8_combination", None),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(FP8_ERRORS))

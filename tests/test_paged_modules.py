@@ -94,12 +94,12 @@ def test_paged_cache_refusals_are_identical():
         lambda mf: module(mf).init_cache(B, MAX_LEN, rolling=True, page_size=PAGE),
         ConfigError, "paged_cache", "a KV cache is rolling or paged, not both",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
     same_error(
         lambda mf: module(mf).init_cache(B, MAX_LEN, page_size=0),
         ConfigError, "non_positive_size", "page_size must be an integer >= 1; got 0",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
 
     def decode(mf, **kw):
         m = module(mf)
@@ -110,11 +110,11 @@ def test_paged_cache_refusals_are_identical():
         lambda mf: decode(mf, mask=mf.asarray(np.ones((B, 1, 2, 2), bool))),
         ConfigError, "paged_cache", "a paged KV cache's decode takes no mask",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
     same_error(
         lambda mf: decode(mf, return_weights=True), ConfigError, "paged_cache",
         "takes no return_weights=True", frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
 
 
 # -- packed prefill of sequences of different lengths (module.prefill, varlen_attention) ------
@@ -160,8 +160,8 @@ def test_packed_prefill_refusals_are_identical():
         lambda mf: prefill(mf, (2, 4, M), [0, 4]), DimensionMismatchError,
         "batch_not_broadcastable", "a packed prefill takes its sequences in one row",
         frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )
     same_error(
         lambda mf: prefill(mf, (1, 4, M), [0, 3]), ConfigError, "cu_seqlens_value",
         "cu_seqlens[N] = 3, not T=4", frameworks=MODULE_FRAMEWORKS,
-    )  # fmt: skip
+    )

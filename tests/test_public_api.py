@@ -44,7 +44,7 @@ PORTING = Path(attention_spec.__file__).resolve().parent.parent / "conformance" 
 
 #: Pairwise-distinct sizes: B=2, H=6, K=2, L=5, S=7, D=11, E=13.
 Q, K, V = (ArraySpec((2, 6, 5, 11), "float32"), ArraySpec((2, 2, 7, 11), "float32"),
-           ArraySpec((2, 2, 7, 13), "float32"))  # fmt: skip
+           ArraySpec((2, 2, 7, 13), "float32"))
 
 
 def _1_0(shape_dtype: ArraySpec) -> tuple[tuple[int, ...], str]:
@@ -82,11 +82,11 @@ def test_porting_md_documents_exactly_the_stable_api() -> None:
 
 def test_check_attention_returns_the_call_object() -> None:
     call = check_attention(Q, K, V, is_causal=True, causal_alignment="bottom_right", window=(3, 1),
-                           softcap=30, sinks=ArraySpec((6,), "float32"))  # fmt: skip
+                           softcap=30, sinks=ArraySpec((6,), "float32"))
     assert isinstance(call, AttentionCall) and isinstance(call, AttentionDims)
     assert (call.batch, call.H, call.K, call.G, call.L, call.S, call.D, call.E) == (
         (2,), 6, 2, 3, 5, 7, 11, 13,
-    )  # fmt: skip
+    )
     assert call.scale == 11**-0.5 and call.softcap == 30.0 and type(call.softcap) is float
     assert (call.is_causal, call.window, call.causal_alignment) == (True, (3, 1), "bottom_right")
     assert call.offset == 2 and call.bands is True  # S - L; row 0 sees keys 0..2 of 7
@@ -175,7 +175,7 @@ FORMS = {
     ),
     "softcap_error": ((Q, K, V), {"softcap": 1e38}, (*_1_0(Q), *_1_0(K), *_1_0(V)),
                       {"softcap": 1e38}),
-}  # fmt: skip
+}
 
 
 def _outcome(fn, *args, **kwargs):
@@ -277,7 +277,7 @@ def test_check_module_inputs_both_forms() -> None:
     assert (want.H, want.K, want.L, want.S, want.E) == (6, 2, 5, 7, 13)
     with pytest.warns(DeprecationWarning, match="check_module_inputs"):
         got = check_module_inputs(DIMS, "float32", X.shape, "float32", CONTEXT.shape, "float32",
-                                  mask_shape=mask.shape, mask_dtype="bool")  # fmt: skip
+                                  mask_shape=mask.shape, mask_dtype="bool")
     assert got == want
     with pytest.warns(DeprecationWarning), pytest.raises(AttentionError) as info:
         check_module_inputs(DIMS, "float32", (2, 5, 23), "float32")
@@ -289,15 +289,15 @@ def test_check_cache_size_and_check_decode_inputs_both_forms() -> None:
     key, value = ArraySpec((2, 2, 4, 11), "float32"), ArraySpec((2, 2, 4, 13), "float32")
     new = ArraySpec((2, 3, 24), "float32")
     want = check_decode_inputs(DIMS, "float32", new, cache_key=key, cache_value=value,
-                               position=4, max_len=9)  # fmt: skip
+                               position=4, max_len=9)
     assert (want.L, want.S, want.offset, want.causal_alignment) == (3, 7, 4, "bottom_right")
     with pytest.warns(DeprecationWarning, match="check_decode_inputs"):
         got = check_decode_inputs(DIMS, "float32", new.shape, "float32", cache_batch=2,
-                                  position=4, max_len=9)  # fmt: skip
+                                  position=4, max_len=9)
     assert got == want
     with pytest.warns(DeprecationWarning), pytest.raises(AttentionError) as info:
         check_decode_inputs(DIMS, "float32", new.shape, "float32", cache_batch=2, position=7,
-                            max_len=9)  # fmt: skip
+                            max_len=9)
     assert info.value.code == "cache_overflow"
 
 
@@ -306,5 +306,5 @@ def test_the_module_checks_are_also_in_attention_spec_modules() -> None:
     import attention_spec.modules as modules
 
     for name in ("check_module_config", "check_canonical", "check_module_inputs",
-                 "check_cache_size", "check_decode_inputs", "module_dtype"):  # fmt: skip
+                 "check_cache_size", "check_decode_inputs", "module_dtype"):
         assert getattr(modules, name) is getattr(attention_spec, name)

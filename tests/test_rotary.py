@@ -139,7 +139,7 @@ ERRORS = {
               "x dtype must be one of"),
     "interleaved_text": ((2, 3, 5, 8), "float32", (5,), "int64", {"interleaved": "True"},
                          ConfigError, "not_a_bool", "interleaved must be a bool"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("case", list(ERRORS))
@@ -149,7 +149,7 @@ def test_every_rotary_error_is_identical_in_all_three(case):
     same_error(
         lambda fw: fw.module.apply_rotary(fw.asarray(x), fw.asarray(positions), **kw),
         cls, code, fragment,
-    )  # fmt: skip
+    )
 
 
 def test_jax_apply_rotary_runs_eagerly_too():
@@ -192,11 +192,11 @@ def test_module_rope_settings_are_refused_the_same_way_in_all_three():
                      ({"rope_theta": 1e4, "rotary_dim": 3}, "rotary_dim"),
                      ({"rope_theta": 1e4, "rotary_dim": 10}, "rotary_dim"),
                      ({"rope_theta": -1.0}, "rope_theta"),
-                     ({"rope_theta": 1e4, "rope_interleaved": 1}, "not_a_bool")):  # fmt: skip
+                     ({"rope_theta": 1e4, "rope_interleaved": 1}, "not_a_bool")):
         same_error(
             lambda mf, kw=kw: mf.modules.GroupedQueryAttention(24, 6, 2, **kw),  # D = 4
             code=code, frameworks=MODULE_FRAMEWORKS,
-        )  # fmt: skip
+        )
 
 
 @pytest.mark.parametrize("name", list(MODULE_FRAMEWORKS))

@@ -99,7 +99,7 @@ def _run_worker(which: str, out: Path, env: dict[str, str]) -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "tests.sharded_worker", which, str(out)],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200,
-    )  # fmt: skip
+    )
     (out / f"{which}.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         raise RuntimeError(f"{which} worker failed ({proc.returncode}):\n{proc.stderr[-4000:]}")
@@ -273,7 +273,7 @@ def test_jax_float32_gradients_through_the_ring_jitted(run, wrt, jax_grads: Work
     do = do.astype(np.float32).astype(np.float64)  # the cotangent the worker used
     golden = attention_vjp(f64["query"], f64["key"], f64["value"], do, **keywords)
     plain = attention_vjp(f64["query"], f64["key"], f64["value"], do, **keywords,
-                          round_to="float32")  # fmt: skip
+                          round_to="float32")
     for name in wrt:
         want = getattr(golden, name)
         for path in ("ring", "sdpa"):
@@ -298,7 +298,7 @@ def ring_schedule(n: int, layout: str, L: int, S: int, **keywords) -> list[RingS
 
 @pytest.mark.parametrize("layout", ["contiguous", "zigzag"])
 @pytest.mark.parametrize(("L", "S", "alignment"), [(64, 64, "top_left"), (64, 96, "bottom_right"),
-                                                   (96, 64, "top_left")])  # fmt: skip
+                                                   (96, 64, "top_left")])
 def test_every_visible_block_is_computed_once_and_no_other(layout, L, S, alignment) -> None:
     """At step t device r holds shard (r - t) mod n; over the n steps it meets every key chunk
     once, and computes exactly the (query chunk, key chunk) blocks the causal rule does not
@@ -315,7 +315,7 @@ def test_every_visible_block_is_computed_once_and_no_other(layout, L, S, alignme
     for r in range(n):
         seen = [b for s in stats if s.r == r for b in s.blocks]
         want = [(a, b) for a in chunks[r] for b in range(c * n)
-                if block_visible(a, b, Lc, Sc, offset)]  # fmt: skip
+                if block_visible(a, b, Lc, Sc, offset)]
         assert sorted(seen) == sorted(want) and len(seen) == len(set(seen))
 
 
@@ -378,7 +378,7 @@ def run_numpy(run: Run, **extra) -> np.ndarray:
 RING_FIXTURE_RUNS = [
     r for r in runs_by_id().values() if r.function.startswith("ring") and r.case.op == "ring"
     and r.shards
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize("run", RING_FIXTURE_RUNS[::7], ids=lambda r: r.id)
@@ -411,7 +411,7 @@ def test_torch_bytes_sent_and_blocks_match_the_formula_and_the_specification(
 
 
 @pytest.mark.parametrize("run", [r for r in JAX_RUNS if r.function.startswith("ring")],
-                         ids=lambda r: r.id)  # fmt: skip
+                         ids=lambda r: r.id)
 def test_jax_collective_permutes_move_the_formula_bytes(run, jax_results) -> None:
     """The program's collective-permutes: one for the key shard, one for the value shard,
     together the formula's bytes per step (in a loop of n - 1 steps; the last step sends
@@ -438,7 +438,7 @@ def test_jax_device_holds_one_query_shard_and_one_key_value_shard(run, jax_resul
     n = run.shards
     shards = sum(a.nbytes // (n if a.ndim >= 2 and a.shape[-2] != 1 else 1)
                  for name, a in arrays.items()
-                 if name in ("query", "key", "value", "mask", "bias"))  # fmt: skip
+                 if name in ("query", "key", "value", "mask", "bias"))
     assert record["argument"] == shards
     q, k = arrays["query"], arrays["key"]
     scores = math.prod(np.broadcast_shapes(q.shape[:-3], k.shape[:-3])) * q.shape[-3]
@@ -455,7 +455,7 @@ def test_jax_memory_per_device_is_the_formula(jax_results) -> None:
     measured: 57% of it with 4 devices, 58% with 8)."""
     p = MEMORY_PROBE
     shapes = ((p["B"], p["H"], p["L"], p["D"]), (p["B"], p["K"], p["L"], p["D"]),
-              (p["B"], p["K"], p["L"], p["E"]))  # fmt: skip
+              (p["B"], p["K"], p["L"], p["E"]))
     for n in p["shards"]:
         measured = jax_results.meta["memory_probe"][str(n)]
         formula = ring_memory_per_device(*shapes, n, "contiguous", 4, 4)
@@ -474,7 +474,7 @@ def _qkv(H=4, K=2, L=8, S=8, dtype=np.float32):
     rng = np.random.default_rng(0)
     return (rng.standard_normal((1, H, L, 5)).astype(dtype),
             rng.standard_normal((1, K, S, 5)).astype(dtype),
-            rng.standard_normal((1, K, S, 3)).astype(dtype))  # fmt: skip
+            rng.standard_normal((1, K, S, 3)).astype(dtype))
 
 
 ERROR_CASES = {
@@ -490,7 +490,7 @@ ERROR_CASES = {
                  "so 4 must divide K; got K=2 (H=6)"),
     "contract_first": ("ring", _qkv(L=6), {"n_shards": 4, "causal_alignment": "lower"},
                        "unknown_alignment", "got 'lower'"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(ERROR_CASES))

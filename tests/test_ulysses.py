@@ -108,7 +108,7 @@ def test_numpy_bytes_sent_per_exchange_are_the_formula(H, K, n, dtype) -> None:
     stats = []
     impl_numpy.ulysses.ulysses_attention(q, k, v, n_shards=n, stats=stats)
     formula = ulysses_bytes_per_exchange(q.shape, k.shape, v.shape, (2, H, 16, 3), n,
-                                         q.dtype.itemsize)  # fmt: skip
+                                         q.dtype.itemsize)
     assert len(stats) == 4 * n
     for s in stats:
         assert s.bytes_sent == formula[s.exchange], s
@@ -131,7 +131,7 @@ def test_ulysses_errors_are_identical_in_all_three(name: str) -> None:
 
     def call(fw):
         return fw.module.ulysses.ulysses_attention(*(fw.asarray(x) for x in (q, k, v)),
-                                                   n_shards=n)  # fmt: skip
+                                                   n_shards=n)
 
     same_error(call, code=code, fragment=fragment)
 
@@ -171,7 +171,7 @@ def test_numpy_usp_equals_the_unsharded_contract(name: str, config) -> None:
         pytest.skip("the heads do not fit u")
     stats = []
     got = impl_numpy.ulysses.usp_attention(q, k, v, ulysses_shards=u, ring_shards=r,
-                                           layout=layout, stats=stats, **kw)  # fmt: skip
+                                           layout=layout, stats=stats, **kw)
     want = impl_numpy.scaled_dot_product_attention(q, k, v, **kw)
     assert_within(got, want, "float64")
     out_shape = (*q.shape[:-1], v.shape[-1])
@@ -267,7 +267,7 @@ USP_ERRORS = {
               "H=8 is not divisible by ulysses_shards=3"),
     "length": ({"ulysses_shards": 2, "ring_shards": 4, "layout": "zigzag"}, "usp_shape",
                "16 does not divide L=16 and S=24"),
-}  # fmt: skip
+}
 
 
 @pytest.mark.parametrize("name", list(USP_ERRORS))
@@ -298,12 +298,12 @@ def worker_out(tmp_path_factory):
             out = tmp_path_factory.mktemp(f"ulysses_{which}")
             env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS":
                    "--xla_force_host_platform_device_count=8 --xla_backend_optimization_level=0 "
-                   "--xla_llvm_disable_expensive_passes=true"}  # fmt: skip
+                   "--xla_llvm_disable_expensive_passes=true"}
             env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
             proc = subprocess.run(
                 [sys.executable, "-m", "tests.ulysses_worker", which, str(out)],
                 cwd=ROOT, env=env, capture_output=True, text=True, timeout=900,
-            )  # fmt: skip
+            )
             assert proc.returncode == 0, proc.stderr[-4000:]
             done[which] = out
         return done[which]
@@ -334,7 +334,7 @@ def test_jax_every_head_lands_and_equals_the_unsharded_contract(worker_out) -> N
     for n in (2, 8):  # gradients through both all-to-alls, split and replicated kv heads
         for x in "qkv":
             assert_within(got[f"grad.n{n}.{x}"], got[f"grad.ref.{x}"], "float64",
-                          what=f"n={n} d{x}: ")  # fmt: skip
+                          what=f"n={n} d{x}: ")
     for x in "qkv":  # USP (u = 4, r = 2): through the all-to-alls and the ring
         assert_within(got[f"grad.usp.{x}"], got[f"grad.ref.{x}"], "float64", what=f"usp d{x}: ")
 

@@ -37,7 +37,7 @@ KEYWORD_SETS = {
         "sinks": "sinks", "alibi_slopes": "alibi", "softcap": 2.5, "scale": 0.7,
         "is_causal": True, "causal_alignment": "bottom_right",
     },
-}  # fmt: skip
+}
 
 
 def _case(lengths: str, keywords: str, *, seed: int = 0, h: int = H, k: int = K):
@@ -71,7 +71,7 @@ FORWARD_CASES = [
     ("n3_mixed", "window_causal"), ("n3_empty_q", "window_bottom_right"),
     ("n3_empty_q", "sinks_alibi_softcap"), ("n5_empties", "causal_top_left"),
     ("n5_empties", "causal_bottom_right"), ("n5_empties", "sinks_alibi_softcap"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.parametrize(("lengths", "keywords"), FORWARD_CASES)
@@ -171,7 +171,7 @@ def test_the_oracle_gradients_are_finite_differences_of_the_oracle() -> None:
         rng.standard_normal((4, 1, 2)),
     )
     kw = {"is_causal": True, "causal_alignment": "bottom_right", "softcap": 2.0,
-          "sinks": rng.standard_normal(2), "alibi_slopes": np.array([0.5, 0.25])}  # fmt: skip
+          "sinks": rng.standard_normal(2), "alibi_slopes": np.array([0.5, 0.25])}
     do = rng.standard_normal((4, 2, 2))
     golden = oracle.varlen_attention_vjp(q, k, v, cu_q, cu_k, do, **kw)
     inputs = {"query": q, "key": k, "value": v, "sinks": kw["sinks"]}
@@ -222,14 +222,14 @@ _CU_Q, _CU_K = np.array([0, 4, 4, 9]), np.array([0, 3, 8, 11])
          "sinks_shape", "(H=6,)"),
         (_CU_Q, _CU_K, {"window": (1,)}, ConfigError, "window_value", ""),
     ],
-)  # fmt: skip
+)
 def test_errors_are_identical_in_all_three(cu_q, cu_k, kw, cls, code, fragment) -> None:
     q, k, v = _packed()
     same_error(lambda fw: _run(fw, "varlen_attention", q, k, v, cu_q, cu_k, **kw), cls, code,
-               fragment)  # fmt: skip
+               fragment)
     do = np.zeros((9, 6, 5), np.float32)
     same_error(lambda fw: _run(fw, "varlen_attention_vjp", q, k, v, cu_q, cu_k, do, **kw), cls,
-               code, fragment)  # fmt: skip
+               code, fragment)
 
 
 def test_vjp_checks_grad_output_after_the_call() -> None:
@@ -238,4 +238,4 @@ def test_vjp_checks_grad_output_after_the_call() -> None:
     same_error(
         lambda fw: _run(fw, "varlen_attention_vjp", q, k, v, _CU_Q, _CU_K, do),
         DimensionMismatchError, "grad_output_shape", "(Tq=9, H=6, E=5); got (9, 6, 4)",
-    )  # fmt: skip
+    )

@@ -49,7 +49,7 @@ def random_calls() -> dict[str, tuple[tuple[np.ndarray, ...], dict, tuple[int, .
 
     def qkv(H=8, K=2, L=16, S=24, batch=(2,)):
         return (rng.standard_normal((*batch, H, L, 5)), rng.standard_normal((*batch, K, S, 5)),
-                rng.standard_normal((*batch, K, S, 3)))  # fmt: skip
+                rng.standard_normal((*batch, K, S, 3)))
 
     ids_q = np.repeat([[0, 1, 2, 2]], 2, axis=0).repeat(4, axis=1)  # (2, 16): documents
     ids_k = np.repeat([[0, 1, 1, 2]], 2, axis=0).repeat(6, axis=1)  # (2, 24)
@@ -70,7 +70,7 @@ def random_calls() -> dict[str, tuple[tuple[np.ndarray, ...], dict, tuple[int, .
         "gqa_12_4_split": (qkv(H=12, K=4), {"is_causal": True, "sinks": rng.standard_normal(12)},
                            (2, 4)),
         "mha_broadcast_batch": (qkv(H=4, K=4, batch=(2, 3)), {"is_causal": True}, (2, 4)),
-    }  # fmt: skip
+    }
 
 
 #: USP configurations (u, r, layout) and the random calls they run on (L = 16, S = 24: u r,
@@ -78,7 +78,7 @@ def random_calls() -> dict[str, tuple[tuple[np.ndarray, ...], dict, tuple[int, .
 #: key/value heads replicated (K = 2), and r = 4.
 USP_CONFIGS = ((2, 2, "zigzag"), (2, 2, "contiguous"), (4, 2, "contiguous"), (2, 4, "contiguous"))
 USP_CALLS = ("causal_top_left", "causal_bottom_right", "window", "sinks_alibi", "segment_ids",
-             "mask_with_heads", "bias_with_heads_softcap", "gqa_12_4_split")  # fmt: skip
+             "mask_with_heads", "bias_with_heads_softcap", "gqa_12_4_split")
 
 
 def usp_fits(H: int, K: int, u: int) -> bool:

@@ -79,7 +79,7 @@ def jax_main(out: Path) -> None:
         static = {k: v for k, v in kw.items() if k in USP_STATIC_ARGNAMES}
         given = {k: jnp.asarray(v) for k, v in kw.items() if k not in USP_STATIC_ARGNAMES}
         got = usp(*map(jnp.asarray, arrays), ulysses_shards=u, ring_shards=r, layout=layout,
-                  **static, **given)  # fmt: skip
+                  **static, **given)
         results[name] = np.asarray(got)
 
     # gradients: GQA 8/2, causal, sinks and ALiBi, at n = 2 (key/value heads split) and n = 8
@@ -114,21 +114,21 @@ def _torch_rank(rank: int, world: int, out: Path) -> None:
     dist.init_process_group(
         "gloo", init_method=f"file://{out / f'rendezvous_{world}'}", rank=rank,
         world_size=world, timeout=timedelta(seconds=120),
-    )  # fmt: skip
+    )
     results = {}
     for name, arrays, kw, n in _calls((world,)):
         given = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
-                 for k, v in kw.items()}  # fmt: skip
+                 for k, v in kw.items()}
         stats = []
         got = ulysses_attention(*map(torch.from_numpy, arrays), n_shards=n, stats=stats, **given)
         results[name] = got.numpy()
         results[f"{name}.bytes"] = np.array([s.bytes_sent for s in stats])
     for name, arrays, kw, u, r, layout in _usp_calls((world,)):
         given = {k: (torch.from_numpy(v) if isinstance(v, np.ndarray) else v)
-                 for k, v in kw.items()}  # fmt: skip
+                 for k, v in kw.items()}
         stats = []
         got = usp_attention(*map(torch.from_numpy, arrays), ulysses_shards=u, ring_shards=r,
-                            layout=layout, stats=stats, **given)  # fmt: skip
+                            layout=layout, stats=stats, **given)
         results[name] = got.numpy()
         results[f"{name}.bytes"] = np.array([s.bytes_sent for s in stats])
     results |= _torch_gradients(world)
@@ -163,7 +163,7 @@ def _torch_gradients(world: int) -> dict[str, np.ndarray]:
         ):
             leaves = {x: torch.tensor(a, requires_grad=True) for x, a in zip("qkv", (q, k, v))}
             given = {x: torch.tensor(a, requires_grad=a.dtype.kind == "f")
-                     if isinstance(a, np.ndarray) else a for x, a in kw.items()}  # fmt: skip
+                     if isinstance(a, np.ndarray) else a for x, a in kw.items()}
             extra = {"n_shards": world} if f is ulysses_attention else {}
             (f(leaves["q"], leaves["k"], leaves["v"], **given, **extra) * cot).sum().backward()
             for x, t in (leaves | given).items():

@@ -30,7 +30,7 @@ def plan(device, workloads, rows=ROWS, memory=None):
     return build_cases(
         device, workloads, rows, fdevice_of=fake_gpu, memory_bytes=memory,
         resolve_error=lambda r: None,
-    )  # fmt: skip
+    )
 
 
 def stub(ok, n_run, failures=(), raises=None, seen=None):
@@ -109,14 +109,14 @@ def rec(row, w, median, *, status="ok", kind="row", device="cpu", matmul=None, s
     if status == "ok":
         stats = {"min": median * 0.9, "max": median * 1.2, "mean": median, "stddev": 0.0,
                  "median": median, "iqr": median * 0.1, "q1": median, "q3": median * 1.1,
-                 "rounds": 5.0}  # fmt: skip
+                 "rounds": 5.0}
     return Record(
         case_id=f"{row}|{w.id if w else 'peak'}", kind=kind, row=row,
         row_kind="peak" if kind == "peak" else row_by_name(row).kind, framework="torch",
         device=device, status=status, reason="" if status == "ok" else "because",
         workload=w.to_dict() if w else None, stats=stats, memory_bytes=1234,
         memory_method="tracemalloc", matmul=matmul, skips_masked=skips,
-    ).to_dict()  # fmt: skip
+    ).to_dict()
 
 
 def goal_rec(row, text, ratios, status, kind="ratio", limit=2.5, ref="torch F.sdpa"):
@@ -125,11 +125,11 @@ def goal_rec(row, text, ratios, status, kind="ratio", limit=2.5, ref="torch F.sd
 
     goal = {"kind": kind, "limit": limit, "ref": ref, "text": text, "ratio": spread(ratios),
             "rounds": len(ratios), "inner": 1, "order": "ABBA", "ratios": ratios,
-            "a_median_s": 0.2, "b_median_s": 0.1, "status": status}  # fmt: skip
+            "a_median_s": 0.2, "b_median_s": 0.1, "status": status}
     return Record(
         case_id=f"goal|{row}|{text}", kind="goal", row=row, row_kind=row_by_name(row).kind,
         framework="numpy", device="cpu", status="ok", workload=GOAL_WORKLOAD.to_dict(), goal=goal,
-    ).to_dict()  # fmt: skip
+    ).to_dict()
 
 
 def results_of(numpy_med=0.25, torch_med=0.1, device="cpu", goals=()):

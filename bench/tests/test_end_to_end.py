@@ -23,13 +23,13 @@ REPO = Path(__file__).resolve().parents[2]
 
 def test_gates_only_runs_each_distinct_gate_once():
     rows = tuple(row_by_name(n) for n in ("numpy sdpa", "numpy flash", "torch F.sdpa",
-                                          "torch nn.MHA", "torch F.sdpa[flash]"))  # fmt: skip
+                                          "torch nn.MHA", "torch F.sdpa[flash]"))
     qc, calls = stub(True, 8)
     seen = []
     got = run_gates("cpu", rows, GateCache(quick_check=qc), on_result=seen.append)
     keys = [(g["port"], g["op"], g["pin"]) for g in got]
     assert keys == [("impl_numpy", "sdpa", None), ("impl_numpy", "flash", None),
-                    ("conformance.ports.torch_fused", "sdpa", None)]  # fmt: skip
+                    ("conformance.ports.torch_fused", "sdpa", None)]
     assert got[2]["rows"] == ["torch F.sdpa", "torch nn.MHA"]  # one gate, both rows
     assert seen == got and len(calls) == 3  # the CUDA-only pinned row is not a CPU gate
     late = run_gates("cpu", rows, GateCache(quick_check=qc), deadline=time.monotonic() - 1)
@@ -79,7 +79,7 @@ def test_python_m_bench_smoke_run_end_to_end(tmp_path):
     XLA memory settings recorded as the rows had them."""
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "bench", "--device", "cpu", "--grid", "smoke",
-           "--rows", "numpy sdpa", "--out", str(out), "--no-plots"]  # fmt: skip
+           "--rows", "numpy sdpa", "--out", str(out), "--no-plots"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode in (0, 1), proc.stdout + proc.stderr
     res = load_results(out)
@@ -114,7 +114,7 @@ def test_cases_the_users_k_leaves_out_are_skipped_not_errors(tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "bench", "--device", "cpu", "--grid", "smoke", "--rows",
            "numpy sdpa", "--skip-gate", "--out", str(out), "--no-plots",
-           "--", "-k", "train"]  # fmt: skip
+           "--", "-k", "train"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     rows = [r for r in load_results(out)["records"] if r["kind"] == "row"]
@@ -122,7 +122,7 @@ def test_cases_the_users_k_leaves_out_are_skipped_not_errors(tmp_path):
     for r in rows:
         by_status.setdefault(r["status"], set()).add(r["row"])
     assert by_status == {"ok": {"numpy sdpa train", "torch F.sdpa train"},
-                         "skipped": {"numpy sdpa", "torch F.sdpa"}}  # fmt: skip
+                         "skipped": {"numpy sdpa", "torch F.sdpa"}}
     assert {r["reason"] for r in rows if r["status"] == "skipped"} == {
         "deselected by the pytest arguments after --"
     }

@@ -117,7 +117,7 @@ def test_the_float32_peak_matmul_runs_at_the_rows_precision(monkeypatch):
     seen = []
     real = torch.matmul
     monkeypatch.setattr(torch, "matmul", lambda x, y: seen.append(
-        torch.backends.cuda.matmul.fp32_precision) or real(x, y))  # fmt: skip
+        torch.backends.cuda.matmul.fp32_precision) or real(x, y))
     saved = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("high")  # --tf32 on
     try:

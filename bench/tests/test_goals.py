@@ -42,7 +42,7 @@ class DriftingMachine:
 def test_interleaved_ratio_stays_true_while_the_machine_drifts():
     m = DriftingMachine()
     t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=8, min_sample_s=0.0,
-                         clock=m.clock)  # fmt: skip
+                         clock=m.clock)
     assert m.order[:4] == ["A", "B", "A", "B"]  # warm-up A B, then the sizing calls A B
     rounds = m.order[4:]
     assert rounds[:4] == ["A", "B", "B", "A"] and rounds[4:8] == ["A", "B", "B", "A"]  # ABBA
@@ -58,7 +58,7 @@ def test_samples_repeat_a_fast_call_until_it_is_long_enough():
     m = DriftingMachine()
     m.speed = 1e-4  # 0.1 ms per unit
     t = goals.interleave(m.call("A", 1.0), m.call("B", 1.0), rounds=3, min_sample_s=0.005,
-                         clock=m.clock)  # fmt: skip
+                         clock=m.clock)
     assert t.inner >= 40 and t.summary()["rounds"] == goals.MIN_ROUNDS  # at least 5 rounds
 
 
@@ -69,13 +69,13 @@ def test_slow_calls_are_sized_by_their_warm_up_alone():
     m = DriftingMachine()
     m.speed = goals.SURE * 0.005  # one unit: SURE samples of 5 ms
     t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=5, min_sample_s=0.005,
-                         clock=m.clock)  # fmt: skip
+                         clock=m.clock)
     assert t.inner == 1 and m.order[:2] == ["A", "B"]
     assert m.order[2:6] == ["A", "B", "B", "A"] and len(m.order) == 2 + 2 * 5  # rounds only
     m = DriftingMachine()
     m.speed = 0.9 * goals.SURE * 0.005  # just short of it: warm-up, sizing, rounds
     goals.interleave(m.call("A", 1.0), m.call("B", 1.0), rounds=5, min_sample_s=0.005,
-                     clock=m.clock)  # fmt: skip
+                     clock=m.clock)
     assert len(m.order) == 4 + 2 * 5
 
 
@@ -85,7 +85,7 @@ def test_a_slow_pair_stops_starting_rounds_past_its_time_budget():
     def rounds(max_s):
         m = DriftingMachine()
         t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=9, min_sample_s=0.0,
-                             max_s=max_s, clock=m.clock)  # fmt: skip
+                             max_s=max_s, clock=m.clock)
         return len(t.a_s)
 
     assert rounds(None) == rounds(100.0) == 9
@@ -106,7 +106,7 @@ def test_each_sample_starts_after_the_pause_and_the_pauses_stay_out_of_the_budge
 
         t = goals.interleave(m.call("A", 2.0), m.call("B", 1.0), rounds=9, min_sample_s=0.0,
                              max_s=max_s, settle_s=settle_s, clock=m.clock,
-                             sleep=sleep)  # fmt: skip
+                             sleep=sleep)
         return m.order, t
 
     order, t = run(100.0)
@@ -137,9 +137,9 @@ def test_only_a_goal_across_two_frameworks_pauses(monkeypatch):
     for other in ("torch F.sdpa", "numpy flash"):
         a, b = row_by_name("numpy sdpa"), row_by_name(other)
         case = Case("goal|z", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 1000.0, other),
-                    pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+                    pair=((a, w, "cpu"), (b, w, "cpu")))
         plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case], goal_sample_s=0.0001,
-                    goal_settle_s=0.25)  # fmt: skip
+                    goal_settle_s=0.25)
         session = BenchSession(plan, gates=GateCache(quick_check=qc))
         session.run_goal(case)
     assert asked == [0.25, 0.0]
@@ -154,7 +154,7 @@ def test_a_goal_is_met_only_when_its_whole_iqr_is():
     assert goals.decide("causal", 0.6, 0.45, 0.55) == "met"
     assert goals.spread([3.0, 1.0, 2.0, 5.0, 4.0]) == {
         "min": 1.0, "q1": 2.0, "median": 3.0, "q3": 4.0, "max": 5.0,
-    }  # fmt: skip
+    }
 
 
 def test_run_goal_gates_both_calls_and_records_the_ratios():
@@ -165,9 +165,9 @@ def test_run_goal_gates_both_calls_and_records_the_ratios():
     qc, calls = stub(True, 8)
     goal = Goal("ratio", 1000.0, "numpy flash")
     case = Case("goal|x", "goal", "numpy", "cpu", a, w, goal=goal,
-                pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+                pair=((a, w, "cpu"), (b, w, "cpu")))
     plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case], goal_rounds=6,
-                goal_sample_s=0.0001)  # fmt: skip
+                goal_sample_s=0.0001)
     session = BenchSession(plan, gates=GateCache(quick_check=qc))
     session.run_goal(case)
     rec = session.records["goal|x"]
@@ -185,7 +185,7 @@ def test_a_goal_whose_row_fails_its_gate_is_not_timed():
     w = Workload("attention", B, H, K, L, S, D, E)
     qc, _ = stub(False, 8, ["FAIL sdpa.x: wrong"])
     case = Case("goal|y", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 2.5, b.name),
-                pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+                pair=((a, w, "cpu"), (b, w, "cpu")))
     plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case])
     session = BenchSession(plan, gates=GateCache(quick_check=qc))
     with pytest.raises(pytest.skip.Exception, match="correctness gate"):
@@ -206,7 +206,7 @@ def test_a_memory_goal_measures_both_paths_once_and_decides_on_bytes(monkeypatch
     def run(limit, budget=None):
         goal = Goal("memory", limit, b.name, op="train")
         case = Case("goal|m", "goal", "numpy", "cpu", a, w, goal=goal,
-                    pair=((a, w, "cpu"), (b, w, "cpu")))  # fmt: skip
+                    pair=((a, w, "cpu"), (b, w, "cpu")))
         monkeypatch.setattr(session_mod, "memory_budgets", lambda d: {"numpy": budget})
         plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case])
         s = BenchSession(plan, gates=GateCache(quick_check=qc))

@@ -65,13 +65,13 @@ def _write_fake_run(out: Path) -> list[StepResult]:
     (out / "versions.json").write_text(json.dumps({
         "device_name": "NVIDIA H200", "versions": {"torch": "2.11.0", "jax": "0.11.0"},
         "cuda": {"torch.version.cuda": "13.0", "cudnn": 91000}, "git": {"commit": "abc1234567"},
-    }))  # fmt: skip
+    }))
     (out / "tf32.json").write_text(json.dumps({"device": "cuda", "probes": [
         {"framework": "jax", "what": "jax.nn.dpa", "setting": "default", "rel_error": 1e-3,
          "reads_as": "tf32"},
         {"framework": "jax", "what": "port jax_fused", "setting": "tf32 on", "rel_error": 1e-6,
          "reads_as": "ieee"},
-    ]}))  # fmt: skip
+    ]}))
     (out / "gates").mkdir()
     (out / "gates" / "gates.json").write_text(json.dumps([
         {"status": "passed", "port": "impl_torch", "op": "sdpa", "pin": None, "device": "cuda",
@@ -79,18 +79,18 @@ def _write_fake_run(out: Path) -> list[StepResult]:
         {"status": "failed", "port": "conformance.ports.torch_fused", "op": "sdpa",
          "pin": "cudnn", "device": "cuda", "detail": "sdpa.kernel.d16.gqa.float16: max error 1",
          "rows": ["torch F.sdpa[cudnn]"]},
-    ]))  # fmt: skip
+    ]))
     outcome = {"run_id": "sdpa.fully_masked.bool_row.float32", "status": "fail",
-               "message": "output max error nan > bound 1e-06"}  # fmt: skip
+               "message": "output max error nan > bound 1e-06"}
     (out / "conformance-fused.json").write_text(json.dumps([
         {"port": "conformance.ports.torch_fused", "counts": {"pass": 9, "fail": 1, "xfail": 2,
          "xpass": 0}, "outcomes": [outcome], "error": ""},
-    ]))  # fmt: skip
+    ]))
     (out / "bench-small").mkdir()
     (out / "bench-small" / "results.json").write_text(json.dumps({"records": [
         {"row": "jax.nn.dpa[cudnn]", "status": "error", "reason": "XlaRuntimeError: CUDNN_STATUS"},
         {"row": "torch sdpa", "status": "ok", "reason": ""},
-    ]}))  # fmt: skip
+    ]}))
     return [
         StepResult("versions", "versions", "passed", 3.0),
         StepResult("tf32", "TF32 probe", "passed", 9.0),
@@ -139,7 +139,7 @@ def test_gpu_check_runs_end_to_end_on_this_cpu(tmp_path):
     the versions, the summary, and exit 0."""
     out = tmp_path / "check"
     cmd = [sys.executable, "-m", "bench.gpu_check", "--device", "cpu", "--steps", "versions",
-           "--out", str(out), "--budget-s", "120"]  # fmt: skip
+           "--out", str(out), "--budget-s", "120"]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     versions = json.loads((out / "versions.json").read_text())
@@ -154,7 +154,7 @@ def test_gpu_check_runs_end_to_end_on_this_cpu(tmp_path):
 #: What an outer ``make test PY=...`` hands its recipe's environment: the inner make must see
 #: the Makefile's own defaults, not the knobs the suite itself was started with.
 _OUTER_MAKE = {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "MAKEOVERRIDES", "PY", "PYTHON", "VENV", "ACCEL",
-               "DEVICE", "BENCH", "WORKERS", "GPU_PY", "TORCH_SPEC", "JAX_SPEC"}  # fmt: skip
+               "DEVICE", "BENCH", "WORKERS", "GPU_PY", "TORCH_SPEC", "JAX_SPEC"}
 
 
 def _make(*args: str, path_prefix: str | None = None, **env: str) -> subprocess.CompletedProcess:
@@ -165,7 +165,7 @@ def _make(*args: str, path_prefix: str | None = None, **env: str) -> subprocess.
     if path_prefix:
         full["PATH"] = f"{path_prefix}{os.pathsep}{full['PATH']}"
     return subprocess.run(["make", "-C", str(REPO), "--no-print-directory", *args], env=full,
-                          capture_output=True, text=True, timeout=60)  # fmt: skip
+                          capture_output=True, text=True, timeout=60)
 
 
 @pytest.fixture
@@ -173,7 +173,7 @@ def fake_nvidia_smi(tmp_path):
     """An nvidia-smi that reports the CUDA version in $FAKE_CUDA, first on PATH."""
     exe = tmp_path / "nvidia-smi"
     exe.write_text('#!/bin/sh\necho "| NVIDIA-SMI 580.65  Driver Version: 580.65  '
-                   'CUDA Version: ${FAKE_CUDA}  |"\n')  # fmt: skip
+                   'CUDA Version: ${FAKE_CUDA}  |"\n')
     exe.chmod(0o755)
     return str(tmp_path)
 

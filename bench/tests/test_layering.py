@@ -21,7 +21,7 @@ def _python(code: str, **env: str) -> str:
     full = {k: v for k, v in os.environ.items() if k != "JAX_PLATFORMS"}
     full.update(env, PYTHONPATH=str(REPO))
     proc = subprocess.run([sys.executable, "-c", code], cwd=REPO, env=full, capture_output=True,
-                          text=True, timeout=300)  # fmt: skip
+                          text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.strip()
 

@@ -29,13 +29,13 @@ def test_every_framework_has_an_absorbed_and_a_naive_row_and_the_goal_between_th
         assert (absorbed.gate_port, absorbed.gate_alias) == (f"impl_{fw}", "decode")
         (goal,) = absorbed.goals
         assert (goal.kind, goal.limit, goal.ref, goal.on) == ("ratio", 1.0, naive.name,
-                                                             MLA_GOAL_WORKLOAD)  # fmt: skip
+                                                             MLA_GOAL_WORKLOAD)
         assert goal.text() == f"<= 1x {naive.name} (MLA P=8192)"
         assert goal.met(0.99) and goal.met(1.0) and not goal.met(1.01)
     w = MLA_GOAL_WORKLOAD
     assert (w.op, w.B, w.H, w.P, w.R, w.Dr, w.D, w.E, w.L, w.M) == (
         "mla_decode", 1, 16, 8192, 512, 64, 128, 128, 1, 2048,
-    )  # fmt: skip
+    )
     mla_rows = {r.name for r in ROWS if r.workloads == "mla_decode"}
     assert len(mla_rows) == 6
     for r in ROWS:  # MLA rows take only MLA workloads, the others none of them
@@ -56,7 +56,7 @@ def test_the_quick_grid_steps_p_1024_and_the_full_grid_adds_the_goal_at_8192():
                 assert (w.H, w.R, w.Dr, w.D, w.E) == (16, 512, 64, 128, 128)
                 assert Workload.from_dict(w.to_dict()) == w
     full = build_goal_cases("cpu", grid("cpu", "full"), ROWS, fdevice_of=fake_gpu,
-                            resolve_error=lambda r: None)  # fmt: skip
+                            resolve_error=lambda r: None)
     mla = [c for c in full if c.workload.op == "mla_decode"]
     assert [c.row.name for c in mla] == [f"{fw} MLA decode" for fw in _FRAMEWORKS]
     for c in mla:  # the absorbed step and the naive one, on the same workload, interleaved
@@ -64,7 +64,7 @@ def test_the_quick_grid_steps_p_1024_and_the_full_grid_adds_the_goal_at_8192():
         assert (a.call, b.call) == ("mla_decode", "mla_decode_naive")
         assert wa == wb == MLA_GOAL_WORKLOAD
     quick = build_goal_cases("cpu", grid("cpu", "quick"), ROWS, fdevice_of=fake_gpu,
-                             resolve_error=lambda r: None)  # fmt: skip
+                             resolve_error=lambda r: None)
     assert not [c for c in quick if c.workload.op == "mla_decode"]
 
 
@@ -101,7 +101,7 @@ def test_the_goal_workload_s_latent_is_a_ninth_of_the_naive_cache():
     per = MLA_GOAL_WORKLOAD.cache_bytes_per_token()
     assert (per["MLA latent"], per["MLA naive"], per["MHA"], per["GQA"]) == (
         576 * 4, 5120 * 4, 4096 * 4, 1024 * 4,
-    )  # fmt: skip
+    )
     assert mla_cache_text(MLA_GOAL_WORKLOAD.to_dict()).startswith("latent 2.25 KiB (R + Dr)")
 
 
@@ -199,7 +199,7 @@ def test_the_prefill_rows_and_their_workloads():
     for fw in _FRAMEWORKS:
         mla, gqa = row_by_name(f"{fw} MLA prefill"), row_by_name(f"{fw} GQA prefill (MLA size)")
         assert (mla.call, gqa.call, mla.ref, mla.goals) == ("mla_prefill", "mla_prefill_gqa",
-                                                           gqa.name, ())  # fmt: skip
+                                                           gqa.name, ())
         assert gqa.target == f"impl_{fw}.modules:GroupedQueryAttention"
         assert mla.gate_alias == gqa.gate_alias == "module"
     prefill = {n: [w for w in grid("cpu", n) if w.op == "mla_prefill"] for n in ("quick", "full")}
@@ -237,6 +237,6 @@ def test_the_timed_prefills_are_the_float64_layers(fw):
         else:
             assert (p.module.dims.K, p.module.dims.D, p.module.dims.E) == (1, 9, 7)
             golden = module_forward(weights, x, n_heads=4, n_kv_heads=1, is_causal=True,
-                                    rope_theta=10000.0, rotary_dim=4)  # fmt: skip
+                                    rope_theta=10000.0, rotary_dim=4)
         out = to_np(p.call())
         assert_within_bound(out, golden.output, golden.output, "float64")

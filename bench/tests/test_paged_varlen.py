@@ -46,7 +46,7 @@ def test_the_rows_their_refs_gates_and_goals():
         assert gates == [(f"impl_{fw}", op) for op in ops]
         (g,) = paged.goals
         assert (g.kind, g.limit, g.ref, g.on) == ("ratio", 1.15, contiguous.name,
-                                                 PAGED_GOAL_WORKLOAD)  # fmt: skip
+                                                 PAGED_GOAL_WORKLOAD)
         (g,) = varlen.goals
         assert (g.kind, g.limit, g.ref, g.on) == ("ratio", 0.6, padded.name, VARLEN_GOAL_WORKLOAD)
         assert g.met(0.6) and not g.met(0.61)
@@ -72,15 +72,15 @@ def test_the_workloads_lengths_and_grids():
     assert sum(varlen_lengths(2048)) == 2048 and max(varlen_lengths(2048)) == 512
     v = VARLEN_GOAL_WORKLOAD
     assert (v.op, v.B, v.L, v.S, v.is_causal, v.lengths) == ("varlen", 8, 8192, 8192, True,
-                                                             varlen_lengths(8192))  # fmt: skip
+                                                             varlen_lengths(8192))
 
     def of(name: str, op: str) -> set[tuple[int, str]]:
         return {(x.P if op == "paged_decode" else x.L, x.dtype) for x in grid("cpu", name)
-                if x.op == op}  # fmt: skip
+                if x.op == op}
 
     assert of("quick", "paged_decode") == {(1024, "float32"), (1024, "bfloat16")}
     assert of("full", "paged_decode") >= {(1024, "float32"), (8192, "float32"),
-                                          (4096, "bfloat16")}  # fmt: skip
+                                          (4096, "bfloat16")}
     assert of("quick", "varlen") == {(2048, "float32")}
     assert of("full", "varlen") == {(2048, "float32"), (8192, "float32")}
     for name in ("quick", "full"):
@@ -88,15 +88,15 @@ def test_the_workloads_lengths_and_grids():
             if x.op in ("paged_decode", "varlen"):
                 assert Workload.from_dict(x.to_dict()) == x
     full = build_goal_cases("cpu", grid("cpu", "full"), ROWS, fdevice_of=fake_gpu,
-                            resolve_error=lambda r: None)  # fmt: skip
+                            resolve_error=lambda r: None)
     pairs = {c.row.name: (c.pair[1][0].name, c.workload) for c in full
-             if c.workload.op in ("paged_decode", "varlen")}  # fmt: skip
+             if c.workload.op in ("paged_decode", "varlen")}
     assert pairs == {
         **{f"{fw} paged decode": (f"{fw} contiguous decode", w) for fw in _FRAMEWORKS},
         **{f"{fw} varlen": (f"{fw} varlen padded", v) for fw in _FRAMEWORKS},
     }
     quick = build_goal_cases("cpu", grid("cpu", "quick"), ROWS, fdevice_of=fake_gpu,
-                             resolve_error=lambda r: None)  # fmt: skip
+                             resolve_error=lambda r: None)
     assert not [c for c in quick if c.workload.op in ("paged_decode", "varlen")]
 
 
@@ -125,7 +125,7 @@ def _oracle_paged(host: dict, query, key_cache, value_cache, **descales) -> np.n
     return oracle.paged_attention(
         to_np(query), to_np(key_cache), to_np(value_cache), host["block_table"],
         host["seq_lens"], host["cu_seqlens_q"], **descales,
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.parametrize("fw", ["numpy", "torch", pytest.param("jax", marks=pytest.mark.slow)])
@@ -148,9 +148,9 @@ def test_the_timed_calls_are_the_float64_oracle(fw):
     # the step's descales, found again as quantize_fp8 makes them from the bfloat16 pools:
     # max |x| / 448 per key/value head, in float32
     k_d, v_d = (np.abs(host[k].astype(ml_dtypes.bfloat16)).max(axis=(0, 1, 3)).astype(np.float32)
-                / np.float32(448) for k in ("key_cache", "value_cache"))  # fmt: skip
+                / np.float32(448) for k in ("key_cache", "value_cache"))
     golden = _oracle_paged(host, query, to_np(key_fp8) * k_d[:, None],
-                           to_np(value_fp8) * v_d[:, None])  # fmt: skip
+                           to_np(value_fp8) * v_d[:, None])
     assert_within_bound(out, golden, golden, "bfloat16")
     vhost = preparers.varlen_inputs(_WV)
     p = preparers.prepare(row_by_name(f"{fw} varlen"), _WV, "cpu")
@@ -169,7 +169,7 @@ def test_the_timed_calls_are_the_float64_oracle(fw):
     for b, n in enumerate(_WV.lengths):  # (H, n, E) of the padded batch, token-major
         rows = padded[b, :, :n].transpose(1, 0, 2)
         assert_within_bound(rows, golden[cu[b] : cu[b + 1]], golden[cu[b] : cu[b + 1]],
-                            "float32")  # fmt: skip
+                            "float32")
 
 
 # ------------------------------------------------------------ the kernel ports, on a GPU box
@@ -187,22 +187,22 @@ def test_the_kernel_ports_paged_rows_are_planned_for_cuda_only():
         port = f"conformance.ports.{name.split()[0]}_flash"
         assert (row.framework, row.gate_port, row.gate_alias, row.devices) == (
             fw, port, "paged", ("cuda",)
-        )  # fmt: skip
+        )
         assert row.target == f"{port}:paged_attention"
         assert row.ref == (name.removesuffix(" fp8") if name.endswith(" fp8") else None)
     for size in ("small", "quick", "full"):
         cases = [c for c in build_cases("cuda", grid("cuda", size), ROWS, fdevice_of=fake_gpu,
-                                        resolve_error=lambda r: None) if c.row]  # fmt: skip
+                                        resolve_error=lambda r: None) if c.row]
         mine = {(c.row.name, c.workload.P, c.workload.dtype, c.fdevice) for c in cases
-                if c.row.name in names}  # fmt: skip
+                if c.row.name in names}
         devices = {"torch": "cuda", "jax": "gpu"}
         assert {(n, 4096, "bfloat16", devices[fw]) for n, fw in names.items()} <= mine, size
         assert all(dtype == "bfloat16" for _, _, dtype, _ in mine)
         # the project's paged rows stay on the CPU
         assert not [c for c in cases if c.row.name.startswith(("numpy", "torch", "jax"))
-                    and c.workload.op == "paged_decode"]  # fmt: skip
+                    and c.workload.op == "paged_decode"]
     cpu = [c for c in build_cases("cpu", grid("cpu", "full"), ROWS, fdevice_of=fake_gpu,
-                                  resolve_error=lambda r: None) if c.row]  # fmt: skip
+                                  resolve_error=lambda r: None) if c.row]
     assert not [c for c in cpu if c.row.name in names]
 
 
@@ -224,7 +224,7 @@ def test_the_kernel_ports_paged_rows_compute_the_oracle_under_the_cpu_interprete
     query, key_fp8, value_fp8 = p.inputs
     assert "float8_e4m3fn" in str(key_fp8.dtype) and "float8_e4m3fn" in str(value_fp8.dtype)
     k_d, v_d = (np.abs(host[k].astype(ml_dtypes.bfloat16)).max(axis=(0, 1, 3)).astype(np.float32)
-                / np.float32(448) for k in ("key_cache", "value_cache"))  # fmt: skip
+                / np.float32(448) for k in ("key_cache", "value_cache"))
     golden = _oracle_paged(host, query, to_np(key_fp8) * k_d[:, None],
-                           to_np(value_fp8) * v_d[:, None])  # fmt: skip
+                           to_np(value_fp8) * v_d[:, None])
     assert_within_bound(to_np(out), golden, golden, "bfloat16")

@@ -107,7 +107,7 @@ def test_configure_environment_sets_xla_memory_and_leaves_what_the_user_set(monk
     monkeypatch.setenv("PYTEST_XDIST_WORKER", "gw0")
     got = devices.configure_environment(own_session=False)
     assert got == {"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
-                   "XLA_PYTHON_CLIENT_MEM_FRACTION": devices.JAX_MEM_FRACTION}  # fmt: skip
+                   "XLA_PYTHON_CLIENT_MEM_FRACTION": devices.JAX_MEM_FRACTION}
     assert os.environ["PYTEST_XDIST_WORKER"] == "gw0"  # plain pytest: left alone
     monkeypatch.setenv("XLA_PYTHON_CLIENT_MEM_FRACTION", ".5")
     devices.configure_environment()
@@ -202,7 +202,7 @@ def test_rows_are_derived_from_their_targets():
         assert row_by_name(f"{fw} sdpa train").gate_alias == "grad"
         assert row_by_name(f"{fw} flash train").gate_alias == "flash_grad"
     assert (row_by_name("torch F.sdpa train").gate_port, row_by_name("torch F.sdpa train")
-            .gate_alias) == ("conformance.ports.torch_fused", "grad")  # fmt: skip
+            .gate_alias) == ("conformance.ports.torch_fused", "grad")
     for fw in ("numpy", "torch", "jax"):  # stepped through init_cache/decode on the fixtures
         row = row_by_name(f"{fw} decode")
         assert (row.gate_port, row.gate_alias) == (f"impl_{fw}", "decode")
@@ -252,7 +252,7 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     has the goal workload (and its causal twin) and whose rows include both."""
     quick, full = grid("cpu", "quick"), grid("cpu", "full")
     everything = build_goal_cases("cpu", full, ROWS, fdevice_of=fake_gpu,
-                                  resolve_error=lambda r: None)  # fmt: skip
+                                  resolve_error=lambda r: None)
     assert len(everything) == sum(len(r.goals) for r in ROWS) == 35  # the full grid: every goal
     cases = build_goal_cases("cpu", quick, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None)
     heavy = {(c.row.name, c.goal.kind) for c in everything if c.goal.kind in ("window", "memory")}
@@ -261,7 +261,7 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     assert mla == {(f"{fw} MLA decode", "ratio") for fw in ("numpy", "torch", "jax")}
     # the paged decode (P = 4096) and varlen (8192 tokens) goals: the full grid's
     mla |= {(c.row.name, c.goal.kind) for c in everything
-            if c.workload.op in ("paged_decode", "varlen")}  # fmt: skip
+            if c.workload.op in ("paged_decode", "varlen")}
     assert {(c.row.name, c.goal.kind) for c in cases} == {
         (c.row.name, c.goal.kind) for c in everything
     } - heavy - mla  # quick: all but the L = S = 8192 goals, MLA's, paged's and varlen's
@@ -269,7 +269,7 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     assert [c.goal.kind for c in decode] == ["ratio", "ratio", "rolling"]
     (a, wa, _), (b, wb, _) = decode[1].pair
     assert (a.name, b.name, wa.variant, wa.P) == ("torch decode", "torch F.sdpa decode", "GQA 8:2",
-                                                  4096) and wa == wb  # fmt: skip
+                                                  4096) and wa == wb
     (a, wa, _), (b, wb, _) = decode[2].pair  # the rolling step against itself at a shorter P
     assert a is b and (wa.window, wb.window, wa.P, wb.P) == (256, 256, 4096, 1024)
     assert wa.slots == wb.slots == 257 and wa in quick and wb in quick
@@ -283,7 +283,7 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     assert a is b and wa.is_causal and not wb.is_causal and wa.L == wb.L == 2048
     (a, wa, _), (b, wb, _) = by[("torch flash train", "ratio")].pair
     assert (a.name, b.name, wa, wb) == ("torch flash train", "torch F.sdpa train",
-                                        TRAIN_GOAL_WORKLOAD, TRAIN_GOAL_WORKLOAD)  # fmt: skip
+                                        TRAIN_GOAL_WORKLOAD, TRAIN_GOAL_WORKLOAD)
     (a, wa, _), (b, wb, _) = by[("jax flash train", "memory")].pair
     assert (a.name, b.name) == ("jax flash train", "jax sdpa train")  # the plain path beside it
     assert wa == wb == TRAIN_MEMORY_WORKLOAD and wa not in quick and wa in full and wa.L == 8192
@@ -298,7 +298,7 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     assert build_goal_cases("cpu", grid("cpu", "smoke"), ROWS, fdevice_of=fake_gpu) == []
     assert build_goal_cases("cuda", grid("cuda", "quick"), ROWS, fdevice_of=fake_gpu) == []
     some = build_goal_cases("cpu", quick, select_rows("numpy sdpa"), fdevice_of=fake_gpu,
-                            resolve_error=lambda r: None)  # fmt: skip
+                            resolve_error=lambda r: None)
     assert [c.id for c in some] == ["goal|numpy_sdpa|<=_2.5x_torch_F.sdpa"]
 
 

@@ -302,7 +302,7 @@ def test_timed_decode_rounds_leave_the_cache_at_its_position(monkeypatch):
     monkeypatch.setattr(
         row.resolve(), "decode", lambda self, x, cache: p_seen.append(cache.position)
         or decode(self, x, cache)
-    )  # fmt: skip
+    )
     bench = FakeBenchmark(min_rounds=4)
     session.run_case(case, bench)
     assert session.records[case.id].status == "ok" and bench.calls == 4

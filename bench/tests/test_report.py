@@ -219,7 +219,7 @@ def test_plots_are_written_per_series(tmp_path):
     w2 = Workload(**{**GOAL_WORKLOAD.__dict__, "L": 4096, "S": 4096})
     res["records"].append(rec("numpy sdpa", w2, 1.0))
     build = build_results(device="cpu", grid="quick", environment=res["environment"],
-                          records=res["records"], gates=[], wall_s=1.0)  # fmt: skip
+                          records=res["records"], gates=[], wall_s=1.0)
     table = series_table(build, "time")
     assert list(table) == [GOAL_WORKLOAD.series]  # causal series has one length: no panel
     assert table[GOAL_WORKLOAD.series]["numpy sdpa"] == [(2048, 0.25), (4096, 1.0)]
@@ -234,7 +234,7 @@ def test_decode_rows_are_reported_with_their_cache_and_plotted_against_p(tmp_pat
     rows = (("numpy decode", 2e-6), ("torch F.sdpa decode", 1e-6))  # seconds per cached token
     records = [rec(name, w, per_token * w.P) for w in ws for name, per_token in rows]
     res = build_results(device="cpu", grid="quick", environment={}, records=records, gates=[],
-                        wall_s=1.0)  # fmt: skip
+                        wall_s=1.0)
     ratios = [r["derived"]["ratio"] for r in res["records"] if r["row"] == "numpy decode"]
     assert ratios == [pytest.approx(2.0)] * 4  # against the same step around torch's F.sdpa
     table = series_table(res, "time")
@@ -256,10 +256,10 @@ def test_a_memory_goal_is_reported_in_bytes_with_the_plain_path_beside_it():
             "a": {"row": "numpy flash train"}, "b": {"row": "numpy sdpa train"},
             "a_peak_bytes": 14 * 2**20, "a_memory_method": "tracemalloc - O, grads",
             "b_peak_bytes": 6 * 2**30, "b_memory_method": "tracemalloc - O, grads",
-            "status": "met"}  # fmt: skip
+            "status": "met"}
     r = Record(case_id="goal|m", kind="goal", row="numpy flash train", row_kind="impl",
                framework="numpy", device="cpu", status="ok",
-               workload=TRAIN_MEMORY_WORKLOAD.to_dict(), goal=info).to_dict()  # fmt: skip
+               workload=TRAIN_MEMORY_WORKLOAD.to_dict(), goal=info).to_dict()
     res = results_of(goals=[r])
     g = next(x for x in res["goals"] if x["row"] == "numpy flash train" and x["kind"] == "memory")
     assert (g["status"], g["a_peak_bytes"], g["b_peak_bytes"]) == ("met", 14 * 2**20, 6 * 2**30)

@@ -31,7 +31,7 @@ def test_the_six_rows_are_in_the_cpu_plans_quick_at_1024_full_at_4096_too():
     assert _sharded_cases(make_plan("cpu", "quick")) == {n: {1024} for n in NAMES}
     assert _sharded_cases(make_plan("cpu", "full")) == {n: {1024, 4096} for n in NAMES}
     assert all(c.skip is None for c in make_plan("cpu", "full").cases if c.row
-               and c.row.name in NAMES)  # fmt: skip
+               and c.row.name in NAMES)
     for name in NAMES:
         row = row_by_name(name)
         assert row.ref == f"{row.framework} ring" and row.devices == ("cpu",)

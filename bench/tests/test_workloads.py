@@ -117,7 +117,7 @@ def test_quick_cpu_grid_holds_the_goal_workloads():
     assert Workload(**{**GOAL_WORKLOAD.__dict__, "is_causal": True}) in ws
     assert TRAIN_GOAL_WORKLOAD in ws and {w.L for w in grid("cpu", "full") if w.op == "train"} >= {
         2048, 8192,
-    }  # fmt: skip
+    }
     lengths = {w.L for w in ws if w.op == "attention"}
     assert min(lengths) == 256 and max(lengths) == 2048  # 4096 and 8192: the full grid
     assert max(w.L for w in ws if w.op != "decode") == 2048  # minutes, not half an hour

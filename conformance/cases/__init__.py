@@ -63,7 +63,7 @@ from conformance.cases.decode import (
 __all__ = [
     "ALL_DTYPES", "DECODE_CHUNKINGS", "PAGED_CHUNKINGS", "PAGED_DECODE_CASES", "PAGED_DTYPE",
     "REGISTRY", "ROLLING_CHUNKINGS", "CaseDef", "cases",
-]  # fmt: skip
+]
 
 # Registered last: fp8 after every sdpa case, fp8_cache after every decode case.
 from conformance.cases import fp8, fp8_cache  # noqa: F401

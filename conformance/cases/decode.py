@@ -53,7 +53,7 @@ PAGED_CHUNKINGS: dict[str, dict[str, Any]] = {
 PAGED_DECODE_CASES = (
     "gqa.h6_k2", "rope.gqa.h6_k2", "v2.window_sinks_alibi_softcap.mha",
     "mla.q_lora", "mla.q_proj.yarn.sinks",
-)  # fmt: skip
+)
 PAGED_DTYPE = "float32"
 
 
@@ -61,18 +61,18 @@ PAGED_DTYPE = "float32"
 def decode_mha(rng, dtype):
     """MultiHeadAttention, H = K = 6: the cache holds 6 key/value heads."""
     return ModuleCall(canonical(rng, k=H), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=H,
-                      cls="MultiHeadAttention", keywords={"is_causal": True})  # fmt: skip
+                      cls="MultiHeadAttention", keywords={"is_causal": True})
 
 
 @decode_case("gqa.h6_k2", ALL_DTYPES)
 def decode_gqa(rng, dtype):
     """GroupedQueryAttention 6:2: the cache holds K = 2 heads, a third of MHA's."""
     return ModuleCall(canonical(rng), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=K,
-                      keywords={"is_causal": True})  # fmt: skip
+                      keywords={"is_causal": True})
 
 
 @decode_case("mqa.h6_k1", ALL_DTYPES)
 def decode_mqa(rng, dtype):
     """Multi-query attention: the cache holds one key/value head."""
     return ModuleCall(canonical(rng, k=1), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=1,
-                      keywords={"is_causal": True})  # fmt: skip
+                      keywords={"is_causal": True})

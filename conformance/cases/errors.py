@@ -372,7 +372,7 @@ def forward(x=None, context=None, *, mask=None, bias=None, **keywords) -> Module
     inputs = {"x": x, "context": context, "mask": mask, "bias": bias}
     return ModuleErrorCall("forward", weights=error_weights(),
                            inputs={n: a for n, a in inputs.items() if a is not None},
-                           keywords=keywords)  # fmt: skip
+                           keywords=keywords)
 
 
 def decode(
@@ -390,7 +390,7 @@ def decode(
 def other_module(*, k=EK, d=ED, e=EE, dtype="float32") -> dict[str, Any]:
     """A module of other sizes or dtype (zeros), whose cache is given to the error module."""
     weights = {n: {"shape": list(w.shape), "dtype": w.dtype}
-               for n, w in error_weights(k=k, d=d, e=e, dtype=dtype).items()}  # fmt: skip
+               for n, w in error_weights(k=k, d=d, e=e, dtype=dtype).items()}
     return {"n_heads": EH, "n_kv_heads": k, "weights": weights, "dtype": dtype}
 
 
@@ -401,7 +401,7 @@ def err_d_model_not_divisible():
 
 
 @module_error_case("construct_heads_not_divisible", "DimensionMismatchError",
-                   "heads_not_divisible")  # fmt: skip
+                   "heads_not_divisible")
 def err_construct_heads_not_divisible():
     """GroupedQueryAttention(d_model=24, n_heads=6, n_kv_heads=4): 4 does not divide 6."""
     return construct("GroupedQueryAttention", d_model=24, n_heads=6, n_kv_heads=4)

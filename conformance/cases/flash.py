@@ -44,7 +44,7 @@ def flash_causal_bottom_right(rng, dtype):
     """bottom_right causal with L < S (offset 90): every row sees at least 91 keys; the diagonal
     crosses key blocks partway."""
     return call(*long_qkv(rng), is_causal=True, causal_alignment="bottom_right",
-                block_q=16, block_k=32)  # fmt: skip
+                block_q=16, block_k=32)
 
 
 @flash_case("tiling.causal_bottom_right.l203_s113")
@@ -52,7 +52,7 @@ def flash_causal_bottom_right_tall(rng, dtype):
     """bottom_right causal with L > S: the first 90 rows see no key (zeros, never NaN), so whole
     query blocks are fully masked, and the block holding row 90 is masked but for one key."""
     return call(*long_qkv(rng, l=LONG_S, s=LONG_L), is_causal=True,
-                causal_alignment="bottom_right", block_q=16, block_k=32)  # fmt: skip
+                causal_alignment="bottom_right", block_q=16, block_k=32)
 
 
 @flash_case("tiling.left_padding.l17_s203")
@@ -87,7 +87,7 @@ def flash_block_one(rng, dtype):
     """Blocks of one row and one key: every key is its own block, so the online softmax rescales
     at almost every step; with a mask, a bias, and bottom_right causal."""
     return call(*qkv(rng), mask=random_mask(rng, B, 1, L, S), bias=0.5 * normal(rng, H, L, S),
-                is_causal=True, causal_alignment="bottom_right", block_q=1, block_k=1)  # fmt: skip
+                is_causal=True, causal_alignment="bottom_right", block_q=1, block_k=1)
 
 
 @flash_case("tiling.garbage_padding.l17_s203", ("float32", "bfloat16"))

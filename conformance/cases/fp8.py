@@ -97,7 +97,7 @@ def _fp8_call(q, k, v, qd, kd, vd, query_dtype=None, **keywords) -> Fp8Call:
     mask = keywords.pop("mask", None)
     descales = {"q_descale": qd, "k_descale": kd, "v_descale": vd}
     return Fp8Call(times(q, qd), times(k, kd), times(v, vd), descales, query_dtype, mask, arrays,
-                   keywords)  # fmt: skip
+                   keywords)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -126,7 +126,7 @@ def all_causal_window_softcap(rng, dtype):
     """Causal (bottom_right) with a window (2, 0) and softcap 20 on dequantized scores."""
     return _fp8_call(*_values(rng), _group_q_descale([[0.5, 0.1], [1.5, 4.0]]), KD,
                      np.array([0.5, 80.0], np.float32), is_causal=True,
-                     causal_alignment="bottom_right", window=(2, 0), softcap=20.0)  # fmt: skip
+                     causal_alignment="bottom_right", window=(2, 0), softcap=20.0)
 
 
 @fp8_case("fp8.all.sinks.gqa.h8_k1", E4M3)
@@ -165,14 +165,14 @@ def cache_bf16_causal_sinks(rng, dtype):
     bfloat16 query, causal with sinks: output bfloat16; no q_descale."""
     sinks = np.linspace(-1.0, 2.0, H).astype(np.float32)
     return _fp8_call(*_values(rng), None, KD, _f32(50.0), "bfloat16", is_causal=True,
-                     sinks=sinks)  # fmt: skip
+                     sinks=sinks)
 
 
 @fp8_case("fp8.kv_cache.float16_query.window", E5M2)
 def cache_f16_window(rng, dtype):
     """A float16 query on an e5m2 cache with per-head descales (K,) and a window (1, 1)."""
     return _fp8_call(*_values(rng), None, np.array([0.03, 1.5], np.float32),
-                     np.array([4.0, 0.25], np.float32), "float16", window=(1, 1))  # fmt: skip
+                     np.array([4.0, 0.25], np.float32), "float16", window=(1, 1))
 
 
 @fp8_case("fp8.kv_cache.float32_query.decode", E4M3)
@@ -182,7 +182,7 @@ def cache_f32_decode(rng, dtype):
     q, k, v = _values(rng, l=1, s=9)
     vd = np.array([[0.02, 60.0], [3.0, 0.5]], np.float32)
     return _fp8_call(q, k, v, None, KD, vd, "float32", is_causal=True,
-                     causal_alignment="bottom_right")  # fmt: skip
+                     causal_alignment="bottom_right")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -273,7 +273,7 @@ def quantize_subnormals(rng, dtype):
     """Values among e4m3fn's subnormals (steps of 2**-9 below 2**-6) and below its smallest
     (2**-10 and less round to 0 or 2**-9), at descale 1."""
     x = np.array([[2.0**-9, 3 * 2.0**-10, 2.0**-10, 2.0**-11, 0.7 * 2.0**-9, 7 * 2.0**-9,
-                   7.5 * 2.0**-9, 2.0**-6, -5 * 2.0**-9, 1e-30]])  # fmt: skip
+                   7.5 * 2.0**-9, 2.0**-6, -5 * 2.0**-9, 1e-30]])
     return QuantizeCall(x, {"dtype": "float8_e4m3fn", "descale": 1.0})
 
 
@@ -282,7 +282,7 @@ def quantize_double_rounding(rng, dtype):
     """x is taken to float32 first: float64 1.0625 + 1e-12 is float32's 1.0625, a tie that
     rounds to 1.0 (rounding the float64 quotient directly gives 1.125)."""
     return QuantizeCall(np.array([[1.0625 + 1e-12, 1.1875 - 1e-12]]),
-                        {"dtype": "float8_e4m3fn", "descale": 1.0})  # fmt: skip
+                        {"dtype": "float8_e4m3fn", "descale": 1.0})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,7 +303,7 @@ def _ones(*shape: int, dtype=np.float32, fill=1.0) -> np.ndarray:
 
 
 @case("sdpa", "fp8_combination.one_of_kv", functions=("sdpa", "flash"),
-      error=("DTypeError", "fp8_combination"))  # fmt: skip
+      error=("DTypeError", "fp8_combination"))
 def err_one_of_kv():
     """Key fp8, value float32: outside the two allowed combinations (scaled_dot_product_attention
     only: attention_weights reads no value)."""
@@ -317,7 +317,7 @@ def err_fp8_query():
 
 
 @case("sdpa", "fp8_combination.formats_mixed", E4M3, functions=("sdpa", "flash"),
-      error=("DTypeError", "fp8_combination"))  # fmt: skip
+      error=("DTypeError", "fp8_combination"))
 def err_formats_mixed():
     """Query and key e4m3fn, value e5m2: one format only (scaled_dot_product_attention only)."""
     return call(Q8, K8, z(B, K, S, E, dtype="float8_e5m2"))
@@ -342,7 +342,7 @@ def err_descale_float64():
 
 
 @fp8_error("fp8_descale_shape.by_query_head", E4M3, error=("DimensionMismatchError",
-                                                          "descale_shape"))  # fmt: skip
+                                                          "descale_shape"))
 def err_descale_by_query_head():
     """k_descale (B, H) where (B, K) is asked: a key descale per query head."""
     return _with(call(Q8, K8, V8), k_descale=_ones(B, H))
@@ -385,28 +385,28 @@ def err_quantize_axis_outside():
 
 
 @case("quantize", "nonfinite", ("float64",), functions=("quantize",),
-      error=("ConfigError", "fp8_nonfinite"))  # fmt: skip
+      error=("ConfigError", "fp8_nonfinite"))
 def err_quantize_nonfinite():
     """A float64 x of 1e39: infinite in float32, where the quotient is taken."""
     return QuantizeCall(np.full((2, 3), 1e39), {})
 
 
 @case("quantize", "unknown_format", functions=("quantize",),
-      error=("DTypeError", "unsupported_dtype"))  # fmt: skip
+      error=("DTypeError", "unsupported_dtype"))
 def err_quantize_unknown_format():
     """dtype "float8_e4m3" (not e4m3fn): an unknown fp8 format."""
     return QuantizeCall(Zeros((B, H, L, D)), {"dtype": "float8_e4m3"})
 
 
 @case("quantize", "descale_shape", functions=("quantize",),
-      error=("DimensionMismatchError", "descale_shape"))  # fmt: skip
+      error=("DimensionMismatchError", "descale_shape"))
 def err_quantize_descale_shape():
     """A static descale (H, B) for x (B, H, L, D): it must broadcast to (B, H)."""
     return QuantizeCall(Zeros((B, H, L, D)), {}, descale=_ones(H, B))
 
 
 @case("quantize", "descale_value", functions=("quantize",),
-      error=("ConfigError", "descale_value"))  # fmt: skip
+      error=("ConfigError", "descale_value"))
 def err_quantize_descale_value():
     """A static descale of -1.0."""
     return QuantizeCall(Zeros((B, H, L, D)), {"descale": -1.0})

@@ -79,7 +79,7 @@ def fp8_cache_case(name: str, seed_name: str | None = None) -> Callable:
         for short in FORMATS:
             seed = None if seed_name is None else f"{seed_name}.{short}"
             case("decode", f"fp8_cache.{short}.{name}", (FP8_CACHE_DTYPE,),
-                 seed_name=seed)(fn)  # fmt: skip
+                 seed_name=seed)(fn)
         return fn
 
     return register
@@ -88,7 +88,7 @@ def fp8_cache_case(name: str, seed_name: str | None = None) -> Callable:
 def _gqa(rng, **options: Any) -> ModuleCall:
     """GroupedQueryAttention 6:2 on a sequence of T = 5 tokens, causal."""
     return ModuleCall(canonical(rng), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=K,
-                      keywords={"is_causal": True}, options=options)  # fmt: skip
+                      keywords={"is_causal": True}, options=options)
 
 
 @fp8_cache_case("rope.gqa.dynamic", seed_name="fp8_cache.rope.gqa.dynamic.s2")
@@ -105,7 +105,7 @@ def fp8_cache_static(rng, dtype):
     """GQA 6:2 with the caller's descales (vLLM's calibrated k_scale/v_scale): k_descale per
     key/value head (0.01, 0.02), v_descale one number (0.05); plain and paged caches."""
     return Fp8CacheCall(_gqa(rng), ("tokens", "chunks_2_1_2", "paged.chunks_2_1_2"),
-                        k_descale=np.array([0.01, 0.02]), v_descale=0.05)  # fmt: skip
+                        k_descale=np.array([0.01, 0.02]), v_descale=0.05)
 
 
 @fp8_cache_case("window.gqa.dynamic")
@@ -179,4 +179,4 @@ def err_fp8_cache_mla() -> ModuleErrorCall:
     plan = {"batch_size": MB, "max_len": 6, "chunks": [1], "cache_dtype": "float8_e4m3fn"}
     return ModuleErrorCall("decode", MLA, arguments={"qk_rope_head_dim": Dr}, weights=weights,
                            n_heads=MLA_H, n_kv_heads=None, inputs={"x": z(MB, 1, MM)},
-                           decode=plan)  # fmt: skip
+                           decode=plan)

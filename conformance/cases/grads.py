@@ -205,7 +205,7 @@ def grad_fully_masked_causal_rows(rng, dtype):
     """bottom_right causal with L = 9 > S = 5 and a bias: the first four rows are fully masked
     by the causal rule alone; their dQ and dbias are zero, never NaN."""
     return call(*gqkv(rng, l=9, s=5), bias=0.5 * normal(rng, H, 9, 5), is_causal=True,
-                causal_alignment="bottom_right")  # fmt: skip
+                causal_alignment="bottom_right")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -456,7 +456,7 @@ def flash_grad_blocks_1(rng, dtype):
     so dQ of a row sums over 24 blocks and dK, dV of a key over as many; the blocks outside
     the band are skipped in the backward as in the forward."""
     return call(*long_qkv(rng, h=2), window=(20, 3), causal_alignment="bottom_right",
-                block_q=1, block_k=1)  # fmt: skip
+                block_q=1, block_k=1)
 
 
 @flash_grad_case("tiling.blocks_7.causal.l113_s203", F32_BF16)
@@ -471,7 +471,7 @@ def flash_grad_tall(rng, dtype):
     """bottom_right causal with L = 203 > S = 113 and blocks of 7 x 16: the first 90 rows see
     no key (whole query blocks fully masked: zero dQ, never NaN)."""
     return call(*long_qkv(rng, l=LONG_S, s=LONG_L), is_causal=True,
-                causal_alignment="bottom_right", block_q=7, block_k=16)  # fmt: skip
+                causal_alignment="bottom_right", block_q=7, block_k=16)
 
 
 @flash_grad_case("tiling.blocks_larger.l113_s203")
@@ -480,7 +480,7 @@ def flash_grad_blocks_larger(rng, dtype):
     bias whose dbias sums over every row."""
     mask = random_mask(rng, LONG_S)
     return call(*long_qkv(rng), mask=mask, bias=normal(rng, 1, 1, LONG_S), block_q=128,
-                block_k=256)  # fmt: skip
+                block_k=256)
 
 
 @flash_grad_case("tiling.lse_rows.l113_s203")
@@ -500,7 +500,7 @@ def flash_grad_sinks_segments(rng, dtype):
     kv_ids = np.repeat([0, 1, 2], [60, 100, 43])  # (S = 203,)
     return call(*long_qkv(rng, h=2), sinks=np.array([1.0, -1.0]), alibi_slopes=pow2_slopes(2),
                 q_segment_ids=q_ids, kv_segment_ids=kv_ids, block_q=16,
-                block_k=32)  # fmt: skip
+                block_k=32)
 
 
 # ---------------------------------------------------------------------------------------------

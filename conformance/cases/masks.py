@@ -100,7 +100,7 @@ def window_with_mask(rng, dtype):
     """window=(3, 0), bottom_right, and a random (B, 1, L, S) mask: a key counts only where both
     allow it."""
     return call(*qkv(rng), window=(3, 0), causal_alignment="bottom_right",
-                mask=random_mask(rng, B, 1, L, S))  # fmt: skip
+                mask=random_mask(rng, B, 1, L, S))
 
 
 @sdpa_case("window.fully_masked_rows.l9_s5")
@@ -154,7 +154,7 @@ def segments_with_window(rng, dtype):
     itself and the token before it, if that one is in its document."""
     ids = np.array([0, 0, 0, 1, 1, 1])
     return call(*qkv(rng, l=6, s=6), q_segment_ids=ids, kv_segment_ids=ids, is_causal=True,
-                window=(1, 0))  # fmt: skip
+                window=(1, 0))
 
 
 @sdpa_case("segments.unsorted")
@@ -185,7 +185,7 @@ def sinks_with_mask_and_softcap(rng, dtype):
     bias = normal(rng, B, H, L, S)
     bias[..., 3] = -np.inf
     return call(*qkv(rng), mask=random_mask(rng, B, 1, L, S), bias=bias, softcap=1.5,
-                sinks=np.array([3.0, -2.0, 0.5, 2.5, -0.5, 1.0]))  # fmt: skip
+                sinks=np.array([3.0, -2.0, 0.5, 2.5, -0.5, 1.0]))
 
 
 @sdpa_case("sinks.fully_masked_rows", ("float32", "bfloat16"))
@@ -237,7 +237,7 @@ def alibi_bottom_right_causal(rng, dtype):
     i + 2, so the last key of each row is free of penalty. ALiBi without the offset (|i - j|)
     gives other weights."""
     return call(*qkv(rng), alibi_slopes=pow2_slopes(8)[:6], is_causal=True,
-                causal_alignment="bottom_right")  # fmt: skip
+                causal_alignment="bottom_right")
 
 
 @sdpa_case("alibi.softcap")
@@ -257,7 +257,7 @@ def flash_window(rng, dtype):
     """window=(20, 3), bottom_right (offset 90), blocks of 16 x 32: each query block sees two or
     three key blocks; the band's edges cross blocks partway, and every other block is skipped."""
     return call(*long_qkv(rng), window=(20, 3), causal_alignment="bottom_right", block_q=16,
-                block_k=32)  # fmt: skip
+                block_k=32)
 
 
 @flash_case("tiling.window_causal.l113_s203")
@@ -274,7 +274,7 @@ def flash_segments(rng, dtype):
     q_ids = np.repeat([0, 1, 2], [30, 50, 33])  # (L = 113,)
     kv_ids = np.repeat([0, 1, 2], [60, 100, 43])  # (S = 203,)
     return call(*long_qkv(rng), q_segment_ids=q_ids, kv_segment_ids=kv_ids, block_q=16,
-                block_k=32)  # fmt: skip
+                block_k=32)
 
 
 @flash_case("tiling.sinks_alibi.l113_s203", F32_BF16)
@@ -283,4 +283,4 @@ def flash_sinks_alibi(rng, dtype):
     denominator once, after the last key block; ALiBi is computed per block."""
     return call(*long_qkv(rng, h=2), sinks=np.array([1.0, -1.0]), alibi_slopes=pow2_slopes(2),
                 is_causal=True, causal_alignment="bottom_right", block_q=16,
-                block_k=32)  # fmt: skip
+                block_k=32)

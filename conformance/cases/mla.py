@@ -39,9 +39,9 @@ def mla_weights(rng, *, q_lora: int | None = Q, m: int = MM, sinks: bool = False
         shapes["q_proj.kernel"] = (m, H * (Dn + Dr))
     else:
         shapes |= {"q_a_proj.kernel": (m, q_lora), "q_a_layernorm.weight": (q_lora,),
-                   "q_b_proj.kernel": (q_lora, H * (Dn + Dr))}  # fmt: skip
+                   "q_b_proj.kernel": (q_lora, H * (Dn + Dr))}
     shapes |= {"kv_a_proj_with_mqa.kernel": (m, R + Dr), "kv_a_layernorm.weight": (R,),
-               "kv_b_proj.kernel": (R, H * (Dn + E)), "o_proj.kernel": (H * E, m)}  # fmt: skip
+               "kv_b_proj.kernel": (R, H * (Dn + E)), "o_proj.kernel": (H * E, m)}
     weights = {}
     for name, shape in shapes.items():
         if name.endswith(".weight"):
@@ -56,7 +56,7 @@ def mla_weights(rng, *, q_lora: int | None = Q, m: int = MM, sinks: bool = False
 def _mla(weights, x, *, keywords=None, mask=None, **options) -> ModuleCall:
     options = {"qk_rope_head_dim": Dr, **options}
     return ModuleCall(weights, x, n_heads=H, n_kv_heads=1, cls=MLA, mask=mask,
-                      keywords=keywords or {}, options=options)  # fmt: skip
+                      keywords=keywords or {}, options=options)
 
 
 def yarn_settings(factor: float = 4.0, mscale: float = 1.0, mscale_all_dim: float = 0.5):
@@ -70,7 +70,7 @@ def yarn_settings(factor: float = 4.0, mscale: float = 1.0, mscale_all_dim: floa
     inv_freq, _ = yarn_inv_freq(10000.0, Dr, factor, 16)
     return {"rope_inv_freq": [float(f) for f in inv_freq],
             "rope_attention_factor": m(mscale) / m(mscale_all_dim),
-            "scale": (Dn + Dr) ** -0.5 * m(mscale_all_dim) ** 2}  # fmt: skip
+            "scale": (Dn + Dr) ** -0.5 * m(mscale_all_dim) ** 2}
 
 
 @case("module", "mla.q_proj.causal", ALL_DTYPES, functions=MODULE_ONLY)
@@ -78,7 +78,7 @@ def module_mla_q_proj(rng, dtype):
     """q_lora_rank None (one q_proj), causal, the weights of every head: keys and values of the
     three heads from one latent, the rope part of every key the same rotated k_pe."""
     return _mla(mla_weights(rng, q_lora=None), normal(rng, MB, ML, MM),
-                keywords={"is_causal": True, "return_weights": True})  # fmt: skip
+                keywords={"is_causal": True, "return_weights": True})
 
 
 @case("module", "mla.q_lora.interleaved.causal", ALL_DTYPES, functions=MODULE_ONLY)
@@ -87,7 +87,7 @@ def module_mla_q_lora_interleaved(rng, dtype):
     checkpoints), causal with bottom_right alignment (L = S: the lower triangle too)."""
     return _mla(mla_weights(rng), normal(rng, MB, ML, MM), rope_interleaved=True,
                 keywords={"is_causal": True, "causal_alignment": "bottom_right",
-                          "return_weights": True})  # fmt: skip
+                          "return_weights": True})
 
 
 @case("module", "mla.yarn.causal", ("float64", "float32"), functions=MODULE_ONLY)
@@ -96,7 +96,7 @@ def module_mla_yarn(rng, dtype):
     factor 1.0648 on cos and sin, softmax scale (Dn + Dr) ** -0.5 * 1.0693 ** 2. A port taking
     the scale from R + Dr or squaring the attention factor into it fails."""
     return _mla(mla_weights(rng), normal(rng, MB, ML, MM), **yarn_settings(),
-                keywords={"is_causal": True, "return_weights": True})  # fmt: skip
+                keywords={"is_causal": True, "return_weights": True})
 
 
 @case("module", "mla.mask.fully_masked_row", ("float32", "bfloat16"), functions=MODULE_ONLY)
@@ -106,14 +106,14 @@ def module_mla_fully_masked(rng, dtype):
     mask = np.tril(np.ones((MB, 1, ML, ML), bool), 1)
     mask[1, 0, 2, :] = False
     return _mla(mla_weights(rng, q_lora=None), normal(rng, MB, ML, MM), mask=mask,
-                keywords={"return_weights": True})  # fmt: skip
+                keywords={"return_weights": True})
 
 
 @case("module", "mla.window.sinks.softcap", ("float64", "float32"), functions=MODULE_ONLY)
 def module_mla_window_sinks(rng, dtype):
     """window (2, 0), learned sinks (H,), softcap 5, causal: the v2 settings on MLA's scores."""
     return _mla(mla_weights(rng, sinks=True), normal(rng, MB, ML, MM), window=[2, 0], softcap=5.0,
-                keywords={"is_causal": True, "return_weights": True})  # fmt: skip
+                keywords={"is_causal": True, "return_weights": True})
 
 
 @case("decode", "mla.q_lora", ALL_DTYPES)
@@ -129,7 +129,7 @@ def decode_mla_yarn(rng, dtype):
     MQA call takes the module's scale, (Dn + Dr) ** -0.5 * mscale ** 2, not (R + Dr) ** -0.5."""
     return _mla(mla_weights(rng, q_lora=None, sinks=True), normal(rng, MB, DECODE_T, MM),
                 rope_interleaved=True, softcap=5.0, **yarn_settings(),
-                keywords={"is_causal": True})  # fmt: skip
+                keywords={"is_causal": True})
 
 
 def _zeros(weights: dict) -> dict:
@@ -140,14 +140,14 @@ def _zeros(weights: dict) -> dict:
 def err_mla_odd_rope_dim():
     """MultiHeadLatentAttention with qk_rope_head_dim 5: RoPE rotates pairs."""
     return construct(MLA, d_model=MM, n_heads=H, kv_lora_rank=R, qk_nope_head_dim=Dn,
-                     qk_rope_head_dim=5, v_head_dim=E)  # fmt: skip
+                     qk_rope_head_dim=5, v_head_dim=E)
 
 
 @module_error_case("mla_zero_rank", "ConfigError", "mla_dims")
 def err_mla_zero_rank():
     """MultiHeadLatentAttention with kv_lora_rank 0."""
     return construct(MLA, d_model=MM, n_heads=H, kv_lora_rank=0, qk_nope_head_dim=Dn,
-                     qk_rope_head_dim=Dr, v_head_dim=E)  # fmt: skip
+                     qk_rope_head_dim=Dr, v_head_dim=E)
 
 
 @module_error_case("mla_kv_b_transposed", "DimensionMismatchError", "weight_shape")

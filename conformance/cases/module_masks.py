@@ -47,7 +47,7 @@ def module_window_causal(rng, dtype):
     inclusive rule). A window of W keys instead of W + 1 drops key i - 2."""
     return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
                       keywords={"is_causal": True, "return_weights": True},
-                      options={"window": [2, 0]})  # fmt: skip
+                      options={"window": [2, 0]})
 
 
 @case("module", "v2.window.cross.bottom_right.l5_s7")
@@ -58,7 +58,7 @@ def module_window_cross(rng, dtype):
     return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
                       context=normal(rng, MB, MS, MM),
                       keywords={"causal_alignment": "bottom_right", "return_weights": True},
-                      options={"window": [1, 1]})  # fmt: skip
+                      options={"window": [1, 1]})
 
 
 @case("module", "v2.sinks.gqa.padding", LOW)
@@ -68,7 +68,7 @@ def module_sinks(rng, dtype):
     sinks, or loads them into the wrong heads, gives other numbers."""
     return ModuleCall(_with_sinks(rng, canonical(rng)), normal(rng, MB, ML, MM), n_heads=H,
                       n_kv_heads=K, context=normal(rng, MB, MS, MM), mask=padding([7, 4], MS),
-                      keywords={"return_weights": True})  # fmt: skip
+                      keywords={"return_weights": True})
 
 
 @case("module", "v2.alibi.mha.causal", LOW)
@@ -77,14 +77,14 @@ def module_alibi(rng, dtype):
     every other slope of 8 (``alibi_slopes(6)``), causal self-attention."""
     return ModuleCall(canonical(rng, k=H), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=H,
                       cls="MultiHeadAttention", keywords={"is_causal": True},
-                      options={"alibi": True})  # fmt: skip
+                      options={"alibi": True})
 
 
 @case("module", "v2.softcap.gqa")
 def module_softcap(rng, dtype):
     """softcap=0.5 (Gemma 2's logit cap, small enough to bend these scores), cross-attention."""
     return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
-                      context=normal(rng, MB, MS, MM), options={"softcap": 0.5})  # fmt: skip
+                      context=normal(rng, MB, MS, MM), options={"softcap": 0.5})
 
 
 @case("module", "v2.scale.gqa")
@@ -93,7 +93,7 @@ def module_scale(rng, dtype):
     weights returned: a module that keeps the default scale gives flatter weights."""
     return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
                       keywords={"is_causal": True, "return_weights": True},
-                      options={"scale": 1.5})  # fmt: skip
+                      options={"scale": 1.5})
 
 
 @case("module", "v2.segments.packed.causal", LOW)
@@ -104,7 +104,7 @@ def module_segments(rng, dtype):
     ids = np.array([[0, 0, 1, 1, 1], [3, 3, 3, 3, 7]])
     return ModuleCall(canonical(rng), normal(rng, MB, ML, MM), n_heads=H, n_kv_heads=K,
                       keywords={"is_causal": True, "return_weights": True},
-                      q_segment_ids=ids, kv_segment_ids=ids)  # fmt: skip
+                      q_segment_ids=ids, kv_segment_ids=ids)
 
 
 @case("module", "v2.gpt_oss_like.rope_window_sinks")
@@ -113,7 +113,7 @@ def module_gpt_oss_like(rng, dtype):
     GQA 6:2, causal, with the weights returned."""
     return ModuleCall(_with_sinks(rng, canonical(rng)), normal(rng, MB, ML, MM), n_heads=H,
                       n_kv_heads=K, keywords={"is_causal": True, "return_weights": True},
-                      options={"rope_theta": 100.0, "window": [1, 0]})  # fmt: skip
+                      options={"rope_theta": 100.0, "window": [1, 0]})
 
 
 @case("decode", "v2.window.gqa")
@@ -122,7 +122,7 @@ def decode_window(rng, dtype):
     before, fed token by token and in chunks into a plain cache (which masks the rest) and into
     a rolling cache of 2 slots (whose chunk of 2 attends its one kept token, then the chunk)."""
     return ModuleCall(canonical(rng), normal(rng, MB, DECODE_T, MM), n_heads=H, n_kv_heads=K,
-                      keywords={"is_causal": True}, options={"window": [1, 0]})  # fmt: skip
+                      keywords={"is_causal": True}, options={"window": [1, 0]})
 
 
 @case("decode", "v2.window_sinks_alibi_softcap.mha")
@@ -133,7 +133,7 @@ def decode_window_sinks_alibi(rng, dtype):
     return ModuleCall(_with_sinks(rng, canonical(rng, k=H)), normal(rng, MB, DECODE_T, MM),
                       n_heads=H, n_kv_heads=H, cls="MultiHeadAttention",
                       keywords={"is_causal": True},
-                      options={"window": [2, 0], "alibi": True, "softcap": 2.0})  # fmt: skip
+                      options={"window": [2, 0], "alibi": True, "softcap": 2.0})
 
 
 # -- errors --------------------------------------------------------------------------------------

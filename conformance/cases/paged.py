@@ -120,7 +120,7 @@ def paged_problem(
     query = normal(rng, int(cu[-1]), h, d)
     arrays = {name: keywords.pop(name) for name in ("sinks", "alibi_slopes") if name in keywords}
     return PagedCall(query, key_cache, value_cache, table, np.asarray(seq_lens, np.int64), cu,
-                     keywords, arrays)  # fmt: skip
+                     keywords, arrays)
 
 
 #: The aliases a paged_attention case is run against: the plain path and the tiled read.
@@ -235,7 +235,7 @@ def sinks_window(rng, dtype):
     """gpt-oss on a paged cache: attention sinks with a sliding window (7 keys), causal."""
     sinks = normal(rng, H)
     return paged_problem(rng, [13, 4, 9], [1, 3, 2], page_size=4, is_causal=True, window=(6, 0),
-                         sinks=sinks)  # fmt: skip
+                         sinks=sinks)
 
 
 @paged_case("softcap.window.gemma", ("float32", "bfloat16"))
@@ -243,7 +243,7 @@ def softcap_window(rng, dtype):
     """Gemma 2 on a paged cache: softcap 2 (scaled scores of order 3 are capped) with a local
     window, causal, a custom scale."""
     return paged_problem(rng, [12, 5], [3, 1], page_size=3, is_causal=True, window=(4, 0),
-                         softcap=2.0, scale=1.0)  # fmt: skip
+                         softcap=2.0, scale=1.0)
 
 
 @paged_case("alibi.causal")
@@ -251,7 +251,7 @@ def alibi_causal(rng, dtype):
     """ALiBi on the token's position: -slope[h] * |p - j| with p = seq_lens[n] - L_n + i."""
     slopes = 2.0 ** (-8.0 * np.arange(1, H + 1) / H)
     return paged_problem(rng, [9, 5, 1], [3, 1, 1], page_size=2, is_causal=True,
-                         alibi_slopes=slopes)  # fmt: skip
+                         alibi_slopes=slopes)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -308,7 +308,7 @@ def paged_fp8_problem(rng, seq_lens, q_lens, qd, kd, vd, query_dtype=None, **key
 _KD = np.array([[0.3, 0.04], [6.0, 6.0], [1.0, 1.0], [2.0, 20.0]], np.float32)
 _VD = np.array([[1e-2, 3.0], [1.0, 0.2], [1.0, 1.0], [40.0, 0.5]], np.float32)
 _QD = np.array([[0.5, 0.3, 1.0, 5.0, 2.0, 8.0], [0.02, 0.05, 0.03, 0.04, 0.01, 0.02],
-                [1.0] * 6, [0.1, 0.05, 0.08, 0.01, 0.012, 0.015]], np.float32)  # fmt: skip
+                [1.0] * 6, [0.1, 0.05, 0.08, 0.01, 0.012, 0.015]], np.float32)
 #: k_descale of the caches read by a float query (of order 4): 0.01 to 0.5, scores of order 1.
 _KD_CACHE = np.array([[0.02, 0.1], [0.5, 0.05], [1.0, 1.0], [0.01, 0.3]], np.float32)
 
@@ -321,7 +321,7 @@ def paged_fp8_per_sequence(rng, dtype):
     dropped descale is far outside the bound. The unused slots are NaN (0x7f/0xff in e4m3fn,
     e5m2's NaN bytes too). Output bfloat16."""
     return paged_fp8_problem(rng, [7, 1, 0, 12], [1, 1, 0, 4], _QD, _KD, _VD, page_size=3,
-                             is_causal=True)  # fmt: skip
+                             is_causal=True)
 
 
 @paged_case("fp8.all.per_head.window_sinks", ("float8_e4m3fn",))
@@ -333,7 +333,7 @@ def paged_fp8_per_head(rng, dtype):
     sinks = np.linspace(-1.0, 2.0, H).astype(np.float32)
     return paged_fp8_problem(rng, [9, 5, 13], [2, 1, 3], qd, np.array([0.04, 20.0], np.float32),
                              float(np.float32(0.125)), page_size=4, is_causal=True,
-                             window=(4, 0), sinks=sinks)  # fmt: skip
+                             window=(4, 0), sinks=sinks)
 
 
 @paged_case("fp8.kv_cache.bfloat16_query.per_sequence.window", ("float8_e4m3fn",))
@@ -342,7 +342,7 @@ def paged_fp8_cache_bf16(rng, dtype):
     per sequence ``(N, K)``, an empty sequence and a sequence with keys but no query, causal
     with a window (5, 0), page 2: output bfloat16."""
     return paged_fp8_problem(rng, [6, 11, 0, 4], [1, 3, 0, 0], None, _KD_CACHE, _VD, "bfloat16",
-                             page_size=2, is_causal=True, window=(5, 0))  # fmt: skip
+                             page_size=2, is_causal=True, window=(5, 0))
 
 
 @paged_case("fp8.kv_cache.float16_query.per_head.causal", ("float8_e5m2",))
@@ -352,7 +352,7 @@ def paged_fp8_cache_f16(rng, dtype):
     output float16."""
     return paged_fp8_problem(rng, [10, 3, 17], [1, 1, 5], None, np.array([0.5, 0.02], np.float32),
                              np.array([0.01, 100.0], np.float32), "float16", page_size=4,
-                             is_causal=True)  # fmt: skip
+                             is_causal=True)
 
 
 @paged_case("fp8.kv_cache.float32_query.scalar.causal_sinks", ("float8_e4m3fn",))
@@ -363,7 +363,7 @@ def paged_fp8_cache_f32(rng, dtype):
     sinks = np.linspace(1.5, -0.5, H).astype(np.float32)
     return paged_fp8_problem(rng, [8, 0, 5], [2, 0, 1], None, np.array(0.03, np.float32),
                              np.array(70.0, np.float32), "float32", page_size=3, is_causal=True,
-                             sinks=sinks)  # fmt: skip
+                             sinks=sinks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -377,7 +377,7 @@ def write_problem(rng, slots: list[int], *, P: int = 4, page_size: int = 3) -> P
     return PagedWriteCall(
         normal(rng, P, page_size, K, D), normal(rng, P, page_size, K, E),
         normal(rng, T, K, D), normal(rng, T, K, E), np.asarray(slots, np.int64),
-    )  # fmt: skip
+    )
 
 
 @paged_write_case("padding_slots", ALL_DTYPES)
@@ -403,7 +403,7 @@ def _ints(*values) -> np.ndarray:
 
 
 def paged_error(T=3, P=4, page_size=3, k=K, d=D, e=E, h=H, *, block_table=None, seq_lens=None,
-                cu_seqlens_q=None, dtype="float32", **keywords) -> PagedCall:  # fmt: skip
+                cu_seqlens_q=None, dtype="float32", **keywords) -> PagedCall:
     """A valid call of two sequences (4 and 5 keys; 1 and 2 queries) but for what is given."""
     table = _ints([0, 1], [2, 3]) if block_table is None else block_table
     return PagedCall(
@@ -413,7 +413,7 @@ def paged_error(T=3, P=4, page_size=3, k=K, d=D, e=E, h=H, *, block_table=None, 
         _ints(0, 1, 3) if cu_seqlens_q is None else cu_seqlens_q,
         {name: v for name, v in keywords.items() if name not in ("sinks", "alibi_slopes")},
         {name: v for name, v in keywords.items() if name in ("sinks", "alibi_slopes")},
-    )  # fmt: skip
+    )
 
 
 def paged_error_case(name: str, error_class: str, code: str):
@@ -454,7 +454,7 @@ def err_cu_value():
 def err_cu_decreasing():
     """cu_seqlens_q going down (0, 2, 1, 3): a negative L_n."""
     return paged_error(cu_seqlens_q=_ints(0, 2, 1, 3), block_table=_ints([0], [1], [2]),
-                       seq_lens=_ints(2, 2, 2))  # fmt: skip
+                       seq_lens=_ints(2, 2, 2))
 
 
 @paged_error_case("seq_lens_count", "DimensionMismatchError", "cu_seqlens_count")

@@ -238,7 +238,7 @@ def segments_packed(rng, dtype):
     ids = np.repeat([0, 1, 2], [11, 13, 8])
     ids = np.stack([ids, np.zeros(32, dtype=int)])  # (B, L)
     return call(*_qkv(rng, batch=(2,), l=32, s=32), q_segment_ids=ids, kv_segment_ids=ids,
-                is_causal=True)  # fmt: skip
+                is_causal=True)
 
 
 @ring_case("sinks.padding.l32_s32", ("float64", "float32"), shards=(2, 4))
@@ -251,7 +251,7 @@ def sinks_padding(rng, dtype):
     mask[1, :, :, 10:] = False
     mask[1, :, :4, :] = False
     return call(*_qkv(rng, batch=(2,), l=32, s=32), mask=mask, is_causal=True,
-                sinks=np.array([0.5, -1.0, 2.0, 0.0]))  # fmt: skip
+                sinks=np.array([0.5, -1.0, 2.0, 0.0]))
 
 
 @ring_case("alibi.causal.bottom_right.l32_s48", ("float64", "float32"), shards=(2, 4))
@@ -262,7 +262,7 @@ def alibi_bottom_right(rng, dtype):
     if it were on the diagonal)."""
     slopes = 2.0 ** (-8.0 * np.arange(1, 5) / 4)
     return call(*_qkv(rng, l=32, s=48), alibi_slopes=slopes, is_causal=True,
-                causal_alignment="bottom_right")  # fmt: skip
+                causal_alignment="bottom_right")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -280,7 +280,7 @@ def ulysses_gqa_8_1(rng, dtype):
 
 
 @ring_case("ulysses.gqa.h8_k2.head_mask.sinks.alibi.l32_s48", ("float64", "float32"),
-           shards=(2, 4, 8))  # fmt: skip
+           shards=(2, 4, 8))
 def ulysses_gqa_8_2(rng, dtype):
     """GQA 8:2, a mask with a head axis of 8, a sink and an ALiBi slope per head, causal
     bottom_right with L = 32 < S = 48: at n = 4 and 8 the two key/value heads each go to the
@@ -291,7 +291,7 @@ def ulysses_gqa_8_2(rng, dtype):
     mask[0, 5, 7] = False  # a fully masked row on head 5
     return call(*_qkv(rng, h=8, k=2, l=32, s=48), mask=mask, is_causal=True,
                 causal_alignment="bottom_right", sinks=rng.standard_normal(8),
-                alibi_slopes=2.0 ** (-np.arange(1, 9)))  # fmt: skip
+                alibi_slopes=2.0 ** (-np.arange(1, 9)))
 
 
 @ring_case("ulysses.gqa.h12_k4.window.segments.l48_s48", ("float64",), shards=(2, 4))
@@ -302,7 +302,7 @@ def ulysses_gqa_12_4(rng, dtype):
     the documents are checked across the shard boundaries."""
     ids = np.repeat([0, 1, 2], [13, 21, 14])[None]  # (1, 48)
     return call(*_qkv(rng, h=12, k=4, l=48, s=48), window=(5, 2), q_segment_ids=ids,
-                kv_segment_ids=ids)  # fmt: skip
+                kv_segment_ids=ids)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -311,14 +311,14 @@ def ulysses_gqa_12_4(rng, dtype):
 
 
 @ring_error_case("length_not_divisible", "DimensionMismatchError", "length_not_divisible",
-                 ("ring",))  # fmt: skip
+                 ("ring",))
 def err_length_not_divisible():
     """4 contiguous shards cannot cut L = S = 6: 4 must divide both."""
     return call(z(B, H, 6, D), z(B, K, 6, D), z(B, K, 6, E), n_shards=4, layout="contiguous")
 
 
 @ring_error_case("length_not_divisible_zigzag", "DimensionMismatchError", "length_not_divisible",
-                 ("ring_zigzag",))  # fmt: skip
+                 ("ring_zigzag",))
 def err_length_not_divisible_zigzag():
     """Zigzag with 4 shards cuts L and S into 2 * 4 = 8 chunks: L = 8 fits, S = 12 does not
     (4 alone would divide both)."""
@@ -326,7 +326,7 @@ def err_length_not_divisible_zigzag():
 
 
 @ring_error_case("kv_heads_not_divisible", "DimensionMismatchError", "kv_heads_not_divisible",
-                 ("head_parallel",))  # fmt: skip
+                 ("head_parallel",))
 def err_kv_heads_not_divisible():
     """Head-parallel over 4 devices with K = 2 key/value heads (H = 6): 4 must divide K. (4
     divides neither H nor K here; with contiguous groups it is K that is split.)"""
@@ -377,7 +377,7 @@ def err_usp_shape():
     """USP with u = 4 Ulysses members and r = 2 ring groups over H = 6 query heads: u must
     divide H (u * r = 8 divides L and S)."""
     return call(z(B, 6, 16, D), z(B, 2, 16, D), z(B, 2, 16, E), ulysses_shards=4,
-                ring_shards=2, layout="contiguous")  # fmt: skip
+                ring_shards=2, layout="contiguous")
 
 
 @ring_error_case("usp_without_group_sizes", "ConfigError", "non_positive_size", ("usp",))

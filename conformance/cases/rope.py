@@ -188,7 +188,7 @@ def rope_l0(rng, dtype):
 def llama3_inv_freq(
     theta: float, rotary_dim: int, factor: float, low_freq_factor: float,
     high_freq_factor: float, original_max_position_embeddings: int,
-) -> np.ndarray:  # fmt: skip
+) -> np.ndarray:
     """Llama 3.1's ``rope_scaling={"rope_type": "llama3", ...}`` from its published formula:
     wavelengths ``2 pi / f`` longer than ``original / low_freq_factor`` are divided by
     ``factor``, shorter than ``original / high_freq_factor`` kept, and the band between blends
@@ -202,13 +202,13 @@ def llama3_inv_freq(
     )
     blended = (1 - smooth) * base / factor + smooth * base
     return np.where(wavelength > low_wavelength, base / factor,
-                    np.where(wavelength < high_wavelength, base, blended))  # fmt: skip
+                    np.where(wavelength < high_wavelength, base, blended))
 
 
 def yarn_inv_freq(
     theta: float, rotary_dim: int, factor: float, original_max_position_embeddings: int,
     beta_fast: float = 32.0, beta_slow: float = 1.0,
-) -> tuple[np.ndarray, float]:  # fmt: skip
+) -> tuple[np.ndarray, float]:
     """YaRN (Peng et al. 2023) from its published formulas: the pairs that turn fewer than
     ``beta_slow`` times over the original context are interpolated (``f / factor``), those that
     turn more than ``beta_fast`` times kept, a linear ramp between; the attention factor is
@@ -229,7 +229,7 @@ def yarn_inv_freq(
 
 #: Hugging Face's rope_parameters of the YaRN cases (rotary_dim 8 is the config's head_dim there).
 YARN_HF = {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
-           "original_max_position_embeddings": 2048}  # fmt: skip
+           "original_max_position_embeddings": 2048}
 
 #: Positions spread over a long context, so the scaled low frequencies turn visibly.
 LONG_POSITIONS = np.array([[0, 7, 300, 5000, 12000], [9000, 1, 2047, 64, 30000]])
@@ -242,7 +242,7 @@ def rope_inv_freq_llama3(rng, dtype):
     (inv_freq wins): a port that ignores inv_freq, or blends it with theta, fails."""
     inv_freq = llama3_inv_freq(500000.0, RD, 8.0, 1.0, 4.0, 8192)
     hf = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0, "low_freq_factor": 1.0,
-          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}  # fmt: skip
+          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
     return rope(_x(rng), LONG_POSITIONS, theta=500000.0, inv_freq=inv_freq, hf_rope_parameters=hf)
 
 
@@ -253,7 +253,7 @@ def rope_inv_freq_yarn_interleaved(rng, dtype):
     half-way, pair 3 divided by 4; features 8..11 pass through unscaled."""
     inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
     return rope(_x(rng), LONG_POSITIONS, rotary_dim=8, interleaved=True, inv_freq=inv_freq,
-                attention_factor=factor, hf_rope_parameters=YARN_HF)  # fmt: skip
+                attention_factor=factor, hf_rope_parameters=YARN_HF)
 
 
 @rope_case("inv_freq.yarn.half.r8_d12", ("float64", "float32"))
@@ -261,7 +261,7 @@ def rope_inv_freq_yarn_half(rng, dtype):
     """The same YaRN frequencies and factor with half-split pairs (x[p], x[p + 4])."""
     inv_freq, factor = yarn_inv_freq(10000.0, 8, 4.0, 2048)
     return rope(_x(rng), LONG_POSITIONS, rotary_dim=8, inv_freq=inv_freq,
-                attention_factor=factor, hf_rope_parameters=YARN_HF)  # fmt: skip
+                attention_factor=factor, hf_rope_parameters=YARN_HF)
 
 
 @rope_case("attention_factor.d12", ("float64", "float32"))
@@ -429,7 +429,7 @@ def module_rope_gqa(rng, dtype):
     every head (the rotation changes every score)."""
     return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
                       n_kv_heads=K, keywords={"return_weights": True},
-                      options=_rope_options())  # fmt: skip
+                      options=_rope_options())
 
 
 @case("module", "rope.mha.interleaved.r4", ("float32", "bfloat16"))
@@ -438,7 +438,7 @@ def module_rope_mha_interleaved(rng, dtype):
     features 4..7 of every query and key pass through."""
     return ModuleCall(canonical(rng, k=H, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
                       n_kv_heads=H, cls="MultiHeadAttention", keywords={"is_causal": True},
-                      options=_rope_options(100.0, True, 4))  # fmt: skip
+                      options=_rope_options(100.0, True, 4))
 
 
 @case("module", "rope.cross.bottom_right.l5_s7")
@@ -450,7 +450,7 @@ def module_rope_cross_bottom_right(rng, dtype):
                       n_kv_heads=K, context=normal(rng, MB, MS, MM),
                       keywords={"is_causal": True, "causal_alignment": "bottom_right",
                                 "return_weights": True},
-                      options=_rope_options(theta=100.0))  # fmt: skip
+                      options=_rope_options(theta=100.0))
 
 
 @case("module", "rope.cross.top_left.l5_s7")
@@ -458,7 +458,7 @@ def module_rope_cross_top_left(rng, dtype):
     """Cross-attention with RoPE, not causal, top_left: query i at position i, key j at j."""
     return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
                       n_kv_heads=K, context=normal(rng, MB, MS, MM),
-                      options=_rope_options(theta=100.0))  # fmt: skip
+                      options=_rope_options(theta=100.0))
 
 
 @case("decode", "rope.gqa.h6_k2", ALL_DTYPES)
@@ -469,7 +469,7 @@ def decode_rope_gqa(rng, dtype):
     its second step."""
     return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, DECODE_T, MM), n_heads=H,
                       n_kv_heads=K, keywords={"is_causal": True},
-                      options=_rope_options(theta=100.0))  # fmt: skip
+                      options=_rope_options(theta=100.0))
 
 
 @case("decode", "rope.mqa.interleaved.r6", F32)
@@ -477,7 +477,7 @@ def decode_rope_mqa_interleaved(rng, dtype):
     """MQA with interleaved RoPE on 6 of D = 8 features, decoded token by token and in chunks."""
     return ModuleCall(canonical(rng, k=1, d=MRD, e=MRE), normal(rng, MB, DECODE_T, MM),
                       n_heads=H, n_kv_heads=1, keywords={"is_causal": True},
-                      options=_rope_options(100.0, True, 6))  # fmt: skip
+                      options=_rope_options(100.0, True, 6))
 
 
 def _construct_error(name: str, arguments: dict[str, Any], error_class: str, code: str, doc: str):
@@ -547,7 +547,7 @@ def module_rope_scaled_llama3(rng, dtype):
     score (with the weights of every head)."""
     return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
                       n_kv_heads=K, keywords={"return_weights": True, "is_causal": True},
-                      options=_scaled_options(MODULE_LLAMA3))  # fmt: skip
+                      options=_scaled_options(MODULE_LLAMA3))
 
 
 @case("module", "rope_scaled.yarn.mha.interleaved.r4", ("float64", "float32"))
@@ -560,7 +560,7 @@ def module_rope_scaled_yarn(rng, dtype):
     return ModuleCall(canonical(rng, k=H, d=MRD, e=MRE), normal(rng, MB, ML, MM), n_heads=H,
                       n_kv_heads=H, cls="MultiHeadAttention", keywords={"return_weights": True},
                       options=_scaled_options(inv_freq, factor, rotary_dim=4,
-                                              interleaved=True))  # fmt: skip
+                                              interleaved=True))
 
 
 @case("decode", "rope_scaled.gqa.h6_k2", F32)
@@ -570,7 +570,7 @@ def decode_rope_scaled_gqa(rng, dtype):
     cache holding the scaled rotated keys; any chunking gives the full forward."""
     return ModuleCall(canonical(rng, d=MRD, e=MRE), normal(rng, MB, DECODE_T, MM), n_heads=H,
                       n_kv_heads=K, keywords={"is_causal": True},
-                      options=_scaled_options(MODULE_LLAMA3, 1.25))  # fmt: skip
+                      options=_scaled_options(MODULE_LLAMA3, 1.25))
 
 
 _construct_error(

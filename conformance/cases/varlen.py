@@ -115,7 +115,7 @@ def varlen_empty(rng, dtype):
     """N = 5 with empty sequences: L_n = 0 (sequence 1), S_n = 0 (sequence 2: its queries are
     zeros), both (sequence 4); causal bottom-right."""
     return packed(rng, [2, 0, 4, 3, 0], [5, 3, 0, 3, 0], is_causal=True,
-                  causal_alignment="bottom_right")  # fmt: skip
+                  causal_alignment="bottom_right")
 
 
 @varlen_case("n5.window_across_boundaries")
@@ -124,7 +124,7 @@ def varlen_window(rng, dtype):
     reach into the neighbouring sequences; per sequence it stops at the boundary, and its
     diagonal is S_n - L_n, not the packed row's."""
     return packed(rng, [2, 3, 1, 4, 2], [4, 3, 5, 2, 6], window=(2, 1),
-                  causal_alignment="bottom_right")  # fmt: skip
+                  causal_alignment="bottom_right")
 
 
 @varlen_case("n3.window_causal_top_left")
@@ -139,7 +139,7 @@ def varlen_sinks(rng, dtype):
     """A sink logit per head (gpt-oss), causal bottom-right: every row's denominator gains
     exp(sink_h); rows with no key (the last sequence has S_n = 0) stay zeros."""
     return packed(rng, [3, 4, 2], [5, 4, 0], is_causal=True, causal_alignment="bottom_right",
-                  sinks=normal(rng, VH))  # fmt: skip
+                  sinks=normal(rng, VH))
 
 
 @varlen_case("n3.linear_biases")
@@ -147,7 +147,7 @@ def varlen_alibi(rng, dtype):
     """ALiBi slopes, bottom-right: the distance is |i + S_n - L_n - j| within the sequence."""
     slopes = 0.5 ** np.arange(1, VH + 1)
     return packed(rng, [3, 4, 2], [6, 4, 5], causal_alignment="bottom_right",
-                  alibi_slopes=slopes)  # fmt: skip
+                  alibi_slopes=slopes)
 
 
 @varlen_case("n3.softcap_scale")
@@ -162,7 +162,7 @@ def varlen_softcap(rng, dtype):
 def varlen_mqa(rng, dtype):
     """GQA 8:1 (multi-query): eight query heads read the one key/value head."""
     return packed(rng, [3, 4, 2], [5, 4, 3], h=8, k=1, is_causal=True,
-                  causal_alignment="bottom_right")  # fmt: skip
+                  causal_alignment="bottom_right")
 
 
 @varlen_case("n3.garbage_in_unread_rows")
@@ -191,7 +191,7 @@ def packed_fp8(rng, q_lengths, k_lengths, qd, kd, vd, query_dtype=None, **keywor
     c = packed(rng, q_lengths, k_lengths, **keywords)
     N = len(q_lengths)
     for name, cu, d in (("query", c.cu_seqlens_q, qd), ("key", c.cu_seqlens_k, kd),
-                        ("value", c.cu_seqlens_k, vd)):  # fmt: skip
+                        ("value", c.cu_seqlens_k, vd)):
         x = getattr(c, name) * 4.0
         if d is not None:
             heads = x.shape[1]
@@ -216,7 +216,7 @@ def varlen_fp8_per_sequence(rng, dtype):
     sequence, or a dropped one, is far outside the bound. Output bfloat16."""
     qd = np.repeat(np.array([[0.02, 3.0], [7.0, 7.0], [0.5, 40.0]], np.float32), VH // VK, axis=1)
     return packed_fp8(rng, [3, 0, 4], [5, 0, 6], qd, _KD, _VD, is_causal=True,
-                      causal_alignment="bottom_right")  # fmt: skip
+                      causal_alignment="bottom_right")
 
 
 @varlen_case("fp8.all.per_head.window_softcap", ("float8_e4m3fn",))
@@ -225,7 +225,7 @@ def varlen_fp8_per_head(rng, dtype):
     v_descale a scalar keyword; a window (2, 0) and softcap 20 on the dequantized scores."""
     qd = np.array([0.05, 0.5, 2.0, 8.0, 30.0, 0.01], np.float32)
     return packed_fp8(rng, [2, 5, 3], [4, 6, 3], qd, np.array([0.25, 6.0], np.float32),
-                      float(np.float32(0.125)), window=(2, 0), softcap=20.0)  # fmt: skip
+                      float(np.float32(0.125)), window=(2, 0), softcap=20.0)
 
 
 @varlen_case("fp8.kv_cache.bfloat16_query.causal_sinks", ("float8_e4m3fn",))
@@ -235,7 +235,7 @@ def varlen_fp8_cache(rng, dtype):
     bfloat16."""
     sinks = np.linspace(-1.0, 2.0, VH).astype(np.float32)
     return packed_fp8(rng, [3, 0, 2], [4, 3, 7], None, _KD, _VD, "bfloat16", is_causal=True,
-                      causal_alignment="bottom_right", sinks=sinks)  # fmt: skip
+                      causal_alignment="bottom_right", sinks=sinks)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ def varlen_grad_everything(rng, dtype):
     """Empty sequences (L_n = 0, S_n = 0), sinks, ALiBi and softcap, causal top-left: zero
     gradients for keys no query reads, dsinks summed over every sequence's rows."""
     return packed(rng, [2, 0, 4, 3], [5, 3, 0, 3], is_causal=True, softcap=3.0,
-                  sinks=normal(rng, VH), alibi_slopes=0.5 ** np.arange(1, VH + 1))  # fmt: skip
+                  sinks=normal(rng, VH), alibi_slopes=0.5 ** np.arange(1, VH + 1))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -269,7 +269,7 @@ def _zeros(tq=9, tk=11, *, cu_q=(4,), cu_k=(4,), cu_dtype="int32", **keywords) -
     return Packed(
         z(tq, VH, VD), z(tk, VK, VD), z(tk, VK, VE),
         Zeros(tuple(cu_q), cu_dtype), Zeros(tuple(cu_k), "int32"), keywords,
-    )  # fmt: skip
+    )
 
 
 @varlen_case("cu_seqlens_float", F32, error=("DTypeError", "cu_seqlens_dtype"))

@@ -45,7 +45,7 @@ KNOWN_DEVIATIONS: list[tuple[str, str, str]] = [
         ("jax", pattern, "rows with no allowed key are uniform or NaN, and dK, dV sum over them")
         for pattern in ("grad.fully_masked.*", "grad.mask_broadcast.l1.*", "grad.segments.no_key.*")
     ),
-]  # fmt: skip
+]
 
 #: (golden name in the fixture, field of AttentionGrads / GoldenGrads, the input it belongs to)
 GRAD_NAMES: tuple[tuple[str, str], ...] = (
@@ -153,7 +153,7 @@ def grad_errors(got: dict[str, np.ndarray], golden: GoldenGrads) -> dict[str, fl
 
 
 def finite_differences(case_seed: int, as64: dict[str, np.ndarray], semantics: dict,
-                        golden: GoldenGrads) -> list[str]:  # fmt: skip
+                        golden: GoldenGrads) -> list[str]:
     """Central differences of ``sum(attention(...).output * grad_output)`` (the oracle's
     forward, float64) at :data:`FD_SAMPLES` finite entries of each differentiated input,
     against the oracle's backward: they must agree to 1e-6 of the gradient's scale."""
@@ -190,7 +190,7 @@ def finite_differences(case_seed: int, as64: dict[str, np.ndarray], semantics: d
 
 def grad_cross_check(kernels: dict[str, Any], case_id: str, seed: int,
                       as64: dict[str, np.ndarray], semantics: dict, golden: GoldenGrads,
-                      bounds: dict[str, float]) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+                      bounds: dict[str, float]) -> tuple[dict[str, str], list[str]]:
     """What each kernel's autograd says about one gradient case, computed in float64 from the
     case's (rounded) inputs, within the case's bounds; and, on small cases, central finite
     differences of the oracle's own forward (recorded as ``finite_differences``)."""
@@ -211,9 +211,9 @@ def grad_cross_check(kernels: dict[str, Any], case_id: str, seed: int,
         extra = {k: convert[k] for k in ARRAY_KEYWORDS if k in convert}
         try:
             grads = vjp(convert["query"], convert["key"], convert["value"],
-                        convert["grad_output"], **extra, **semantics)  # fmt: skip
+                        convert["grad_output"], **extra, **semantics)
             got = {n: port.to_numpy(grads[i]) for i, (n, f) in enumerate(GRAD_NAMES)
-                   if getattr(golden, f) is not None}  # fmt: skip
+                   if getattr(golden, f) is not None}
         except Exception as exc:  # the framework cannot express this case
             first = str(exc).splitlines()[0] if str(exc) else ""
             said[name] = f"n/a: {type(exc).__name__}: {first[:120]}"
@@ -225,7 +225,7 @@ def grad_cross_check(kernels: dict[str, Any], case_id: str, seed: int,
             said[name] = f"known deviation: {known}"
             continue
         disagreements += [f"{name} {w}: max error {worst[w]:.3g} > bound {bounds[w]:.3g}"
-                          for w in beyond]  # fmt: skip
+                          for w in beyond]
         said[name] = "agree"
     return said, disagreements
 
@@ -236,7 +236,7 @@ HF_ROPE_RELATIVE_BOUND = 4 * 2.0**-23
 
 
 def hf_rope_cross_check(parameters: dict[str, Any], rotary_dim: int, inv_freq: np.ndarray,
-                        attention_factor: float) -> tuple[dict[str, str], list[str]]:  # fmt: skip
+                        attention_factor: float) -> tuple[dict[str, str], list[str]]:
     """What transformers' ``ROPE_INIT_FUNCTIONS[rope_type]`` says about a case's scaled
     frequencies ``inv_freq (rotary_dim/2,)`` and attention factor, written from the published
     formulas (conformance/cases/rope.py): ``({"transformers": verdict}, disagreements)``;
@@ -251,7 +251,7 @@ def hf_rope_cross_check(parameters: dict[str, Any], rotary_dim: int, inv_freq: n
         hidden_size=2 * rotary_dim, num_attention_heads=2, head_dim=rotary_dim,
         max_position_embeddings=int(factor * parameters["original_max_position_embeddings"]),
         rope_parameters=dict(parameters),
-    )  # fmt: skip
+    )
     theirs, their_factor = ROPE_INIT_FUNCTIONS[parameters["rope_type"]](config)
     theirs = theirs.double().numpy()
     bad = []

@@ -197,10 +197,10 @@ def _module_goldens(c: C.base.ModuleCall, weights: dict, inputs: dict, dtype: st
     semantics = {k: v for k, v in c.keywords.items() if k != "return_weights"}
     if c.cls == "MultiHeadLatentAttention":  # the oracle's own MLA (self-attention)
         args = dict(n_heads=c.n_heads, mask=as64.get("mask"), bias=as64.get("bias"),
-                    **semantics, **c.options)  # fmt: skip
+                    **semantics, **c.options)
         golden = mla_forward(w64, as64["x"], **args)
         plain = golden if dtype == "float64" else mla_forward(w64, as64["x"], **args,
-                                                              round_to=dtype)  # fmt: skip
+                                                              round_to=dtype)
         return golden, plain
     args = dict(
         n_heads=c.n_heads,
@@ -272,7 +272,7 @@ def _decode_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         if plan.get("page_size"):
             decode["page_size"] = plan["page_size"]
         entry = _entry(case_id, case, dtype, f"{case.name}.{chunking}", **fields,
-                       module=_module_spec(c), decode=decode)  # fmt: skip
+                       module=_module_spec(c), decode=decode)
         out.append(Fixture(entry, data))
     return out
 
@@ -286,7 +286,7 @@ def _rope_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     scaled = {} if c.inv_freq is None else {"inv_freq": np.asarray(c.inv_freq, np.float64)}
     golden = rotary(x.astype(np.float64), positions, **c.keywords, **scaled)
     plain = golden if dtype == "float64" else rotary(x, positions, **c.keywords, **scaled,
-                                                     round_to=dtype)  # fmt: skip
+                                                     round_to=dtype)
     bounds = {"output": tolerance_bound(golden, plain, dtype)}
     case_id = f"rope.{case.name}.{dtype}"
     tensors = {"x": x, "positions": positions, **scaled, "output": golden}
@@ -310,7 +310,7 @@ def _rope_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
                    keywords=encode_keywords(c.keywords),
                    inputs={"x": _spec(c.x), "positions": _spec(c.positions),
                            **({} if c.inv_freq is None else {"inv_freq": _spec(c.inv_freq)})},
-                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+                   expected_error=_expected(case), doc=case.doc)
     return [Fixture(entry)]
 
 
@@ -327,7 +327,7 @@ def _spec(zeros: C.base.Zeros | np.ndarray) -> dict[str, Any]:
     ``values`` (an fp8 case's descales: zeros would be a ``descale_value`` error of their own)."""
     if isinstance(zeros, np.ndarray):
         return {"shape": list(zeros.shape), "dtype": zeros.dtype.name,
-                "values": zeros.reshape(-1).tolist()}  # fmt: skip
+                "values": zeros.reshape(-1).tolist()}
     return {"shape": list(zeros.shape), "dtype": zeros.dtype}
 
 
@@ -341,18 +341,18 @@ def _error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     zeros)."""
     c = case.build()
     inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias,
-              **c.arrays}  # fmt: skip
+              **c.arrays}
     inputs = {name: _spec(spec) for name, spec in inputs.items() if spec is not None}
     entry = _entry(f"{case.op}.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords), inputs=inputs,
-                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+                   expected_error=_expected(case), doc=case.doc)
     return [Fixture(entry)]
 
 
 def _causal_mask_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     entry = _entry(f"causal_mask.error.{case.name}.bool", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(case.build()), inputs={},
-                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+                   expected_error=_expected(case), doc=case.doc)
     return [Fixture(entry)]
 
 
@@ -367,7 +367,7 @@ def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
             module["n_kv_heads"] = c.n_kv_heads
         module |= dict(c.arguments)  # a load's other keywords (MLA's qk_rope_head_dim)
     fields: dict[str, Any] = {"call": c.call, "module": module,
-                              "keywords": encode_keywords(c.keywords)}  # fmt: skip
+                              "keywords": encode_keywords(c.keywords)}
     if c.weights:
         fields["weights"] = {name: _spec(w) for name, w in c.weights.items()}
     fields["inputs"] = {name: _spec(a) for name, a in c.inputs.items()}  # {} for construct, load
@@ -376,7 +376,7 @@ def _module_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     fields["expected_error"] = _expected(case)
     fields["doc"] = case.doc
     return [Fixture(_entry(f"{case.op}.error.{case.name}.{dtype}", case, dtype,
-                           f"error.{case.name}", **fields))]  # fmt: skip
+                           f"error.{case.name}", **fields))]
 
 
 def _rounded_inputs(c: C.base.Call, dtype: str) -> dict[str, np.ndarray]:
@@ -430,11 +430,11 @@ def _grad_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     """A gradient error case: the forward call's inputs and ``grad_output``, as shapes."""
     c, grad_output = case.build()
     inputs = {"query": c.query, "key": c.key, "value": c.value, "mask": c.mask, "bias": c.bias,
-              **c.arrays, "grad_output": grad_output}  # fmt: skip
+              **c.arrays, "grad_output": grad_output}
     inputs = {name: _spec(spec) for name, spec in inputs.items() if spec is not None}
     entry = _entry(f"grad.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords), inputs=inputs,
-                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+                   expected_error=_expected(case), doc=case.doc)
     return [Fixture(entry)]
 
 

@@ -111,14 +111,14 @@ def fp8_attention_fixture(case: C.CaseDef, fmt: str, c: Fp8Call) -> Fixture:
     plain = attention(q64, k64, v64, **extra, **c.keywords, round_to="float32")
     all_fp8 = c.query_dtype is None
     kernel = attention(q64, k64, v64, **extra, **c.keywords, round_to="float32",
-                       weights_to=fmt if all_fp8 else None)  # fmt: skip
+                       weights_to=fmt if all_fp8 else None)
     out = result_dtype(inputs["query"].dtype.name)
 
     def bound(want: np.ndarray, got: np.ndarray) -> float:
         return tolerance_bound(want, rounded(got, out).astype(np.float64), out)
 
     strict = {"output": bound(golden.output, plain.output),
-              "weights": bound(golden.weights, plain.weights)}  # fmt: skip
+              "weights": bound(golden.weights, plain.weights)}
     kernels = {"output": max(strict["output"], bound(golden.output, kernel.output))}
     tensors = {**inputs, "output": golden.output, "weights": golden.weights}
     case_id = f"sdpa.{case.name}.{fmt}"
@@ -164,7 +164,7 @@ def _quantize_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
         specs["x"]["dtype"] = dtype
     entry = _entry(f"quantize.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords), inputs=specs,
-                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+                   expected_error=_expected(case), doc=case.doc)
     return [Fixture(entry)]
 
 

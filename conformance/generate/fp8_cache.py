@@ -59,7 +59,7 @@ def fp8_cache_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     for chunking in fp8.chunkings:
         plan = FP8_CHUNKINGS[chunking]
         args = dict(fmt=fmt, n_heads=c.n_heads, n_kv_heads=c.n_kv_heads, k_descale=fp8.k_descale,
-                    v_descale=fp8.v_descale, **settings)  # fmt: skip
+                    v_descale=fp8.v_descale, **settings)
         golden = fp8_cache_decode(w64, x64, plan["chunks"], **args)
         plain = fp8_cache_decode(w64, x64, plan["chunks"], **args, round_to=dtype)
         where = f"decode.{case.name}.{chunking}"
@@ -69,7 +69,7 @@ def fp8_cache_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
             raise SystemExit(f"{where}: float32 and float64 projections store other fp8 values")
         if golden.margin < MIN_MARGIN:
             raise SystemExit(f"{where}: a quotient {golden.margin:.2g} steps from a rounding "
-                             f"boundary (< {MIN_MARGIN}): change the case's seed_name")  # fmt: skip
+                             f"boundary (< {MIN_MARGIN}): change the case's seed_name")
         if fp8.saturates and golden.saturated == 0:
             raise SystemExit(f"{where}: nothing saturates")
         tensors = {**weights, "x": inputs["x"], "output": golden.output}
@@ -89,6 +89,6 @@ def fp8_cache_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
             if getattr(fp8, name) is not None:
                 decode[name] = _plan_descale(getattr(fp8, name))
         entry = _entry(case_id, case, dtype, f"{case.name}.{chunking}", **fields,
-                       module=_module_spec(c), decode=decode)  # fmt: skip
+                       module=_module_spec(c), decode=decode)
         out.append(Fixture(entry, data))
     return out

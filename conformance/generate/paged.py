@@ -73,7 +73,7 @@ def contiguous_check(
         value = as64["value_cache"][where].transpose(1, 0, 2)  # (K, S_n, E)
         query = as64["query"][rows].transpose(1, 0, 2)  # (H, L_n, D)
         out = attention(query, key, value, causal_alignment="bottom_right", **keywords,
-                        **arrays).output.transpose(1, 0, 2)  # fmt: skip
+                        **arrays).output.transpose(1, 0, 2)
         worst = max(worst, float(np.max(np.abs(out - golden[rows]), initial=0.0)))
     if not worst <= agree:
         raise SystemExit(f"paged golden and contiguous oracle differ by {worst:.3g}")
@@ -91,7 +91,7 @@ def _paged_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     arrays = {name: as64[name] for name in c.arrays}
     golden = paged_attention(*args, **c.keywords, **arrays)
     plain = golden if dtype == "float64" else paged_attention(*args, **c.keywords, **arrays,
-                                                              round_to=dtype)  # fmt: skip
+                                                              round_to=dtype)
     contiguous_check(inputs, c.keywords, golden)
     bounds = {"output": tolerance_bound(golden, plain, dtype)}
     case_id = f"paged.{case.name}.{dtype}"
@@ -124,7 +124,7 @@ def _paged_fp8_fixture(case: C.CaseDef, fmt: str, c: PagedCall) -> Fixture:
     descales: dict[str, Any] = {}
     for name, dname, rows_of in (("query", "q_descale", token_seq),
                                  ("key_cache", "k_descale", owner),
-                                 ("value_cache", "v_descale", owner)):  # fmt: skip
+                                 ("value_cache", "v_descale", owner)):
         raw, d = getattr(c, name), c.descales[dname]
         if name == "query" and c.query_dtype is not None:
             inputs[name] = rounded(raw, c.query_dtype)
@@ -133,7 +133,7 @@ def _paged_fp8_fixture(case: C.CaseDef, fmt: str, c: PagedCall) -> Fixture:
         d32 = np.float32(1.0) if d is None else np.asarray(d, np.float32)
         per_sequence = np.broadcast_to(d32, (N, raw.shape[-2]))  # (N, H|K)
         rows = np.where((rows_of >= 0)[..., None], per_sequence[np.maximum(rows_of, 0)],
-                        np.float32(1.0))  # (T, H) or (P, page_size, K)  # fmt: skip
+                        np.float32(1.0))  # (T, H) or (P, page_size, K)
         values, _ = quantize_fp8(raw, fmt, axes=(-1,), descale=rows)
         keep = slice(None) if name == "query" else held  # the NaN slots: no cast to compare
         casts_agree(raw[keep], fmt, rows[keep][..., None], values[keep], case.name)
@@ -194,7 +194,7 @@ def _weights_in_fp8(as64: dict[str, np.ndarray], keywords: dict, fmt: str) -> np
                         as64["key_cache"][where].transpose(1, 0, 2),
                         as64["value_cache"][where].transpose(1, 0, 2),
                         causal_alignment="bottom_right", **keywords, **arrays,
-                        round_to="float32", weights_to=fmt)  # fmt: skip
+                        round_to="float32", weights_to=fmt)
         out[rows] = one.output.transpose(1, 0, 2)
     return out
 
@@ -204,7 +204,7 @@ def _paged_write_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     inputs = {name: _stored(getattr(c, name), dtype, name) for name in PAGED_WRITE_INPUTS}
     key_out, value_out = paged_cache_write(*(inputs[name] for name in PAGED_WRITE_INPUTS))
     tensors = {**inputs, "key_cache_out": key_out.astype(np.float64),
-               "value_cache_out": value_out.astype(np.float64)}  # fmt: skip
+               "value_cache_out": value_out.astype(np.float64)}
     case_id = f"paged_write.{case.name}.{dtype}"
     fields, data = _values_fields(case_id, case, {}, tensors, {}, inputs)
     return [Fixture(_v3(_entry(case_id, case, dtype, **fields)), data)]
@@ -227,7 +227,7 @@ def _error_fixtures(inputs: tuple[str, ...]) -> Callable[[C.CaseDef, str], list[
         keywords = getattr(c, "keywords", {})
         entry = _entry(f"{case.op}.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                        keywords=encode_keywords(keywords), inputs=specs,
-                       expected_error=_expected(case), doc=case.doc)  # fmt: skip
+                       expected_error=_expected(case), doc=case.doc)
         return [Fixture(_v3(entry))]
 
     return build

@@ -70,7 +70,7 @@ def _check_per_sequence(case_id: str, as64: dict, keywords: dict, golden: np.nda
     for n in range(len(cu_q) - 1):
         rows, keys = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
         heads_first = [as64[x][s].transpose(1, 0, 2) for x, s in
-                       (("query", rows), ("key", keys), ("value", keys))]  # fmt: skip
+                       (("query", rows), ("key", keys), ("value", keys))]
         want = attention(*heads_first, **keywords, **arrays).output.transpose(1, 0, 2)
         err = float(np.max(np.abs(golden[rows] - want), initial=0.0))
         if not err <= bound:
@@ -126,7 +126,7 @@ def _flex_attention(as64: dict, keywords: dict) -> np.ndarray:
             q.transpose(0, 1)[None], k.transpose(0, 1)[None], v.transpose(0, 1)[None],
             score_mod=score_mod, block_mask=block_mask, scale=keywords.get("scale"),
             enable_gqa=True,
-        )  # fmt: skip
+        )
     return out[0].transpose(0, 1).numpy()
 
 
@@ -210,9 +210,9 @@ def _varlen_fp8_fixture(case: C.CaseDef, fmt: str, c: Packed) -> Fixture:
         for n in range(len(cu_q) - 1):
             rows_n, keys_n = slice(cu_q[n], cu_q[n + 1]), slice(cu_k[n], cu_k[n + 1])
             heads_first = [as64[x][s].transpose(1, 0, 2) for x, s in
-                           (("query", rows_n), ("key", keys_n), ("value", keys_n))]  # fmt: skip
+                           (("query", rows_n), ("key", keys_n), ("value", keys_n))]
             one = attention(*heads_first, **c.keywords, **arrays, round_to="float32",
-                            weights_to=fmt)  # fmt: skip
+                            weights_to=fmt)
             kernel[rows_n] = one.output.transpose(1, 0, 2)
     out = result_dtype(inputs["query"].dtype.name)
 
@@ -240,7 +240,7 @@ def _varlen_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     as64 = _as64(inputs)
     golden = varlen_attention(**as64, **c.keywords)
     plain = golden if dtype == "float64" else varlen_attention(**as64, **c.keywords,
-                                                                round_to=dtype)  # fmt: skip
+                                                                round_to=dtype)
     bounds = {"output": tolerance_bound(golden, plain, dtype)}
     case_id = f"varlen.{case.name}.{dtype}"
     _check_per_sequence(case_id, as64, c.keywords, golden, bounds["output"])
@@ -271,7 +271,7 @@ def _finite_differences(case_id: str, seed: int, as64: dict, keywords: dict, gra
             numeric = (loss(field, up) - loss(field, down)) / (2 * FD_STEP)
             if abs(numeric - want[index]) > 1e-6 * max(1.0, abs(numeric)):
                 _refuse(case_id, f"d{field}{tuple(map(int, index))} = {want[index]:.9g}, finite "
-                                 f"differences {numeric:.9g}")  # fmt: skip
+                                 f"differences {numeric:.9g}")
 
 
 def _varlen_grad_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
@@ -285,7 +285,7 @@ def _varlen_grad_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     as64 = _as64(inputs)
     golden = varlen_attention_vjp(**as64, **c.keywords)
     plain = golden if dtype == "float64" else varlen_attention_vjp(**as64, **c.keywords,
-                                                                    round_to=dtype)  # fmt: skip
+                                                                    round_to=dtype)
     case_id = f"varlen_grad.{case.name}.{dtype}"
     if dtype == "float64":
         _finite_differences(case_id, case.seed, as64, c.keywords, golden)
@@ -309,7 +309,7 @@ def _varlen_error_fixtures(case: C.CaseDef, dtype: str) -> list[Fixture]:
     inputs = {name: _spec(s) for name, s in specs.items() if s is not None}
     entry = _entry(f"{case.op}.error.{case.name}.{dtype}", case, dtype, f"error.{case.name}",
                    keywords=encode_keywords(c.keywords), inputs=inputs,
-                   expected_error=_expected(case), doc=case.doc)  # fmt: skip
+                   expected_error=_expected(case), doc=case.doc)
     return [Fixture(entry)]
 
 

@@ -146,4 +146,4 @@ def attention_weights(
     return scaled_dot_product_attention(
         query, key, identity, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, **extra,
-    )  # fmt: skip
+    )

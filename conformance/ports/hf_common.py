@@ -131,7 +131,7 @@ def call(
         position_bias = alibi if position_bias is None else position_bias + alibi
 
     build = dict(batch_size=B, q_length=L, kv_length=S, q_offset=offset,
-                 mask_function=mask_function, attention_mask=padding)  # fmt: skip
+                 mask_function=mask_function, attention_mask=padding)
     extra = {}
     if kind == "eager":
         attention_mask = mu.eager_mask(**build, dtype=query.dtype)
@@ -143,7 +143,7 @@ def call(
             extra["position_bias"] = position_bias.to(query.dtype)
     else:
         attention_mask = mu.sdpa_mask(**build, allow_is_causal_skip=pure_causal,
-                                      local_size=sliding_window)  # fmt: skip
+                                      local_size=sliding_window)
         if position_bias is not None:
             extra["position_bias"] = position_bias.to(query.dtype)
     if "softcap" in keywords:
@@ -151,13 +151,13 @@ def call(
     module = types.SimpleNamespace(
         num_key_value_groups=H // K, training=False, is_causal=is_causal,
         scaling=D**-0.5 if scale is None else scale, sinks=sinks,
-    )  # fmt: skip
+    )
     if "s_aux" in keywords:
         extra["s_aux"] = sinks
     out, weights = function(
         module, q, k, v, attention_mask, dropout=0.0, scaling=module.scaling,
         sliding_window=sliding_window, **extra,
-    )  # fmt: skip
+    )
     out = out.transpose(1, 2).reshape(*batch, H, L, out.shape[-1])
     if weights is not None and kind != "flex":  # flex's second output is the lse (or None)
         weights = weights.reshape(*batch, H, L, S)

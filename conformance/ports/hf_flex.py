@@ -58,7 +58,7 @@ def scaled_dot_product_attention(
     with torch_ieee_float32(), warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         out = call(flex_attention_forward, "flex", query, key, value, keywords=_KEYWORDS,
-                   **keywords)[0]  # fmt: skip
+                   **keywords)[0]
     if any(_EAGER_WARNING in str(w.message) for w in caught):
         raise RuntimeError(
             "fell back to eager: torch ran Hugging Face's compiled flex_attention uncompiled "

@@ -28,7 +28,7 @@ def _call(query, key, value, sinks=None, **keywords):
         dtype = torch.bfloat16 if is_fp8(query.dtype) else query.dtype  # a model's dtype
         sinks = torch.full(query.shape[-3:-2], -torch.inf, dtype=dtype)
     return call(eager_attention_forward, "eager", query, key, value, sinks=sinks,
-                keywords=("s_aux",), **keywords)  # fmt: skip
+                keywords=("s_aux",), **keywords)
 
 
 #: The kernel, as the fp8 descales' error names it (:mod:`conformance.ports.descales`).

@@ -37,7 +37,7 @@ def scaled_dot_product_attention(
     """(..., H, L, D), (..., K, S, D), (..., K, S, E) -> (..., H, L, E)."""
     with torch_ieee_float32():
         return call(sdpa_attention_forward, "sdpa", query, key, value, keywords=_KEYWORDS,
-                    **keywords)[0]  # fmt: skip
+                    **keywords)[0]
 
 
 @takes_descales(_KERNEL, torch_output)

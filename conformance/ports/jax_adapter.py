@@ -123,11 +123,11 @@ def _lengths_closed_over(function: Callable[..., Any]) -> Callable[..., Any]:
     def call(query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, **kwargs):
         checked = {n: v for n, v in kwargs.items() if n != "block_k"}
         check_paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q,
-                              **checked)  # fmt: skip
+                              **checked)
 
         def step(query, key_cache, value_cache, block_table):
             return function(query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q,
-                            **kwargs)  # fmt: skip
+                            **kwargs)
 
         return jax.jit(step)(query, key_cache, value_cache, block_table)
 

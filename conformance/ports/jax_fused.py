@@ -187,7 +187,7 @@ def scaled_dot_product_attention_vjp(
     keywords = dict(mask=mask, is_causal=is_causal, causal_alignment=causal_alignment,
                     scale=scale, softcap=softcap, window=window, q_segment_ids=q_segment_ids,
                     kv_segment_ids=kv_segment_ids, sinks=sinks, alibi_slopes=alibi_slopes,
-                    implementation=implementation)  # fmt: skip
+                    implementation=implementation)
 
     def forward(query, key, value, bias):
         return scaled_dot_product_attention(query, key, value, bias=bias, **keywords)
@@ -283,7 +283,7 @@ def _padded_call(
             query, key, value, bias=bias, scale=1.0 / math.sqrt(D) if scale is None else scale,
             is_causal=is_causal, query_seq_lengths=q_lens, key_value_seq_lengths=kv_lens,
             local_window_size=local_window, implementation=implementation,
-        )  # fmt: skip  # (N, L, H, width)
+        )  # (N, L, H, width)
     return out[..., :E]
 
 
@@ -346,7 +346,7 @@ def varlen_attention(
         q_lens=q_lens, kv_lens=kv_lens, is_causal=is_causal, window=window, scale=scale,
         alibi_slopes=alibi_slopes, implementation=implementation,
         alibi_offsets=kv_lens - q_lens if causal_alignment == "bottom_right" else None,
-    )  # fmt: skip  # (N, Tq, H, E)
+    )  # (N, Tq, H, E)
     seq, row = _sequence_of(cu_q, query.shape[0])  # (Tq,), (Tq,)
     return out[seq, row]  # (Tq, H, E)
 
@@ -401,7 +401,7 @@ def paged_attention(
         padded, gathered(key_cache), gathered(value_cache), q_lens=None, kv_lens=lens,
         is_causal=is_causal, window=window, scale=scale, alibi_slopes=alibi_slopes,
         implementation=implementation,
-    )  # fmt: skip  # (N, S, H, E)
+    )  # (N, S, H, E)
     return out[seq, position]  # (T, H, E)
 
 

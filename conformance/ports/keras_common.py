@@ -108,7 +108,7 @@ def scaled_dot_product_attention(
     mask, bias = _extra_as_mask_and_bias(
         mask, bias, query.shape[-2], key.shape[-2], causal_alignment, window, q_segment_ids,
         kv_segment_ids, alibi_slopes,
-    )  # fmt: skip
+    )
 
     # Head dims: keras wants value's E equal to D; zero columns change nothing. query and key
     # get the same number of columns, so a key whose D differs from the query's still differs.

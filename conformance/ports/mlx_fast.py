@@ -243,7 +243,7 @@ def varlen_attention(
         out = scaled_dot_product_attention(
             q, k, v, is_causal=is_causal, causal_alignment=causal_alignment, window=window,
             scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
-        )  # fmt: skip  # (1, H, L_n, E)
+        )  # (1, H, L_n, E)
         rows.append(mx.swapaxes(out[0], 0, 1))  # (L_n, H, E)
     out = (
         mx.concatenate(rows)
@@ -293,7 +293,7 @@ def paged_attention(
         out = scaled_dot_product_attention(
             q, k, v, is_causal=is_causal, causal_alignment="bottom_right", window=window,
             scale=scale, sinks=sinks, alibi_slopes=alibi_slopes,
-        )  # fmt: skip  # (1, H, L_n, E)
+        )  # (1, H, L_n, E)
         rows.append(mx.swapaxes(out[0], 0, 1))  # (L_n, H, E)
     out = (
         mx.concatenate(rows)

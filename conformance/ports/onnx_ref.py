@@ -171,7 +171,7 @@ def _run(
     attn_mask = attention_mask(
         query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
 
     feeds = {"Q": _four_d(query), "K": _four_d(key), "V": _four_d(value)}
     if attn_mask is not None:
@@ -246,7 +246,7 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, weights=False,
-    )  # fmt: skip
+    )
 
 
 @takes_descales(_KERNEL, numpy_output)
@@ -260,7 +260,7 @@ def attention_weights(query: np.ndarray, key: np.ndarray, **keywords: Any) -> np
 
 def _defaults(keywords: dict[str, Any]) -> dict[str, Any]:
     names = ("mask", "bias", "scale", "softcap", "window", "q_segment_ids", "kv_segment_ids",
-             "sinks", "alibi_slopes")  # fmt: skip
+             "sinks", "alibi_slopes")
     out = dict.fromkeys(names) | {"is_causal": False, "causal_alignment": "top_left"}
     return out | keywords
 
@@ -308,7 +308,7 @@ def packed_functions(
         call = node(_defaults(dict(
             is_causal=is_causal, causal_alignment=causal_alignment, window=window, scale=scale,
             softcap=softcap, alibi_slopes=alibi_slopes,
-        )))  # fmt: skip
+        )))
         rows = []
         for (q0, q1), (k0, k1) in zip(packed_rows(cu_seqlens_q), packed_rows(cu_seqlens_k)):
             if q1 == q0:  # a sequence without queries needs no node
@@ -351,7 +351,7 @@ def packed_functions(
         call = node(_defaults(dict(
             is_causal=is_causal, causal_alignment="bottom_right", window=window, scale=scale,
             softcap=softcap, alibi_slopes=alibi_slopes,
-        )))  # fmt: skip
+        )))
         rows = []
         for (q0, q1), slots in zip(
             packed_rows(cu_seqlens_q), page_slots(block_table, seq_lens, page)

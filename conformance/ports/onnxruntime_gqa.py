@@ -68,7 +68,7 @@ _HEAD_MULTIPLE = 8
 _INPUTS = (
     "query", "key", "value", "past_key", "past_value", "seqlens_k", "total_sequence_length",
     "cos_cache", "sin_cache", "position_ids", "attention_bias", "head_sink",
-)  # fmt: skip
+)
 
 #: The inputs with a batch axis (the first).
 _BATCHED = ("query", "key", "value", "past_key", "past_value", "seqlens_k", "attention_bias")
@@ -134,7 +134,7 @@ def _run(
     attention_bias = onnx_ref.attention_mask(
         query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
     if attention_bias is not None and attention_bias.dtype == bool:
         attention_bias = np.where(attention_bias, 0.0, -np.inf).astype(query.dtype)
 
@@ -225,7 +225,7 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, weights=False,
-    )  # fmt: skip
+    )
 
 
 @takes_descales(_KERNEL, numpy_output)
@@ -291,7 +291,7 @@ def apply_rotary(
         "GroupQueryAttention", list(names), ["output", "present_key", "present_value"],
         domain="com.microsoft", num_heads=int(K), kv_num_heads=int(K), do_rotary=1,
         rotary_interleaved=int(bool(interleaved)),
-    )  # fmt: skip
+    )
     rotated = []
     for b in range(B):  # a multi-token chunk after a past cache: one batch row per call
         new = _bsh(keys[b : b + 1])
@@ -301,7 +301,7 @@ def apply_rotary(
             "total_sequence_length": np.array(L + 1, np.int32),
             "cos_cache": cos.astype(x.dtype), "sin_cache": sin.astype(x.dtype),
             "position_ids": ids[b : b + 1],
-        }  # fmt: skip
+        }
         elem = onnx_ref._elem(x)
         graph = helper.make_graph(
             [node],

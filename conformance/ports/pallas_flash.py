@@ -137,7 +137,7 @@ def _flash_forward_kernel(
     L: int, S: int, scale: float, softcap: float | None, offset: int, is_causal: bool,
     window: tuple[int | None, int | None] | None,
     block_q: int, block_k: int, tile_q: int, tile_k: int, dot_dtype, p_dtype,
-):  # fmt: skip
+):
     """One program: ``block_q`` query rows from ``i0`` of one query head of one batch element.
 
     Refs (padded; see the module docstring): ``q_ref (L', D)``, ``k_ref (S', D)`` and
@@ -385,7 +385,7 @@ def _forward(
     if fp8:  # (B, H, 1) and (B, K, 1) float32: this query head's and its key/value head's
         for name, x, heads, head in (("q_ds", q_descale, H, lambda h: h),
                                      ("k_ds", k_descale, dims.K, lambda h: h // G),
-                                     ("v_ds", v_descale, dims.K, lambda h: h // G)):  # fmt: skip
+                                     ("v_ds", v_descale, dims.K, lambda h: h // G)):
             operands[name] = _per_batch_head(x, dims.batch, heads)
             in_specs.append(
                 pl.BlockSpec(
@@ -405,14 +405,14 @@ def _forward(
         offset=causal_offset(L, S, causal_alignment), is_causal=dims.is_causal,
         window=dims.window, block_q=block_q, block_k=block_k, tile_q=tile_q, tile_k=tile_k,
         dot_dtype=dot_dtype, p_dtype=p_dtype,
-    )  # fmt: skip
+    )
     names = list(operands)
 
     def with_refs(*refs):  # the given operands' refs in order, then o_ref, lse_ref
         given = dict(zip(names, refs))
         optional = ("mask", "bias", "q_seg", "kv_seg", "sinks", "slopes", "q_ds", "k_ds", "v_ds")
         kernel(given["q"], given["k"], given["v"], *(given.get(n) for n in optional),
-               *refs[len(names):])  # fmt: skip
+               *refs[len(names):])
 
     def launch(*operands: jax.Array, interpret: bool) -> tuple[jax.Array, jax.Array]:
         return pl.pallas_call(
@@ -513,13 +513,13 @@ def flash_attention(
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale,
-    )  # fmt: skip
+    )
     check_block_sizes(block_q, block_k)
     return_lse = check_flag("return_lse", return_lse)
     out, lse = _forward(
         query, key, value, dims, causal_alignment, mask, bias, q_segment_ids, kv_segment_ids,
         sinks, alibi_slopes, block_q, block_k, q_descale, k_descale, v_descale,
-    )  # fmt: skip
+    )
     return (out, lse) if return_lse else out
 
 
@@ -550,7 +550,7 @@ def scaled_dot_product_attention(
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale,
-    )  # fmt: skip
+    )
 
 
 def attention_weights(
@@ -581,7 +581,7 @@ def attention_weights(
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
-    )  # fmt: skip
+    )
     K, S = dims.K, dims.S
     eye_dtype = jnp.float32 if key.dtype.name in FP8_DTYPES else query.dtype
     identity = jnp.broadcast_to(jnp.eye(S, dtype=eye_dtype), (K, S, S))  # (K, S, E=S)
@@ -589,7 +589,7 @@ def attention_weights(
         query, key, identity, dataclasses.replace(dims, E=S), causal_alignment, mask, bias,
         q_segment_ids, kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K, q_descale,
         k_descale,
-    )  # fmt: skip
+    )
     return out
 
 
@@ -622,7 +622,7 @@ def _token_major_kernel(
     bottom_right: bool, window: tuple[int | None, int | None] | None, paged: bool,
     has_descale: bool, block_q: int, block_k: int, tile_q: int, tile_k: int, tile_d: int,
     tile_e: int, dot_dtype, p_dtype,
-):  # fmt: skip
+):
     """One program: ``block_q`` query rows (``i0 .. i0 + block_q - 1``, positions within the
     sequence) of query head h of sequence n, the grid ``(H, T // block_q + N)``: query block g
     is sequence n's block ``g - first(n)`` (:func:`_sequence_of_block`), so the grid grows with
@@ -802,7 +802,7 @@ def _token_major(
     *,
     H: int, K: int, D: int, E: int, scale: float, softcap: float | None, is_causal: bool,
     bottom_right: bool, window, sinks, alibi_slopes, q_descale, k_descale, v_descale,
-) -> jax.Array:  # fmt: skip
+) -> jax.Array:
     """Launch :func:`_token_major_kernel` on validated inputs; returns ``(T, H, E)``.
     ``key``/``value``: packed ``(Tk, K, D|E)`` (varlen) or pages ``(P, page_size, K, D|E)``
     (paged, with ``seq_lens`` and ``block_table``)."""
@@ -834,7 +834,7 @@ def _token_major(
     operands = {
         "cu_q": cu_q, "cu_k": cu_k, "seq_lens": seq_lens, "block_table": block_table,
         "q": query, "k": key, "v": value,
-    }  # fmt: skip
+    }
     for name, x in (("sinks", sinks), ("slopes", alibi_slopes)):
         if x is not None:
             operands[name] = jnp.asarray(x).astype(jnp.float32)  # (H,)
@@ -848,13 +848,13 @@ def _token_major(
         bottom_right=bottom_right, window=window, paged=paged, has_descale=fp8,
         block_q=block_q, block_k=block_k, tile_q=_tile(block_q), tile_k=_tile(block_k),
         tile_d=_tile(D), tile_e=_tile(E), dot_dtype=dot_dtype, p_dtype=p_dtype,
-    )  # fmt: skip
+    )
     names = list(operands)
 
     def with_refs(*refs):  # the given operands' refs in order, then o_ref
         given = dict(zip(names, refs))
         order = ("cu_q", "cu_k", "seq_lens", "block_table", "q", "k", "v", "sinks", "slopes",
-                 "q_ds", "k_ds", "v_ds")  # fmt: skip
+                 "q_ds", "k_ds", "v_ds")
         kernel(*(given.get(name) for name in order), refs[-1])
 
     def launch(*operands: jax.Array, interpret: bool) -> jax.Array:
@@ -914,7 +914,7 @@ def varlen_attention(
         causal_alignment=causal_alignment, window=window, scale=scale, softcap=softcap,
         sinks=sinks, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale,
-    )  # fmt: skip
+    )
     _check_token_major_dtype(query)
     call = varlen.call
     return _token_major(
@@ -924,7 +924,7 @@ def varlen_attention(
         bottom_right=call.causal_alignment == "bottom_right", window=call.window,
         sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
 
 
 def paged_attention(
@@ -965,11 +965,11 @@ def paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
     _check_token_major_dtype(query)
     return _token_major(
         query, key_cache, value_cache, cu_seqlens_q, None, seq_lens, block_table,
         H=call.H, K=call.K, D=call.D, E=call.E, scale=call.scale, softcap=call.softcap,
         is_causal=call.is_causal, bottom_right=True, window=call.window, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )

@@ -139,7 +139,7 @@ def _run(
     attn_mask = _attn_mask(
         query, key, mask=mask, bias=bias, causal_alignment=causal_alignment,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
     with Context(DEV=DEVICE):
         q = _tensor(query)
         if scale is not None:  # the kernel divides by sqrt(D): the query carries the rest
@@ -183,7 +183,7 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
 
 
 @takes_descales(_KERNEL, numpy_output)

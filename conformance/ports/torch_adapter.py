@@ -130,7 +130,7 @@ def _same(a: Any, b: Any) -> bool:
     if isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor):
         return a.shape == b.shape and a.dtype == b.dtype and torch.equal(a.isnan(), b.isnan()) and (
             torch.equal(a.nan_to_num(0.0), b.nan_to_num(0.0))
-        )  # fmt: skip
+        )
     return type(a) is type(b)
 
 
@@ -196,7 +196,7 @@ def _rank_main(function, args, kwargs, n, rank, store, write) -> None:
         dist.init_process_group(
             "gloo", init_method=f"file://{store}", rank=rank, world_size=n,
             timeout=timedelta(seconds=RANK_TIMEOUT),
-        )  # fmt: skip
+        )
         # Every rank past its handshake before any rank may finish: a rank whose call needs no
         # message (a wrong port, a shape error) would otherwise exit while a slower rank is
         # still connecting to it ("Connection closed by peer" in connectFullMesh).

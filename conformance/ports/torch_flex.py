@@ -70,7 +70,7 @@ def _per_score(x: torch.Tensor, batch: tuple[int, ...], H: int, L: int, S: int) 
 def _mods(
     batch, H, L, S, *, mask, bias, is_causal, causal_alignment, softcap, window,
     q_segment_ids, kv_segment_ids, alibi_slopes,
-):  # fmt: skip
+):
     """(score_mod or None, mask_mod or None): the contract's rules as FlexAttention's mods."""
     if causal_alignment not in ("top_left", "bottom_right"):
         raise ValueError(f"no causal alignment {causal_alignment!r}")
@@ -148,7 +148,7 @@ def scaled_dot_product_attention(
         batch, H, L, S, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
     block_mask = None
     if mask_mod is not None:
         block_mask = _block_mask(mask_mod, q.shape[0], H, L, S, device=str(query.device))
@@ -169,7 +169,7 @@ def _flex(q, k, v, score_mod, block_mask, scale, sinks) -> torch.Tensor:
         out, aux = flex_attention(
             q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
             enable_gqa=q.shape[1] != k.shape[1], return_aux=AuxRequest(lse=True),
-        )  # fmt: skip
+        )
     lse = aux.lse  # (B, H, L): the natural log of each row's sum of exp(score)
     if sinks is not None:  # the sink's exp(sinks[h]) joins each row's denominator
         sink = sinks.to(lse.dtype)[None, :, None]  # (1, H, 1)
@@ -205,7 +205,7 @@ def _sequences(cu_seqlens: torch.Tensor, T: int) -> tuple[torch.Tensor, torch.Te
 
 def _rules(
     row, kv, h, *, is_causal, window, softcap, alibi_slopes
-):  # fmt: skip
+):
     """(score rule, key rule) of one query position ``row`` against key position ``kv``
     (tensors of the mods' indices), the contract's causal, window, softcap and ALiBi."""
 

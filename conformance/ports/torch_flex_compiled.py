@@ -98,7 +98,7 @@ def _per_score(x: torch.Tensor, batch: tuple[int, ...], H: int, L: int, S: int) 
 def _mods(
     batch, H, L, S, columns, dtype, *, mask, bias, is_causal, causal_alignment, softcap,
     window, q_segment_ids, kv_segment_ids, sinks, alibi_slopes,
-):  # fmt: skip
+):
     """(score_mod, mask_mod): one code for every case, the case's rules in captured tensors
     over ``columns`` keys (S, or S + 1 with the sink column at index S)."""
     if causal_alignment not in ("top_left", "bottom_right"):
@@ -169,14 +169,14 @@ def _compiled_call(q, k, v, score_mod, block_mask, scale, enable_gqa) -> torch.T
             out = _COMPILED(
                 q, k, v, score_mod=score_mod, block_mask=block_mask, scale=scale,
                 enable_gqa=enable_gqa,
-            )  # fmt: skip
+            )
     finally:  # a call torch refuses (float64: at lowering) is counted too
         new = _graphs() - graphs
         _since_reset["graphs"] += new
         _record(
             dict(calls=1, graphs=new, graph_breaks=_graph_breaks() - breaks, resets=resets,
                  seconds=time.perf_counter() - start)
-        )  # fmt: skip
+        )
     if any(_EAGER_WARNING in str(w.message) for w in caught):
         raise RuntimeError(
             "fell back to eager: torch ran flex_attention uncompiled (its unfused-path "
@@ -222,7 +222,7 @@ def scaled_dot_product_attention(
         causal_alignment=causal_alignment, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
     with warnings.catch_warnings(), torch_ieee_float32():
         warnings.simplefilter("ignore", UserWarning)
         block_mask = create_block_mask(mask_mod, q.shape[0], H, L, columns, device="cpu")

@@ -122,7 +122,7 @@ def scaled_dot_product_attention(
     mask, bias = _extra_as_mask_and_bias(
         mask, bias, query.device, L, S, causal_alignment, window, q_segment_ids,
         kv_segment_ids, alibi_slopes,
-    )  # fmt: skip
+    )
 
     attn_mask = None
     if bias is not None:
@@ -290,7 +290,7 @@ def varlen_attention(
         out = scaled_dot_product_attention(
             q, k, v, is_causal=is_causal, causal_alignment=causal_alignment, window=window,
             scale=scale, alibi_slopes=alibi_slopes,
-        )  # fmt: skip  # (1, H, L_n, E)
+        )  # (1, H, L_n, E)
         rows.append(out[0].transpose(0, 1))  # (L_n, H, E)
     return torch.cat(rows) if rows else query.new_zeros(0, query.shape[1], value.shape[-1])
 
@@ -334,7 +334,7 @@ def paged_attention(
         out = scaled_dot_product_attention(
             q, k, v, is_causal=is_causal, causal_alignment="bottom_right", window=window,
             scale=scale, alibi_slopes=alibi_slopes,
-        )  # fmt: skip  # (1, H, L_n, E)
+        )  # (1, H, L_n, E)
         rows.append(out[0].transpose(0, 1))  # (L_n, H, E)
     return torch.cat(rows) if rows else query.new_zeros(0, query.shape[1], value_cache.shape[-1])
 

@@ -134,7 +134,7 @@ def _flash_forward_kernel(
     HAS_SEGMENTS: tl.constexpr, HAS_SINKS: tl.constexpr, HAS_ALIBI: tl.constexpr,
     HAS_DESCALE: tl.constexpr, DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr,
     P_DTYPE: tl.constexpr,
-):  # fmt: skip
+):
     # One program: block_q query rows (i0 .. i0 + block_q - 1) of query head h of batch
     # element b. The tiles are powers of two; lanes past block_q/block_k or past L/S are off.
     # Offsets: (B, 8) int64, the element offset of batch element b in query, key, value,
@@ -404,7 +404,7 @@ def _forward(
     sinks_f = None if sinks is None else sinks.to(torch.float32).contiguous()  # (H,)
     slopes_f = None if alibi_slopes is None else alibi_slopes.to(torch.float32).contiguous()
     operands = [(query, 3), (key, 3), (value, 3), (out, 3), (mask_v, 3), (bias_v, 3),
-                (q_seg, 1), (kv_seg, 1)]  # fmt: skip
+                (q_seg, 1), (kv_seg, 1)]
     offsets = _batch_offsets(operands, dims.batch).to(query.device)
 
     def strides(t: torch.Tensor | None) -> tuple[int, int, int]:
@@ -460,7 +460,7 @@ def _forward(
         HAS_ALIBI=alibi_slopes is not None, HAS_DESCALE=fp8,
         DOT_DTYPE=_DOT_DTYPES[dot_dtype],
         DOT_PRECISION="ieee" if dot_dtype == torch.float32 else "tf32", P_DTYPE=p_dtype,
-    )  # fmt: skip
+    )
     return out, lse
 
 
@@ -529,13 +529,13 @@ def flash_attention(
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale,
-    )  # fmt: skip
+    )
     check_block_sizes(block_q, block_k)
     return_lse = check_flag("return_lse", return_lse)
     out, lse = _forward(
         query, key, value, dims, causal_alignment, mask, bias, q_segment_ids, kv_segment_ids,
         sinks, alibi_slopes, block_q, block_k, q_descale, k_descale, v_descale,
-    )  # fmt: skip
+    )
     return (out, lse) if return_lse else out
 
 
@@ -566,7 +566,7 @@ def scaled_dot_product_attention(
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale,
-    )  # fmt: skip
+    )
 
 
 def attention_weights(
@@ -600,7 +600,7 @@ def attention_weights(
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
-    )  # fmt: skip
+    )
     K, S = dims.K, dims.S
     eye_dtype = torch.float32 if key.dtype in FP8_DTYPES else query.dtype
     identity = torch.eye(S, dtype=eye_dtype, device=query.device).expand(K, S, S)  # (K, S, E=S)
@@ -608,7 +608,7 @@ def attention_weights(
     out, _ = _forward(
         query, key, identity, dims, causal_alignment, mask, bias, q_segment_ids,
         kv_segment_ids, sinks, alibi_slopes, BLOCK_Q, BLOCK_K, q_descale, k_descale,
-    )  # fmt: skip
+    )
     return out
 
 
@@ -631,7 +631,7 @@ def _token_major_kernel(
     IS_CAUSAL: tl.constexpr, HAS_LEFT: tl.constexpr, HAS_RIGHT: tl.constexpr,
     HAS_SINKS: tl.constexpr, HAS_ALIBI: tl.constexpr, HAS_DESCALE: tl.constexpr,
     DOT_DTYPE: tl.constexpr, DOT_PRECISION: tl.constexpr, P_DTYPE: tl.constexpr,
-):  # fmt: skip
+):
     # One program: block_q query rows (i0 .. i0 + block_q - 1, positions within the sequence)
     # of query head h of sequence n. Varlen: the sequence's query rows are cu_q[n] ..
     # cu_q[n+1] - 1 and its keys cu_k[n] .. cu_k[n+1] - 1 (no other sequence's key is ever
@@ -797,7 +797,7 @@ def _token_major(
     *,
     H: int, K: int, D: int, E: int, scale: float, softcap: float | None, is_causal: bool,
     bottom_right: bool, window, sinks, alibi_slopes, q_descale, k_descale, v_descale,
-) -> torch.Tensor:  # fmt: skip
+) -> torch.Tensor:
     """Launch :func:`_token_major_kernel` on validated inputs; returns ``(T, H, E)``.
     ``key``/``value``: packed ``(Tk, K, D|E)`` (varlen) or pages ``(P, page_size, K, D|E)``
     (paged, with ``seq_lens`` and ``block_table``)."""
@@ -838,7 +838,7 @@ def _token_major(
     sinks_f = None if sinks is None else sinks.to(device=device, dtype=torch.float32).contiguous()
     slopes_f = None if alibi_slopes is None else alibi_slopes.to(device=device, dtype=torch.float32)
     descales = [_per_sequence(x, N, heads, device) for x, heads in
-                ((q_descale, H), (k_descale, K), (v_descale, K))]  # fmt: skip
+                ((q_descale, H), (k_descale, K), (v_descale, K))]
     block_q = block_k = 16  # one tile: sequences are short in serving's decode and prefill
     grid = (N * H, max(1, triton.cdiv(max_l, block_q)))  # (sequence x head, query block)
     _token_major_kernel[grid](
@@ -856,7 +856,7 @@ def _token_major(
         HAS_SINKS=sinks is not None, HAS_ALIBI=alibi_slopes is not None, HAS_DESCALE=fp8,
         DOT_DTYPE=_DOT_DTYPES[dot_dtype],
         DOT_PRECISION="ieee" if dot_dtype == torch.float32 else "tf32", P_DTYPE=p_dtype,
-    )  # fmt: skip
+    )
     return out
 
 
@@ -900,7 +900,7 @@ def varlen_attention(
         causal_alignment=causal_alignment, window=window, scale=scale, softcap=softcap,
         sinks=sinks, alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
         v_descale=v_descale,
-    )  # fmt: skip
+    )
     _check_token_major_dtype(query, key)
     call = varlen.call
     return _token_major(
@@ -910,7 +910,7 @@ def varlen_attention(
         bottom_right=call.causal_alignment == "bottom_right", window=call.window,
         sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
 
 
 def paged_attention(
@@ -951,11 +951,11 @@ def paged_attention(
         query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, is_causal=is_causal,
         window=window, scale=scale, softcap=softcap, sinks=sinks, alibi_slopes=alibi_slopes,
         q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )
     _check_token_major_dtype(query, key_cache)
     return _token_major(
         query, key_cache, value_cache, cu_seqlens_q, None, seq_lens, block_table,
         H=call.H, K=call.K, D=call.D, E=call.E, scale=call.scale, softcap=call.softcap,
         is_causal=call.is_causal, bottom_right=True, window=call.window, sinks=sinks,
         alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-    )  # fmt: skip
+    )

@@ -220,7 +220,7 @@ def _case_module(cls: Any, case: Case, device: str) -> Any:
     dtype; an error case's zero weights in their own dtypes (the error may be theirs)."""
     if case.kind == "error":
         return _load_module(cls, case.entry["module"], _zero_weights(case.entry["weights"]),
-                            None, device)  # fmt: skip
+                            None, device)
     tensors = case.tensors()
     names = [n for n in tensors if n.endswith((".kernel", ".bias", ".weight")) or n == "sinks"]
     weights = {n: np.array(tensors[n]) for n in names}
@@ -240,7 +240,7 @@ def _decode_cache(cls: Any, module: Any, case: Case, device: str, port: Port | N
     if "cache_from" in plan:
         other = plan["cache_from"]
         spec = {"class": case.entry["module"]["class"], "n_heads": other["n_heads"],
-                "n_kv_heads": other["n_kv_heads"]}  # fmt: skip
+                "n_kv_heads": other["n_kv_heads"]}
         maker = _load_module(cls, spec, _zero_weights(other["weights"]), None, device)
     x = _case_arrays(case)["x"]  # (B, T, M)
     batch_size = plan.get("batch_size", x.shape[0])

@@ -224,7 +224,7 @@ class ExecPort:
             raise RuntimeError(f"{command}: declares functions the protocol lacks: {unknown}")
         if "decode" in functions and "module" not in functions:
             raise RuntimeError(f"{command}: declares decode without module (decode's modules "
-                               "are loaded through module's requests)")  # fmt: skip
+                               "are loaded through module's requests)")
         for alias in functions & set(EXEC_ALIASES):
             setattr(self, EXEC_ALIASES[alias][0], self._function(alias))
         if "module" in functions:
@@ -312,7 +312,7 @@ class ExecPort:
         handle = answer.get("handle")
         if not isinstance(handle, int) or isinstance(handle, bool):
             raise _Failed(f"the port answered {json.dumps(answer)[:200]}: no integer handle, "
-                          "error or unsupported")  # fmt: skip
+                          "error or unsupported")
         return handle
 
     def _results(self, answer: dict[str, Any], first: str, results: tuple[str, ...]) -> Any:
@@ -320,7 +320,7 @@ class ExecPort:
         one name, else a tuple with None where the file lacks one (but ``first`` is needed)."""
         if "output" not in answer:
             raise _Failed(f"the port answered {json.dumps(answer)[:200]}: no output, error or "
-                          "unsupported")  # fmt: skip
+                          "unsupported")
         path = Path(answer["output"])
         try:
             tensors = read_tensors(path.read_bytes())
@@ -351,13 +351,13 @@ class ExecPort:
             how = _died_how(died.returncode)
             if not _in_worker():
                 raise _Failed(f"crashed ({how}): the port's process died; the next run starts "
-                              "a fresh one") from None  # fmt: skip
+                              "a fresh one") from None
             self._die_as(died.returncode, how)
 
     def _die_as(self, returncode: int, how: str) -> None:
         """End this worker as the port's process ended, so the isolation blames the run."""
         print(f"conformance --exec: the port's process died ({how}) in {self.run_id}",
-              file=sys.stderr, flush=True)  # fmt: skip
+              file=sys.stderr, flush=True)
         sys.stdout.flush()
         faulthandler.disable()  # no Python stack: the crash is the port's, not the runner's
         shutil.rmtree(self._folder, ignore_errors=True)

@@ -156,7 +156,7 @@ def _quantize_values(port: Port, fn: Callable, case: Case, device: str, spec: Fu
     fmt = kwargs.get("dtype", "float8_e4m3fn")
     yield Comparison("output", port.array_out(values), t["output"], dtype=fmt)
     yield Comparison("output_descale", port.array_out(descale), t["output_descale"],
-                     dtype="float32")  # fmt: skip
+                     dtype="float32")
 
 
 def _module_values(port: Port, fn: Callable, case: Case, device: str, spec: Function):

@@ -185,7 +185,7 @@ def _run_isolated(
                 status="xfail" if listed is not None else "crash",
                 message=_crash_message(died, site, None if first is None else first[1]),
                 xfail_reason="" if listed is None else listed.reason or "listed in xfails",
-            ))  # fmt: skip
+            ))
         job["only"] = [run_id for run_id in order if run_id not in done]
         if not job["only"]:
             report.complete = True

@@ -120,7 +120,7 @@ class Report:
         c = self.counts()
         where = self.device + (" (NumPy port, computes on the host)" if self.host_port else "")
         parts = [f"{c['pass']} passed", f"{c['fail']} failed", f"{c['xfail']} xfail",
-                 f"{c['xpass']} xpass"]  # fmt: skip
+                 f"{c['xpass']} xpass"]
         for status, done in (("crash", "crashed"), ("retried", "retried"), ("skip", "skipped")):
             if c[status]:
                 parts.append(f"{c[status]} {done}")

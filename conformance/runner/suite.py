@@ -227,7 +227,7 @@ def run_suite(
     runs = plan_runs(
         loaded, functions=functions, fixtures=fixtures, select=select, pattern=pattern,
         shards=shards,
-    )  # fmt: skip
+    )
     if only is not None:
         wanted = set(only)
         runs = [r for r in runs if r.id in wanted]

@@ -551,7 +551,7 @@ def make_port(
             return SimpleNamespace(
                 H=H, K=K, L=L, S=S, D=D, G=H // K, scale=D**-0.5 if scale is None else scale,
                 window=extra.get("window"),
-            )  # fmt: skip
+            )
         descales = {"q_descale": None, "k_descale": None}
         descales |= {} if value is NO_VALUE else {"v_descale": None}
         descales = {name: None for name in descales if name not in extra}
@@ -689,13 +689,13 @@ def make_port(
         allowed, offset = allowed_positions(
             dims, mask, bias, is_causal, causal_alignment, extra.get("q_segment_ids"),
             extra.get("kv_segment_ids"),
-        )  # fmt: skip
+        )
         sinks = extra.get("sinks")
         if bug == "fp8_sink_times_k_descale" and sinks is not None and "k_descale" in extra:
             d = np.asarray(extra["k_descale"], np.float32)  # one per key/value head, K = 1 here
             sinks = sinks * d.reshape(()) if d.size == 1 else sinks
         w, w_sink = weights(query, key, dims, allowed, offset, bias, softcap, sinks,
-                            extra.get("alibi_slopes"))  # fmt: skip
+                            extra.get("alibi_slopes"))
         return dims, allowed, w, w_sink
 
     def attention_weights(
@@ -746,11 +746,11 @@ def make_port(
         return out if bug == "output_not_cast" else out.astype(result_dtype(query, bug))
 
     def apply_rotary(x, positions, *, theta=10000.0, rotary_dim=None, interleaved=False,
-                     inv_freq=None, attention_factor=1.0):  # fmt: skip
+                     inv_freq=None, attention_factor=1.0):
         dims = check_rotary(
             x, positions, theta=theta, rotary_dim=rotary_dim, interleaved=interleaved,
             inv_freq=inv_freq, attention_factor=attention_factor,
-        )  # fmt: skip
+        )
         low = bug == "rope_angles_low_precision" and x.dtype != np.float64
         ct = np.float64 if x.dtype == np.float64 else np.float32
         R, P = dims.rotary_dim, dims.rotary_dim // 2

@@ -93,12 +93,12 @@ def broken_vjp(
     mask = None if mask is None else np.asarray(mask)
     bias = None if bias is None else np.asarray(bias)
     arrays = {"q_segment_ids": q_segment_ids, "kv_segment_ids": kv_segment_ids, "sinks": sinks,
-          "alibi_slopes": alibi_slopes}  # fmt: skip
+          "alibi_slopes": alibi_slopes}
     arrays = {name: None if x is None else np.asarray(x) for name, x in arrays.items()}
     dims = check_attention(
         query, key, value, mask=mask, bias=bias, causal_alignment=causal_alignment, scale=scale,
         is_causal=is_causal, softcap=softcap, window=window, **arrays,
-    )  # fmt: skip
+    )
     if block_q is not None or block_k is not None:
         check_block_sizes(block_q, block_k)
     check_grad_output(dims, np.asarray(grad_output) if grad_output is not None else None)
@@ -121,7 +121,7 @@ def broken_vjp(
         slopes = arrays["alibi_slopes"].astype(f64)[:, None, None]  # (H, 1, 1)
         add = rules.alibi(slopes, i, j, offset) + (0.0 if add is None else add)
     allowed = np.broadcast_to(rule if bias is None else rule & (bias != -np.inf),
-                              (*dims.batch, H, L, S))  # fmt: skip
+                              (*dims.batch, H, L, S))
     seen = allowed.reshape(*dims.batch, K, G, L, S).any(axis=(-3, -2))[..., None]  # (..., K,S,1)
     k = np.where(seen, key.astype(f64), 0.0)  # (..., K, S, D): unattended rows zeroed
     v = np.where(seen, value.astype(f64), 0.0)  # (..., K, S, E)

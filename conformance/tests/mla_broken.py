@@ -47,7 +47,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
         def from_canonical(cls, weights, *, n_heads, qk_rope_head_dim, dtype=None, sinks=None,
                            rope_theta=10000.0, rope_interleaved=False, rope_inv_freq=None,
                            rope_attention_factor=1.0, rms_norm_eps=1e-6, window=None,
-                           softcap=None, scale=None):  # fmt: skip
+                           softcap=None, scale=None):
             weights = {n: np.asarray(w) for n, w in weights.items()}
             self = cls()
             self.dims = check_mla_canonical(
@@ -55,9 +55,9 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             )
             self.dtype = np.dtype(dtype or weights["kv_a_proj_with_mqa.kernel"].dtype)
             self.rope = check_mla_rope(rope_theta, rope_interleaved, rope_inv_freq,
-                                       rope_attention_factor, self.dims)  # fmt: skip
+                                       rope_attention_factor, self.dims)
             self.options = check_attention_options(self.dtype.name, window=window,
-                                                   softcap=softcap, scale=scale)  # fmt: skip
+                                                   softcap=softcap, scale=scale)
             d = self.dims
             self.scale = (d.Dn + d.Dr) ** -0.5 if scale is None else self.options.scale
             if bug == "mla_mscale_twice":  # YaRN's cos/sin factor squared into the scale too
@@ -85,7 +85,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             interleaved = r.interleaved != (bug == "mla_rope_pairs_other")
             return apply_rotary(x, start + np.arange(x.shape[2]), theta=r.theta,
                                 rotary_dim=self.dims.Dr, interleaved=interleaved, inv_freq=inv,
-                                attention_factor=r.attention_factor)  # fmt: skip
+                                attention_factor=r.attention_factor)
 
         def _project(self, x, start):
             """q_nope (B, H, L, Dn), rotated q_pe (B, H, L, Dr), c_kv (B, 1, L, R), rotated
@@ -101,7 +101,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             q = q.reshape(B, L, d.H, d.Dn + d.Dr).transpose(0, 2, 1, 3)
             kv = self._linear("kv_a_proj_with_mqa", x)  # (B, L, R+Dr)
             c_kv = kv[..., : d.R] if bug == "mla_kv_norm_missing" else self._norm(
-                kv[..., : d.R], "kv_a_layernorm")  # fmt: skip
+                kv[..., : d.R], "kv_a_layernorm")
             k_pe = kv[:, None, :, d.R :]  # (B, 1, L, Dr)
             rotated = self._rotate(k_pe, start)
             q_nope = q[..., : d.Dn]
@@ -112,7 +112,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
         def _attend(self, q, k, v, return_weights, scale, **keywords):
             o = self.options
             keywords |= dict(window=o.window, softcap=o.softcap, sinks=self.w.get("sinks"),
-                             scale=scale)  # fmt: skip
+                             scale=scale)
             out = scaled_dot_product_attention(q, k, v, **keywords)
             w = attention_weights(q, k, **keywords) if return_weights else None
             return out, w
@@ -123,12 +123,12 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
 
         def __call__(self, x, *, mask=None, bias=None, is_causal=False,
                      causal_alignment="top_left", return_weights=False, q_segment_ids=None,
-                     kv_segment_ids=None):  # fmt: skip
+                     kv_segment_ids=None):
             d = self.dims
             ids = dict(q_segment_ids=q_segment_ids, kv_segment_ids=kv_segment_ids)
             check_module_inputs(d.naive, self.dtype.name, x, None, mask=mask, bias=bias,
                                 is_causal=is_causal, causal_alignment=causal_alignment,
-                                return_weights=return_weights, **ids)  # fmt: skip
+                                return_weights=return_weights, **ids)
             q_nope, q_pe, c_kv, k_pe, _ = self._project(x, 0)
             B, _, S, _ = c_kv.shape
             kv = self._linear("kv_b_proj", c_kv[:, 0]).reshape(B, S, d.H, d.Dn + d.E)
@@ -143,7 +143,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             k = np.concatenate([k_nope, k_pe], -1)
             out, w = self._attend(q, k, kv[..., d.Dn :], return_weights, self.scale, mask=mask,
                                   bias=bias, is_causal=is_causal,
-                                  causal_alignment=causal_alignment, **ids)  # fmt: skip
+                                  causal_alignment=causal_alignment, **ids)
             y = self._output(out)
             return (y, w) if return_weights else y
 
@@ -176,7 +176,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
                 paged, self.dtype.name, x, key_pages=cache.key_pages,
                 value_pages=cache.value_pages, batch_size=len(cache.pages), position=position,
                 max_len=cache.max_len, **refused,
-            )  # fmt: skip
+            )
             q_nope, q_pe, c_new, k_pe_new, unrotated = self._project(x, position)
             q_lat, w_uv = self._absorb(q_nope)
             stored = unrotated if bug == "mla_paged_k_pe_unrotated" else k_pe_new
@@ -186,14 +186,14 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
                 v = k[..., d.Dr :]
             q = np.concatenate([q_lat.astype(self.dtype), q_pe], -1)
             o_lat, _ = self._attend(q, k, v, False, self.scale, is_causal=True,
-                                    causal_alignment="bottom_right")  # fmt: skip
+                                    causal_alignment="bottom_right")
             out = np.einsum("bhlr,rhe->bhle", o_lat.astype(self._ct()), w_uv).astype(self.dtype)
             return self._output(out), cache
 
         def decode(self, x, cache, *, mask=None, bias=None, return_weights=False):
             if isinstance(cache, _PagedCache):
                 return self._decode_paged(x, cache, mask=mask, bias=bias,
-                                          return_weights=return_weights)  # fmt: skip
+                                          return_weights=return_weights)
             d, position = self.dims, cache.position
             B = cache.key.shape[0]
             latent = ModuleDims(d.M, d.H, 1, d.R, d.Dr, False, d.sinks)
@@ -203,7 +203,7 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
                 cache_value=ArraySpec((B, 1, cache.max_len, d.Dr), self.dtype.name),
                 position=position, max_len=cache.max_len, mask=mask, bias=bias,
                 return_weights=return_weights,
-            )  # fmt: skip
+            )
             q_nope, q_pe, c_new, k_pe_new, unrotated = self._project(x, position)
             ct = self._ct()
             q_lat, w_uv = self._absorb(q_nope)
@@ -215,12 +215,12 @@ def broken_mla(bug: str | None, scaled_dot_product_attention, attention_weights,
             scale = None if bug == "mla_absorbed_scale_latent" else self.scale  # (R + Dr) ** -0.5
             o_lat, weights = self._attend(q, k, c_kv, return_weights, scale, mask=mask,
                                           bias=bias, is_causal=True,
-                                          causal_alignment="bottom_right")  # fmt: skip
+                                          causal_alignment="bottom_right")
             out = np.einsum("bhlr,rhe->bhle", o_lat.astype(ct), w_uv).astype(self.dtype)
             y = self._output(out)
             end = position + x.shape[1]
             new = _LatentCache(c_kv, np.concatenate([cache.value, stored], axis=2),
-                               cache.max_len, end)  # fmt: skip
+                               cache.max_len, end)
             return (y, weights, new) if return_weights else (y, new)
 
     return MultiHeadLatentAttention

@@ -95,7 +95,7 @@ def _by_query_head(k, v, keywords: dict, H: int):
     heads = np.arange(H) // (H // K)
     k, v = np.take(k, heads, axis=1), np.take(v, heads, axis=1)  # (B, H, S, D|E)
     keywords = {"k_descale": keywords["k_descale"][np.arange(H) % K],
-                "v_descale": keywords["v_descale"][heads]}  # fmt: skip
+                "v_descale": keywords["v_descale"][heads]}
     return k, v, keywords
 
 
@@ -137,16 +137,16 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
         def __init__(self, d_model, n_heads, n_kv_heads, *, head_dim=None, value_head_dim=None,
                      bias=True, rope_theta=None, rope_interleaved=False, rotary_dim=None,
                      rope_inv_freq=None, rope_attention_factor=1.0, window=None, sinks=False,
-                     alibi=False, softcap=None, scale=None, dtype="float32"):  # fmt: skip
+                     alibi=False, softcap=None, scale=None, dtype="float32"):
             dtype = np.dtype(module_dtype(dtype))
             self.dims = check_module_config(
                 d_model, n_heads, n_kv_heads, head_dim, value_head_dim, bias=bias,
                 dtype=dtype.name, sinks=sinks,
-            )  # fmt: skip
+            )
             self.rope = check_rope_config(
                 rope_theta, rope_interleaved, rotary_dim, self.dims.D, rope_inv_freq,
                 rope_attention_factor,
-            )  # fmt: skip
+            )
             self.options = check_attention_options(
                 dtype.name, window=window, sinks=sinks, alibi=alibi, softcap=softcap, scale=scale
             )
@@ -167,7 +167,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             module = GroupedQueryAttention(
                 dims.M, dims.H, dims.K, head_dim=dims.D, value_head_dim=dims.E, bias=dims.bias,
                 sinks=dims.sinks, dtype=dtype, **rope,
-            )  # fmt: skip
+            )
             module.w = {n: w.astype(dtype) for n, w in weights.items()}
             return module
 
@@ -249,7 +249,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             check_module_inputs(
                 self.dims, self.dtype.name, x, context, mask=mask, bias=bias, is_causal=is_causal,
                 causal_alignment=causal_alignment, return_weights=return_weights, **ids,
-            )  # fmt: skip
+            )
             context = x if context is None else context
             q_name, k_name = self._names()
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
@@ -260,11 +260,11 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             result = self._attend(
                 q, k, v, return_weights, mask=mask, bias=bias, is_causal=is_causal,
                 causal_alignment=causal_alignment, **ids,
-            )  # fmt: skip
+            )
             return result if return_weights else result[0]
 
         def init_cache(self, batch_size, max_len, *, rolling=False, page_size=None, dtype=None,
-                       k_descale=None, v_descale=None):  # fmt: skip
+                       k_descale=None, v_descale=None):
             T = check_cache_size(
                 batch_size, max_len, rolling=rolling, left=self.options.left, page_size=page_size
             )
@@ -274,7 +274,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             dtype = np.dtype(getattr(ml_dtypes, stored)) if is_fp8(stored) else self.dtype
             K = self.dims.K
             descales = [None if d is None else np.broadcast_to(np.asarray(d, np.float32), (K,))
-                        for d in (k_descale, v_descale)]  # fmt: skip
+                        for d in (k_descale, v_descale)]
             B, D, E = batch_size, self.dims.D, self.dims.E
             if page_size is not None:
                 P = B * pages_needed(max_len, page_size)
@@ -293,7 +293,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
                 self.dims, self.dtype.name, x, key_pages=cache.key_pages,
                 value_pages=cache.value_pages, batch_size=len(cache.pages),
                 position=cache.position, max_len=cache.max_len, **refused,
-            )  # fmt: skip
+            )
             q_name, k_name = self._names()
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
             new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
@@ -306,7 +306,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             if bug == "decode_fp8_cache_k_descale_by_query_head":
                 k, v, fp8 = _by_query_head(k, v, fp8, self.dims.H)
             (y,) = self._attend(q, k, v, False, is_causal=True, causal_alignment="bottom_right",
-                                **fp8)  # fmt: skip
+                                **fp8)
             return y, cache
 
         def decode(self, x, cache, *, mask=None, bias=None, return_weights=False, **ids):
@@ -326,7 +326,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
                 position=position, max_len=max_len, mask=mask, bias=bias,
                 return_weights=return_weights, rolling=cache.slots is not None,
                 left=self.options.left, **ids,
-            )  # fmt: skip
+            )
             q_name, k_name = self._names()
             q = self._split(self._linear(q_name, x), self.dims.H)  # (B, H, L, D)
             new_k = self._split(self._linear(k_name, x), self.dims.K)  # (B, K, L, D)
@@ -350,7 +350,7 @@ def broken_modules(bug: str | None, scaled_dot_product_attention, attention_weig
             result = self._attend(
                 q, k, v, return_weights, mask=mask, bias=bias, is_causal=True,
                 causal_alignment=alignment, **ids, **fp8,
-            )  # fmt: skip
+            )
             all_k = np.concatenate([cache.key, new_k], axis=2)
             all_v = np.concatenate([cache.value, new_v], axis=2)
             if cache.slots is not None:  # the ring keeps the last slots tokens only

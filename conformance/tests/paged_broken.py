@@ -68,13 +68,13 @@ def paged_pair(bug: str = "none"):
     def paged_attention(query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q, *,
                         is_causal=False, window=None, scale=None, softcap=None, sinks=None,
                         alibi_slopes=None, q_descale=None, k_descale=None,
-                        v_descale=None):  # fmt: skip
+                        v_descale=None):
         call = check_paged_attention(
             query, key_cache, value_cache, block_table, seq_lens, cu_seqlens_q,
             is_causal=is_causal, window=window, scale=scale, softcap=softcap, sinks=sinks,
             alibi_slopes=alibi_slopes, q_descale=q_descale, k_descale=k_descale,
             v_descale=v_descale,
-        )  # fmt: skip
+        )
         ct = np.float64 if query.dtype == np.float64 else np.float32
         H, K, G, page_size = call.H, call.K, call.G, call.page_size
         heads = np.arange(H) % K if bug == "gqa_tiling" else np.arange(H) // G

@@ -172,7 +172,7 @@ def _local_offset(Lc: int, Sc: int):
 
 
 def _ulysses(query, key, value, *, n_shards, mask=None, bias=None, sinks=None,
-             alibi_slopes=None, bug=None, **kw):  # fmt: skip
+             alibi_slopes=None, bug=None, **kw):
     """``impl_numpy.ulysses.ulysses_attention``, compressed (device d's heads, every position:
     what the first all-to-all gives it), with the one ``bug`` switched in."""
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
@@ -203,12 +203,12 @@ def _ulysses(query, key, value, *, n_shards, mask=None, bias=None, sinks=None,
             "sinks": _block(None if sinks is None else np.asarray(sinks), -1, *first),
             "alibi_slopes": _block(None if alibi_slopes is None else np.asarray(alibi_slopes),
                                    -1, *first),
-        }  # fmt: skip
+        }
         q = query[..., lo:hi, :, :]
         local = bug == "ulysses_causal_offset_local"
         with _local_offset(plan.Lc, plan.Sc) if local else nullcontext():
             outs.append(scaled_dot_product_attention(q, key[..., kv, :, :], value[..., kv, :, :],
-                                                     **on_heads))  # fmt: skip
+                                                     **on_heads))
     if bug == "ulysses_output_order":
         outs = outs[::-1]
     return np.concatenate(outs, axis=-3)
@@ -246,7 +246,7 @@ def _computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids, kv_ids, bug):
     if bug == "window_skip_first_row" and dims.window is not None:
         i0, j0 = q_chunk * Lc, k_chunk * Sc
         some, _ = block_rules(dims.is_causal, dims.window, offset, i0, i0 + 1, j0, j0 + Sc,
-                              q_ids, kv_ids)  # fmt: skip
+                              q_ids, kv_ids)
         return bool(some)
     return block_computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids, kv_ids)
 
@@ -260,7 +260,7 @@ def _ring(
     query, key, value, *, n_shards, layout="contiguous", mask=None, bias=None, is_causal=False,
     causal_alignment="top_left", scale=None, softcap=None, window=None, q_segment_ids=None,
     kv_segment_ids=None, sinks=None, alibi_slopes=None, bug=None,
-):  # fmt: skip
+):
     """``impl_numpy.sharded.ring_attention``, compressed, with the one ``bug`` switched in."""
     query, key, value = np.asarray(query), np.asarray(key), np.asarray(value)
     q_ids, kv_ids = q_segment_ids, kv_segment_ids
@@ -269,7 +269,7 @@ def _ring(
         query, key, value, mask=mask, bias=bias, is_causal=is_causal,
         causal_alignment=causal_alignment, scale=scale, softcap=softcap, window=window,
         q_segment_ids=q_ids, kv_segment_ids=kv_ids, sinks=sinks, alibi_slopes=alibi_slopes,
-    )  # fmt: skip
+    )
     ring = check_ring(dims, n_shards, layout)
     ct = _compute_dtype(query.dtype)
     n, chunks, Lc, Sc = ring.n, ring.chunks, ring.Lc, ring.Sc
@@ -286,7 +286,7 @@ def _ring(
         (np.concatenate([key[..., b * Sc : (b + 1) * Sc, :] for b in packed[r]], axis=-2),
          np.concatenate([value[..., b * Sc : (b + 1) * Sc, :] for b in packed[r]], axis=-2))
         for r in range(n)
-    ]  # fmt: skip
+    ]
     outs = [[np.zeros((*dims.batch, H, Lc, E), ct) for _ in chunks[r]] for r in range(n)]
     lses = [[np.full((*dims.batch, H, Lc), -np.inf, ct) for _ in chunks[r]] for r in range(n)]
     steps = range(1, n) if bug == "skips_own_shard" else range(n)
@@ -314,7 +314,7 @@ def _ring(
                     if bug == "segments_of_query_chunk":
                         kv_ids_blk = _block(kv_ids, -1, *rows)
                     if not _computed(dims, offset, q_chunk, k_chunk, Lc, Sc, q_ids_rows,
-                                     kv_ids_blk, bug):  # fmt: skip
+                                     kv_ids_blk, bug):
                         continue
                     with patch:
                         out_blk, lse_blk = sharded._attend_block(
@@ -325,7 +325,7 @@ def _ring(
                             _block(_block(mask, -2, *rows), -1, *cols),
                             _block(_block(bias, -2, *rows), -1, *cols), q_ids_rows, kv_ids_blk,
                             dims=dims, offset=offset, slopes=slopes,
-                        )  # fmt: skip
+                        )
                     if bug == "sink_every_block" and sinks is not None:
                         sink = np.broadcast_to(sinks[:, None], lse_blk.shape)
                         out_blk, lse_blk = sharded._merge(out_blk, lse_blk, 0.0, sink)
@@ -345,12 +345,12 @@ def _ring(
 def _head_parallel(
     query, key, value, *, n_shards, mask=None, bias=None, sinks=None, alibi_slopes=None, bug=None,
     **kw,
-):  # fmt: skip
+):
     """``impl_numpy.sharded.head_parallel_attention``, or with tiled head groups, or with every
     device's sinks and slopes the first H/n, or with the segment ids split like the heads."""
     per_head = {"sinks": sinks, "alibi_slopes": alibi_slopes}
     if bug not in ("head_parallel_tiling", "head_parallel_sinks_whole",
-                   "head_parallel_segments_split"):  # fmt: skip
+                   "head_parallel_segments_split"):
         return sharded.head_parallel_attention(
             query, key, value, n_shards=n_shards, mask=mask, bias=bias, **per_head, **kw
         )
@@ -364,7 +364,7 @@ def _head_parallel(
         if bug == "head_parallel_tiling":
             heads = [h for h in range(H) if h % K in kv]  # tiling: h reads kv head h % K
         picked = [_block(x, -3, 0, H)[..., heads, :, :] if x is not None and x.ndim >= 3
-                  and x.shape[-3] == H else x for x in (mask, bias)]  # fmt: skip
+                  and x.shape[-3] == H else x for x in (mask, bias)]
         first = heads if bug == "head_parallel_tiling" else list(range(Hn))
         vectors = {k: None if x is None else np.asarray(x)[first] for k, x in per_head.items()}
         ids = {k: v for k, v in kw.items() if k.endswith("segment_ids") and v is not None}
@@ -373,7 +373,7 @@ def _head_parallel(
         outs.append(scaled_dot_product_attention(
             query[..., heads, :, :], key[..., kv, :, :], value[..., kv, :, :],
             mask=picked[0], bias=picked[1], **vectors, **{**kw, **ids},
-        ))  # fmt: skip
+        ))
     return np.concatenate(outs, axis=-3)
 
 

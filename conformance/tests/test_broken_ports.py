@@ -36,7 +36,7 @@ EXTRA_FAMILIES = ("window", "segments", "sinks", "alibi")
 EXTRA_BUGS = [
     b for b in BUGS
     if BUGS[b][1].split(".")[1] in EXTRA_FAMILIES and not b.startswith("paged_flash_")
-]  # fmt: skip
+]
 
 
 GRAD_BUGS = [b for b in BUGS if b.startswith("grad_")]
@@ -378,7 +378,7 @@ def test_paged_bugs_fail_in_their_aliases_only(bug: str) -> None:
         assert failed and all(".fp8." in r for r in failed), (bug, failed)
         return
     if bug not in ("paged_write_minus_one_last_slot", "paged_minus_one_last_page",
-                   "paged_reads_max_len"):  # fmt: skip
+                   "paged_reads_max_len"):
         for dtype in ("float64", "float32", "float16", "bfloat16"):
             assert f"paged.page3.decode_and_prefill.causal.{dtype}" in failed, (bug, dtype)
 

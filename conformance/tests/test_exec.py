@@ -64,7 +64,7 @@ def test_a_decode_that_forgets_its_cache_fails_every_run_of_two_steps_or_more(
     }
     assert "decode.gqa.h6_k2.chunks_2_1_2.float32" in several
     assert overflow == {"decode.error.cache_overflow.float32",
-                        "decode.error.cache_overflow_one_token.float32"}  # fmt: skip
+                        "decode.error.cache_overflow_one_token.float32"}
     assert failed == several | overflow
 
 

@@ -105,7 +105,7 @@ def test_paged_error_cases_cover_every_paged_rule_of_the_taxonomy() -> None:
     assert _codes(("paged", "paged_write")) >= PAGED_ERROR_CODES
     entry = BY_ID["paged.error.block_table_past_the_pool.float32"].entry
     assert entry["inputs"]["block_table"] == {"shape": [2, 2], "dtype": "int32",
-                                              "values": [0, 1, 2, 4]}  # fmt: skip
+                                              "values": [0, 1, 2, 4]}
     assert entry["inputs"]["query"] == {"shape": [3, 6, 11], "dtype": "float32"}
 
 
@@ -115,7 +115,7 @@ def test_module_error_cases_cover_every_module_rule_of_the_taxonomy() -> None:
     assert covered >= MODULE_ERROR_CODES
     assert covered >= {"heads_not_divisible", "non_positive_size", "rank", "dtype_mismatch",
                        "unsupported_dtype", "batch_not_broadcastable", "mask_kv_heads",
-                       "mask_dtype", "mask_shape", "unknown_alignment"}  # fmt: skip
+                       "mask_dtype", "mask_shape", "unknown_alignment"}
     errors = [c for c in MANIFEST.cases if c.kind == "error" and c.op in ("module", "decode")]
     calls = {c.entry["call"] for c in errors}
     assert calls >= {"construct", "load", "forward", "decode"}
@@ -314,7 +314,7 @@ def test_module_fixtures_hold_canonical_weights_in_their_dtype() -> None:
         if spec["class"] == "MultiHeadLatentAttention":  # its own canonical weights
             weights = {n: w for n, w in t.items() if n.endswith((".kernel", ".weight"))}
             dims = check_mla_canonical(weights, n_heads=spec["n_heads"],
-                                       qk_rope_head_dim=spec["qk_rope_head_dim"])  # fmt: skip
+                                       qk_rope_head_dim=spec["qk_rope_head_dim"])
             assert t["o_proj.kernel"].dtype.name == t["x"].dtype.name == case.dtype, case.id
             assert t["output"].shape == (*t["x"].shape[:2], dims.M), case.id
             continue
@@ -369,7 +369,7 @@ def test_module_goldens_are_the_oracles_attention_between_matmul_projections() -
     :func:`oracle.module_forward`."""
     for case_id in ("module.mha.self.float64", "module.mqa.h6_k1.bfloat16",
                     "module.causal.bottom_right.l5_s7.float16", "module.padding.b11s.float32",
-                    "module.shapes.d5_e3_m17.float32", "module.bias.full.float32"):  # fmt: skip
+                    "module.shapes.d5_e3_m17.float32", "module.bias.full.float32"):
         case = BY_ID[case_id]
         t, spec = case.tensors(), case.entry["module"]
         w = {n: a.astype(np.float64) for n, a in t.items() if n.endswith((".kernel", ".bias"))}
@@ -386,7 +386,7 @@ def test_module_goldens_are_the_oracles_attention_between_matmul_projections() -
         golden = oracle.attention(
             project("q_proj", x, H), project("k_proj", context, K),
             project("v_proj", context, K), mask=t.get("mask"), bias=bias, **kw,
-        )  # fmt: skip
+        )
         B, _, L, E = golden.output.shape
         merged = golden.output.transpose(0, 2, 1, 3).reshape(B, L, H * E)  # (B, L, H*E)
         out = merged @ w["o_proj.kernel"] + w.get("o_proj.bias", 0.0)  # (B, L, M)
@@ -415,7 +415,7 @@ def test_varlen_cases_cover_the_codes_and_the_contract_points() -> None:
     assert _codes(("varlen", "varlen_grad")) >= VARLEN_ERROR_CODES | {"grad_output_shape"}
     for name in ("n1.l6_s6", "n3.mixed", "n3.causal_bottom_right", "n5.empty_sequences",
                  "n5.window_across_boundaries", "n3.sink_logits", "n3.linear_biases",
-                 "n3.softcap_scale", "n3.gqa_h8_k1", "n3.garbage_in_unread_rows"):  # fmt: skip
+                 "n3.softcap_scale", "n3.gqa_h8_k1", "n3.garbage_in_unread_rows"):
         assert f"varlen.{name}.float32" in BY_ID, name
     assert any(i.startswith("varlen_grad.") for i in BY_ID)
     for case in MANIFEST.cases:
@@ -440,7 +440,7 @@ def test_the_varlen_flex_cross_check_refuses_a_wrong_golden() -> None:
     case = BY_ID["varlen.n5.window_across_boundaries.float32"]
     t = case.tensors()
     as64 = {n: t[n] if t[n].dtype.kind == "i" else t[n].astype(np.float64) for n in
-            ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k")}  # fmt: skip
+            ("query", "key", "value", "cu_seqlens_q", "cu_seqlens_k")}
     keywords, bound = case.keywords, case.tolerance["output"]
     said, bad = _flex_verify(as64, keywords, t["output"], bound)({"torch": None})
     assert said["torch"].startswith("agree") and not bad
@@ -458,7 +458,7 @@ def test_the_rope_cross_check_against_transformers_can_fail() -> None:
 
     llama3 = {"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
               "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-              "original_max_position_embeddings": 8192}  # fmt: skip
+              "original_max_position_embeddings": 8192}
     right = llama3_inv_freq(500000.0, 12, 8.0, 1.0, 4.0, 8192)
     swapped = llama3_inv_freq(500000.0, 12, 8.0, 4.0, 1.0, 8192)
     assert hf_rope_cross_check(llama3, 12, right, 1.0) == ({"transformers": "agree"}, [])

@@ -34,7 +34,7 @@ def test_the_wheel_installs_the_suite_without_torch_or_jax(tmp_path: Path) -> No
         [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
          str(wheels), str(ROOT)],
         tmp_path, env,
-    )  # fmt: skip
+    )
     assert built.returncode == 0, built.stdout + built.stderr
     assert "is absent from the `packages` configuration" not in built.stdout + built.stderr
     (wheel,) = wheels.glob("rosetta_attention-*.whl")
@@ -45,7 +45,7 @@ def test_the_wheel_installs_the_suite_without_torch_or_jax(tmp_path: Path) -> No
     installed = _run(
         [python, "-m", "pip", "install", "--quiet", f"{wheel}[conformance]", "pytest"],
         tmp_path, env,
-    )  # fmt: skip
+    )
     assert installed.returncode == 0, installed.stdout + installed.stderr
 
     outside = tmp_path / "porter"  # a porter's folder: no clone, no PYTHONPATH
@@ -63,7 +63,7 @@ def test_the_wheel_installs_the_suite_without_torch_or_jax(tmp_path: Path) -> No
     through = _run(
         [python, "-m", "conformance", "--exec", f"{python} {port}", "-k", "*gqa*float32"],
         outside, env,
-    )  # fmt: skip
+    )
     assert through.returncode == 0, through.stdout + through.stderr
     assert "all ports pass" in through.stdout
 
@@ -72,7 +72,7 @@ def test_the_wheel_installs_the_suite_without_torch_or_jax(tmp_path: Path) -> No
         [python, "-m", "pytest", "-p", "no:cacheprovider", "--pyargs", "conformance",
          "--port", "impl_numpy", "-k", "gqa and float32", f"--junitxml={junit}"],
         outside, env,
-    )  # fmt: skip
+    )
     assert plugin.returncode == 0, plugin.stdout + plugin.stderr
     passed = re.search(r"(\d+) passed", plugin.stdout)
     assert passed and "failed" not in plugin.stdout, plugin.stdout

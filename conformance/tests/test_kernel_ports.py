@@ -123,7 +123,7 @@ KERNEL_BUGS: dict[str, tuple[str, str, dict[str, list[tuple[str, str, int]]]]] =
             "pallas": [("v = jnp.where(attended[:, None], v, jnp.zeros_like(v))", "v = v", 1)],
         },
     ),
-}  # fmt: skip
+}
 # (A triton line that occurs twice is in both of its kernels, _flash_forward_kernel and
 # _token_major_kernel: the bug is in both, and the heads-first run named catches it. The same
 # for a pallas line that occurs twice, but for gqa_tiling's, two BlockSpecs of one kernel.)
@@ -391,7 +391,7 @@ def test_the_feature_runs_cover_every_feature_and_dtype() -> None:
     assert features >= {
         "basic", "gqa", "causal", "mask", "mask_broadcast", "bias", "fully_masked", "softcap",
         "shapes", "batch", "tiling", "error", "window", "segments", "sinks", "alibi", "garbage",
-    }  # fmt: skip
+    }
     assert {r.case.dtype for r in runs} == {"float64", "float32", "float16", "bfloat16"}
     assert {r.function for r in runs} == {"sdpa", "flash", "weights"}
     assert {KERNEL_BUGS[b][1] for b in KERNEL_BUGS} <= set(FEATURE_RUNS)
@@ -525,7 +525,7 @@ _TRITON_FP8_COMPILE = (
                             '"Q": "*fp8e4nv", "K": "*fp8e4nv", "V": "*fp8e4nv"')
     .replace("HAS_DESCALE=False, DOT_DTYPE=tl.bfloat16", "HAS_DESCALE=True, DOT_DTYPE=tl.float32")
     .replace('"tf32", P_DTYPE=tl.bfloat16', '"ieee", P_DTYPE=tl.float32')
-)  # fmt: skip
+)
 
 #: The same for the token-major kernel (varlen_attention, paged_attention), every feature on:
 #: paged, with fp8 pages and a bfloat16 query (fp8 loaded and converted in the kernel).
@@ -575,7 +575,7 @@ def test_triton_kernel_compiles_for_cuda_without_a_gpu(script: str) -> None:
     done = subprocess.run(
         [sys.executable, "-c", script],
         env=env, cwd=repo, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.startswith("ptx ") and "cubin 0" not in done.stdout
 
@@ -596,9 +596,9 @@ def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
     arrays = dict(
         mask=mask, bias=bias, q_segment_ids=spec(2, 5, dtype=jnp.int32),
         kv_segment_ids=spec(7, dtype=jnp.int32), sinks=spec(6), alibi_slopes=spec(6),
-    )  # fmt: skip
+    )
     keywords = dict(is_causal=True, causal_alignment="bottom_right", softcap=30.0,
-                    window=(2, 1), return_lse=True)  # fmt: skip
+                    window=(2, 1), return_lse=True)
     flash = jax.jit(module.flash_attention, static_argnames=[*keywords, "block_q", "block_k"])
     traced = flash.trace(q, k, v, **arrays, block_q=2, block_k=3, **keywords)
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
@@ -608,7 +608,7 @@ def test_pallas_kernel_lowers_for_cuda_through_triton() -> None:
     fp8 = {n: spec(*x.shape, dtype=jnp.float8_e4m3fn) for n, x in (("q", q), ("k", k), ("v", v))}
     f32 = jnp.float32
     descales = dict(q_descale=spec(2, 6, dtype=f32), k_descale=spec(2, 2, dtype=f32),
-                    v_descale=spec(2, dtype=f32))  # fmt: skip
+                    v_descale=spec(2, dtype=f32))
     traced = flash.trace(*fp8.values(), **arrays, **descales, block_q=2, block_k=3, **keywords)
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1
@@ -633,7 +633,7 @@ def test_pallas_token_major_kernel_lowers_for_cuda_through_triton() -> None:
         spec(7, 6, 11, dtype=jnp.bfloat16), spec(9, 3, 2, 11, dtype=e4m3),
         spec(9, 3, 2, 13, dtype=e4m3), spec(3, 4, dtype=i32), spec(3, dtype=i32),
         spec(4, dtype=i32), **arrays, **keywords,
-    )  # fmt: skip
+    )
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1
     varlen = jax.jit(module.varlen_attention, static_argnames=[*keywords, "causal_alignment"])
@@ -641,6 +641,6 @@ def test_pallas_token_major_kernel_lowers_for_cuda_through_triton() -> None:
         spec(7, 6, 11, dtype=e5m2), spec(9, 2, 11, dtype=e5m2), spec(9, 2, 13, dtype=e5m2),
         spec(4, dtype=i32), spec(4, dtype=i32), q_descale=spec(3, 6), **arrays,
         causal_alignment="bottom_right", **keywords,
-    )  # fmt: skip
+    )
     text = traced.lower(lowering_platforms=("cuda",)).as_text()
     assert text.count("__gpu$xla.gpu.triton") == 1

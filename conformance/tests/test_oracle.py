@@ -151,4 +151,4 @@ def test_fp8_quantize_by_hand() -> None:
     values, _ = oracle.quantize_fp8(np.array([[500.0, 1.0625, -1.1875]]), axes=(0, 1), descale=1.0)
     assert list(values[0]) == [448.0, 1.0, -1.25]
     assert list(oracle.dequantized(values[None, None], np.array([2.0]))[0, 0, 0]) == [
-        896.0, 2.0, -2.5]  # fmt: skip
+        896.0, 2.0, -2.5]

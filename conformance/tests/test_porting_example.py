@@ -47,7 +47,7 @@ def test_a_ports_own_xfails_file_is_found_next_to_it(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "conformance", "--impl", "myport", "-k", "sdpa.gqa.*"],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    )
     assert done.returncode == 1
     assert "XPASS sdpa.gqa.h6_k2.float32 [cpu float32]" in done.stdout
     assert "believed broken" in done.stdout

@@ -51,7 +51,7 @@ def test_a_passing_port_passes_every_run_the_runner_plans(pytester: pytest.Pytes
     result = pytester.runpytest_subprocess(
         *PLUGIN, "-p", "imports", *SUITE, "--port", "impl_numpy", "--port-function",
         "causal_mask", "-s",
-    )  # fmt: skip
+    )
     result.assert_outcomes(passed=len(_ids("impl_numpy", functions=["causal_mask"])))
     assert "FRAMEWORKS IMPORTED: []" in result.stdout.str()  # impl_numpy needs neither
 
@@ -61,7 +61,7 @@ def test_an_exec_port_runs_through_the_protocol(pytester: pytest.Pytester) -> No
     result = pytester.runpytest_subprocess(
         *PLUGIN, *SUITE, "--port-exec", command, "--port-function", "causal_mask",
         "--port-exec-timeout", "60",
-    )  # fmt: skip
+    )
     result.assert_outcomes(passed=len(_ids("impl_numpy", functions=["causal_mask"])))
 
 
@@ -83,7 +83,7 @@ def test_a_broken_port_fails_exactly_the_runs_the_runner_fails(pytester: pytest.
     stopped = pytester.runpytest_subprocess(  # item by item in pytest's process, up to one
         *PLUGIN, *SUITE, "--port", "brokenmod:port", "--port-function", "causal_mask", "-x",
         "--port-in-process",
-    )  # fmt: skip
+    )
     assert stopped.parseoutcomes()["failed"] == 1
     stopped.stdout.fnmatch_lines(["FAIL causal_mask.top_left.l5_s7.bool *max error 1 > bound 0*"])
 
@@ -100,7 +100,7 @@ def test_xfails_become_strict_xfail_and_skip(pytester: pytest.Pytester) -> None:
     result = pytester.runpytest_subprocess(
         *PLUGIN, *SUITE, "--port", "brokenmod:port", "--port-function", "causal_mask",
         "--port-xfails", str(xfails), "-rfxs",
-    )  # fmt: skip
+    )
     result.assert_outcomes(
         xfailed=len(failing), failed=1, skipped=1, passed=len(passing) - 2
     )  # the one failure: the listed run that passes, as XPASS(strict)
@@ -114,7 +114,7 @@ def test_pyargs_conformance_gives_one_junit_testcase_per_run(pytester: pytest.Py
     result = pytester.runpytest_subprocess(
         *PLUGIN, "--pyargs", "conformance", "--port", "impl_numpy", "--port-function", "sdpa",
         "--port-function", "causal_mask", "-k", "top_left", f"--junitxml={junit}",
-    )  # fmt: skip
+    )
     result.assert_outcomes(passed=len(want))
     cases = list(ET.parse(junit).getroot().iter("testcase"))
     assert sorted(c.get("name") for c in cases) == sorted(want)

@@ -282,7 +282,7 @@ def _run_cli(tmp_path: Path, *args: str, env_extra: dict | None = None):
     return subprocess.run(
         [sys.executable, "-m", "conformance", "--impl", "crashy", *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
 
 
 def test_a_crashing_port_is_reported_per_case_and_the_rest_still_runs(tmp_path) -> None:
@@ -307,13 +307,13 @@ def test_a_killed_run_leaves_the_report_it_had(tmp_path) -> None:
     CLI itself, at sdpa.gqa.h8_k1.bfloat16) leaves the runs made before, marked incomplete."""
     report_file = tmp_path / "report.json"
     done = _run_cli(tmp_path, "-k", "sdpa.gqa.h8_k1.*", "--report", str(report_file),
-                    env_extra={"KILL_PARENT": "1"})  # fmt: skip
+                    env_extra={"KILL_PARENT": "1"})
     assert done.returncode == -9
     (report,) = json.loads(report_file.read_text())
     assert not report["complete"] and not report["ok"]
     assert [o["run_id"] for o in report["outcomes"]] == [
         "sdpa.gqa.h8_k1.float64", "sdpa.gqa.h8_k1.float32", "sdpa.gqa.h8_k1.float16",
-    ]  # fmt: skip
+    ]
 
 
 FLAKY_PORT = """
@@ -343,12 +343,12 @@ def _run_flaky(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess,
     marker, report_file = tmp_path / "crashed.marker", tmp_path / "report.json"
     marker.unlink(missing_ok=True)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)]),
-           "FLAKY_MARKER": str(marker)}  # fmt: skip
+           "FLAKY_MARKER": str(marker)}
     done = subprocess.run(
         [sys.executable, "-m", "conformance", "--impl", "flaky", "--report", str(report_file),
          *args],
         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+    )
     assert marker.exists(), done.stdout + done.stderr  # the flaky case did crash, once
     (report,) = json.loads(report_file.read_text())
     return done, report
@@ -365,7 +365,7 @@ def test_a_run_that_crashes_once_is_retried_and_reported_apart(tmp_path) -> None
     assert "7 runs: 6 passed, 0 failed, 0 xfail, 0 xpass, 1 retried (" in out
     header = next(row for row in out.splitlines() if row.lstrip().startswith("family"))
     assert header.split() == ["family", "passed", "xfail", "skip", "failed", "retried", "worst",
-                              "err/bound"]  # fmt: skip
+                              "err/bound"]
     gqa = next(row for row in out.splitlines() if row.lstrip().startswith("sdpa.gqa"))
     assert gqa.split()[:3] == ["sdpa.gqa", "6/7", "1"]  # 6 passed of 7, 1 retried
     assert report["ok"] and report["complete"]
@@ -388,14 +388,14 @@ def test_a_crash_that_comes_again_on_the_retry_is_a_crash(tmp_path) -> None:
     assert crash["message"].startswith("crashed (SIGSEGV), and again on retry: File ")
     assert status["sdpa.gqa.h6_k3.float32"]["status"] == "retried"
     assert report["counts"] == {"pass": 9, "fail": 0, "xfail": 0, "xpass": 0, "skip": 0,
-                                "crash": 1, "retried": 1}  # fmt: skip
+                                "crash": 1, "retried": 1}
     assert report["complete"] and not report["ok"]
     assert "11 runs: 9 passed, 0 failed, 0 xfail, 0 xpass, 1 crashed, 1 retried (" in done.stdout
     listed = subprocess.run(
         [sys.executable, "-m", "conformance", "--impl", "flaky", "--list", "-k", "sdpa.gqa.*"],
         cwd=tmp_path, capture_output=True, text=True, timeout=600,
         env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])},
-    )  # fmt: skip
+    )
     assert list(status) == listed.stdout.split()
 
 
@@ -459,7 +459,7 @@ def test_list_prints_the_run_ids_and_runs_nothing(capsys) -> None:
         "sdpa.gqa.h6_k2.float64", "sdpa.gqa.h6_k2.float32", "sdpa.gqa.h6_k2.float16",
         "sdpa.gqa.h6_k2.bfloat16", "sdpa.gqa.h6_k3.float32", "sdpa.gqa.h6_k2.head_mask.float32",
         "sdpa.gqa.h6_k2.head_mask.bfloat16",
-    ]  # fmt: skip
+    ]
     assert main(["--impl", "torch_fused", "--list", "-k", "*softcap.cap2*float32"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert "sdpa.softcap.cap2_neg_inf_bias.float32  # xfail" in listed
@@ -508,7 +508,7 @@ def test_an_adapter_that_raises_is_named_with_its_traceback_tail() -> None:
     port = SimpleNamespace(
         __name__="adapted", scaled_dot_product_attention=impl_numpy.scaled_dot_product_attention,
         from_numpy=from_numpy, to_numpy=np.asarray,
-    )  # fmt: skip
+    )
     report = run_suite(port, functions=["sdpa"], select=lambda r: r.id == "sdpa.basic.mha.float32")
     message = report.failures[0].message
     assert message.startswith("the adapter `from_numpy` of adapted raised TypeError: no bfloat16")
@@ -522,7 +522,7 @@ def test_an_adapter_that_downcasts_float64_is_told_so() -> None:
         __name__="downcaster", scaled_dot_product_attention=impl_numpy.scaled_dot_product_attention,
         from_numpy=lambda a, device: a.astype(np.float32) if a.dtype == np.float64 else a,
         to_numpy=np.asarray,
-    )  # fmt: skip
+    )
     report = run_suite(port, functions=["sdpa"], select=lambda r: r.case.feature == "basic")
     status = {o.run_id: o for o in report.outcomes}
     assert status["sdpa.basic.mha.float32"].status == "pass"

@@ -24,7 +24,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _job(port: str, pattern: str, **extra) -> dict:
     job = {"port": port, "device": "cpu", "functions": None, "xfails": [], "fixtures": None,
-           "pattern": pattern, "shards": [2, 4], "only": None}  # fmt: skip
+           "pattern": pattern, "shards": [2, 4], "only": None}
     return {**job, **extra}
 
 
@@ -113,7 +113,7 @@ def _crowded_worker(release_every: int) -> tuple[int, list[dict]]:
     done = subprocess.run(
         [sys.executable, "-c", _CROWDED_WORKER, str(HEADROOM)], input=json.dumps(job),
         capture_output=True, text=True, env=env, cwd=REPO, timeout=900,
-    )  # fmt: skip
+    )
     return done.returncode, [json.loads(line) for line in done.stdout.splitlines()]
 
 

@@ -108,7 +108,7 @@ def _rules(bug, varlen, cu_q, cu_k):
     if call.window is not None:
         left, right = call.window
         wi, wj, wat = (rows[:, None], keys[None, :], 0) if bug == "window_packed_diagonal" else (
-            i, j, at)  # fmt: skip
+            i, j, at)
         if left is not None:
             allowed &= wj >= wi + wat - left
         if right is not None:
@@ -126,7 +126,7 @@ def _forward(bug, given):
     slopes = None if slopes is None else np.asarray(slopes)
     keywords = {n: given[n] for n in ("is_causal", "causal_alignment", "window", "scale",
                                       "softcap", "q_descale", "k_descale", "v_descale")
-                if n in given}  # fmt: skip
+                if n in given}
     varlen = check_varlen(q, k, v, cu_q, cu_k, sinks=sinks, alibi_slopes=slopes, **keywords)
     call = varlen.call
     k_given = None if bug == "fp8_k_descale_dropped" else given.get("k_descale")
@@ -162,7 +162,7 @@ def _forward(bug, given):
     w = e / np.where(has_key, z, 1.0)
     out = w @ vh  # (H, Tq, E)
     state = SimpleNamespace(q=qh, k=kh, v=vh, raw=raw, s=s, lse=lse, w=w, out=out, ct=ct,
-                            allowed=allowed, same=same, heads=heads, sinks=sinks)  # fmt: skip
+                            allowed=allowed, same=same, heads=heads, sinks=sinks)
     return varlen, state
 
 
@@ -176,7 +176,7 @@ def make_port(bug: str | None) -> SimpleNamespace:
     def varlen_attention(query, key, value, cu_seqlens_q, cu_seqlens_k, *, is_causal=False,
                          causal_alignment="top_left", window=None, scale=None, softcap=None,
                          sinks=None, alibi_slopes=None, q_descale=None, k_descale=None,
-                         v_descale=None):  # fmt: skip
+                         v_descale=None):
         with np.errstate(all="ignore"):
             _, st = _forward(bug, locals())
         out = output_dtype(dtype_name(np.asarray(query).dtype))  # bfloat16 for an fp8 query
@@ -184,7 +184,7 @@ def make_port(bug: str | None) -> SimpleNamespace:
 
     def varlen_attention_vjp(query, key, value, cu_seqlens_q, cu_seqlens_k, grad_output, *,
                              is_causal=False, causal_alignment="top_left", window=None,
-                             scale=None, softcap=None, sinks=None, alibi_slopes=None):  # fmt: skip
+                             scale=None, softcap=None, sinks=None, alibi_slopes=None):
         with np.errstate(all="ignore"):
             varlen, st = _forward(bug, locals())
             check_varlen_grad_output(varlen, grad_output)
@@ -211,13 +211,13 @@ def make_port(bug: str | None) -> SimpleNamespace:
             dsinks = None
             if st.sinks is not None:
                 w_sink = np.where(np.isfinite(st.lse), np.exp(st.sinks.astype(ct)[:, None, None]
-                                                              - st.lse), 0.0)  # fmt: skip
+                                                              - st.lse), 0.0)
                 dsinks = -(w_sink * delta).sum(axis=(1, 2)).astype(st.sinks.dtype)
         dtype = np.asarray(query).dtype
         return AttentionGrads(
             query=dq.transpose(1, 0, 2).astype(dtype), key=dk.astype(dtype),
             value=dv.astype(dtype), sinks=dsinks,
-        )  # fmt: skip
+        )
 
     return SimpleNamespace(
         __name__=f"varlen_broken.{bug or 'correct'}",

@@ -21,7 +21,7 @@ B, H, L, D = 1, 2, 4, 8
 q, k, v = (torch.randn(B, H, L, D) for _ in range(3))
 sinks = torch.tensor([2.0, -1.0])  # one sink logit per head, as GptOssAttention.sinks
 module = types.SimpleNamespace(num_key_value_groups=1, training=False, is_causal=False,
-                               sinks=sinks)  # fmt: skip
+                               sinks=sinks)
 mask = torch.zeros(B, 1, L, L)  # the eager float mask: every key allowed
 
 eager, _ = eager_attention_forward(module, q, k, v, mask, scaling=D**-0.5, s_aux=sinks)

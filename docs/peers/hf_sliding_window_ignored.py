@@ -24,7 +24,7 @@ q, k, v = (torch.randn(B, H, L, D) for _ in range(3))
 module = types.SimpleNamespace(num_key_value_groups=1, training=False, is_causal=True)
 causal = mu.eager_mask(batch_size=B, q_length=L, kv_length=L)  # float: 0 or finfo.min
 windowed = mu.eager_mask(batch_size=B, q_length=L, kv_length=L,
-                         mask_function=mu.sliding_window_causal_mask_function(W))  # fmt: skip
+                         mask_function=mu.sliding_window_causal_mask_function(W))
 
 ignored = []
 for name, function, mask in (
@@ -36,7 +36,7 @@ for name, function, mask in (
     window_mask = windowed if name == "eager" else windowed.eq(0)
     want, _ = function(module, q, k, v, window_mask, scaling=D**-0.5)
     print(f"{name}: sliding_window={W} changes the output by {(keyword - full).abs().max():.3g};"
-          f" the windowed mask by {(want - full).abs().max():.3g}")  # fmt: skip
+          f" the windowed mask by {(want - full).abs().max():.3g}")
     ignored.append(torch.equal(keyword, full) and not torch.allclose(want, full))
 print("sliding_window is ignored by both" if all(ignored) else "sliding_window is applied")
 sys.exit(0 if all(ignored) else 1)

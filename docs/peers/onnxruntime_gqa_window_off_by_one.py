@@ -44,13 +44,13 @@ def gqa_keys(window: int) -> list[int]:
     feeds = {
         "query": q, "key": k, "value": v,
         "seqlens_k": np.array([L - 1], np.int32), "total_sequence_length": np.array(L, np.int32),
-    }  # fmt: skip
+    }
     node = helper.make_node(
         "GroupQueryAttention",
         ["query", "key", "value", "", "", "seqlens_k", "total_sequence_length"],
         ["output", "present_key", "present_value"],
         domain="com.microsoft", num_heads=1, kv_num_heads=1, local_window_size=window,
-    )  # fmt: skip
+    )
     opsets = [helper.make_opsetid("", 21), helper.make_opsetid("com.microsoft", 1)]
     weights = run(node, feeds, opsets)[0, L - 1, :L]  # the last query's row
     return np.flatnonzero(weights > 1e-6).tolist()

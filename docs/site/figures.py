@@ -71,7 +71,7 @@ PANELS: tuple[Panel, ...] = (
           {"is_causal": True, "causal_alignment": "bottom_right", "sinks": np.array([1.0])}),
     Panel("weights_v2", "causal + ALiBi slope 1/2", 6, 8,
           {"is_causal": True, "causal_alignment": "bottom_right", "alibi_slopes": np.array([0.5])}),
-)  # fmt: skip
+)
 HEAD_DIM = 16  # D of the heatmaps' query and key
 
 
@@ -351,7 +351,7 @@ def missing_scale_markdown(data: dict[str, Any] | None = None) -> str:
     lines = [head, "|" + "---|" * (len(columns) + 1)]
     for n, D in enumerate(data["D"]):
         cells = [f"{fmt(data[f'{key}_scaled'][n])} / {fmt(data[f'{key}_plain'][n])}"
-                 for _, key, fmt in columns]  # fmt: skip
+                 for _, key, fmt in columns]
         lines.append(f"| {D} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -454,9 +454,9 @@ def memory_wall_plot(data: dict[str, Any]):
     for fw, marker, size in (("jax", "s", 8), ("torch", "^", 6), ("numpy", "o", 5)):
         c = COLOURS[fw]
         ax.loglog(L, data[fw]["plain"] / MiB, "-", marker=marker, ms=size, color=c,
-                  label=f"{NAMES[fw]} plain")  # fmt: skip
+                  label=f"{NAMES[fw]} plain")
         ax.loglog(L, data[fw]["tiled"] / MiB, "--", marker=marker, ms=size, color=c,
-                  mfc="white", label=f"{NAMES[fw]} tiled")  # fmt: skip
+                  mfc="white", label=f"{NAMES[fw]} tiled")
     ax.set_xlabel("sequence length L = S")
     ax.set_ylabel("peak extra memory (MiB)")
     ax.set_xticks(L, [str(x) for x in L])

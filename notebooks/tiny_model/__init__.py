@@ -42,7 +42,7 @@ EMBEDDING_FILE = HERE / "embedding.safetensors"
 CONFIG = dict(
     vocab=32, length=24, half_min=5, half_max=12, d_model=32, n_heads=4, n_kv_heads=2,
     rope_theta=10000.0,
-)  # fmt: skip
+)
 SEED = 0
 
 
