@@ -816,7 +816,7 @@ def paged_flash_attention(
         # block's gather, not every block's (the steps unrolled held all of them: O(P) memory).
         # A block is `width` pages; the last one reads past the sequence's band, masked, its
         # row padded so that no block reads past the table.
-        first, width = blocks[0][0], blocks[0][1] - blocks[0][0]
+        first, width = (blocks[0][0], blocks[0][1] - blocks[0][0]) if blocks else (0, 1)
         row = jnp.pad(block_table[n], (0, width))  # (max_pages + width,)
 
         def block(b, carry, n=n, S=S, L=L, q=q, i=i, at_n=at_n, first=first, width=width,

@@ -21,7 +21,8 @@ Three subsets are left to that command:
   ``custom_vjp``'s two scans: several seconds); here every ``flash_grad`` case runs in float32
   and every ``grad`` case in float32 and float64.
 
-NumPy runs everything.
+NumPy runs everything. JAX's runs in float64, float16 and bfloat16 (the rest of them) are marked
+``slow``: ``make test-slow`` runs them (:data:`IN_TEST_SLOW`).
 """
 
 from __future__ import annotations
@@ -51,6 +52,16 @@ LEFT_TO_THE_CLI += [("jax", f"grad.*.{d}") for d in ("float16", "bfloat16")]
 _PORTS: dict[str, Port] = {}
 
 
+#: JAX's runs in the dtypes other than float32 (and causal_mask's bool): each compiles its own
+#: program, about 430 runs and 75 s of a fresh clone's `make test` on 2 cores (a warm one reads
+#: them from the persistent compilation cache); they run in `make test-slow`, which CI runs too.
+IN_TEST_SLOW = ("jax", ("float64", "float16", "bfloat16"))
+
+
+def _in_test_slow(short: str, run_id: str) -> bool:
+    return short == IN_TEST_SLOW[0] and run_id.rsplit(".", 1)[-1] in IN_TEST_SLOW[1]
+
+
 def _left_out(short: str, run_id: str) -> bool:
     return any(short == s and fnmatch.fnmatchcase(run_id, g) for s, g in LEFT_TO_THE_CLI)
 
@@ -64,8 +75,10 @@ def _params():
             yield pytest.param(short, None, id=f"{short}-import", marks=pytest.mark.skip(reason))
             continue
         for run in runs_for(functions=select_functions(port, None)):
-            if not _left_out(short, run.id):
-                yield pytest.param(short, run, id=f"{short}-{run.id}")
+            if _left_out(short, run.id):
+                continue
+            slow = [pytest.mark.slow] if _in_test_slow(short, run.id) else []
+            yield pytest.param(short, run, id=f"{short}-{run.id}", marks=slow)
 
 
 #: Runs made in this process: the JAX programs they compiled are dropped every RELEASE_EVERY
