@@ -27,7 +27,7 @@ from bench.errors import unsupported_in_own_words
 from bench.frameworks import FRAMEWORKS, JAX, TORCH, Framework, Prepared, _np_dtype
 from bench.rows import Row
 from bench.sharded import prepare_sharded
-from bench.workloads import PAGE_SIZE, Workload
+from bench.workloads import PAGE_SIZE, PAGED_FIXED_BLOCK_K, Workload
 
 __all__ = ["PREPARERS", "prepare"]
 
@@ -242,18 +242,21 @@ def _prepare_paged_decode(row: Row, target: Any, w: Workload, fdevice: str) -> P
     """The project's ``paged_flash_attention`` of one decode step (:func:`paged_inputs`): the
     query and the pools are the timed call's inputs, the block table and lengths bound. Call
     ``paged_decode_fp8``: the pools quantized to ``float8_e4m3fn`` by the framework's own
-    ``quantize_fp8`` (before timing), one descale per key/value head."""
+    ``quantize_fp8`` (before timing), one descale per key/value head. Call
+    ``paged_decode_fixed``: ``block_k=PAGED_FIXED_BLOCK_K`` rather than the default block."""
     fw, host = FRAMEWORKS[row.framework], paged_inputs(w)
     tables = [_to(fw, host[k], None, fdevice) for k in ("block_table", "seq_lens", "cu_seqlens_q")]
     args = [_to(fw, host[k], w.dtype, fdevice) for k in ("query", "key_cache", "value_cache")]
-    descales: dict[str, Any] = {}
+    keywords: dict[str, Any] = {}
+    if row.call == "paged_decode_fixed":
+        keywords["block_k"] = PAGED_FIXED_BLOCK_K
     if row.call == "paged_decode_fp8":
         quantize = importlib.import_module(f"impl_{row.framework}").quantize_fp8
         for i, name in ((1, "k_descale"), (2, "v_descale")):  # (pages, page, K, D): per head
-            args[i], descales[name] = quantize(args[i], "float8_e4m3fn", axes=(0, 1, 3))
+            args[i], keywords[name] = quantize(args[i], "float8_e4m3fn", axes=(0, 1, 3))
 
     def step(query, key_cache, value_cache):  # -> (B, H, E)
-        return target(query, key_cache, value_cache, *tables, **descales)
+        return target(query, key_cache, value_cache, *tables, **keywords)
 
     return fw.prepare(step, args, fdevice, "paged")
 
@@ -469,6 +472,7 @@ PREPARERS: dict[str, Callable[[Row, Any, Workload, str], Prepared]] = {
     "jax_dpa_train": _prepare_jax_dpa_train,
     "paged_decode": _prepare_paged_decode,
     "paged_decode_fp8": _prepare_paged_decode,
+    "paged_decode_fixed": _prepare_paged_decode,
     "contiguous_decode": _prepare_contiguous_decode,
     "varlen": _prepare_varlen,
     "varlen_padded": _prepare_varlen,

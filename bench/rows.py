@@ -45,7 +45,9 @@ the report as "not available" instead of disappearing.
   ``(pages, 16, K, D|E)``, a shuffled block table, ``seq_lens`` and ``cu_seqlens_q``;
   ``paged_decode_fp8``: the same with the pools quantized to ``float8_e4m3fn`` by the
   framework's ``quantize_fp8`` (one descale per key/value head, ``k_descale``/``v_descale
-  (K,)``) and the query as it is;
+  (K,)``) and the query as it is; ``paged_decode_fixed``: the same step with
+  ``block_k=PAGED_FIXED_BLOCK_K`` (8 pages) instead of the default block, whose width follows
+  the sequence up to 2048 keys: its memory column is the tiled read's own, the same at every P;
 - ``contiguous_decode``: the same step through the framework's ``flash_attention`` on the same
   keys padded to the longest sequence, ``(B, K, S_max, D)``, masked by length;
 - ``varlen``: the project's tiled ``varlen_flash_attention`` (each sequence's own blocks, the
@@ -398,10 +400,12 @@ _PAGED = {"workloads": "paged_decode", "variants": ("GQA",), "materializes": Fal
 _VARLEN = {"workloads": "varlen", "variants": ("MHA",), "devices": ("cpu",)}
 
 
-def _paged_rows(fw: str) -> tuple[Row, Row, Row]:
+def _paged_rows(fw: str) -> tuple[Row, Row, Row, Row]:
     """``fw``'s paged decode step (issue 27: within 1.15x the contiguous step at P = 4096,
-    interleaved), the contiguous masked step it is set against, and the fp8 e4m3 cache's step
-    (issue 28) against the bfloat16 cache's, on the bfloat16 workloads."""
+    interleaved), the contiguous masked step it is set against, the same paged step with a
+    fixed 128-key block (issue 27: its extra memory independent of P, at P = 1024 and 8192),
+    and the fp8 e4m3 cache's step (issue 28) against the bfloat16 cache's, on the bfloat16
+    workloads."""
     paged, contiguous = f"{fw} paged decode", f"{fw} contiguous decode"
     goal = Goal("ratio", 1.15, contiguous, on=PAGED_GOAL_WORKLOAD)
     target = f"impl_{fw}.flash:paged_flash_attention"
@@ -409,6 +413,8 @@ def _paged_rows(fw: str) -> tuple[Row, Row, Row]:
         Row(paged, target, "paged_decode", ref=contiguous, goals=(goal,), gate_op="paged_flash",
             **_PAGED),
         Row(contiguous, f"impl_{fw}.{_FLASH}", "contiguous_decode", gate_op="flash", **_PAGED),
+        Row(f"{fw} paged decode 128-key blocks", target, "paged_decode_fixed", ref=paged,
+            gate_op="paged_flash", dtypes=("float32",), **_PAGED),
         Row(f"{fw} paged decode fp8", target, "paged_decode_fp8", ref=paged,
             gate_op="paged_flash", dtypes=("bfloat16",), **_PAGED),
     )

@@ -72,6 +72,7 @@ __all__ = [
     "GRIDS",
     "MLA_GOAL_WORKLOAD",
     "MLA_GQA_GROUP",
+    "PAGED_FIXED_BLOCK_K",
     "PAGED_GOAL_WORKLOAD",
     "PAGE_SIZE",
     "ROLLING_GOAL_WORKLOAD",
@@ -96,6 +97,9 @@ _SHORT = {"float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f1
 
 #: The page size of the paged decode workloads (issue 27: vLLM's default block size).
 PAGE_SIZE = 16
+#: The fixed block of the ``paged_decode_fixed`` rows: 8 pages, shorter than the longest
+#: sequence at every P of the grids, so that every P holds the same block (issue 27's memory).
+PAGED_FIXED_BLOCK_K = 8 * PAGE_SIZE
 #: The varlen prefill's sequence lengths at 8192 tokens (issue 27: 64..2048, total 8192).
 _VARLEN_PROFILE = (64, 128, 256, 576, 1024, 2048, 2048, 2048)
 

@@ -14,6 +14,7 @@ from bench.report import _cache_note, fmt_bytes
 from bench.rows import ROWS, row_by_name
 from bench.workloads import (
     PAGE_SIZE,
+    PAGED_FIXED_BLOCK_K,
     PAGED_GOAL_WORKLOAD,
     VARLEN_GOAL_WORKLOAD,
     Workload,
@@ -35,14 +36,18 @@ def test_the_rows_their_refs_gates_and_goals():
             row_by_name(f"{fw} contiguous decode"),
         )
         fp8 = row_by_name(f"{fw} paged decode fp8")
+        fixed = row_by_name(f"{fw} paged decode 128-key blocks")
         varlen, padded = row_by_name(f"{fw} varlen"), row_by_name(f"{fw} varlen padded")
-        assert paged.target == fp8.target == f"impl_{fw}.flash:paged_flash_attention"
+        tiled_paged = f"impl_{fw}.flash:paged_flash_attention"
+        assert paged.target == fp8.target == fixed.target == tiled_paged
         assert contiguous.target == f"impl_{fw}.flash:flash_attention"
         assert varlen.target == f"impl_{fw}.varlen:varlen_flash_attention"
         assert padded.target == f"impl_{fw}.functional:scaled_dot_product_attention"
-        assert (paged.ref, fp8.ref, varlen.ref) == (contiguous.name, paged.name, padded.name)
-        gates = [(r.gate_port, r.gate_alias) for r in (paged, contiguous, fp8, varlen, padded)]
-        ops = ("paged_flash", "flash", "paged_flash", "varlen_flash", "sdpa")
+        assert (paged.ref, fp8.ref, fixed.ref, varlen.ref) == (
+            contiguous.name, paged.name, paged.name, padded.name)
+        rows = (paged, contiguous, fp8, fixed, varlen, padded)
+        gates = [(r.gate_port, r.gate_alias) for r in rows]
+        ops = ("paged_flash", "flash", "paged_flash", "paged_flash", "varlen_flash", "sdpa")
         assert gates == [(f"impl_{fw}", op) for op in ops]
         (g,) = paged.goals
         assert (g.kind, g.limit, g.ref, g.on) == ("ratio", 1.15, contiguous.name,
@@ -55,12 +60,32 @@ def test_the_rows_their_refs_gates_and_goals():
         bf16 = Workload("paged_decode", 8, 8, 2, 1, 1025, 64, 64, dtype="bfloat16")
         f32 = Workload("paged_decode", 8, 8, 2, 1, 1025, 64, 64)
         assert fp8.applies_to(bf16) and not fp8.applies_to(f32)
+        assert fixed.applies_to(f32) and not fixed.applies_to(bf16)  # float32 only: memory
         assert paged.applies_to(bf16) and paged.applies_to(f32)
     paged_rows = {r.name for r in ROWS if r.workloads == "paged_decode"}
-    assert len(paged_rows) == 9 + 4  # the three packages' three, the two kernel ports' two
+    assert len(paged_rows) == 12 + 4  # the three packages' four, the two kernel ports' two
     for r in ROWS:  # only the paged rows take the paged workloads, only varlen's the varlen ones
-        assert r.applies_to(PAGED_GOAL_WORKLOAD) == (r.name in paged_rows and r.dtypes is None)
+        takes_f32 = r.dtypes in (None, ("float32",))
+        assert r.applies_to(PAGED_GOAL_WORKLOAD) == (r.name in paged_rows and takes_f32)
         assert r.applies_to(VARLEN_GOAL_WORKLOAD) == (r.workloads == "varlen")
+
+
+def test_the_fixed_block_row_reads_8_pages_a_block_and_the_default_row_the_default():
+    """The 128-key rows' memory is the tiled read's at a fixed block (issue 27: the same at
+    every P): the step passes ``block_k=PAGED_FIXED_BLOCK_K``, 8 pages, shorter than every
+    grid's longest sequence; the goal row passes no ``block_k``."""
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(kwargs)
+        return args[0]
+
+    assert PAGED_FIXED_BLOCK_K == 8 * PAGE_SIZE
+    for w in (w for g in ("quick", "full") for w in grid("cpu", g) if w.op == "paged_decode"):
+        assert max(w.lengths) > PAGED_FIXED_BLOCK_K, w.id
+    for name in ("numpy paged decode 128-key blocks", "numpy paged decode"):
+        preparers._prepare_paged_decode(row_by_name(name), spy, _WP, "cpu").call()
+    assert seen == [{"block_k": PAGED_FIXED_BLOCK_K}, {}]
 
 
 def test_the_workloads_lengths_and_grids():
@@ -135,7 +160,8 @@ def test_the_timed_calls_are_the_float64_oracle(fw):
     are the packed call's."""
     pytest.importorskip(fw)
     host = preparers.paged_inputs(_WP)
-    for name in (f"{fw} paged decode", f"{fw} contiguous decode"):
+    for name in (f"{fw} paged decode", f"{fw} contiguous decode",
+                 f"{fw} paged decode 128-key blocks"):
         p = preparers.prepare(row_by_name(name), _WP, "cpu")
         golden = _oracle_paged(host, host["query"], host["key_cache"], host["value_cache"])
         assert_within_bound(to_np(p.call()).reshape(golden.shape), golden, golden, "float32")
