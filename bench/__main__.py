@@ -17,16 +17,15 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from bench.devices import configure_environment, cpu_snapshot
-from bench.gate import GateCache, run_gates
+from bench.gate import GateCache, gates_only
 from bench.plan import GRID_TIMING, Plan, make_plan
-from bench.report import REPORT_WIDTH, gate_line, render_gates, write_report
+from bench.report import REPORT_WIDTH, write_report
 
 __all__ = ["main"]
 
@@ -57,30 +56,6 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), extra
 
 
-def _gates_only(plan: Plan, args: argparse.Namespace, console: Any) -> int:
-    """``--gates-only``: one line per gate as it finishes (``gates.json`` rewritten each time,
-    so a killed run leaves what it had), then the table."""
-    from rich.markup import escape
-
-    out = args.out
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    done: list[dict] = []
-
-    def on_result(g: dict) -> None:
-        done.append(g)
-        console.print(escape(gate_line(g)))
-        if out is not None:
-            (out / "gates.json").write_text(json.dumps(done, indent=1))
-
-    deadline = time.monotonic() + args.budget_s if args.budget_s is not None else None
-    results = run_gates(plan.device, plan.rows, on_result=on_result, deadline=deadline)
-    render_gates(results, plan.device, console)
-    if out is not None:
-        console.print(f"gates: {out / 'gates.json'}")
-    return 1 if any(g["status"] in ("failed", "error", "not run") for g in results) else 0
-
-
 def _list(plan: Plan, console: Any) -> int:
     """``--list``: every case of the plan, and why it will not run where it will not."""
     from rich.markup import escape
@@ -106,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
         console.print(f"[red]{escape(str(e))}[/red]")
         return 2
     if args.gates_only:
-        return _gates_only(plan, args, console)
+        return gates_only(plan.device, plan.rows, args.out, args.budget_s, console)
     if args.list:
         return _list(plan, console)
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.devices import peak_key
+from bench.gate import gate_text
 from bench.rows import ROWS, Row
 from bench.sharded import USP_SIZES, sent_bytes
 from bench.workloads import MLA_GQA_GROUP, SHARDS, Workload
@@ -45,14 +46,11 @@ __all__ = [
     "evaluate_goals",
     "fmt_bytes",
     "fmt_seconds",
-    "gate_line",
-    "gate_text",
     "goal_measured",
     "load_results",
     "memory_text",
     "mla_cache_text",
     "render",
-    "render_gates",
     "time_spent",
     "write_report",
 ]
@@ -85,26 +83,6 @@ def fmt_bytes(n: int | None) -> str:
         if abs(n) >= scale:
             return f"{n / scale:.3g} {unit}"
     return f"{n} B"
-
-
-def gate_text(gate: dict) -> str:
-    """The table's gate cell from a gate dict: ``8/8 ok`` (``4/6 ok`` when 2 were unsupported),
-    ``FAIL 3/8``, ``unsupported``, ``error``, ``ungated``."""
-    status = gate["status"]
-    if status == "passed":
-        n_ok = gate["n_run"] - gate.get("n_unsupported", 0)
-        return f"{n_ok}/{gate['n_run']} ok"
-    if status == "failed":
-        return f"FAIL {gate['n_failed']}/{gate['n_run']}"
-    return {"skipped": "ungated", "unsupported": "unsupported", "not run": "not run"}.get(
-        status, "error"
-    )
-
-
-def gate_line(gate: dict) -> str:
-    """``--gates-only``'s line for a finished gate: ``  8/8 ok  impl_numpy sdpa  (1.2 s)``."""
-    pin = gate["pin"] or ""
-    return f"{gate_text(gate):>12}  {gate['port']} {gate['op']} {pin} ({gate['seconds']:.1f} s)"
 
 
 def memory_text(g: dict) -> str:
@@ -528,25 +506,6 @@ def write_report(results: dict, out_dir: Path, console: Any) -> None:
     render(results, recorded)
     (out_dir / "report.txt").write_text(recorded.export_text())
     render(results, console)
-
-
-def render_gates(gates: list[dict], device: str, console: Any) -> None:
-    """Print ``--gates-only``'s table: one line per gate (``gate.run_gates``) to ``console``."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=f"correctness gates on {device} (IEEE float32 matmuls)", title_justify="left")
-    for col in ("port", "op", "pin", "device", "gate", "s", "rows", "detail"):
-        t.add_column(col)
-    for g in gates:
-        style = {"passed": "green", "unsupported": "dim"}.get(g["status"], "red")
-        cell = gate_text(g)
-        t.add_row(
-            escape(g["port"]), g["op"], g["pin"] or "", g["device"],
-            f"[{style}]{escape(cell)}[/]", f"{g['seconds']:.1f}",
-            escape(", ".join(g["rows"])), escape(g["detail"][:200]),
-        )
-    console.print(t)
 
 
 def time_spent(results: dict, longest: int = 5) -> str:
