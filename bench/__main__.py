@@ -20,11 +20,10 @@ import datetime as dt
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 from bench.devices import configure_environment, cpu_snapshot
 from bench.gate import GateCache, gates_only
-from bench.plan import GRID_TIMING, Plan, make_plan
+from bench.plan import GRID_TIMING, make_plan
 from bench.report import REPORT_WIDTH, write_report
 
 __all__ = ["main"]
@@ -56,16 +55,6 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), extra
 
 
-def _list(plan: Plan, console: Any) -> int:
-    """``--list``: every case of the plan, and why it will not run where it will not."""
-    from rich.markup import escape
-
-    for c in plan.all_cases:
-        note = f"{c.skip[0]}: {c.skip[1]}" if c.skip else ""
-        console.print(escape(c.id), f"[dim]{escape(note)}[/dim]")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args, extra = _parse(sys.argv[1:] if argv is None else argv)
     configure_environment()  # before JAX starts: XLA's memory settings; out of xdist
@@ -82,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if args.gates_only:
         return gates_only(plan.device, plan.rows, args.out, args.budget_s, console)
-    if args.list:
-        return _list(plan, console)
+    if args.list:  # every case of the plan, and why it will not run where it will not
+        for c in plan.all_cases:
+            note = f"{c.skip[0]}: {c.skip[1]}" if c.skip else ""
+            console.print(escape(c.id), f"[dim]{escape(note)}[/dim]")
+        return 0
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out_dir = args.out or REPO / "results" / f"bench-{stamp}-{plan.device}-{args.grid}"
     out_dir.mkdir(parents=True, exist_ok=True)
