@@ -21,10 +21,11 @@ import sys
 import time
 from pathlib import Path
 
-from bench.devices import configure_environment, cpu_snapshot
+from bench.devices import configure_environment, cpu_snapshot, resolve
 from bench.gate import GateCache, gates_only
 from bench.plan import GRID_TIMING, make_plan
 from bench.report import REPORT_WIDTH, write_report
+from bench.workloads import grid
 
 __all__ = ["main"]
 
@@ -64,25 +65,27 @@ def main(argv: list[str] | None = None) -> int:
     # a terminal gets its own width; a log or pipe gets one wide enough for the table
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else REPORT_WIDTH)
     t0, cpu0 = time.perf_counter(), cpu_snapshot()
-    try:
-        plan = make_plan(args.device, args.grid, rows=args.rows, tf32=args.tf32)
+    try:  # the machine, its grid's workloads, then the plan of this run
+        machine = resolve(args.device, tf32=args.tf32)
+        workloads = grid(machine.device, args.grid)
+        plan = make_plan(machine, args.grid, workloads, rows=args.rows)
     except (RuntimeError, ValueError) as e:  # no such device here, no such grid
         console.print(f"[red]{escape(str(e))}[/red]")
         return 2
     if args.gates_only:
-        return gates_only(plan.device, plan.rows, args.out, args.budget_s, console)
+        return gates_only(machine, plan.rows, args.out, args.budget_s, console)
     if args.list:  # every case of the plan, and why it will not run where it will not
         for c in plan.all_cases:
             note = f"{c.skip[0]}: {c.skip[1]}" if c.skip else ""
             console.print(escape(c.id), f"[dim]{escape(note)}[/dim]")
         return 0
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = args.out or REPO / "results" / f"bench-{stamp}-{plan.device}-{args.grid}"
+    out_dir = args.out or REPO / "results" / f"bench-{stamp}-{machine.device}-{args.grid}"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_run = sum(c.skip is None for c in plan.cases)
     n_goals = sum(c.skip is None for c in plan.goal_cases)
     console.print(
-        f"[bold]Rosetta Attention bench[/bold]: device {plan.device}, grid {args.grid}, "
+        f"[bold]Rosetta Attention bench[/bold]: device {machine.device}, grid {args.grid}, "
         f"{len(plan.cases)} cases ({n_run} to run), {n_goals} goals timed interleaved, "
         f"results in {out_dir}"
     )

@@ -38,7 +38,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from bench.devices import framework_device, peak_key
+from bench.devices import Machine
 from bench.errors import UNSUPPORTED
 
 __all__ = [
@@ -281,28 +281,27 @@ class GateCache:
 
 
 def run_gates(
-    device: str,
+    machine: Machine,
     rows: tuple[Any, ...],
     gates: GateCache | None = None,
     *,
     on_result: Callable[[dict], None] | None = None,
     deadline: float | None = None,
 ) -> list[dict]:
-    """Every distinct gate of ``rows`` (``bench.rows.Row``) on ``device`` (rows meant for it,
-    whose framework runs there and whose code exists), each once; returns the gate dicts with
-    the rows they cover. ``on_result`` sees each as it finishes; past ``deadline``
+    """Every distinct gate of ``rows`` (``bench.rows.Row``) on ``machine`` (rows meant for its
+    device, whose framework runs there and whose code exists), each once; returns the gate
+    dicts with the rows they cover. ``on_result`` sees each as it finishes; past ``deadline``
     (``time.monotonic()``) the rest are ``not run``."""
     gates = gates or GateCache()
     covered: dict[tuple, list[str]] = {}
     for row in rows:
-        fdev = framework_device(row.framework, device)
-        if device not in row.devices or fdev is None:
+        if machine.device not in row.devices or machine.fdevices.get(row.framework) is None:
             continue
         try:
             row.resolve()
         except Exception:  # a missing row has no gate to run
             continue
-        key = (row.gate_port, row.gate_alias, peak_key(fdev), row.gate_pin)
+        key = (row.gate_port, row.gate_alias, machine.classes[row.framework], row.gate_pin)
         covered.setdefault(key, []).append(row.name)
     out = []
     for key, names in covered.items():
@@ -320,13 +319,13 @@ def run_gates(
 
 
 def gates_only(
-    device: str,
+    machine: Machine,
     rows: tuple[Any, ...],
     out: Path | None,
     budget_s: float | None,
     console: Any,
 ) -> int:
-    """``python -m bench --gates-only``: every gate of ``rows`` on ``device``, one line per
+    """``python -m bench --gates-only``: every gate of ``rows`` on ``machine``, one line per
     gate as it finishes (``out/gates.json`` rewritten each time, so a killed run leaves what it
     had), then the table (:func:`render_gates`). No gate starts after ``budget_s`` seconds.
     Returns the exit status: 1 when a gate failed, raised or was not run, else 0."""
@@ -343,8 +342,8 @@ def gates_only(
             (out / "gates.json").write_text(json.dumps(done, indent=1))
 
     deadline = time.monotonic() + budget_s if budget_s is not None else None
-    results = run_gates(device, rows, on_result=on_result, deadline=deadline)
-    render_gates(results, device, console)
+    results = run_gates(machine, rows, on_result=on_result, deadline=deadline)
+    render_gates(results, machine.device, console)
     if out is not None:
         console.print(f"gates: {out / 'gates.json'}")
     return 1 if any(g["status"] in ("failed", "error", "not run") for g in results) else 0

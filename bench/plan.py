@@ -1,12 +1,13 @@
 """The plan of a run: which cases it has, in which order, and which of them cannot run.
 
-:func:`make_plan` resolves the device, takes the grid's workloads (``bench/workloads.py``) and
-the chosen rows (``bench/rows.py``), and crosses them into cases (:func:`build_cases`): each
-framework's peak matmuls first, then workload by workload; then one case per performance goal
-whose two calls the run has (:func:`build_goal_cases`). A case that cannot run carries its
-``skip`` (status, reason), decided here before anything is run: a row whose code does not
-exist yet (``n/a``), a framework that cannot run on the device (``n/a``), a workload that does
-not fit in memory or that a host row does not run on an accelerator (``skipped``).
+:func:`make_plan` takes the run's machine (``bench/devices.py``, resolved) and its grid's
+workloads (``bench/workloads.py``), chooses the rows (``bench/rows.py``), and crosses them into
+cases (:func:`build_cases`): each framework's peak matmuls first, then workload by workload;
+then one case per performance goal whose two calls the run has (:func:`build_goal_cases`). A
+case that cannot run carries its ``skip`` (status, reason), decided here before anything is
+run: a row whose code does not exist yet (``n/a``), a framework that cannot run on the device
+(``n/a``), a workload that does not fit in memory or that a host row does not run on an
+accelerator (``skipped``).
 
 Nothing here imports pytest or runs a row: ``python -m bench --list`` prints a plan, and
 ``bench/session.py`` runs one under pytest.
@@ -19,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench import goals
-from bench.devices import framework_device, memory_budgets, peak_key, resolve_device
+from bench.devices import FRAMEWORKS, Machine
 from bench.peak import PEAK_N
 from bench.rows import ROWS, Goal, Row
-from bench.workloads import Workload, grid
+from bench.workloads import Workload
 
 __all__ = [
     "GRID_TIMING",
@@ -56,7 +57,6 @@ HOST_LIMIT = 4096 * 4096
 #: On an accelerator run, the project's rows (Python-level tiling and plain tensor code, not
 #: kernels) stop at this L * S; the frameworks' kernels go on to the longest lengths.
 IMPL_ACCEL_LIMIT = 32768 * 32768
-_FRAMEWORKS = ("numpy", "torch", "jax")
 
 
 @dataclass
@@ -79,19 +79,17 @@ class Case:
 
 @dataclass
 class Plan:
-    """What one run does: its cases and goal cases, on ``device`` (resolved), and how the goals
-    are timed (``goals.interleave``: at least 5 rounds, the shortest sample, the seconds after
-    which no round beyond the fifth starts, the pause before each sample of a goal whose two
-    rows are different frameworks'). ``tf32``: the run's ``--tf32`` (the float32 peak's
-    precision)."""
+    """What one run does: its cases and goal cases on ``machine`` (``devices.resolve``), and
+    how the goals are timed (``goals.interleave``: at least 5 rounds, the shortest sample, the
+    seconds after which no round beyond the fifth starts, the pause before each sample of a goal
+    whose two rows are different frameworks')."""
 
-    device: str
+    machine: Machine
     grid: str
     workloads: list[Workload]
     rows: tuple[Row, ...]
     cases: list[Case] = field(default_factory=list)
     goal_cases: list[Case] = field(default_factory=list)
-    tf32: str = "default"
     goal_rounds: int = goals.MIN_ROUNDS
     goal_sample_s: float = 0.005
     goal_max_s: float | None = None
@@ -103,22 +101,20 @@ class Plan:
         return self.cases + self.goal_cases
 
 
-def make_plan(device: str, grid_name: str, *, rows: str = "", tf32: str = "default") -> Plan:
-    """The plan of ``python -m bench --device device --grid grid_name --rows rows``.
-
-    Raises ValueError for an unknown device or grid, RuntimeError for a device not present."""
-    resolved = resolve_device(device)
-    workloads = grid(resolved, grid_name)
+def make_plan(
+    machine: Machine, grid_name: str, workloads: list[Workload], *, rows: str = ""
+) -> Plan:
+    """The plan of ``python -m bench --grid grid_name --rows rows`` on ``machine``;
+    ``workloads``: the grid's (``workloads.grid``)."""
     chosen = select_rows(rows)
     timing: dict[str, Any] = GRID_TIMING.get(grid_name, {})
     return Plan(
-        resolved,
+        machine,
         grid_name,
         workloads,
         chosen,
-        build_cases(resolved, workloads, chosen, memory_bytes=memory_budgets(resolved)),
-        build_goal_cases(resolved, workloads, chosen),
-        tf32=tf32,
+        build_cases(machine, workloads, chosen),
+        build_goal_cases(machine, workloads, chosen),
         goal_rounds=timing.get("goal_rounds", goals.MIN_ROUNDS),
         goal_sample_s=timing.get("goal_sample_s", 0.005),
         goal_max_s=timing.get("goal_max_s"),
@@ -166,31 +162,30 @@ def _resolve_error(row: Row) -> str | None:
 
 
 def build_cases(
-    device: str,
+    machine: Machine,
     workloads: list[Workload],
     rows: tuple[Row, ...] = ROWS,
     *,
-    fdevice_of: Callable[[str, str], str | None] = framework_device,
-    memory_bytes: int | dict[str, int | None] | None = None,
     resolve_error: Callable[[Row], str | None] = _resolve_error,
 ) -> list[Case]:
     """All cases of a run, framework by framework (numpy, torch, jax), each framework's peak
     matmuls first, then workload by workload. Cases that cannot run carry ``skip``.
 
-    Rows not meant for ``device`` (``row.devices``) are left out; rows whose code is missing
-    get one ``n/a`` case per workload so the report shows them. ``memory_bytes``: what a
-    workload may use, one number or one per framework (``devices.memory_budgets``: JAX on a
-    GPU is held to XLA's own limit, not to what torch sees free).
+    Rows not meant for the machine's device (``row.devices``) are left out; rows whose code is
+    missing get one ``n/a`` case per workload so the report shows them. A workload may use what
+    its framework may (``machine.memory``: JAX on a GPU is held to XLA's own limit, not to what
+    torch sees free).
     """
+    device = machine.device
     dtypes = sorted({w.dtype for w in workloads}, key=["float32", "bfloat16", "float16"].index)
     cases: list[Case] = []
-    for fw in _FRAMEWORKS:
-        fdev = fdevice_of(fw, device)
-        budget = memory_bytes.get(fw) if isinstance(memory_bytes, dict) else memory_bytes
+    for fw in FRAMEWORKS:
+        fdev = machine.fdevices.get(fw)
+        budget = machine.memory.get(fw)
         fw_rows = [r for r in rows if r.framework == fw and device in r.devices]
         if fdev is not None and fw_rows:
             for dt in dtypes if fw != "numpy" else ["float32"]:
-                n = PEAK_N[peak_key(fdev)]
+                n = PEAK_N[machine.classes[fw]]
                 cid = _case_id("peak", fw, dt, str(n))
                 cases.append(Case(cid, "peak", fw, fdev, dtype=dt, n=n))
         missing = {r.name: resolve_error(r) for r in fw_rows}
@@ -219,17 +214,16 @@ def build_cases(
 
 
 def build_goal_cases(
-    device: str,
+    machine: Machine,
     workloads: list[Workload],
     rows: tuple[Row, ...] = ROWS,
     *,
-    fdevice_of: Callable[[str, str], str | None] = framework_device,
     resolve_error: Callable[[Row], str | None] = _resolve_error,
 ) -> list[Case]:
     """One case per performance goal whose two calls this run has: both rows selected, the
     goal's workloads in the grid (``Goal.runs_in``: the L = S = 8192 window and memory goals
     are the full grid's), and a CPU run (the goals are stated for CPU float32)."""
-    if device != "cpu":
+    if machine.device != "cpu":
         return []
     by_name = {r.name: r for r in rows}
     cases = []
@@ -244,7 +238,7 @@ def build_goal_cases(
             # are the full grid's), and the run must have both rows
             if not goal.runs_in(workloads) or any(r is None for r, _ in pair):
                 continue
-            full = tuple((r, wl, fdevice_of(r.framework, device)) for r, wl in pair)
+            full = tuple((r, wl, machine.fdevices.get(r.framework)) for r, wl in pair)
             missing = [e for e in (resolve_error(r) for r, _ in pair) if e]
             skip = ("n/a", missing[0]) if missing else None
             cid = _case_id("goal", row.name, goal.text())

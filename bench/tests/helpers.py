@@ -8,11 +8,12 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from bench.devices import FRAMEWORKS, Machine
 from bench.gate import GateCache
-from bench.plan import Plan, build_cases
+from bench.plan import Case, Plan, build_cases, build_goal_cases
 from bench.records import Record
 from bench.report import build_results
-from bench.rows import ROWS, row_by_name
+from bench.rows import ROWS, Row, row_by_name
 from bench.session import BenchSession
 from bench.workloads import GOAL_WORKLOAD, Workload
 from conformance.oracle import assert_within
@@ -26,11 +27,21 @@ def fake_gpu(fw: str, device: str) -> str | None:
     return {"numpy": "cpu", "torch": "cuda", "jax": "gpu"}[fw] if device == "cuda" else "cpu"
 
 
+def machine(device: str = "cpu", memory=None, tf32: str = "default") -> Machine:
+    """A machine of ``device`` with :func:`fake_gpu`'s framework devices, nothing measured;
+    ``memory``: every framework's budget, or one per framework."""
+    budgets = memory if isinstance(memory, dict) else dict.fromkeys(FRAMEWORKS, memory)
+    return Machine(device, {fw: fake_gpu(fw, device) for fw in FRAMEWORKS}, budgets, tf32)
+
+
 def plan(device, workloads, rows=ROWS, memory=None):
-    return build_cases(
-        device, workloads, rows, fdevice_of=fake_gpu, memory_bytes=memory,
-        resolve_error=lambda r: None,
-    )
+    return build_cases(machine(device, memory), workloads, rows, resolve_error=lambda r: None)
+
+
+def goal_cases(device: str, workloads: list[Workload], rows: tuple[Row, ...] = ROWS,
+               **kw) -> list[Case]:
+    """The goal cases of a run whose grid is ``workloads``."""
+    return build_goal_cases(machine(device), workloads, rows, **kw)
 
 
 def stub(ok, n_run, failures=(), raises=None, seen=None):
@@ -83,8 +94,8 @@ class FakeBenchmark:
 def session_of(quick_check, workload, name="numpy sdpa", **plan_options):
     """A session of one row's cases on ``workload`` (no goals), gated by ``quick_check``."""
     row = row_by_name(name)
-    cases = build_cases("cpu", [workload], (row,), fdevice_of=fake_gpu)
-    plan = Plan("cpu", "test", [workload], (row,), cases, **plan_options)
+    cases = build_cases(machine("cpu"), [workload], (row,))
+    plan = Plan(machine("cpu"), "test", [workload], (row,), cases, **plan_options)
     return BenchSession(plan, gates=GateCache(quick_check=quick_check))
 
 
