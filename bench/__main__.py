@@ -25,7 +25,7 @@ from bench.devices import configure_environment, cpu_snapshot, resolve
 from bench.gate import GateCache, gates_only
 from bench.plan import GRID_TIMING, make_plan
 from bench.report import REPORT_WIDTH, write_report
-from bench.workloads import grid
+from bench.workloads import grids
 
 __all__ = ["main"]
 
@@ -65,9 +65,9 @@ def main(argv: list[str] | None = None) -> int:
     # a terminal gets its own width; a log or pipe gets one wide enough for the table
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else REPORT_WIDTH)
     t0, cpu0 = time.perf_counter(), cpu_snapshot()
-    try:  # the machine, its grid's workloads, then the plan of this run
+    try:  # the machine, the grids of its device, then the plan of this run
         machine = resolve(args.device, tf32=args.tf32)
-        workloads = grid(machine.device, args.grid)
+        workloads = grids(machine.device, args.grid)
         plan = make_plan(machine, args.grid, workloads, rows=args.rows)
     except (RuntimeError, ValueError) as e:  # no such device here, no such grid
         console.print(f"[red]{escape(str(e))}[/red]")

@@ -22,12 +22,12 @@ def _session(config: pytest.Config) -> BenchSession:
         from bench.devices import configure_environment, resolve
         from bench.gate import GateCache
         from bench.plan import make_plan
-        from bench.workloads import grid
+        from bench.workloads import grids
 
         configure_environment(own_session=False)
         machine = resolve(config.getoption("--bench-device"))
         grid_name = config.getoption("--bench-grid")
-        plan = make_plan(machine, grid_name, grid(machine.device, grid_name),
+        plan = make_plan(machine, grid_name, grids(machine.device, grid_name),
                          rows=config.getoption("--bench-rows"))
         gates = GateCache(skip=config.getoption("--bench-skip-gate"))
         config.stash[SESSION_KEY] = BenchSession(plan, gates=gates)

@@ -1,16 +1,18 @@
 """The plan of a run: which cases it has, in which order, and which of them cannot run.
 
-:func:`make_plan` takes the run's machine (``bench/devices.py``, resolved) and its grid's
-workloads (``bench/workloads.py``), chooses the rows (``bench/rows.py``), and crosses them into
-cases (:func:`build_cases`): each framework's peak matmuls first, then workload by workload;
-then one case per performance goal whose two calls the run has (:func:`build_goal_cases`). A
-case that cannot run carries its ``skip`` (status, reason), decided here before anything is
-run: a row whose code does not exist yet (``n/a``), a framework that cannot run on the device
-(``n/a``), a workload that does not fit in memory or that a host row does not run on an
-accelerator (``skipped``).
+:func:`make_plan` takes the run's machine (``bench/devices.py``, resolved), the grids of its
+device (``bench/workloads.py``) and the ``--rows`` it was given; it chooses the rows
+(``bench/rows.py``, :func:`select_rows`) and crosses them with its grid's workloads into cases
+(:func:`build_cases`): each framework's peak matmuls first, then workload by workload. Then it
+resolves each goal of those rows once (:func:`build_goals`): its two calls' workloads, how it
+reads, which other grid runs it when this one does not, and its case when the run has both of
+its calls. A case that cannot run carries its ``skip`` (status, reason), decided here before
+anything is run: a row whose code does not exist yet (``n/a``), a framework that cannot run on
+the device (``n/a``), a workload that does not fit in memory or that a host row does not run on
+an accelerator (``skipped``).
 
-Nothing here imports pytest or runs a row: ``python -m bench --list`` prints a plan, and
-``bench/session.py`` runs one under pytest.
+Nothing here imports pytest or runs a row: ``python -m bench --list`` prints a plan,
+``bench/session.py`` runs one under pytest, and ``bench/report.py`` states its goals.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import goals
 from bench.devices import FRAMEWORKS, Machine
+from bench.goals import MIN_ROUNDS, SETTLE_S
 from bench.peak import PEAK_N
 from bench.rows import ROWS, Goal, Row
 from bench.workloads import Workload
@@ -31,8 +33,9 @@ __all__ = [
     "IMPL_ACCEL_LIMIT",
     "Case",
     "Plan",
+    "PlannedGoal",
     "build_cases",
-    "build_goal_cases",
+    "build_goals",
     "estimate_bytes",
     "make_plan",
     "select_rows",
@@ -43,9 +46,9 @@ __all__ = [
 #: of a goal across two frameworks (``bench/goals.py``; the small grids skip the pause).
 GRID_TIMING = {
     "quick": {"max_time": 0.25, "min_rounds": 3, "goal_rounds": 9, "goal_sample_s": 0.005,
-              "goal_max_s": 10.0, "goal_settle_s": goals.SETTLE_S},
+              "goal_max_s": 10.0, "goal_settle_s": SETTLE_S},
     "full": {"max_time": 1.0, "min_rounds": 5, "goal_rounds": 21, "goal_sample_s": 0.02,
-             "goal_max_s": 60.0, "goal_settle_s": goals.SETTLE_S},
+             "goal_max_s": 60.0, "goal_settle_s": SETTLE_S},
     "small": {"max_time": 0.05, "min_rounds": 3, "goal_rounds": 5, "goal_sample_s": 0.005,
               "goal_max_s": 5.0},
     "smoke": {"max_time": 0.01, "min_rounds": 2, "goal_rounds": 5, "goal_sample_s": 0.001,
@@ -77,12 +80,34 @@ class Case:
     pair: tuple[tuple[Row, Workload, str | None], ...] = ()  # (row, workload, fdevice) A, B
 
 
+@dataclass(frozen=True)
+class PlannedGoal:
+    """One performance goal of the run's rows, resolved once: what the session times and the
+    report states.
+
+    ``workload`` is its first call's, ``baseline`` its second call's (``Goal.baseline``: the
+    non-causal twin, the causal run without the window, the rolling step at P = 1024, else the
+    goal's own workload, run by ``goal.ref``); ``elsewhere``: the device's other grids that run
+    it when this run's grid does not (``Goal.runs_in``); ``case``: its case when this run times
+    it (a CPU run whose grid holds its workloads and which has both of its rows).
+    """
+
+    row: Row
+    goal: Goal
+    text: str
+    workload: Workload
+    baseline: Workload
+    elsewhere: tuple[str, ...] = ()
+    case: Case | None = None
+
+
 @dataclass
 class Plan:
-    """What one run does: its cases and goal cases on ``machine`` (``devices.resolve``), and
-    how the goals are timed (``goals.interleave``: at least 5 rounds, the shortest sample, the
-    seconds after which no round beyond the fifth starts, the pause before each sample of a goal
-    whose two rows are different frameworks')."""
+    """What one run does: its cases and goal cases on ``machine`` (``devices.resolve``), every
+    goal of its rows (:class:`PlannedGoal`), and how the goals are timed
+    (``goals.interleave``: at least 5 rounds, the shortest sample, the seconds after which no
+    round beyond the fifth starts, the pause before each sample of a goal whose two rows are
+    different frameworks')."""
 
     machine: Machine
     grid: str
@@ -90,7 +115,8 @@ class Plan:
     rows: tuple[Row, ...]
     cases: list[Case] = field(default_factory=list)
     goal_cases: list[Case] = field(default_factory=list)
-    goal_rounds: int = goals.MIN_ROUNDS
+    goals: list[PlannedGoal] = field(default_factory=list)
+    goal_rounds: int = MIN_ROUNDS
     goal_sample_s: float = 0.005
     goal_max_s: float | None = None
     goal_settle_s: float = 0.0
@@ -102,20 +128,24 @@ class Plan:
 
 
 def make_plan(
-    machine: Machine, grid_name: str, workloads: list[Workload], *, rows: str = ""
+    machine: Machine, grid_name: str, grids: dict[str, list[Workload]], *, rows: str = ""
 ) -> Plan:
     """The plan of ``python -m bench --grid grid_name --rows rows`` on ``machine``;
-    ``workloads``: the grid's (``workloads.grid``)."""
+    ``grids``: every grid of its device (``workloads.grids``), ``grid_name`` among them."""
     chosen = select_rows(rows)
+    workloads = grids[grid_name]
+    cases = build_cases(machine, workloads, chosen)
+    planned = build_goals(machine, grid_name, grids, chosen)
     timing: dict[str, Any] = GRID_TIMING.get(grid_name, {})
     return Plan(
         machine,
         grid_name,
         workloads,
         chosen,
-        build_cases(machine, workloads, chosen),
-        build_goal_cases(machine, workloads, chosen),
-        goal_rounds=timing.get("goal_rounds", goals.MIN_ROUNDS),
+        cases,
+        [g.case for g in planned if g.case is not None],
+        planned,
+        goal_rounds=timing.get("goal_rounds", MIN_ROUNDS),
         goal_sample_s=timing.get("goal_sample_s", 0.005),
         goal_max_s=timing.get("goal_max_s"),
         goal_settle_s=timing.get("goal_settle_s", 0.0),
@@ -213,35 +243,38 @@ def build_cases(
     return cases
 
 
-def build_goal_cases(
+def build_goals(
     machine: Machine,
-    workloads: list[Workload],
+    grid_name: str,
+    grids: dict[str, list[Workload]],
     rows: tuple[Row, ...] = ROWS,
     *,
     resolve_error: Callable[[Row], str | None] = _resolve_error,
-) -> list[Case]:
-    """One case per performance goal whose two calls this run has: both rows selected, the
-    goal's workloads in the grid (``Goal.runs_in``: the L = S = 8192 window and memory goals
-    are the full grid's), and a CPU run (the goals are stated for CPU float32)."""
-    if machine.device != "cpu":
-        return []
+) -> list[PlannedGoal]:
+    """Every goal of ``rows``, resolved (:class:`PlannedGoal`), with its case where this run
+    times it: a CPU run (the goals are stated for CPU float32) whose grid ``grid_name`` holds
+    the goal's workloads (``Goal.runs_in``: the L = S = 8192 window and memory goals are the
+    full grid's) and which has both of its rows."""
     by_name = {r.name: r for r in rows}
-    cases = []
+    here = grids[grid_name]
+    planned = []
     for row in rows:
         for goal in row.goals:
-            w = goal.workload()
-            if goal.kind in ("causal", "rolling", "window"):  # the row against itself
-                pair = ((row, w), (row, goal.baseline()))
-            else:  # against its reference (a memory goal: the plain path, beside it)
-                pair = ((row, w), (by_name.get(goal.ref), w))
-            # the grid must list its workloads (Goal.grid_workloads: the L = S = 8192 goals
-            # are the full grid's), and the run must have both rows
-            if not goal.runs_in(workloads) or any(r is None for r, _ in pair):
-                continue
-            full = tuple((r, wl, machine.fdevices.get(r.framework)) for r, wl in pair)
-            missing = [e for e in (resolve_error(r) for r, _ in pair) if e]
-            skip = ("n/a", missing[0]) if missing else None
-            cid = _case_id("goal", row.name, goal.text())
-            cases.append(Case(cid, "goal", row.framework, full[0][2], row, w, skip=skip,
-                              goal=goal, pair=full))
-    return cases
+            text, w, baseline = goal.text(), goal.workload(), goal.baseline()
+            runs_here = goal.runs_in(here)
+            elsewhere = () if runs_here else tuple(
+                name for name, ws in grids.items() if name != grid_name and goal.runs_in(ws)
+            )
+            # the row against itself (a causal, rolling or window goal), else against its
+            # reference (a memory goal: the plain path, beside it)
+            other = row if goal.kind in ("causal", "rolling", "window") else by_name.get(goal.ref)
+            case = None
+            if machine.device == "cpu" and runs_here and other is not None:
+                pair = tuple((r, wl, machine.fdevices.get(r.framework))
+                             for r, wl in ((row, w), (other, baseline)))
+                missing = [e for e in (resolve_error(r) for r in (row, other)) if e]
+                skip = ("n/a", missing[0]) if missing else None
+                case = Case(_case_id("goal", row.name, text), "goal", row.framework, pair[0][2],
+                            row, w, skip=skip, goal=goal, pair=pair)
+            planned.append(PlannedGoal(row, goal, text, w, baseline, elsewhere, case))
+    return planned

@@ -1,7 +1,8 @@
 """From records to the report: derived numbers, goals, the JSON document and the rich table.
 
-Everything here works on plain dicts (the records as stored in results.json), so a saved run
-can be re-rendered or compared without re-running anything.
+The document is built once, at the end of a run (:func:`build_results`, from the session's
+records and the plan's goals); everything else here works on plain dicts (the records as stored
+in results.json), so a saved run can be re-rendered or compared without re-running anything.
 
 Derived per timed record:
 
@@ -15,10 +16,11 @@ Derived per timed record:
 - ``sent_bytes`` (sharded rows only): the bytes one device sends per call by the formulas of
   docs/SHARDED.md (``bench.sharded.sent_bytes``), not a measurement.
 
-Goals (``goals`` in results.json) come from the goal records: each goal's two calls timed
-interleaved in one process (``bench/goals.py``), the median of the per-round ratios with its
-spread, and met / missed / unclear by where the IQR lies against the limit. The ``x fused``
-column's ratio of two rows timed minutes apart is kept next to it as ``separate_ratio``.
+Goals (``goals`` in results.json): each goal the plan resolved (``plan.PlannedGoal``), stated
+from its goal record: its two calls timed interleaved in one process (``bench/goals.py``), the
+median of the per-round ratios with its spread, and met / missed / unclear by where the IQR lies
+against the limit. The ``x fused`` column's ratio of two rows timed minutes apart is kept next to
+it as ``separate_ratio``.
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.devices import peak_key
 from bench.gate import gate_text
 from bench.rows import ROWS, Row
 from bench.sharded import USP_SIZES, sent_bytes
 from bench.workloads import MLA_GQA_GROUP, SHARDS, Workload
+
+if TYPE_CHECKING:
+    from bench.plan import PlannedGoal
 
 __all__ = [
     "CONTENDED",
@@ -145,13 +151,14 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
 
 
 def evaluate_goals(
-    records: list[dict], device: str, rows: tuple[Row, ...] = ROWS, grid: str | None = None
+    records: list[dict], device: str, goals: Sequence[PlannedGoal] = ()
 ) -> list[dict]:
-    """Each registered goal, from this run's goal records: ``met`` / ``missed`` / ``unclear``
-    (the IQR of the interleaved per-round ratios against the limit), else ``not measured``
-    with the reason; a goal this run's ``grid`` does not hold but another CPU grid does (the
-    L = S = 8192 goals, quick against full) is ``not run (full grid)``, never met. Goals are
-    stated for CPU float32 (issue 5); on other devices they are ``not evaluated``."""
+    """Each goal of the plan (``plan.PlannedGoal``), from this run's goal records: ``met`` /
+    ``missed`` / ``unclear`` (the IQR of the interleaved per-round ratios against the limit),
+    else ``not measured`` with the reason; a goal this run's grid does not hold but another CPU
+    grid does (``PlannedGoal.elsewhere``: the L = S = 8192 goals, quick against full) is ``not
+    run (full grid)``, never met. Goals are stated for CPU float32 (issue 5); on other devices
+    they are ``not evaluated``."""
     goal_records = {
         (r["row"], r["goal"]["text"]): r for r in records if r["kind"] == "goal" and r.get("goal")
     }
@@ -162,75 +169,62 @@ def evaluate_goals(
     }
     in_grid = {r["workload"]["id"] for r in records if r.get("workload")}
     out = []
-    for row in rows:
-        for goal in row.goals:
-            w = goal.workload()
-            entry: dict[str, Any] = {
-                "row": row.name,
-                "goal": goal.text(),
-                "kind": goal.kind,
-                "workload": w.label,
-                "limit": goal.limit,
-            }
-            if device != "cpu":
-                out.append({**entry, "status": "not evaluated", "detail": "goals are for CPU"})
-                continue
-            if goal.kind in ("causal", "rolling"):
-                pair = (row.name, w.id), (row.name, goal.baseline().id)
-            elif goal.kind == "memory":
-                pair = ()  # bytes, not a ratio of two rows' times
-            else:
-                pair = (row.name, w.id), (goal.ref, w.id)
-            if pair and all(p in median for p in pair):
-                entry["separate_ratio"] = median[pair[0]] / median[pair[1]]
-            rec = goal_records.get((row.name, goal.text()))
-            elsewhere = _grids_running(goal, device, grid)
-            if rec is None and elsewhere:
-                where = elsewhere[0]
-                detail = f"{w.label}: in the {where} grid (make bench BENCH={where})"
-                out.append({**entry, "status": f"not run ({where} grid)", "detail": detail})
-            elif rec is None:
-                detail = (
-                    f"{w.label} is not in this grid"
-                    if w.id not in in_grid
-                    else "not in this run (its rows were not selected)"
-                )
-                out.append({**entry, "status": "not measured", "detail": detail})
-            elif rec["status"] != "ok":
-                out.append({**entry, "status": "not measured",
-                            "detail": f"{rec['status']}: {rec['reason']}"})
-            elif goal.kind == "memory":
-                g = rec["goal"]
-                keep = ("a_peak_bytes", "a_memory_method", "b_peak_bytes", "b_memory_method")
-                out.append({**entry, "status": g["status"], "method": "one call each",
-                            "detail": memory_text(g), "ref": goal.ref,
-                            **{k: g.get(k) for k in keep}})
-            else:
-                g = rec["goal"]
-                spread = {k: g["ratio"][k] for k in ("min", "q1", "q3", "max")}
-                out.append(
-                    {
-                        **entry,
-                        "status": g["status"],
-                        "ratio": g["ratio"]["median"],
-                        "spread": spread,
-                        "rounds": g["rounds"],
-                        "method": "interleaved",
-                        "contention": rec.get("contention"),
-                    }
-                )
+    for planned in goals:
+        row, goal, w = planned.row, planned.goal, planned.workload
+        entry: dict[str, Any] = {
+            "row": row.name,
+            "goal": planned.text,
+            "kind": goal.kind,
+            "workload": w.label,
+            "limit": goal.limit,
+        }
+        if device != "cpu":
+            out.append({**entry, "status": "not evaluated", "detail": "goals are for CPU"})
+            continue
+        if goal.kind in ("causal", "rolling"):
+            pair = (row.name, w.id), (row.name, planned.baseline.id)
+        elif goal.kind == "memory":
+            pair = ()  # bytes, not a ratio of two rows' times
+        else:
+            pair = (row.name, w.id), (goal.ref, w.id)
+        if pair and all(p in median for p in pair):
+            entry["separate_ratio"] = median[pair[0]] / median[pair[1]]
+        rec = goal_records.get((row.name, planned.text))
+        if rec is None and planned.elsewhere:
+            where = planned.elsewhere[0]
+            detail = f"{w.label}: in the {where} grid (make bench BENCH={where})"
+            out.append({**entry, "status": f"not run ({where} grid)", "detail": detail})
+        elif rec is None:
+            detail = (
+                f"{w.label} is not in this grid"
+                if w.id not in in_grid
+                else "not in this run (its rows were not selected)"
+            )
+            out.append({**entry, "status": "not measured", "detail": detail})
+        elif rec["status"] != "ok":
+            out.append({**entry, "status": "not measured",
+                        "detail": f"{rec['status']}: {rec['reason']}"})
+        elif goal.kind == "memory":
+            g = rec["goal"]
+            keep = ("a_peak_bytes", "a_memory_method", "b_peak_bytes", "b_memory_method")
+            out.append({**entry, "status": g["status"], "method": "one call each",
+                        "detail": memory_text(g), "ref": goal.ref,
+                        **{k: g.get(k) for k in keep}})
+        else:
+            g = rec["goal"]
+            spread = {k: g["ratio"][k] for k in ("min", "q1", "q3", "max")}
+            out.append(
+                {
+                    **entry,
+                    "status": g["status"],
+                    "ratio": g["ratio"]["median"],
+                    "spread": spread,
+                    "rounds": g["rounds"],
+                    "method": "interleaved",
+                    "contention": rec.get("contention"),
+                }
+            )
     return out
-
-
-def _grids_running(goal: Any, device: str, grid: str | None) -> list[str]:
-    """The other grids of ``device`` that run ``goal`` when ``grid`` (a known grid of it)
-    does not; empty when this grid runs it, or when ``grid`` is not a known grid."""
-    from bench.workloads import GRIDS
-
-    builders = {name: build for (dev, name), build in GRIDS.items() if dev == device}
-    if grid not in builders or goal.runs_in(builders[grid]()):
-        return []
-    return [name for name, build in builders.items() if name != grid and goal.runs_in(build())]
 
 
 def build_results(
@@ -242,11 +236,14 @@ def build_results(
     gates: list[dict],
     wall_s: float,
     rows: tuple[Row, ...] = ROWS,
+    goals: Sequence[PlannedGoal] = (),
     pytest_options: dict | None = None,
     contention: float | None = None,
 ) -> dict:
-    """The results.json document. ``contention``: the share of the CPUs other processes used
-    during the whole run (each record has its own, for its timing)."""
+    """The results.json document: ``records`` with their derived numbers (:func:`derive`,
+    ``rows``: the run's), the ``goals`` the plan resolved, stated (:func:`evaluate_goals`).
+    ``contention``: the share of the CPUs other processes used during the whole run (each
+    record has its own, for its timing)."""
     derive(records, rows)
     return {
         "schema": SCHEMA_VERSION,
@@ -258,7 +255,7 @@ def build_results(
         "pytest_benchmark_options": pytest_options or {},
         "peaks": device_peaks(records),
         "gates": gates,
-        "goals": evaluate_goals(records, device, rows, grid),
+        "goals": evaluate_goals(records, device, goals),
         "records": records,
     }
 

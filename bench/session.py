@@ -134,9 +134,9 @@ class BenchSession:
     def results(self, started: float, cpu_before: CpuSnapshot | None, pytest_options: dict
                 ) -> dict:
         """The run's results.json document (``report.build_results``): the records in plan
-        order, the gates, the machine's environment, the run's wall time since ``started``
-        (``time.perf_counter()``) and the share of the CPUs other processes used since
-        ``cpu_before``."""
+        order, the gates, the plan's goals, the machine's environment, the run's wall time since
+        ``started`` (``time.perf_counter()``) and the share of the CPUs other processes used
+        since ``cpu_before``."""
         records = [r.to_dict() for r in self.ordered_records()]
         wall_s = time.perf_counter() - started
         contention = others_share(cpu_before, cpu_snapshot())
@@ -144,7 +144,7 @@ class BenchSession:
         return build_results(
             device=machine.device, grid=self.plan.grid, environment=dict(machine.environment),
             records=records, gates=self.gate_results(), wall_s=wall_s, rows=self.plan.rows,
-            pytest_options=pytest_options, contention=contention,
+            goals=self.plan.goals, pytest_options=pytest_options, contention=contention,
         )
 
     @pytest.hookimpl(tryfirst=True)

@@ -7,6 +7,9 @@ Each workload's FLOPs are counted by ``bench/flops.py``'s formulas.
 Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads, L query length,
 S key/value length, D query/key head dim, E value head dim, M model width (= H * D here).
 
+A run takes every grid of its device (:func:`grids`): its own grid's workloads are crossed
+with the rows, and the others say which grid runs a goal that its own does not.
+
 A *train* workload is one training step of attention on the shapes of an attention workload:
 the forward and the backward, ``(dQ, dK, dV)`` from query, key, value and a random
 ``grad_output`` (the project's ``*_vjp`` functions, the frameworks' autograd of their kernels).
@@ -82,6 +85,7 @@ __all__ = [
     "WINDOW_GOAL_WORKLOAD",
     "Workload",
     "grid",
+    "grids",
     "paged_lengths",
     "varlen_lengths",
 ]
@@ -615,3 +619,10 @@ def grid(device: str, name: str) -> list[Workload]:
     if len(set(workloads)) != len(workloads):
         raise AssertionError(f"grid ({device}, {name}) lists a workload twice")
     return workloads
+
+
+def grids(device: str, name: str) -> dict[str, list[Workload]]:
+    """Every grid of ``device`` by name, built (:func:`grid`), for a run of grid ``name``:
+    ValueError when ``device`` has no grid ``name``."""
+    chosen = grid(device, name)
+    return {g: chosen if g == name else grid(device, g) for d, g in GRIDS if d == device}

@@ -10,12 +10,12 @@ import numpy as np
 
 from bench.devices import FRAMEWORKS, Machine
 from bench.gate import GateCache
-from bench.plan import Case, Plan, build_cases, build_goal_cases
+from bench.plan import Case, Plan, PlannedGoal, build_cases, build_goals
 from bench.records import Record
 from bench.report import build_results
 from bench.rows import ROWS, Row, row_by_name
 from bench.session import BenchSession
-from bench.workloads import GOAL_WORKLOAD, Workload
+from bench.workloads import GOAL_WORKLOAD, Workload, grids
 from conformance.oracle import assert_within
 
 # pairwise-distinct sizes (SEMANTICS.md letters)
@@ -38,10 +38,18 @@ def plan(device, workloads, rows=ROWS, memory=None):
     return build_cases(machine(device, memory), workloads, rows, resolve_error=lambda r: None)
 
 
+def planned_goals(device: str, grid_name: str, rows: tuple[Row, ...] = ROWS,
+                  **kw) -> list[PlannedGoal]:
+    """Every goal of ``rows`` as a run of the device's grid ``grid_name`` plans it."""
+    kw.setdefault("resolve_error", lambda r: None)
+    return build_goals(machine(device), grid_name, grids(device, grid_name), rows, **kw)
+
+
 def goal_cases(device: str, workloads: list[Workload], rows: tuple[Row, ...] = ROWS,
                **kw) -> list[Case]:
     """The goal cases of a run whose grid is ``workloads``."""
-    return build_goal_cases(machine(device), workloads, rows, **kw)
+    goals = build_goals(machine(device), "test", {"test": workloads}, rows, **kw)
+    return [g.case for g in goals if g.case is not None]
 
 
 def stub(ok, n_run, failures=(), raises=None, seen=None):
@@ -162,5 +170,6 @@ def results_of(numpy_med=0.25, torch_med=0.1, device="cpu", goals=()):
     ]
     env = {"device_name": "test cpu", "timestamp": "2026-11-29T12:00:00", "versions": {"t": 1}}
     return build_results(
-        device=device, grid="quick", environment=env, records=records, gates=[], wall_s=1.0
+        device=device, grid="quick", environment=env, records=records, gates=[], wall_s=1.0,
+        goals=planned_goals(device, "quick"),
     )

@@ -14,14 +14,14 @@ from bench.rows import ROWS, row_by_name
 from bench.session import BenchSession
 from bench.sharded import sent_bytes
 from bench.tests.helpers import FakeBenchmark, machine, rec
-from bench.workloads import SHARDS, Workload, grid
+from bench.workloads import SHARDS, Workload, grid, grids
 
 NAMES = [f"{fw} {m}" for fw in ("torch", "jax") for m in ("ring", "ulysses", "usp")]
 
 
 def _cpu_plan(grid_name: str, rows: str = "") -> Plan:
     """The plan of ``python -m bench --device cpu --grid grid_name --rows rows``."""
-    return make_plan(resolve("cpu"), grid_name, grid("cpu", grid_name), rows=rows)
+    return make_plan(resolve("cpu"), grid_name, grids("cpu", grid_name), rows=rows)
 
 
 def _sharded_cases(plan: Plan) -> dict[str, set[int]]:
