@@ -14,7 +14,8 @@ Derived per timed record:
 - ``ratio``: median / the median of the row's ``ref`` (the framework's fused kernel; a sharded
   row's: the same framework's ring) on the same workload;
 - ``sent_bytes`` (sharded rows only): the bytes one device sends per call by the formulas of
-  docs/SHARDED.md (``bench.sharded.sent_bytes``), not a measurement.
+  docs/SHARDED.md (``bench.sharded.sent_bytes``), not a measurement: the record carries it
+  from its call (``Record.derived``), and it is kept beside the numbers above.
 
 Goals (``goals`` in results.json): each goal the plan resolved (``plan.PlannedGoal``), stated
 from its goal record: its two calls timed interleaved in one process (``bench/goals.py``), the
@@ -35,8 +36,8 @@ from typing import TYPE_CHECKING, Any
 from bench.devices import peak_key
 from bench.gate import gate_text
 from bench.rows import ROWS, Row
-from bench.sharded import USP_SIZES, sent_bytes
-from bench.workloads import MLA_GQA_GROUP, SHARDS, Workload
+from bench.sharded import USP_SIZES
+from bench.workloads import MLA_GQA_GROUP, SHARDS
 
 if TYPE_CHECKING:
     from bench.plan import PlannedGoal
@@ -121,7 +122,6 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
     """Add ``derived`` numbers to every timed row record, in place (module docstring)."""
     peaks = device_peaks(records)
     refs = {r.name: r.ref for r in rows}
-    methods = {r.name: r.gate_op for r in rows if r.call == "sharded"}
     by_key = {
         (r["row"], r["workload"]["id"]): r for r in records if r["kind"] == "row" and r["workload"]
     }
@@ -145,8 +145,7 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
         ref = by_key.get((d["ref"], w["id"])) if d["ref"] else None
         if ref is not None and ref["status"] == "ok" and ref.get("stats"):
             d["ratio"] = med / ref["stats"]["median"]
-        if r["row"] in methods:
-            d["sent_bytes"] = sent_bytes(methods[r["row"]], Workload.from_dict(w))
+        d.update(r.get("derived") or {})  # what the record carries from its call (sent_bytes)
         r["derived"] = d
 
 

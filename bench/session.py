@@ -198,6 +198,7 @@ class BenchSession:
         self._phase(case, "compile" if case.framework == "jax" else "prepare")
         row = case.row
         prepared = None
+        derived = None  # what the prepared call knows without timing (Prepared.derived)
         try:
             with self._outcome(case, fields, row.kernel if row else None,
                                reraise=row is None or row.kind == "impl"):
@@ -208,6 +209,7 @@ class BenchSession:
                 else:
                     prepared = preparers.prepare(row, case.workload, case.fdevice)
                 fields["compile_s"] = prepared.compile_s
+                derived = prepared.derived or None
                 # One untimed warm-up call keeps first-call effects out of the statistics. On
                 # the host (NumPy, torch CPU) the instrumented memory call is that warm-up: a
                 # call allocates the same there every time. On CUDA the first call also sets up
@@ -242,6 +244,7 @@ class BenchSession:
             "ok",
             stats={k: float(getattr(stats.stats, k)) for k in STATS},
             iterations=int(stats.iterations),
+            derived=derived,
             **fields,
         )
 
