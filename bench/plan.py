@@ -36,7 +36,6 @@ __all__ = [
     "PlannedGoal",
     "build_cases",
     "build_goals",
-    "estimate_bytes",
     "make_plan",
     "select_rows",
 ]
@@ -165,20 +164,6 @@ def select_rows(spec: str, rows: tuple[Row, ...] = ROWS) -> tuple[Row, ...]:
     return tuple(r for r in rows if r in chosen or r.name in refs)
 
 
-def estimate_bytes(row: Row, w: Workload) -> int:
-    """Rough peak bytes of ``row`` on ``w``: inputs and output (and a decode step's KV cache,
-    a training step's gradients), plus three float32 score-sized temporaries for rows that
-    materialize ``(B, H, L, S)`` scores (seven for a training step: what autograd saves and
-    the backward's dW, dS and products; torch's plain step measured 7.2 at L = S = 1024, JAX's
-    plan 6), plus projections for modules and decode steps."""
-    n = w.input_bytes()
-    if row.materializes:
-        n += (7 if w.op == "train" else 3) * w.score_bytes()
-    if w.op in ("module", "decode", "mla_decode", "mla_prefill"):
-        n += 4 * w.B * w.L * w.M * 4
-    return n
-
-
 def _case_id(*parts: str) -> str:
     return "|".join(p.replace(" ", "_") for p in parts)
 
@@ -236,8 +221,8 @@ def build_cases(
                     skip = ("skipped", "host NumPy on an accelerator run: float32, L*S <= 4096^2")
                 elif r.kind == "impl" and device != "cpu" and w.L * w.S > IMPL_ACCEL_LIMIT:
                     skip = ("skipped", "project rows on an accelerator: L*S <= 32768^2")
-                elif budget is not None and estimate_bytes(r, w) > 0.9 * budget:
-                    need, have = estimate_bytes(r, w) / 2**30, budget / 2**30
+                elif budget is not None and w.peak_bytes(r.materializes) > 0.9 * budget:
+                    need, have = w.peak_bytes(r.materializes) / 2**30, budget / 2**30
                     skip = ("skipped", f"needs ~{need:.1f} GiB, {have:.1f} GiB free for {fw}")
                 cases.append(Case(_case_id(r.name, w.id), "row", fw, fdev, r, w, skip=skip))
     return cases

@@ -31,7 +31,7 @@ from bench.devices import CpuSnapshot, cpu_snapshot, others_share
 from bench.errors import classify_error, reason
 from bench.gate import GateCache, GateResult
 from bench.peak import prepare_matmul
-from bench.plan import GRID_TIMING, Case, Plan, estimate_bytes
+from bench.plan import GRID_TIMING, Case, Plan
 from bench.records import STATS, Record, summary
 from bench.report import build_results
 from bench.rows import Row
@@ -347,7 +347,7 @@ class BenchSession:
         with self._outcome(case, {"goal": info}):
             for side, row, dev in (("a", row_a, dev_a), ("b", row_b, dev_b)):
                 budget = budgets.get(row.framework)
-                need = estimate_bytes(row, w)
+                need = w.peak_bytes(row.materializes)
                 # a side measurement: it may not take more than half of what is free (JAX's
                 # plan is read without running)
                 if row.framework != "jax" and budget is not None and need > 0.5 * budget:

@@ -381,6 +381,19 @@ class Workload:
         grad_output = self.B * self.H * self.L * self.E if self.op == "train" else 0
         return (q + kv + self.B * self.H * self.L * self.E + grad_output) * n + self.result_bytes()
 
+    def peak_bytes(self, materializes: bool) -> int:
+        """Rough peak bytes of one call on this workload (what a plan holds against the memory
+        a framework may use): :meth:`input_bytes`, plus three float32 score-sized temporaries
+        for a call that ``materializes`` the ``(B, H, L, S)`` scores (seven for a training step:
+        what autograd saves and the backward's dW, dS and products; torch's plain step measured
+        7.2 at L = S = 1024, JAX's plan 6), plus projections for modules and decode steps."""
+        n = self.input_bytes()
+        if materializes:
+            n += (7 if self.op == "train" else 3) * self.score_bytes()
+        if self.op in ("module", "decode", "mla_decode", "mla_prefill"):
+            n += 4 * self.B * self.L * self.M * 4
+        return n
+
     def to_dict(self) -> dict:
         """Fields plus id, label, variant, FLOPs and (decode) the cache, for the JSON report."""
         dense, useful = self.flops()

@@ -12,7 +12,7 @@ import pytest
 
 from bench import devices
 from bench.devices import resolve_device, set_tf32, tf32_state
-from bench.plan import HOST_LIMIT, build_cases, estimate_bytes, select_rows
+from bench.plan import HOST_LIMIT, build_cases, select_rows
 from bench.rows import ROWS, Row, row_by_name
 from bench.session import pytest_args
 from bench.workloads import (
@@ -131,7 +131,7 @@ def test_jax_on_a_gpu_is_planned_against_xla_s_own_limit(monkeypatch):
     assert devices.memory_budgets("cuda")["jax"] == 40 * gib
     # a materializing row that fits torch's 79 GiB but not XLA's 70 GiB
     w = Workload("attention", 1, 16, 16, 19456, 19456, 128, 128, False, "bfloat16")
-    need = estimate_bytes(row_by_name("jax sdpa"), w)
+    need = w.peak_bytes(row_by_name("jax sdpa").materializes)
     assert 0.9 * 70 * gib < need < 0.9 * 79 * gib
     rows = (row_by_name("jax sdpa"), row_by_name("torch sdpa"))
     cases = plan("cuda", [w], rows, memory={"numpy": None, "torch": 79 * gib, "jax": 70 * gib})
