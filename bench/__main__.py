@@ -11,6 +11,11 @@ gates, goals), ``pytest-benchmark.json`` (every round), ``report.txt``, ``pytest
 PNG plots. Exit status: 0, or 1 when a row failed its correctness gate or one of the project's
 rows raised. ``--gates-only`` runs every gate of the chosen rows on the device, times nothing,
 and writes ``gates.json`` (exit 1 when one fails or cannot run).
+
+:func:`main` is the pipeline, one file after the other: the machine (``devices.resolve``), the
+grids of its device (``workloads.grids``), the plan (``plan.make_plan``); then ``--gates-only``
+(``gate.gates_only``), ``--list``, or the run (``session.BenchSession``), the report
+(``report.write_report``) and the plots (``plots.plot_results``).
 """
 
 from __future__ import annotations
