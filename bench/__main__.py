@@ -11,22 +11,26 @@ gates, goals), ``pytest-benchmark.json`` (every round), ``report.txt``, ``pytest
 PNG plots. Exit status: 0, or 1 when a row failed its correctness gate or one of the project's
 rows raised. ``--gates-only`` runs every gate of the chosen rows on the device, times nothing,
 and writes ``gates.json`` (exit 1 when one fails or cannot run).
+
+:func:`main` is the pipeline, one file after the other: the machine (``devices.resolve``), the
+grids of its device (``workloads.grids``), the plan (``plan.make_plan``); then ``--gates-only``
+(``gate.gates_only``), ``--list``, or the run (``session.BenchSession``), the report
+(``report.write_report``) and the plots (``plots.plot_results``).
 """
 
 from __future__ import annotations
 
 import argparse
 import datetime as dt
-import json
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from bench.devices import configure_environment, cpu_snapshot
-from bench.gate import GateCache, run_gates
-from bench.plan import GRID_TIMING, Plan, make_plan
-from bench.report import REPORT_WIDTH, gate_line, render_gates, write_report
+from bench.devices import configure_environment, cpu_snapshot, resolve
+from bench.gate import GateCache, gates_only
+from bench.plan import GRID_TIMING, make_plan
+from bench.report import REPORT_WIDTH, write_report
+from bench.workloads import grids
 
 __all__ = ["main"]
 
@@ -57,40 +61,6 @@ def _parse(argv: list[str]) -> tuple[argparse.Namespace, list[str]]:
     return p.parse_args(argv), extra
 
 
-def _gates_only(plan: Plan, args: argparse.Namespace, console: Any) -> int:
-    """``--gates-only``: one line per gate as it finishes (``gates.json`` rewritten each time,
-    so a killed run leaves what it had), then the table."""
-    from rich.markup import escape
-
-    out = args.out
-    if out is not None:
-        out.mkdir(parents=True, exist_ok=True)
-    done: list[dict] = []
-
-    def on_result(g: dict) -> None:
-        done.append(g)
-        console.print(escape(gate_line(g)))
-        if out is not None:
-            (out / "gates.json").write_text(json.dumps(done, indent=1))
-
-    deadline = time.monotonic() + args.budget_s if args.budget_s is not None else None
-    results = run_gates(plan.device, plan.rows, on_result=on_result, deadline=deadline)
-    render_gates(results, plan.device, console)
-    if out is not None:
-        console.print(f"gates: {out / 'gates.json'}")
-    return 1 if any(g["status"] in ("failed", "error", "not run") for g in results) else 0
-
-
-def _list(plan: Plan, console: Any) -> int:
-    """``--list``: every case of the plan, and why it will not run where it will not."""
-    from rich.markup import escape
-
-    for c in plan.all_cases:
-        note = f"{c.skip[0]}: {c.skip[1]}" if c.skip else ""
-        console.print(escape(c.id), f"[dim]{escape(note)}[/dim]")
-    return 0
-
-
 def main(argv: list[str] | None = None) -> int:
     args, extra = _parse(sys.argv[1:] if argv is None else argv)
     configure_environment()  # before JAX starts: XLA's memory settings; out of xdist
@@ -100,22 +70,27 @@ def main(argv: list[str] | None = None) -> int:
     # a terminal gets its own width; a log or pipe gets one wide enough for the table
     console = Console(file=sys.stdout, width=None if sys.stdout.isatty() else REPORT_WIDTH)
     t0, cpu0 = time.perf_counter(), cpu_snapshot()
-    try:
-        plan = make_plan(args.device, args.grid, rows=args.rows, tf32=args.tf32)
+    try:  # the machine, the grids of its device, then the plan of this run
+        machine = resolve(args.device, tf32=args.tf32)
+        workloads = grids(machine.device, args.grid)
+        plan = make_plan(machine, args.grid, workloads, rows=args.rows)
     except (RuntimeError, ValueError) as e:  # no such device here, no such grid
         console.print(f"[red]{escape(str(e))}[/red]")
         return 2
     if args.gates_only:
-        return _gates_only(plan, args, console)
-    if args.list:
-        return _list(plan, console)
+        return gates_only(machine, plan.rows, args.out, args.budget_s, console)
+    if args.list:  # every case of the plan, and why it will not run where it will not
+        for c in plan.all_cases:
+            note = f"{c.skip[0]}: {c.skip[1]}" if c.skip else ""
+            console.print(escape(c.id), f"[dim]{escape(note)}[/dim]")
+        return 0
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
-    out_dir = args.out or REPO / "results" / f"bench-{stamp}-{plan.device}-{args.grid}"
+    out_dir = args.out or REPO / "results" / f"bench-{stamp}-{machine.device}-{args.grid}"
     out_dir.mkdir(parents=True, exist_ok=True)
     n_run = sum(c.skip is None for c in plan.cases)
     n_goals = sum(c.skip is None for c in plan.goal_cases)
     console.print(
-        f"[bold]Rosetta Attention bench[/bold]: device {plan.device}, grid {args.grid}, "
+        f"[bold]Rosetta Attention bench[/bold]: device {machine.device}, grid {args.grid}, "
         f"{len(plan.cases)} cases ({n_run} to run), {n_goals} goals timed interleaved, "
         f"results in {out_dir}"
     )

@@ -19,16 +19,16 @@ def _session(config: pytest.Config) -> BenchSession:
     """``python -m bench``'s session, or (plain pytest) one built from the ``--bench-*``
     options of ``bench/conftest.py``, with the environment JAX needs set first."""
     if SESSION_KEY not in config.stash:
-        from bench.devices import configure_environment
+        from bench.devices import configure_environment, resolve
         from bench.gate import GateCache
         from bench.plan import make_plan
+        from bench.workloads import grids
 
         configure_environment(own_session=False)
-        plan = make_plan(
-            config.getoption("--bench-device"),
-            config.getoption("--bench-grid"),
-            rows=config.getoption("--bench-rows"),
-        )
+        machine = resolve(config.getoption("--bench-device"))
+        grid_name = config.getoption("--bench-grid")
+        plan = make_plan(machine, grid_name, grids(machine.device, grid_name),
+                         rows=config.getoption("--bench-rows"))
         gates = GateCache(skip=config.getoption("--bench-skip-gate"))
         config.stash[SESSION_KEY] = BenchSession(plan, gates=gates)
     return config.stash[SESSION_KEY]

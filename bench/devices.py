@@ -1,9 +1,12 @@
 """Devices: which one to run on, where each framework's tensors live, and what the machine is.
 
-``auto`` picks ``cuda`` when torch or JAX sees an NVIDIA GPU, then ``tpu`` when JAX sees one,
-else ``cpu``. NumPy always runs on the host CPU. Everything here imports torch and JAX lazily,
-so a machine without one of them still gets a report with that framework's rows marked
-"not available".
+A run resolves all of it once, :func:`resolve` -> :class:`Machine`: the device (``auto`` picks
+``cuda`` when torch or JAX sees an NVIDIA GPU, then ``tpu`` when JAX sees one, else ``cpu``),
+each framework's device (NumPy always runs on the host CPU) and its class, the memory each
+framework may use, the run's float32 matmul precision (``--tf32``, set here) and the
+environment a report records. The plan, the gates, the session and the report read its fields.
+Everything here imports torch and JAX lazily, so a machine without one of them still gets a
+report with that framework's rows marked "not available".
 """
 
 from __future__ import annotations
@@ -16,13 +19,17 @@ import platform
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "DEVICES",
+    "FRAMEWORKS",
     "JAX_MEM_FRACTION",
     "CpuSnapshot",
+    "Machine",
     "configure_environment",
     "cpu_name",
     "cpu_snapshot",
@@ -33,6 +40,7 @@ __all__ = [
     "memory_budgets",
     "others_share",
     "peak_key",
+    "resolve",
     "resolve_device",
     "set_tf32",
     "tf32_state",
@@ -41,6 +49,8 @@ __all__ = [
 
 #: The device classes the harness knows.
 DEVICES: tuple[str, ...] = ("cpu", "cuda", "tpu")
+#: The frameworks a run places, in the order its cases run.
+FRAMEWORKS: tuple[str, ...] = ("numpy", "torch", "jax")
 _JAX_PLATFORM = {"cpu": "cpu", "cuda": "gpu", "tpu": "tpu"}
 #: The share of GPU memory XLA may use. With preallocation off XLA still stops at this fraction
 #: (75% when unset), so it is set explicitly, and JAX rows are planned against XLA's own limit.
@@ -50,6 +60,45 @@ JAX_MEM_FRACTION = "0.90"
 def peak_key(fdevice: str) -> str:
     """The device class a framework device belongs to (``gpu`` and ``cuda`` are one)."""
     return "cuda" if fdevice in ("cuda", "gpu") else fdevice
+
+
+@dataclass(frozen=True)
+class Machine:
+    """What a run knows of its devices, resolved once (:func:`resolve`).
+
+    Attributes:
+        device: the run's device, ``cpu``, ``cuda`` or ``tpu``.
+        fdevices: where each framework's tensors live (NumPy ``cpu``; torch ``cpu`` or
+            ``cuda``; JAX ``cpu``, ``gpu`` or ``tpu``), None where it cannot run on ``device``.
+        memory: what a workload may use, per framework (:func:`memory_budgets`); None: unknown.
+        tf32: the run's ``--tf32`` (``default``, ``on``, ``off``), set in both frameworks.
+        environment: what a report records of the machine (:func:`environment`).
+        classes: each framework device's class (``gpu`` and ``cuda`` are one,
+            :func:`peak_key`): the size of its peak matmul, the device its gates run on.
+    """
+
+    device: str
+    fdevices: Mapping[str, str | None]
+    memory: Mapping[str, int | None] = field(default_factory=dict)
+    tf32: str = "default"
+    environment: Mapping[str, Any] = field(default_factory=dict)
+    classes: Mapping[str, str | None] = field(init=False)
+
+    def __post_init__(self) -> None:
+        classes = {fw: None if d is None else peak_key(d) for fw, d in self.fdevices.items()}
+        object.__setattr__(self, "classes", classes)
+
+
+def resolve(requested: str, *, tf32: str = "default") -> Machine:
+    """The machine of a run on ``--device requested``: the device (:func:`resolve_device`),
+    each framework's (:func:`framework_device`), their memory, the float32 matmul precision
+    ``tf32`` set in torch and JAX (:func:`set_tf32`), then the environment as the rows will
+    run in it. Raises ValueError for an unknown device, RuntimeError for one not present."""
+    device = resolve_device(requested)
+    fdevices = {fw: framework_device(fw, device) for fw in FRAMEWORKS}
+    memory = memory_budgets(device)
+    set_tf32(tf32)
+    return Machine(device, fdevices, memory, tf32, environment(device))
 
 
 def configure_environment(*, own_session: bool = True) -> dict[str, str | None]:

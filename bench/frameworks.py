@@ -38,7 +38,7 @@ import sys
 import time
 import tracemalloc
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,7 +73,9 @@ class Prepared:
     ``call`` runs one synchronized call; ``memory()`` measures the peak extra bytes of one call
     and returns ``(bytes or None, method)``; ``compile_s`` is JAX's lower+compile time;
     ``inputs`` and ``layout`` are what the call reads (tests check the wiring with them; a
-    test may replace an entry of ``inputs``, which the call then reads).
+    test may replace an entry of ``inputs``, which the call then reads); ``derived``: numbers
+    of the call known without timing it, which its timed record carries (a sharded call's
+    bytes sent per device, by formula).
     """
 
     call: Callable[[], Any]
@@ -82,6 +84,7 @@ class Prepared:
     inputs: list | None = None
     layout: str = "heads_first"
     module: Any = None  # the project module a module or decode row calls (tests read it)
+    derived: dict[str, Any] = field(default_factory=dict)
 
 
 def shapes(w: Workload, layout: str) -> list[Shape]:

@@ -17,6 +17,10 @@ Before the first timing of a row on a device, the harness checks the row's port 
 A row whose gate does not pass, or cannot run at all, is reported failed and never timed: a
 fast wrong answer is not a result.
 
+``python -m bench --gates-only`` is :func:`gates_only`: every distinct gate of the chosen rows
+(:func:`run_gates`), one line each as it finishes, ``gates.json``, then the gates' table. How a
+gate reads (:func:`gate_text`) is the same there and in the report's gate column.
+
 Every gate runs with IEEE float32 matmuls (torch TF32 off, JAX HIGHEST) whatever ``--tf32``
 says, and with ``jax_enable_x64`` on (float64 is one of the fixtures' dtypes) and put back after,
 so the timed rows keep the x64 setting the run started with.
@@ -26,13 +30,15 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import re
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Any
 
-from bench.devices import framework_device, peak_key
+from bench.devices import Machine
 from bench.errors import UNSUPPORTED
 
 __all__ = [
@@ -40,8 +46,12 @@ __all__ = [
     "SHARDED_OPS",
     "GateCache",
     "GateResult",
+    "gate_line",
     "gate_scope",
+    "gate_text",
+    "gates_only",
     "kernel_case",
+    "render_gates",
     "run_gate",
     "run_gates",
 ]
@@ -271,28 +281,27 @@ class GateCache:
 
 
 def run_gates(
-    device: str,
+    machine: Machine,
     rows: tuple[Any, ...],
     gates: GateCache | None = None,
     *,
     on_result: Callable[[dict], None] | None = None,
     deadline: float | None = None,
 ) -> list[dict]:
-    """Every distinct gate of ``rows`` (``bench.rows.Row``) on ``device`` (rows meant for it,
-    whose framework runs there and whose code exists), each once; returns the gate dicts with
-    the rows they cover. ``on_result`` sees each as it finishes; past ``deadline``
+    """Every distinct gate of ``rows`` (``bench.rows.Row``) on ``machine`` (rows meant for its
+    device, whose framework runs there and whose code exists), each once; returns the gate
+    dicts with the rows they cover. ``on_result`` sees each as it finishes; past ``deadline``
     (``time.monotonic()``) the rest are ``not run``."""
     gates = gates or GateCache()
     covered: dict[tuple, list[str]] = {}
     for row in rows:
-        fdev = framework_device(row.framework, device)
-        if device not in row.devices or fdev is None:
+        if machine.device not in row.devices or machine.fdevices.get(row.framework) is None:
             continue
         try:
             row.resolve()
         except Exception:  # a missing row has no gate to run
             continue
-        key = (row.gate_port, row.gate_alias, peak_key(fdev), row.gate_pin)
+        key = (row.gate_port, row.gate_alias, machine.classes[row.framework], row.gate_pin)
         covered.setdefault(key, []).append(row.name)
     out = []
     for key, names in covered.items():
@@ -307,3 +316,74 @@ def run_gates(
         if on_result is not None:
             on_result(out[-1])
     return out
+
+
+def gates_only(
+    machine: Machine,
+    rows: tuple[Any, ...],
+    out: Path | None,
+    budget_s: float | None,
+    console: Any,
+) -> int:
+    """``python -m bench --gates-only``: every gate of ``rows`` on ``machine``, one line per
+    gate as it finishes (``out/gates.json`` rewritten each time, so a killed run leaves what it
+    had), then the table (:func:`render_gates`). No gate starts after ``budget_s`` seconds.
+    Returns the exit status: 1 when a gate failed, raised or was not run, else 0."""
+    from rich.markup import escape
+
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    done: list[dict] = []
+
+    def on_result(g: dict) -> None:
+        done.append(g)
+        console.print(escape(gate_line(g)))
+        if out is not None:
+            (out / "gates.json").write_text(json.dumps(done, indent=1))
+
+    deadline = time.monotonic() + budget_s if budget_s is not None else None
+    results = run_gates(machine, rows, on_result=on_result, deadline=deadline)
+    render_gates(results, machine.device, console)
+    if out is not None:
+        console.print(f"gates: {out / 'gates.json'}")
+    return 1 if any(g["status"] in ("failed", "error", "not run") for g in results) else 0
+
+
+def gate_text(gate: dict) -> str:
+    """A gate dict in a few words (the report's gate column, the gates' table): ``8/8 ok``
+    (``4/6 ok`` when 2 were unsupported), ``FAIL 3/8``, ``unsupported``, ``error``,
+    ``ungated``."""
+    status = gate["status"]
+    if status == "passed":
+        n_ok = gate["n_run"] - gate.get("n_unsupported", 0)
+        return f"{n_ok}/{gate['n_run']} ok"
+    if status == "failed":
+        return f"FAIL {gate['n_failed']}/{gate['n_run']}"
+    return {"skipped": "ungated", "unsupported": "unsupported", "not run": "not run"}.get(
+        status, "error"
+    )
+
+
+def gate_line(gate: dict) -> str:
+    """``--gates-only``'s line for a finished gate: ``  8/8 ok  impl_numpy sdpa  (1.2 s)``."""
+    pin = gate["pin"] or ""
+    return f"{gate_text(gate):>12}  {gate['port']} {gate['op']} {pin} ({gate['seconds']:.1f} s)"
+
+
+def render_gates(gates: list[dict], device: str, console: Any) -> None:
+    """Print ``--gates-only``'s table: one line per gate (:func:`run_gates`) to ``console``."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title=f"correctness gates on {device} (IEEE float32 matmuls)", title_justify="left")
+    for col in ("port", "op", "pin", "device", "gate", "s", "rows", "detail"):
+        t.add_column(col)
+    for g in gates:
+        style = {"passed": "green", "unsupported": "dim"}.get(g["status"], "red")
+        cell = gate_text(g)
+        t.add_row(
+            escape(g["port"]), g["op"], g["pin"] or "", g["device"],
+            f"[{style}]{escape(cell)}[/]", f"{g['seconds']:.1f}",
+            escape(", ".join(g["rows"])), escape(g["detail"][:200]),
+        )
+    console.print(t)

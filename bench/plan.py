@@ -1,15 +1,18 @@
 """The plan of a run: which cases it has, in which order, and which of them cannot run.
 
-:func:`make_plan` resolves the device, takes the grid's workloads (``bench/workloads.py``) and
-the chosen rows (``bench/rows.py``), and crosses them into cases (:func:`build_cases`): each
-framework's peak matmuls first, then workload by workload; then one case per performance goal
-whose two calls the run has (:func:`build_goal_cases`). A case that cannot run carries its
-``skip`` (status, reason), decided here before anything is run: a row whose code does not
-exist yet (``n/a``), a framework that cannot run on the device (``n/a``), a workload that does
-not fit in memory or that a host row does not run on an accelerator (``skipped``).
+:func:`make_plan` takes the run's machine (``bench/devices.py``, resolved), the grids of its
+device (``bench/workloads.py``) and the ``--rows`` it was given; it chooses the rows
+(``bench/rows.py``, :func:`select_rows`) and crosses them with its grid's workloads into cases
+(:func:`build_cases`): each framework's peak matmuls first, then workload by workload. Then it
+resolves each goal of those rows once (:func:`build_goals`): its two calls' workloads, how it
+reads, which other grid runs it when this one does not, and its case when the run has both of
+its calls. A case that cannot run carries its ``skip`` (status, reason), decided here before
+anything is run: a row whose code does not exist yet (``n/a``), a framework that cannot run on
+the device (``n/a``), a workload that does not fit in memory or that a host row does not run on
+an accelerator (``skipped``).
 
-Nothing here imports pytest or runs a row: ``python -m bench --list`` prints a plan, and
-``bench/session.py`` runs one under pytest.
+Nothing here imports pytest or runs a row: ``python -m bench --list`` prints a plan,
+``bench/session.py`` runs one under pytest, and ``bench/report.py`` states its goals.
 """
 
 from __future__ import annotations
@@ -18,11 +21,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench import goals
-from bench.devices import framework_device, memory_budgets, peak_key, resolve_device
+from bench.devices import FRAMEWORKS, Machine
+from bench.goals import MIN_ROUNDS, SETTLE_S
 from bench.peak import PEAK_N
 from bench.rows import ROWS, Goal, Row
-from bench.workloads import Workload, grid
+from bench.workloads import Workload
 
 __all__ = [
     "GRID_TIMING",
@@ -30,9 +33,9 @@ __all__ = [
     "IMPL_ACCEL_LIMIT",
     "Case",
     "Plan",
+    "PlannedGoal",
     "build_cases",
-    "build_goal_cases",
-    "estimate_bytes",
+    "build_goals",
     "make_plan",
     "select_rows",
 ]
@@ -42,9 +45,9 @@ __all__ = [
 #: of a goal across two frameworks (``bench/goals.py``; the small grids skip the pause).
 GRID_TIMING = {
     "quick": {"max_time": 0.25, "min_rounds": 3, "goal_rounds": 9, "goal_sample_s": 0.005,
-              "goal_max_s": 10.0, "goal_settle_s": goals.SETTLE_S},
+              "goal_max_s": 10.0, "goal_settle_s": SETTLE_S},
     "full": {"max_time": 1.0, "min_rounds": 5, "goal_rounds": 21, "goal_sample_s": 0.02,
-             "goal_max_s": 60.0, "goal_settle_s": goals.SETTLE_S},
+             "goal_max_s": 60.0, "goal_settle_s": SETTLE_S},
     "small": {"max_time": 0.05, "min_rounds": 3, "goal_rounds": 5, "goal_sample_s": 0.005,
               "goal_max_s": 5.0},
     "smoke": {"max_time": 0.01, "min_rounds": 2, "goal_rounds": 5, "goal_sample_s": 0.001,
@@ -56,7 +59,6 @@ HOST_LIMIT = 4096 * 4096
 #: On an accelerator run, the project's rows (Python-level tiling and plain tensor code, not
 #: kernels) stop at this L * S; the frameworks' kernels go on to the longest lengths.
 IMPL_ACCEL_LIMIT = 32768 * 32768
-_FRAMEWORKS = ("numpy", "torch", "jax")
 
 
 @dataclass
@@ -77,22 +79,43 @@ class Case:
     pair: tuple[tuple[Row, Workload, str | None], ...] = ()  # (row, workload, fdevice) A, B
 
 
+@dataclass(frozen=True)
+class PlannedGoal:
+    """One performance goal of the run's rows, resolved once: what the session times and the
+    report states.
+
+    ``workload`` is its first call's, ``baseline`` its second call's (``Goal.baseline``: the
+    non-causal twin, the causal run without the window, the rolling step at P = 1024, else the
+    goal's own workload, run by ``goal.ref``); ``elsewhere``: the device's other grids that run
+    it when this run's grid does not (``Goal.runs_in``); ``case``: its case when this run times
+    it (a CPU run whose grid holds its workloads and which has both of its rows).
+    """
+
+    row: Row
+    goal: Goal
+    text: str
+    workload: Workload
+    baseline: Workload
+    elsewhere: tuple[str, ...] = ()
+    case: Case | None = None
+
+
 @dataclass
 class Plan:
-    """What one run does: its cases and goal cases, on ``device`` (resolved), and how the goals
-    are timed (``goals.interleave``: at least 5 rounds, the shortest sample, the seconds after
-    which no round beyond the fifth starts, the pause before each sample of a goal whose two
-    rows are different frameworks'). ``tf32``: the run's ``--tf32`` (the float32 peak's
-    precision)."""
+    """What one run does: its cases and goal cases on ``machine`` (``devices.resolve``), every
+    goal of its rows (:class:`PlannedGoal`), and how the goals are timed
+    (``goals.interleave``: at least 5 rounds, the shortest sample, the seconds after which no
+    round beyond the fifth starts, the pause before each sample of a goal whose two rows are
+    different frameworks')."""
 
-    device: str
+    machine: Machine
     grid: str
     workloads: list[Workload]
     rows: tuple[Row, ...]
     cases: list[Case] = field(default_factory=list)
     goal_cases: list[Case] = field(default_factory=list)
-    tf32: str = "default"
-    goal_rounds: int = goals.MIN_ROUNDS
+    goals: list[PlannedGoal] = field(default_factory=list)
+    goal_rounds: int = MIN_ROUNDS
     goal_sample_s: float = 0.005
     goal_max_s: float | None = None
     goal_settle_s: float = 0.0
@@ -103,23 +126,25 @@ class Plan:
         return self.cases + self.goal_cases
 
 
-def make_plan(device: str, grid_name: str, *, rows: str = "", tf32: str = "default") -> Plan:
-    """The plan of ``python -m bench --device device --grid grid_name --rows rows``.
-
-    Raises ValueError for an unknown device or grid, RuntimeError for a device not present."""
-    resolved = resolve_device(device)
-    workloads = grid(resolved, grid_name)
+def make_plan(
+    machine: Machine, grid_name: str, grids: dict[str, list[Workload]], *, rows: str = ""
+) -> Plan:
+    """The plan of ``python -m bench --grid grid_name --rows rows`` on ``machine``;
+    ``grids``: every grid of its device (``workloads.grids``), ``grid_name`` among them."""
     chosen = select_rows(rows)
+    workloads = grids[grid_name]
+    cases = build_cases(machine, workloads, chosen)
+    planned = build_goals(machine, grid_name, grids, chosen)
     timing: dict[str, Any] = GRID_TIMING.get(grid_name, {})
     return Plan(
-        resolved,
+        machine,
         grid_name,
         workloads,
         chosen,
-        build_cases(resolved, workloads, chosen, memory_bytes=memory_budgets(resolved)),
-        build_goal_cases(resolved, workloads, chosen),
-        tf32=tf32,
-        goal_rounds=timing.get("goal_rounds", goals.MIN_ROUNDS),
+        cases,
+        [g.case for g in planned if g.case is not None],
+        planned,
+        goal_rounds=timing.get("goal_rounds", MIN_ROUNDS),
         goal_sample_s=timing.get("goal_sample_s", 0.005),
         goal_max_s=timing.get("goal_max_s"),
         goal_settle_s=timing.get("goal_settle_s", 0.0),
@@ -139,20 +164,6 @@ def select_rows(spec: str, rows: tuple[Row, ...] = ROWS) -> tuple[Row, ...]:
     return tuple(r for r in rows if r in chosen or r.name in refs)
 
 
-def estimate_bytes(row: Row, w: Workload) -> int:
-    """Rough peak bytes of ``row`` on ``w``: inputs and output (and a decode step's KV cache,
-    a training step's gradients), plus three float32 score-sized temporaries for rows that
-    materialize ``(B, H, L, S)`` scores (seven for a training step: what autograd saves and
-    the backward's dW, dS and products; torch's plain step measured 7.2 at L = S = 1024, JAX's
-    plan 6), plus projections for modules and decode steps."""
-    n = w.input_bytes()
-    if row.materializes:
-        n += (7 if w.op == "train" else 3) * w.score_bytes()
-    if w.op in ("module", "decode", "mla_decode", "mla_prefill"):
-        n += 4 * w.B * w.L * w.M * 4
-    return n
-
-
 def _case_id(*parts: str) -> str:
     return "|".join(p.replace(" ", "_") for p in parts)
 
@@ -166,31 +177,30 @@ def _resolve_error(row: Row) -> str | None:
 
 
 def build_cases(
-    device: str,
+    machine: Machine,
     workloads: list[Workload],
     rows: tuple[Row, ...] = ROWS,
     *,
-    fdevice_of: Callable[[str, str], str | None] = framework_device,
-    memory_bytes: int | dict[str, int | None] | None = None,
     resolve_error: Callable[[Row], str | None] = _resolve_error,
 ) -> list[Case]:
     """All cases of a run, framework by framework (numpy, torch, jax), each framework's peak
     matmuls first, then workload by workload. Cases that cannot run carry ``skip``.
 
-    Rows not meant for ``device`` (``row.devices``) are left out; rows whose code is missing
-    get one ``n/a`` case per workload so the report shows them. ``memory_bytes``: what a
-    workload may use, one number or one per framework (``devices.memory_budgets``: JAX on a
-    GPU is held to XLA's own limit, not to what torch sees free).
+    Rows not meant for the machine's device (``row.devices``) are left out; rows whose code is
+    missing get one ``n/a`` case per workload so the report shows them. A workload may use what
+    its framework may (``machine.memory``: JAX on a GPU is held to XLA's own limit, not to what
+    torch sees free).
     """
+    device = machine.device
     dtypes = sorted({w.dtype for w in workloads}, key=["float32", "bfloat16", "float16"].index)
     cases: list[Case] = []
-    for fw in _FRAMEWORKS:
-        fdev = fdevice_of(fw, device)
-        budget = memory_bytes.get(fw) if isinstance(memory_bytes, dict) else memory_bytes
+    for fw in FRAMEWORKS:
+        fdev = machine.fdevices.get(fw)
+        budget = machine.memory.get(fw)
         fw_rows = [r for r in rows if r.framework == fw and device in r.devices]
         if fdev is not None and fw_rows:
             for dt in dtypes if fw != "numpy" else ["float32"]:
-                n = PEAK_N[peak_key(fdev)]
+                n = PEAK_N[machine.classes[fw]]
                 cid = _case_id("peak", fw, dt, str(n))
                 cases.append(Case(cid, "peak", fw, fdev, dtype=dt, n=n))
         missing = {r.name: resolve_error(r) for r in fw_rows}
@@ -211,43 +221,45 @@ def build_cases(
                     skip = ("skipped", "host NumPy on an accelerator run: float32, L*S <= 4096^2")
                 elif r.kind == "impl" and device != "cpu" and w.L * w.S > IMPL_ACCEL_LIMIT:
                     skip = ("skipped", "project rows on an accelerator: L*S <= 32768^2")
-                elif budget is not None and estimate_bytes(r, w) > 0.9 * budget:
-                    need, have = estimate_bytes(r, w) / 2**30, budget / 2**30
+                elif budget is not None and w.peak_bytes(r.materializes) > 0.9 * budget:
+                    need, have = w.peak_bytes(r.materializes) / 2**30, budget / 2**30
                     skip = ("skipped", f"needs ~{need:.1f} GiB, {have:.1f} GiB free for {fw}")
                 cases.append(Case(_case_id(r.name, w.id), "row", fw, fdev, r, w, skip=skip))
     return cases
 
 
-def build_goal_cases(
-    device: str,
-    workloads: list[Workload],
+def build_goals(
+    machine: Machine,
+    grid_name: str,
+    grids: dict[str, list[Workload]],
     rows: tuple[Row, ...] = ROWS,
     *,
-    fdevice_of: Callable[[str, str], str | None] = framework_device,
     resolve_error: Callable[[Row], str | None] = _resolve_error,
-) -> list[Case]:
-    """One case per performance goal whose two calls this run has: both rows selected, the
-    goal's workloads in the grid (``Goal.runs_in``: the L = S = 8192 window and memory goals
-    are the full grid's), and a CPU run (the goals are stated for CPU float32)."""
-    if device != "cpu":
-        return []
+) -> list[PlannedGoal]:
+    """Every goal of ``rows``, resolved (:class:`PlannedGoal`), with its case where this run
+    times it: a CPU run (the goals are stated for CPU float32) whose grid ``grid_name`` holds
+    the goal's workloads (``Goal.runs_in``: the L = S = 8192 window and memory goals are the
+    full grid's) and which has both of its rows."""
     by_name = {r.name: r for r in rows}
-    cases = []
+    here = grids[grid_name]
+    planned = []
     for row in rows:
         for goal in row.goals:
-            w = goal.workload()
-            if goal.kind in ("causal", "rolling", "window"):  # the row against itself
-                pair = ((row, w), (row, goal.baseline()))
-            else:  # against its reference (a memory goal: the plain path, beside it)
-                pair = ((row, w), (by_name.get(goal.ref), w))
-            # the grid must list its workloads (Goal.grid_workloads: the L = S = 8192 goals
-            # are the full grid's), and the run must have both rows
-            if not goal.runs_in(workloads) or any(r is None for r, _ in pair):
-                continue
-            full = tuple((r, wl, fdevice_of(r.framework, device)) for r, wl in pair)
-            missing = [e for e in (resolve_error(r) for r, _ in pair) if e]
-            skip = ("n/a", missing[0]) if missing else None
-            cid = _case_id("goal", row.name, goal.text())
-            cases.append(Case(cid, "goal", row.framework, full[0][2], row, w, skip=skip,
-                              goal=goal, pair=full))
-    return cases
+            text, w, baseline = goal.text(), goal.workload(), goal.baseline()
+            runs_here = goal.runs_in(here)
+            elsewhere = () if runs_here else tuple(
+                name for name, ws in grids.items() if name != grid_name and goal.runs_in(ws)
+            )
+            # the row against itself (a causal, rolling or window goal), else against its
+            # reference (a memory goal: the plain path, beside it)
+            other = row if goal.kind in ("causal", "rolling", "window") else by_name.get(goal.ref)
+            case = None
+            if machine.device == "cpu" and runs_here and other is not None:
+                pair = tuple((r, wl, machine.fdevices.get(r.framework))
+                             for r, wl in ((row, w), (other, baseline)))
+                missing = [e for e in (resolve_error(r) for r in (row, other)) if e]
+                skip = ("n/a", missing[0]) if missing else None
+                case = Case(_case_id("goal", row.name, text), "goal", row.framework, pair[0][2],
+                            row, w, skip=skip, goal=goal, pair=pair)
+            planned.append(PlannedGoal(row, goal, text, w, baseline, elsewhere, case))
+    return planned

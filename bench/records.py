@@ -48,9 +48,16 @@ class Record:
     contention: float | None = None  # share of the CPUs other processes used while timing
     goal: dict[str, Any] | None = None  # a goal case: the pair, the per-round ratios, spread
     wall_s: float | None = None  # the case's own seconds: gate (its first use), prepare, calls
+    #: numbers a timed call carries from its preparer (``Prepared.derived``: a sharded call's
+    #: ``sent_bytes``); the report adds the timed ones beside them
+    derived: dict[str, Any] | None = None
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The record as stored in results.json (``derived`` only where there are numbers)."""
+        d = asdict(self)
+        if d["derived"] is None:
+            del d["derived"]
+        return d
 
 
 def summary(rec: Record) -> str:

@@ -1,7 +1,8 @@
 """From records to the report: derived numbers, goals, the JSON document and the rich table.
 
-Everything here works on plain dicts (the records as stored in results.json), so a saved run
-can be re-rendered or compared without re-running anything.
+The document is built once, at the end of a run (:func:`build_results`, from the session's
+records and the plan's goals); everything else here works on plain dicts (the records as stored
+in results.json), so a saved run can be re-rendered or compared without re-running anything.
 
 Derived per timed record:
 
@@ -13,12 +14,14 @@ Derived per timed record:
 - ``ratio``: median / the median of the row's ``ref`` (the framework's fused kernel; a sharded
   row's: the same framework's ring) on the same workload;
 - ``sent_bytes`` (sharded rows only): the bytes one device sends per call by the formulas of
-  docs/SHARDED.md (``bench.sharded.sent_bytes``), not a measurement.
+  docs/SHARDED.md (``bench.sharded.sent_bytes``), not a measurement: the record carries it
+  from its call (``Record.derived``), and it is kept beside the numbers above.
 
-Goals (``goals`` in results.json) come from the goal records: each goal's two calls timed
-interleaved in one process (``bench/goals.py``), the median of the per-round ratios with its
-spread, and met / missed / unclear by where the IQR lies against the limit. The ``x fused``
-column's ratio of two rows timed minutes apart is kept next to it as ``separate_ratio``.
+Goals (``goals`` in results.json): each goal the plan resolved (``plan.PlannedGoal``), stated
+from its goal record: its two calls timed interleaved in one process (``bench/goals.py``), the
+median of the per-round ratios with its spread, and met / missed / unclear by where the IQR lies
+against the limit. The ``x fused`` column's ratio of two rows timed minutes apart is kept next to
+it as ``separate_ratio``.
 """
 
 from __future__ import annotations
@@ -26,13 +29,18 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from bench.devices import peak_key
+from bench.gate import gate_text
 from bench.rows import ROWS, Row
-from bench.sharded import USP_SIZES, sent_bytes
-from bench.workloads import MLA_GQA_GROUP, SHARDS, Workload
+from bench.sharded import USP_SIZES
+from bench.workloads import MLA_GQA_GROUP, SHARDS
+
+if TYPE_CHECKING:
+    from bench.plan import PlannedGoal
 
 __all__ = [
     "CONTENDED",
@@ -45,14 +53,11 @@ __all__ = [
     "evaluate_goals",
     "fmt_bytes",
     "fmt_seconds",
-    "gate_line",
-    "gate_text",
     "goal_measured",
     "load_results",
     "memory_text",
     "mla_cache_text",
     "render",
-    "render_gates",
     "time_spent",
     "write_report",
 ]
@@ -87,26 +92,6 @@ def fmt_bytes(n: int | None) -> str:
     return f"{n} B"
 
 
-def gate_text(gate: dict) -> str:
-    """The table's gate cell from a gate dict: ``8/8 ok`` (``4/6 ok`` when 2 were unsupported),
-    ``FAIL 3/8``, ``unsupported``, ``error``, ``ungated``."""
-    status = gate["status"]
-    if status == "passed":
-        n_ok = gate["n_run"] - gate.get("n_unsupported", 0)
-        return f"{n_ok}/{gate['n_run']} ok"
-    if status == "failed":
-        return f"FAIL {gate['n_failed']}/{gate['n_run']}"
-    return {"skipped": "ungated", "unsupported": "unsupported", "not run": "not run"}.get(
-        status, "error"
-    )
-
-
-def gate_line(gate: dict) -> str:
-    """``--gates-only``'s line for a finished gate: ``  8/8 ok  impl_numpy sdpa  (1.2 s)``."""
-    pin = gate["pin"] or ""
-    return f"{gate_text(gate):>12}  {gate['port']} {gate['op']} {pin} ({gate['seconds']:.1f} s)"
-
-
 def memory_text(g: dict) -> str:
     """A memory goal's measurement (``Goal(kind="memory")``): ``24.1 MiB (numpy sdpa train:
     6.2 GiB)``; the plain path's cell says why it was not run when it was not."""
@@ -137,7 +122,6 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
     """Add ``derived`` numbers to every timed row record, in place (module docstring)."""
     peaks = device_peaks(records)
     refs = {r.name: r.ref for r in rows}
-    methods = {r.name: r.gate_op for r in rows if r.call == "sharded"}
     by_key = {
         (r["row"], r["workload"]["id"]): r for r in records if r["kind"] == "row" and r["workload"]
     }
@@ -161,19 +145,19 @@ def derive(records: list[dict], rows: tuple[Row, ...] = ROWS) -> None:
         ref = by_key.get((d["ref"], w["id"])) if d["ref"] else None
         if ref is not None and ref["status"] == "ok" and ref.get("stats"):
             d["ratio"] = med / ref["stats"]["median"]
-        if r["row"] in methods:
-            d["sent_bytes"] = sent_bytes(methods[r["row"]], Workload.from_dict(w))
+        d.update(r.get("derived") or {})  # what the record carries from its call (sent_bytes)
         r["derived"] = d
 
 
 def evaluate_goals(
-    records: list[dict], device: str, rows: tuple[Row, ...] = ROWS, grid: str | None = None
+    records: list[dict], device: str, goals: Sequence[PlannedGoal] = ()
 ) -> list[dict]:
-    """Each registered goal, from this run's goal records: ``met`` / ``missed`` / ``unclear``
-    (the IQR of the interleaved per-round ratios against the limit), else ``not measured``
-    with the reason; a goal this run's ``grid`` does not hold but another CPU grid does (the
-    L = S = 8192 goals, quick against full) is ``not run (full grid)``, never met. Goals are
-    stated for CPU float32 (issue 5); on other devices they are ``not evaluated``."""
+    """Each goal of the plan (``plan.PlannedGoal``), from this run's goal records: ``met`` /
+    ``missed`` / ``unclear`` (the IQR of the interleaved per-round ratios against the limit),
+    else ``not measured`` with the reason; a goal this run's grid does not hold but another CPU
+    grid does (``PlannedGoal.elsewhere``: the L = S = 8192 goals, quick against full) is ``not
+    run (full grid)``, never met. Goals are stated for CPU float32 (issue 5); on other devices
+    they are ``not evaluated``."""
     goal_records = {
         (r["row"], r["goal"]["text"]): r for r in records if r["kind"] == "goal" and r.get("goal")
     }
@@ -184,75 +168,62 @@ def evaluate_goals(
     }
     in_grid = {r["workload"]["id"] for r in records if r.get("workload")}
     out = []
-    for row in rows:
-        for goal in row.goals:
-            w = goal.workload()
-            entry: dict[str, Any] = {
-                "row": row.name,
-                "goal": goal.text(),
-                "kind": goal.kind,
-                "workload": w.label,
-                "limit": goal.limit,
-            }
-            if device != "cpu":
-                out.append({**entry, "status": "not evaluated", "detail": "goals are for CPU"})
-                continue
-            if goal.kind in ("causal", "rolling"):
-                pair = (row.name, w.id), (row.name, goal.baseline().id)
-            elif goal.kind == "memory":
-                pair = ()  # bytes, not a ratio of two rows' times
-            else:
-                pair = (row.name, w.id), (goal.ref, w.id)
-            if pair and all(p in median for p in pair):
-                entry["separate_ratio"] = median[pair[0]] / median[pair[1]]
-            rec = goal_records.get((row.name, goal.text()))
-            elsewhere = _grids_running(goal, device, grid)
-            if rec is None and elsewhere:
-                where = elsewhere[0]
-                detail = f"{w.label}: in the {where} grid (make bench BENCH={where})"
-                out.append({**entry, "status": f"not run ({where} grid)", "detail": detail})
-            elif rec is None:
-                detail = (
-                    f"{w.label} is not in this grid"
-                    if w.id not in in_grid
-                    else "not in this run (its rows were not selected)"
-                )
-                out.append({**entry, "status": "not measured", "detail": detail})
-            elif rec["status"] != "ok":
-                out.append({**entry, "status": "not measured",
-                            "detail": f"{rec['status']}: {rec['reason']}"})
-            elif goal.kind == "memory":
-                g = rec["goal"]
-                keep = ("a_peak_bytes", "a_memory_method", "b_peak_bytes", "b_memory_method")
-                out.append({**entry, "status": g["status"], "method": "one call each",
-                            "detail": memory_text(g), "ref": goal.ref,
-                            **{k: g.get(k) for k in keep}})
-            else:
-                g = rec["goal"]
-                spread = {k: g["ratio"][k] for k in ("min", "q1", "q3", "max")}
-                out.append(
-                    {
-                        **entry,
-                        "status": g["status"],
-                        "ratio": g["ratio"]["median"],
-                        "spread": spread,
-                        "rounds": g["rounds"],
-                        "method": "interleaved",
-                        "contention": rec.get("contention"),
-                    }
-                )
+    for planned in goals:
+        row, goal, w = planned.row, planned.goal, planned.workload
+        entry: dict[str, Any] = {
+            "row": row.name,
+            "goal": planned.text,
+            "kind": goal.kind,
+            "workload": w.label,
+            "limit": goal.limit,
+        }
+        if device != "cpu":
+            out.append({**entry, "status": "not evaluated", "detail": "goals are for CPU"})
+            continue
+        if goal.kind in ("causal", "rolling"):
+            pair = (row.name, w.id), (row.name, planned.baseline.id)
+        elif goal.kind == "memory":
+            pair = ()  # bytes, not a ratio of two rows' times
+        else:
+            pair = (row.name, w.id), (goal.ref, w.id)
+        if pair and all(p in median for p in pair):
+            entry["separate_ratio"] = median[pair[0]] / median[pair[1]]
+        rec = goal_records.get((row.name, planned.text))
+        if rec is None and planned.elsewhere:
+            where = planned.elsewhere[0]
+            detail = f"{w.label}: in the {where} grid (make bench BENCH={where})"
+            out.append({**entry, "status": f"not run ({where} grid)", "detail": detail})
+        elif rec is None:
+            detail = (
+                f"{w.label} is not in this grid"
+                if w.id not in in_grid
+                else "not in this run (its rows were not selected)"
+            )
+            out.append({**entry, "status": "not measured", "detail": detail})
+        elif rec["status"] != "ok":
+            out.append({**entry, "status": "not measured",
+                        "detail": f"{rec['status']}: {rec['reason']}"})
+        elif goal.kind == "memory":
+            g = rec["goal"]
+            keep = ("a_peak_bytes", "a_memory_method", "b_peak_bytes", "b_memory_method")
+            out.append({**entry, "status": g["status"], "method": "one call each",
+                        "detail": memory_text(g), "ref": goal.ref,
+                        **{k: g.get(k) for k in keep}})
+        else:
+            g = rec["goal"]
+            spread = {k: g["ratio"][k] for k in ("min", "q1", "q3", "max")}
+            out.append(
+                {
+                    **entry,
+                    "status": g["status"],
+                    "ratio": g["ratio"]["median"],
+                    "spread": spread,
+                    "rounds": g["rounds"],
+                    "method": "interleaved",
+                    "contention": rec.get("contention"),
+                }
+            )
     return out
-
-
-def _grids_running(goal: Any, device: str, grid: str | None) -> list[str]:
-    """The other grids of ``device`` that run ``goal`` when ``grid`` (a known grid of it)
-    does not; empty when this grid runs it, or when ``grid`` is not a known grid."""
-    from bench.workloads import GRIDS
-
-    builders = {name: build for (dev, name), build in GRIDS.items() if dev == device}
-    if grid not in builders or goal.runs_in(builders[grid]()):
-        return []
-    return [name for name, build in builders.items() if name != grid and goal.runs_in(build())]
 
 
 def build_results(
@@ -264,11 +235,14 @@ def build_results(
     gates: list[dict],
     wall_s: float,
     rows: tuple[Row, ...] = ROWS,
+    goals: Sequence[PlannedGoal] = (),
     pytest_options: dict | None = None,
     contention: float | None = None,
 ) -> dict:
-    """The results.json document. ``contention``: the share of the CPUs other processes used
-    during the whole run (each record has its own, for its timing)."""
+    """The results.json document: ``records`` with their derived numbers (:func:`derive`,
+    ``rows``: the run's), the ``goals`` the plan resolved, stated (:func:`evaluate_goals`).
+    ``contention``: the share of the CPUs other processes used during the whole run (each
+    record has its own, for its timing)."""
     derive(records, rows)
     return {
         "schema": SCHEMA_VERSION,
@@ -280,7 +254,7 @@ def build_results(
         "pytest_benchmark_options": pytest_options or {},
         "peaks": device_peaks(records),
         "gates": gates,
-        "goals": evaluate_goals(records, device, rows, grid),
+        "goals": evaluate_goals(records, device, goals),
         "records": records,
     }
 
@@ -528,25 +502,6 @@ def write_report(results: dict, out_dir: Path, console: Any) -> None:
     render(results, recorded)
     (out_dir / "report.txt").write_text(recorded.export_text())
     render(results, console)
-
-
-def render_gates(gates: list[dict], device: str, console: Any) -> None:
-    """Print ``--gates-only``'s table: one line per gate (``gate.run_gates``) to ``console``."""
-    from rich.markup import escape
-    from rich.table import Table
-
-    t = Table(title=f"correctness gates on {device} (IEEE float32 matmuls)", title_justify="left")
-    for col in ("port", "op", "pin", "device", "gate", "s", "rows", "detail"):
-        t.add_column(col)
-    for g in gates:
-        style = {"passed": "green", "unsupported": "dim"}.get(g["status"], "red")
-        cell = gate_text(g)
-        t.add_row(
-            escape(g["port"]), g["op"], g["pin"] or "", g["device"],
-            f"[{style}]{escape(cell)}[/]", f"{g['seconds']:.1f}",
-            escape(", ".join(g["rows"])), escape(g["detail"][:200]),
-        )
-    console.print(t)
 
 
 def time_spent(results: dict, longest: int = 5) -> str:

@@ -27,19 +27,11 @@ from typing import Any, NoReturn
 import pytest
 
 from bench import goals, preparers
-from bench.devices import (
-    CpuSnapshot,
-    cpu_snapshot,
-    environment,
-    memory_budgets,
-    others_share,
-    peak_key,
-    set_tf32,
-)
+from bench.devices import CpuSnapshot, cpu_snapshot, others_share
 from bench.errors import classify_error, reason
 from bench.gate import GateCache, GateResult
 from bench.peak import prepare_matmul
-from bench.plan import GRID_TIMING, Case, Plan, estimate_bytes
+from bench.plan import GRID_TIMING, Case, Plan
 from bench.records import STATS, Record, summary
 from bench.report import build_results
 from bench.rows import Row
@@ -142,24 +134,24 @@ class BenchSession:
     def results(self, started: float, cpu_before: CpuSnapshot | None, pytest_options: dict
                 ) -> dict:
         """The run's results.json document (``report.build_results``): the records in plan
-        order, the gates, the environment, the run's wall time since ``started``
-        (``time.perf_counter()``) and the share of the CPUs other processes used since
-        ``cpu_before``."""
+        order, the gates, the plan's goals, the machine's environment, the run's wall time since
+        ``started`` (``time.perf_counter()``) and the share of the CPUs other processes used
+        since ``cpu_before``."""
         records = [r.to_dict() for r in self.ordered_records()]
         wall_s = time.perf_counter() - started
         contention = others_share(cpu_before, cpu_snapshot())
-        env = environment(self.plan.device)
+        machine = self.plan.machine
         return build_results(
-            device=self.plan.device, grid=self.plan.grid, environment=env, records=records,
-            gates=self.gate_results(), wall_s=wall_s, rows=self.plan.rows,
-            pytest_options=pytest_options, contention=contention,
+            device=machine.device, grid=self.plan.grid, environment=dict(machine.environment),
+            records=records, gates=self.gate_results(), wall_s=wall_s, rows=self.plan.rows,
+            goals=self.plan.goals, pytest_options=pytest_options, contention=contention,
         )
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config: pytest.Config) -> None:
-        """The run starts: its float32 matmul precision (``--tf32``, ``devices.set_tf32``)."""
+        """The run starts: the tests find this session (its float32 matmul precision, ``--tf32``,
+        was set when the machine was resolved, ``devices.resolve``)."""
         config.stash[SESSION_KEY] = self
-        set_tf32(self.plan.tf32)
 
     def pytest_deselected(self, items: list[pytest.Item]) -> None:
         """Cases the user's own pytest arguments leave out (``-- -k test_goal``) are ``skipped``
@@ -206,16 +198,18 @@ class BenchSession:
         self._phase(case, "compile" if case.framework == "jax" else "prepare")
         row = case.row
         prepared = None
+        derived = None  # what the prepared call knows without timing (Prepared.derived)
         try:
             with self._outcome(case, fields, row.kernel if row else None,
                                reraise=row is None or row.kind == "impl"):
                 if case.kind == "peak":
                     prepared, fields["matmul"] = prepare_matmul(
-                        case.framework, case.dtype, case.n, case.fdevice, self.plan.tf32
+                        case.framework, case.dtype, case.n, case.fdevice, self.plan.machine.tf32
                     )
                 else:
                     prepared = preparers.prepare(row, case.workload, case.fdevice)
                 fields["compile_s"] = prepared.compile_s
+                derived = prepared.derived or None
                 # One untimed warm-up call keeps first-call effects out of the statistics. On
                 # the host (NumPy, torch CPU) the instrumented memory call is that warm-up: a
                 # call allocates the same there every time. On CUDA the first call also sets up
@@ -250,13 +244,14 @@ class BenchSession:
             "ok",
             stats={k: float(getattr(stats.stats, k)) for k in STATS},
             iterations=int(stats.iterations),
+            derived=derived,
             **fields,
         )
 
     def _gate_row(self, case: Case) -> dict[str, Any]:
         """The gate of a row case, as its record's ``gate``; a gate that does not pass records
         the case and ends the test."""
-        gate = self._gate(case.row, case.fdevice)
+        gate = self._gate(case.row)
         if gate.status == "unsupported":  # the pinned kernel takes none of its fixtures
             self._end(case, "unsupported", f"gate: {gate.detail}",
                       f"unsupported: {gate.detail}", gate=gate.to_dict())
@@ -322,7 +317,7 @@ class BenchSession:
     def _gate_goal(self, case: Case) -> dict[str, Any]:
         """Gate both rows of a goal on their fixtures; return the goal's record (``info``).
         A row whose gate does not pass records the goal as failed and ends the test."""
-        (row_a, w_a, dev_a), (row_b, w_b, dev_b) = case.pair
+        (row_a, w_a, _), (row_b, w_b, _) = case.pair
         info: dict[str, Any] = {
             "kind": case.goal.kind,
             "limit": case.goal.limit,
@@ -332,8 +327,8 @@ class BenchSession:
             "b": {"row": row_b.name, "workload": w_b.id},
         }
         self._phase(case, "gate")
-        for row, dev in ((row_a, dev_a), (row_b, dev_b)):
-            gate = self._gate(row, dev)
+        for row in (row_a, row_b):
+            gate = self._gate(row)
             if not gate.ok:
                 self._end(case, "failed", f"{row.name}: gate {gate.status}: {gate.detail}",
                           f"correctness gate of {row.name} did not pass",
@@ -343,16 +338,16 @@ class BenchSession:
     def _measure_memory_goal(self, case: Case, info: dict[str, Any]) -> None:
         """A memory goal (``Goal(kind="memory")``): the peak extra memory of one training step
         of the row on the goal's workload (L = S = 8192), against the limit, and the plain
-        path's (``goal.ref``) beside it when it fits this machine's memory (its scores alone
-        are gigabytes; JAX's is read from XLA's plan without running). One call each, untimed:
-        a peak is not a distribution."""
+        path's (``goal.ref``) beside it when it fits this machine's memory (``Machine.memory``,
+        as the plan had it; its scores alone are gigabytes; JAX's is read from XLA's plan
+        without running). One call each, untimed: a peak is not a distribution."""
         (row_a, w, dev_a), (row_b, _, dev_b) = case.pair
         self._phase(case, "memory")
-        budgets = memory_budgets(self.plan.device)
+        budgets = self.plan.machine.memory
         with self._outcome(case, {"goal": info}):
             for side, row, dev in (("a", row_a, dev_a), ("b", row_b, dev_b)):
                 budget = budgets.get(row.framework)
-                need = estimate_bytes(row, w)
+                need = w.peak_bytes(row.materializes)
                 # a side measurement: it may not take more than half of what is free (JAX's
                 # plan is read without running)
                 if row.framework != "jax" and budget is not None and need > 0.5 * budget:
@@ -403,9 +398,11 @@ class BenchSession:
                 raise
             pytest.skip(f"{status}: {e}")
 
-    def _gate(self, row: Row, fdevice: str | None) -> GateResult:
-        """The gate of ``row`` on its framework device (run once per port/op/device/pin)."""
-        device = peak_key(fdevice or self.plan.device)
+    def _gate(self, row: Row) -> GateResult:
+        """The gate of ``row`` on its framework's device class (run once per
+        port/op/device/pin)."""
+        machine = self.plan.machine
+        device = machine.classes.get(row.framework) or machine.device
         return self.gates.check(row.gate_port, row.gate_alias, device, row.gate_pin)
 
     def _record(self, case: Case, status: str, reason: str = "", **kw: Any) -> Record:

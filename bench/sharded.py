@@ -12,7 +12,8 @@ own process (its JAX has one device), so a sharded row's timed call drives a chi
 The harness times ``call()``, which sends one line to the child and waits for its answer: the
 time of one sharded call plus a pipe round trip (tens of microseconds; a call at L = S = 1024 is
 tens of milliseconds). The children's memory is not measured. Next to the time the report puts
-the bytes one device sends per call by the formulas of docs/SHARDED.md (:func:`sent_bytes`).
+the bytes one device sends per call by the formulas of docs/SHARDED.md (:func:`sent_bytes`),
+which the prepared call carries into its record.
 
 ``python -m bench.sharded jax|torch METHOD WORKLOAD_JSON`` is the child (the protocol: it
 prints ``bench-sharded ready <compile seconds>``, then answers each ``call`` line on stdin with
@@ -136,13 +137,14 @@ class _Child:
 def prepare_sharded(row: Any, target: Any, w: Workload, fdevice: str) -> Prepared:
     """The ``sharded`` call style: ``row.gate_op`` (ring, ulysses or usp) of ``row.framework``
     on ``w`` in a child (module docstring); ``compile_s``: the child's setup and first call
-    (JAX: the compile)."""
+    (JAX: the compile); ``derived``: the bytes one device sends per call (:func:`sent_bytes`)."""
     child = _Child(row.framework, row.gate_op, w.to_dict())
     return Prepared(
         call=child.call,
         memory=lambda: (None, f"not measured ({SHARDS} child devices)"),
         compile_s=child.compile_s,
         layout="sharded",
+        derived={"sent_bytes": sent_bytes(row.gate_op, w)},
     )
 
 

@@ -7,6 +7,9 @@ Each workload's FLOPs are counted by ``bench/flops.py``'s formulas.
 Shape letters (SEMANTICS.md): B batch, H query heads, K key/value heads, L query length,
 S key/value length, D query/key head dim, E value head dim, M model width (= H * D here).
 
+A run takes every grid of its device (:func:`grids`): its own grid's workloads are crossed
+with the rows, and the others say which grid runs a goal that its own does not.
+
 A *train* workload is one training step of attention on the shapes of an attention workload:
 the forward and the backward, ``(dQ, dK, dV)`` from query, key, value and a random
 ``grad_output`` (the project's ``*_vjp`` functions, the frameworks' autograd of their kernels).
@@ -83,6 +86,7 @@ __all__ = [
     "WINDOW_GOAL_WORKLOAD",
     "Workload",
     "grid",
+    "grids",
     "paged_lengths",
     "varlen_lengths",
 ]
@@ -381,6 +385,19 @@ class Workload:
         grad_output = self.B * self.H * self.L * self.E if self.op == "train" else 0
         return (q + kv + self.B * self.H * self.L * self.E + grad_output) * n + self.result_bytes()
 
+    def peak_bytes(self, materializes: bool) -> int:
+        """Rough peak bytes of one call on this workload (what a plan holds against the memory
+        a framework may use): :meth:`input_bytes`, plus three float32 score-sized temporaries
+        for a call that ``materializes`` the ``(B, H, L, S)`` scores (seven for a training step:
+        what autograd saves and the backward's dW, dS and products; torch's plain step measured
+        7.2 at L = S = 1024, JAX's plan 6), plus projections for modules and decode steps."""
+        n = self.input_bytes()
+        if materializes:
+            n += (7 if self.op == "train" else 3) * self.score_bytes()
+        if self.op in ("module", "decode", "mla_decode", "mla_prefill"):
+            n += 4 * self.B * self.L * self.M * 4
+        return n
+
     def to_dict(self) -> dict:
         """Fields plus id, label, variant, FLOPs and (decode) the cache, for the JSON report."""
         dense, useful = self.flops()
@@ -619,3 +636,10 @@ def grid(device: str, name: str) -> list[Workload]:
     if len(set(workloads)) != len(workloads):
         raise AssertionError(f"grid ({device}, {name}) lists a workload twice")
     return workloads
+
+
+def grids(device: str, name: str) -> dict[str, list[Workload]]:
+    """Every grid of ``device`` by name, built (:func:`grid`), for a run of grid ``name``:
+    ValueError when ``device`` has no grid ``name``."""
+    chosen = grid(device, name)
+    return {g: chosen if g == name else grid(device, g) for d, g in GRIDS if d == device}

@@ -8,13 +8,14 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from bench.devices import FRAMEWORKS, Machine
 from bench.gate import GateCache
-from bench.plan import Plan, build_cases
+from bench.plan import Case, Plan, PlannedGoal, build_cases, build_goals
 from bench.records import Record
 from bench.report import build_results
-from bench.rows import ROWS, row_by_name
+from bench.rows import ROWS, Row, row_by_name
 from bench.session import BenchSession
-from bench.workloads import GOAL_WORKLOAD, Workload
+from bench.workloads import GOAL_WORKLOAD, Workload, grids
 from conformance.oracle import assert_within
 
 # pairwise-distinct sizes (SEMANTICS.md letters)
@@ -26,11 +27,29 @@ def fake_gpu(fw: str, device: str) -> str | None:
     return {"numpy": "cpu", "torch": "cuda", "jax": "gpu"}[fw] if device == "cuda" else "cpu"
 
 
+def machine(device: str = "cpu", memory=None, tf32: str = "default") -> Machine:
+    """A machine of ``device`` with :func:`fake_gpu`'s framework devices, nothing measured;
+    ``memory``: every framework's budget, or one per framework."""
+    budgets = memory if isinstance(memory, dict) else dict.fromkeys(FRAMEWORKS, memory)
+    return Machine(device, {fw: fake_gpu(fw, device) for fw in FRAMEWORKS}, budgets, tf32)
+
+
 def plan(device, workloads, rows=ROWS, memory=None):
-    return build_cases(
-        device, workloads, rows, fdevice_of=fake_gpu, memory_bytes=memory,
-        resolve_error=lambda r: None,
-    )
+    return build_cases(machine(device, memory), workloads, rows, resolve_error=lambda r: None)
+
+
+def planned_goals(device: str, grid_name: str, rows: tuple[Row, ...] = ROWS,
+                  **kw) -> list[PlannedGoal]:
+    """Every goal of ``rows`` as a run of the device's grid ``grid_name`` plans it."""
+    kw.setdefault("resolve_error", lambda r: None)
+    return build_goals(machine(device), grid_name, grids(device, grid_name), rows, **kw)
+
+
+def goal_cases(device: str, workloads: list[Workload], rows: tuple[Row, ...] = ROWS,
+               **kw) -> list[Case]:
+    """The goal cases of a run whose grid is ``workloads``."""
+    goals = build_goals(machine(device), "test", {"test": workloads}, rows, **kw)
+    return [g.case for g in goals if g.case is not None]
 
 
 def stub(ok, n_run, failures=(), raises=None, seen=None):
@@ -83,8 +102,8 @@ class FakeBenchmark:
 def session_of(quick_check, workload, name="numpy sdpa", **plan_options):
     """A session of one row's cases on ``workload`` (no goals), gated by ``quick_check``."""
     row = row_by_name(name)
-    cases = build_cases("cpu", [workload], (row,), fdevice_of=fake_gpu)
-    plan = Plan("cpu", "test", [workload], (row,), cases, **plan_options)
+    cases = build_cases(machine("cpu"), [workload], (row,))
+    plan = Plan(machine("cpu"), "test", [workload], (row,), cases, **plan_options)
     return BenchSession(plan, gates=GateCache(quick_check=quick_check))
 
 
@@ -151,5 +170,6 @@ def results_of(numpy_med=0.25, torch_med=0.1, device="cpu", goals=()):
     ]
     env = {"device_name": "test cpu", "timestamp": "2026-11-29T12:00:00", "versions": {"t": 1}}
     return build_results(
-        device=device, grid="quick", environment=env, records=records, gates=[], wall_s=1.0
+        device=device, grid="quick", environment=env, records=records, gates=[], wall_s=1.0,
+        goals=planned_goals(device, "quick"),
     )

@@ -16,7 +16,7 @@ from bench.report import load_results
 from bench.rows import row_by_name
 from bench.workloads import Workload, grid
 
-from .helpers import B, D, E, FakeBenchmark, H, K, L, S, session_of, stub
+from .helpers import B, D, E, FakeBenchmark, H, K, L, S, machine, session_of, stub
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -26,28 +26,24 @@ def test_gates_only_runs_each_distinct_gate_once():
                                           "torch nn.MHA", "torch F.sdpa[flash]"))
     qc, calls = stub(True, 8)
     seen = []
-    got = run_gates("cpu", rows, GateCache(quick_check=qc), on_result=seen.append)
+    got = run_gates(machine("cpu"), rows, GateCache(quick_check=qc), on_result=seen.append)
     keys = [(g["port"], g["op"], g["pin"]) for g in got]
     assert keys == [("impl_numpy", "sdpa", None), ("impl_numpy", "flash", None),
                     ("conformance.ports.torch_fused", "sdpa", None)]
     assert got[2]["rows"] == ["torch F.sdpa", "torch nn.MHA"]  # one gate, both rows
     assert seen == got and len(calls) == 3  # the CUDA-only pinned row is not a CPU gate
-    late = run_gates("cpu", rows, GateCache(quick_check=qc), deadline=time.monotonic() - 1)
+    late = run_gates(machine("cpu"), rows, GateCache(quick_check=qc),
+                     deadline=time.monotonic() - 1)
     assert {g["status"] for g in late} == {"not run"}
 
 
-def test_gates_on_a_gpu_box_check_the_kernel_rows_on_their_own_ports(monkeypatch):
+def test_gates_on_a_gpu_box_check_the_kernel_rows_on_their_own_ports():
     """``--gates-only`` on CUDA (faked: the framework devices of a GPU box) gates ``triton
     flash`` and ``pallas flash`` on their ports' flash fixtures, next to a pinned torch
     backend's gate; on the CPU there is no such gate (the rows are CUDA-only)."""
-    from bench import gate
-
-    from .helpers import fake_gpu
-
-    monkeypatch.setattr(gate, "framework_device", fake_gpu)
     rows = tuple(row_by_name(n) for n in ("torch F.sdpa[flash]", "triton flash", "pallas flash"))
     qc, calls = stub(True, 8)
-    got = run_gates("cuda", rows, GateCache(quick_check=qc))
+    got = run_gates(machine("cuda"), rows, GateCache(quick_check=qc))
     assert [(g["port"], g["op"], g["pin"], g["rows"]) for g in got] == [
         ("conformance.ports.torch_fused", "sdpa", "flash", ["torch F.sdpa[flash]"]),
         ("conformance.ports.triton_flash", "flash", None, ["triton flash"]),
@@ -57,7 +53,7 @@ def test_gates_on_a_gpu_box_check_the_kernel_rows_on_their_own_ports(monkeypatch
         ("conformance.ports.triton_flash", "cuda", "flash"),
         ("conformance.ports.pallas_flash", "cuda", "flash"),
     ]
-    assert run_gates("cpu", rows, GateCache(quick_check=qc)) == []
+    assert run_gates(machine("cpu"), rows, GateCache(quick_check=qc)) == []
 
 
 def test_no_case_starts_once_the_budget_is_spent():

@@ -14,7 +14,7 @@ from bench.rows import row_by_name
 from bench.session import BenchSession
 from bench.workloads import Workload
 
-from .helpers import FakeBenchmark
+from .helpers import FakeBenchmark, machine
 
 # ----------------------------------------------------------------------------------- CUDA, memory
 
@@ -129,11 +129,11 @@ def test_the_float32_peak_matmul_runs_at_the_rows_precision(monkeypatch):
 
 
 def test_a_peak_case_records_its_precision():
-    session = BenchSession(Plan("cpu", "test", [], (), tf32="default"))
+    session = BenchSession(Plan(machine("cpu", tf32="default"), "test", [], ()))
     case = Case("peak|numpy|float32|64", "peak", "numpy", "cpu", dtype="float32", n=64)
     session.run_case(case, FakeBenchmark())
     assert session.records[case.id].matmul["precision"] == "highest"
-    session.plan.tf32 = "on"
+    session.plan.machine = machine("cpu", tf32="on")
     session.run_case(case, FakeBenchmark())
     assert session.records[case.id].matmul["precision"] == "tf32"
 

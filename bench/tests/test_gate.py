@@ -7,8 +7,7 @@ import sys
 
 import pytest
 
-from bench.gate import GateCache, gate_scope, kernel_case, run_gate
-from bench.report import gate_text
+from bench.gate import GateCache, gate_scope, gate_text, kernel_case, run_gate
 
 from .helpers import stub
 

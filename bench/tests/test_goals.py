@@ -15,7 +15,7 @@ from bench.rows import Goal, row_by_name
 from bench.session import BenchSession
 from bench.workloads import Workload
 
-from .helpers import B, D, E, H, K, L, S, stub
+from .helpers import B, D, E, H, K, L, S, machine, stub
 
 
 class DriftingMachine:
@@ -138,7 +138,7 @@ def test_only_a_goal_across_two_frameworks_pauses(monkeypatch):
         a, b = row_by_name("numpy sdpa"), row_by_name(other)
         case = Case("goal|z", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 1000.0, other),
                     pair=((a, w, "cpu"), (b, w, "cpu")))
-        plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case], goal_sample_s=0.0001,
+        plan = Plan(machine("cpu"), "test", [w], (a, b), goal_cases=[case], goal_sample_s=0.0001,
                     goal_settle_s=0.25)
         session = BenchSession(plan, gates=GateCache(quick_check=qc))
         session.run_goal(case)
@@ -166,7 +166,7 @@ def test_run_goal_gates_both_calls_and_records_the_ratios():
     goal = Goal("ratio", 1000.0, "numpy flash")
     case = Case("goal|x", "goal", "numpy", "cpu", a, w, goal=goal,
                 pair=((a, w, "cpu"), (b, w, "cpu")))
-    plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case], goal_rounds=6,
+    plan = Plan(machine("cpu"), "test", [w], (a, b), goal_cases=[case], goal_rounds=6,
                 goal_sample_s=0.0001)
     session = BenchSession(plan, gates=GateCache(quick_check=qc))
     session.run_goal(case)
@@ -186,7 +186,7 @@ def test_a_goal_whose_row_fails_its_gate_is_not_timed():
     qc, _ = stub(False, 8, ["FAIL sdpa.x: wrong"])
     case = Case("goal|y", "goal", "numpy", "cpu", a, w, goal=Goal("ratio", 2.5, b.name),
                 pair=((a, w, "cpu"), (b, w, "cpu")))
-    plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case])
+    plan = Plan(machine("cpu"), "test", [w], (a, b), goal_cases=[case])
     session = BenchSession(plan, gates=GateCache(quick_check=qc))
     with pytest.raises(pytest.skip.Exception, match="correctness gate"):
         session.run_goal(case)
@@ -194,11 +194,9 @@ def test_a_goal_whose_row_fails_its_gate_is_not_timed():
     assert rec.status == "failed" and "numpy sdpa" in rec.reason and "ratios" not in rec.goal
 
 
-def test_a_memory_goal_measures_both_paths_once_and_decides_on_bytes(monkeypatch):
+def test_a_memory_goal_measures_both_paths_once_and_decides_on_bytes():
     """The memory goal of a tiled training step: the row's peak extra bytes (one call) against
     the limit, the plain path's beside it; a plain path that cannot fit is named, not run."""
-    from bench import session as session_mod
-
     a, b = row_by_name("numpy flash train"), row_by_name("numpy sdpa train")
     w = Workload("train", 1, H, K, 768, 768, D, E)  # longer than a block of either path
     qc, calls = stub(True, 8)
@@ -207,8 +205,7 @@ def test_a_memory_goal_measures_both_paths_once_and_decides_on_bytes(monkeypatch
         goal = Goal("memory", limit, b.name, op="train")
         case = Case("goal|m", "goal", "numpy", "cpu", a, w, goal=goal,
                     pair=((a, w, "cpu"), (b, w, "cpu")))
-        monkeypatch.setattr(session_mod, "memory_budgets", lambda d: {"numpy": budget})
-        plan = Plan("cpu", "test", [w], (a, b), goal_cases=[case])
+        plan = Plan(machine("cpu", memory=budget), "test", [w], (a, b), goal_cases=[case])
         s = BenchSession(plan, gates=GateCache(quick_check=qc))
         s.run_goal(case)
         return s.records["goal|m"].goal

@@ -9,13 +9,12 @@ import pytest
 
 from bench import preparers
 from bench.flops import decode_flops, mla_decode_flops
-from bench.plan import build_goal_cases
 from bench.report import _cache_note, fmt_bytes, mla_cache_text
 from bench.rows import ROWS, row_by_name
 from bench.workloads import MLA_GOAL_WORKLOAD, MLA_GQA_GROUP, Workload, grid
 from conformance.oracle import mla_forward, module_forward
 
-from .helpers import assert_within_bound, fake_gpu, to_np
+from .helpers import assert_within_bound, goal_cases, to_np
 
 _FRAMEWORKS = ("numpy", "torch", "jax")
 
@@ -55,16 +54,14 @@ def test_the_quick_grid_steps_p_1024_and_the_full_grid_adds_the_goal_at_8192():
             if w.op == "mla_decode":
                 assert (w.H, w.R, w.Dr, w.D, w.E) == (16, 512, 64, 128, 128)
                 assert Workload.from_dict(w.to_dict()) == w
-    full = build_goal_cases("cpu", grid("cpu", "full"), ROWS, fdevice_of=fake_gpu,
-                            resolve_error=lambda r: None)
+    full = goal_cases("cpu", grid("cpu", "full"), ROWS, resolve_error=lambda r: None)
     mla = [c for c in full if c.workload.op == "mla_decode"]
     assert [c.row.name for c in mla] == [f"{fw} MLA decode" for fw in _FRAMEWORKS]
     for c in mla:  # the absorbed step and the naive one, on the same workload, interleaved
         (a, wa, _), (b, wb, _) = c.pair
         assert (a.call, b.call) == ("mla_decode", "mla_decode_naive")
         assert wa == wb == MLA_GOAL_WORKLOAD
-    quick = build_goal_cases("cpu", grid("cpu", "quick"), ROWS, fdevice_of=fake_gpu,
-                             resolve_error=lambda r: None)
+    quick = goal_cases("cpu", grid("cpu", "quick"), ROWS, resolve_error=lambda r: None)
     assert not [c for c in quick if c.workload.op == "mla_decode"]
 
 

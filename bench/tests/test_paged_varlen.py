@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from bench import preparers
-from bench.plan import build_cases, build_goal_cases
+from bench.plan import build_cases
 from bench.report import _cache_note, fmt_bytes
 from bench.rows import ROWS, row_by_name
 from bench.workloads import (
@@ -24,7 +24,7 @@ from bench.workloads import (
 )
 from conformance import oracle
 
-from .helpers import assert_within_bound, fake_gpu, to_np
+from .helpers import assert_within_bound, goal_cases, machine, to_np
 
 _FRAMEWORKS = ("numpy", "torch", "jax")
 
@@ -112,16 +112,14 @@ def test_the_workloads_lengths_and_grids():
         for x in grid("cpu", name):
             if x.op in ("paged_decode", "varlen"):
                 assert Workload.from_dict(x.to_dict()) == x
-    full = build_goal_cases("cpu", grid("cpu", "full"), ROWS, fdevice_of=fake_gpu,
-                            resolve_error=lambda r: None)
+    full = goal_cases("cpu", grid("cpu", "full"), ROWS, resolve_error=lambda r: None)
     pairs = {c.row.name: (c.pair[1][0].name, c.workload) for c in full
              if c.workload.op in ("paged_decode", "varlen")}
     assert pairs == {
         **{f"{fw} paged decode": (f"{fw} contiguous decode", w) for fw in _FRAMEWORKS},
         **{f"{fw} varlen": (f"{fw} varlen padded", v) for fw in _FRAMEWORKS},
     }
-    quick = build_goal_cases("cpu", grid("cpu", "quick"), ROWS, fdevice_of=fake_gpu,
-                             resolve_error=lambda r: None)
+    quick = goal_cases("cpu", grid("cpu", "quick"), ROWS, resolve_error=lambda r: None)
     assert not [c for c in quick if c.workload.op in ("paged_decode", "varlen")]
 
 
@@ -217,7 +215,7 @@ def test_the_kernel_ports_paged_rows_are_planned_for_cuda_only():
         assert row.target == f"{port}:paged_attention"
         assert row.ref == (name.removesuffix(" fp8") if name.endswith(" fp8") else None)
     for size in ("small", "quick", "full"):
-        cases = [c for c in build_cases("cuda", grid("cuda", size), ROWS, fdevice_of=fake_gpu,
+        cases = [c for c in build_cases(machine("cuda"), grid("cuda", size), ROWS,
                                         resolve_error=lambda r: None) if c.row]
         mine = {(c.row.name, c.workload.P, c.workload.dtype, c.fdevice) for c in cases
                 if c.row.name in names}
@@ -227,7 +225,7 @@ def test_the_kernel_ports_paged_rows_are_planned_for_cuda_only():
         # the project's paged rows stay on the CPU
         assert not [c for c in cases if c.row.name.startswith(("numpy", "torch", "jax"))
                     and c.workload.op == "paged_decode"]
-    cpu = [c for c in build_cases("cpu", grid("cpu", "full"), ROWS, fdevice_of=fake_gpu,
+    cpu = [c for c in build_cases(machine("cpu"), grid("cpu", "full"), ROWS,
                                   resolve_error=lambda r: None) if c.row]
     assert not [c for c in cpu if c.row.name in names]
 

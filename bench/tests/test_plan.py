@@ -12,7 +12,7 @@ import pytest
 
 from bench import devices
 from bench.devices import resolve_device, set_tf32, tf32_state
-from bench.plan import HOST_LIMIT, build_cases, build_goal_cases, estimate_bytes, select_rows
+from bench.plan import HOST_LIMIT, build_cases, select_rows
 from bench.rows import ROWS, Row, row_by_name
 from bench.session import pytest_args
 from bench.workloads import (
@@ -23,7 +23,7 @@ from bench.workloads import (
     grid,
 )
 
-from .helpers import fake_gpu, plan
+from .helpers import goal_cases, machine, plan
 
 # ----------------------------------------------------------------------------------- devices
 
@@ -131,7 +131,7 @@ def test_jax_on_a_gpu_is_planned_against_xla_s_own_limit(monkeypatch):
     assert devices.memory_budgets("cuda")["jax"] == 40 * gib
     # a materializing row that fits torch's 79 GiB but not XLA's 70 GiB
     w = Workload("attention", 1, 16, 16, 19456, 19456, 128, 128, False, "bfloat16")
-    need = estimate_bytes(row_by_name("jax sdpa"), w)
+    need = w.peak_bytes(row_by_name("jax sdpa").materializes)
     assert 0.9 * 70 * gib < need < 0.9 * 79 * gib
     rows = (row_by_name("jax sdpa"), row_by_name("torch sdpa"))
     cases = plan("cuda", [w], rows, memory={"numpy": None, "torch": 79 * gib, "jax": 70 * gib})
@@ -182,7 +182,7 @@ def test_cpu_plan_leaves_out_cuda_only_rows_and_orders_by_framework():
 
 def test_a_row_whose_code_is_missing_is_visible_as_na():
     ghost = Row("numpy ghost", "impl_numpy.no_such_module:flash_attention")
-    cases = build_cases("cpu", [GOAL_WORKLOAD], (ghost,), fdevice_of=fake_gpu)
+    cases = build_cases(machine("cpu"), [GOAL_WORKLOAD], (ghost,))
     (case,) = [c for c in cases if c.kind == "row"]
     assert case.skip[0] == "n/a"
     assert "No module named 'impl_numpy.no_such_module'" in case.skip[1]
@@ -251,10 +251,9 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     """One interleaved case per goal when its two calls are in the run: a CPU run whose grid
     has the goal workload (and its causal twin) and whose rows include both."""
     quick, full = grid("cpu", "quick"), grid("cpu", "full")
-    everything = build_goal_cases("cpu", full, ROWS, fdevice_of=fake_gpu,
-                                  resolve_error=lambda r: None)
+    everything = goal_cases("cpu", full, ROWS, resolve_error=lambda r: None)
     assert len(everything) == sum(len(r.goals) for r in ROWS) == 35  # the full grid: every goal
-    cases = build_goal_cases("cpu", quick, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None)
+    cases = goal_cases("cpu", quick, ROWS, resolve_error=lambda r: None)
     heavy = {(c.row.name, c.goal.kind) for c in everything if c.goal.kind in ("window", "memory")}
     assert len(heavy) == 6  # three flash rows' window goals, three training steps' memory goals
     mla = {(c.row.name, c.goal.kind) for c in everything if c.workload.op == "mla_decode"}
@@ -289,16 +288,12 @@ def test_goal_cases_are_planned_for_the_cpu_goals_of_the_grid():
     assert wa == wb == TRAIN_MEMORY_WORKLOAD and wa not in quick and wa in full and wa.L == 8192
     no_train = [w for w in quick if w.op != "train"]  # no training steps: no training goals
     assert not [
-        c
-        for c in build_goal_cases(
-            "cpu", no_train, ROWS, fdevice_of=fake_gpu, resolve_error=lambda r: None
-        )
+        c for c in goal_cases("cpu", no_train, ROWS, resolve_error=lambda r: None)
         if c.goal.op == "train"
     ]
-    assert build_goal_cases("cpu", grid("cpu", "smoke"), ROWS, fdevice_of=fake_gpu) == []
-    assert build_goal_cases("cuda", grid("cuda", "quick"), ROWS, fdevice_of=fake_gpu) == []
-    some = build_goal_cases("cpu", quick, select_rows("numpy sdpa"), fdevice_of=fake_gpu,
-                            resolve_error=lambda r: None)
+    assert goal_cases("cpu", grid("cpu", "smoke"), ROWS) == []
+    assert goal_cases("cuda", grid("cuda", "quick"), ROWS) == []
+    some = goal_cases("cpu", quick, select_rows("numpy sdpa"), resolve_error=lambda r: None)
     assert [c.id for c in some] == ["goal|numpy_sdpa|<=_2.5x_torch_F.sdpa"]
 
 

@@ -17,7 +17,7 @@ from bench.session import BenchSession
 from bench.workloads import Workload
 from conformance.oracle import attention, attention_vjp, linear, module_forward
 
-from .helpers import B, D, E, FakeBenchmark, H, K, L, S, assert_within_bound, fake_gpu, stub, to_np
+from .helpers import B, D, E, FakeBenchmark, H, K, L, S, assert_within_bound, machine, stub, to_np
 
 
 def _assert_sdpa(out, q, k, v, *, is_causal: bool) -> None:
@@ -293,9 +293,9 @@ def test_timed_decode_rounds_leave_the_cache_at_its_position(monkeypatch):
     prepared = []
     real = preparers.prepare
     monkeypatch.setattr(preparers, "prepare", lambda *a: prepared.append(real(*a)) or prepared[-1])
-    cases = build_cases("cpu", [w], (row,), fdevice_of=fake_gpu)
+    cases = build_cases(machine("cpu"), [w], (row,))
     gates = GateCache(quick_check=stub(True, 8)[0])
-    session = BenchSession(Plan("cpu", "test", [w], (row,), cases), gates=gates)
+    session = BenchSession(Plan(machine("cpu"), "test", [w], (row,), cases), gates=gates)
     (case,) = [c for c in cases if c.kind == "row"]
     p_seen = []
     decode = row.resolve().decode

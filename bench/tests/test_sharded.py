@@ -6,16 +6,22 @@ from __future__ import annotations
 
 import pytest
 
+from bench.devices import resolve
 from bench.gate import GateCache, run_gate
 from bench.plan import Plan, build_cases, make_plan
 from bench.report import derive
 from bench.rows import ROWS, row_by_name
 from bench.session import BenchSession
 from bench.sharded import sent_bytes
-from bench.tests.helpers import FakeBenchmark, rec
-from bench.workloads import SHARDS, Workload, grid
+from bench.tests.helpers import FakeBenchmark, machine, rec
+from bench.workloads import SHARDS, Workload, grid, grids
 
 NAMES = [f"{fw} {m}" for fw in ("torch", "jax") for m in ("ring", "ulysses", "usp")]
+
+
+def _cpu_plan(grid_name: str, rows: str = "") -> Plan:
+    """The plan of ``python -m bench --device cpu --grid grid_name --rows rows``."""
+    return make_plan(resolve("cpu"), grid_name, grids("cpu", grid_name), rows=rows)
 
 
 def _sharded_cases(plan: Plan) -> dict[str, set[int]]:
@@ -28,9 +34,9 @@ def _sharded_cases(plan: Plan) -> dict[str, set[int]]:
 
 
 def test_the_six_rows_are_in_the_cpu_plans_quick_at_1024_full_at_4096_too():
-    assert _sharded_cases(make_plan("cpu", "quick")) == {n: {1024} for n in NAMES}
-    assert _sharded_cases(make_plan("cpu", "full")) == {n: {1024, 4096} for n in NAMES}
-    assert all(c.skip is None for c in make_plan("cpu", "full").cases if c.row
+    assert _sharded_cases(_cpu_plan("quick")) == {n: {1024} for n in NAMES}
+    assert _sharded_cases(_cpu_plan("full")) == {n: {1024, 4096} for n in NAMES}
+    assert all(c.skip is None for c in _cpu_plan("full").cases if c.row
                and c.row.name in NAMES)
     for name in NAMES:
         row = row_by_name(name)
@@ -42,7 +48,7 @@ def test_the_six_rows_are_in_the_cpu_plans_quick_at_1024_full_at_4096_too():
 
 
 def test_select_rows_keeps_the_ring_each_ratio_divides_by():
-    plan = make_plan("cpu", "quick", rows="jax usp")
+    plan = _cpu_plan("quick", rows="jax usp")
     assert {r.name for r in plan.rows} == {"jax usp", "jax ring"}
 
 
@@ -59,10 +65,12 @@ def test_the_bytes_column_is_docs_sharded_formula(H, K, L):
     expected = {"ring": ring, "ulysses": ulysses, "usp": usp}
     assert {m: sent_bytes(m, w) for m in expected} == expected
     records = [rec(name, w, 0.1 + i) for i, name in enumerate(NAMES)]
+    for r in records:  # what the sharded preparer's call leaves on its record (Prepared.derived)
+        r["derived"] = {"sent_bytes": sent_bytes(r["row"].split()[1], w)}
     derive(records, ROWS)
-    for r in records:
+    for r in records:  # kept beside the timed numbers
         d = r["derived"]
-        assert d["sent_bytes"] == expected[r["row"].split()[1]]
+        assert d["sent_bytes"] == expected[r["row"].split()[1]] and "median_s" in d
         assert d["ref"] == f"{r['row'].split()[0]} ring" and d["ratio"] is not None
 
 
@@ -95,7 +103,7 @@ def test_a_tiny_run_of_the_six_rows_gives_records_with_their_fields(tmp_path):
     child's setup as compile_s, no memory; derive adds the ratio and the bytes (~60 s)."""
     w = Workload("sharded", 1, 8, 8, 64, 64, 16, 16, False)
     rows = tuple(row_by_name(n) for n in NAMES)
-    plan = Plan("cpu", "test", [w], rows, build_cases("cpu", [w], rows))
+    plan = Plan(machine("cpu"), "test", [w], rows, build_cases(machine("cpu"), [w], rows))
     session = BenchSession(plan, gates=GateCache(skip=True))
     for case in plan.cases:
         if case.kind == "row":
