@@ -551,7 +551,8 @@ def paged_flash_attention(
             v = _descaled(value_cache[pages], call.v_descale, v_descale, at_n)  # (.., ps, K, E)
             k = k.astype(ct, copy=False).reshape(-1, K, D).transpose(1, 2, 0)  # (K, D, bk)
             v = v.astype(ct, copy=False).reshape(-1, K, E)  # (bk, K, E)
-            v = np.where(exists[:, None, None], v, 0.0).transpose(1, 0, 2)  # (K, bk, E); no 0*NaN
+            v[S - p0 * page_size :] = 0.0  # the last page's slots past S, in the block's copy
+            v = v.transpose(1, 0, 2)  # (K, bk, E); no 0*NaN meets a weight
 
             # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
             s = q @ k  # (K, G * L, bk)

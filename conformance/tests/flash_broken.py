@@ -174,8 +174,8 @@ PAGED_BUGS: dict[str, tuple[str, str]] = {
     # the last page's tail (keys >= S, NaN in the fixtures) kept in the values: masked in the
     # scores only, so its zero weight meets NaN (0 * NaN)
     "tail_values_kept": (
-        "v = np.where(exists[:, None, None], v, 0.0).transpose(1, 0, 2)  # (K, bk, E); no 0*NaN",
-        "v = v.transpose(1, 0, 2)  # BUG",
+        "v[S - p0 * page_size :] = 0.0  # the last page's slots past S, in the block's copy",
+        "pass  # BUG",
     ),
 }
 
