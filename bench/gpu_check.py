@@ -14,9 +14,11 @@ GPU); a step that crashes or runs out of time is recorded and the next one runs.
   actually run at by default, with TF32 allowed, and inside the gate (must be IEEE);
 - ``gates/gates.json``: every correctness gate of every row on the device, pass/fail
   (``python -m bench --gates-only``), pinned backends on their own kernels;
-- ``conformance-impl.json`` / ``conformance-fused.json`` / ``conformance-kernels.json``:
-  ``python -m conformance --device cuda`` for impl_numpy, impl_torch, impl_jax, for torch_fused,
-  jax_fused, and for the Triton and Pallas kernel ports (those with their xfails);
+- ``conformance-<ports>-<k>of<n>.json``: ``python -m conformance --device cuda`` for impl_numpy
+  with impl_torch (``impl``), impl_jax (``jax``), torch_fused with jax_fused (``fused``), and
+  the Triton and Pallas kernel ports (``triton``, ``pallas``; those with their xfails), each in
+  n interleaved parts run at once (``--part k/n``), so that the box's cores make every run
+  within the step's limit; a part cut short by it says how many of its runs it made;
 - ``bench-smoke/`` and ``bench-small/``: ``make bench``'s smoke grid and the small CUDA grid;
 - one ``<step>.log`` per step, and ``summary.md``: one page of what failed, with candidate
   ``cuda:`` xfail lines for the fused ports (docs/BENCH.md says how to read it).
@@ -85,6 +87,30 @@ def _py(template: str) -> tuple[str, ...]:
     return ("{py}", *template.split())
 
 
+#: The conformance steps whose ports list device-dependent xfails: the summary writes candidate
+#: ``cuda:`` xfail lines for their failures and XPASSes.
+_XFAIL_CANDIDATES = ("conformance-fused", "conformance-triton", "conformance-pallas")
+
+
+def _conformance(name: str, what: str, ports: str, parts: int) -> tuple[Step, ...]:
+    """``python -m conformance`` of ``ports`` on the device in ``parts`` steps of the group
+    ``conformance``, ``conformance-<name>-<k>of<parts>``, each one ``--part k/parts`` with its
+    own report (``<step>.json``)."""
+    return tuple(
+        Step(
+            f"conformance-{name}-{k}of{parts}",
+            f"conformance: {what}, part {k}/{parts}",
+            _py(
+                f"-m conformance {ports} --device {{device}} --part {k}/{parts} "
+                f"--report {{out}}/conformance-{name}-{k}of{parts}.json"
+            ),
+            150,
+            group="conformance",
+        )
+        for k in range(1, parts + 1)
+    )
+
+
 #: The steps, most telling first (a budget that runs out drops the last ones).
 STEPS: tuple[Step, ...] = (
     Step(
@@ -105,43 +131,21 @@ STEPS: tuple[Step, ...] = (
         _py("-m bench --device {device} --gates-only --budget-s {budget} --out {out}/gates"),
         150,
     ),
-    Step(
-        "conformance-impl",
-        "conformance: impl_numpy, impl_torch",
-        _py(
-            "-m conformance --impl impl_numpy --impl impl_torch --device {device} "
-            "--report {out}/conformance-impl.json"
-        ),
-        150,
-        group="conformance",
+    # the conformance runs, each port's runs in interleaved parts (``--part K/N``), every part
+    # a process of its own: they time nothing, so the 14 share the box's cores and the GPU
+    *_conformance("impl", "impl_numpy, impl_torch", "--impl impl_numpy --impl impl_torch", 2),
+    *_conformance("jax", "impl_jax", "--impl impl_jax", 4),
+    *_conformance(
+        "fused", "torch_fused, jax_fused (with their xfails)",
+        "--impl torch_fused --impl jax_fused --show-xfails", 2,
     ),
-    Step(
-        "conformance-jax",
-        "conformance: impl_jax",
-        _py("-m conformance --impl impl_jax --device {device} --report {out}/conformance-jax.json"),
-        150,
-        group="conformance",
+    *_conformance(
+        "triton", "the Triton kernel port, compiled (with its xfails)",
+        "--impl conformance.ports.triton_flash --show-xfails", 3,
     ),
-    Step(
-        "conformance-fused",
-        "conformance: torch_fused, jax_fused (with their xfails)",
-        _py(
-            "-m conformance --impl torch_fused --impl jax_fused --device {device} "
-            "--show-xfails --report {out}/conformance-fused.json"
-        ),
-        150,
-        group="conformance",
-    ),
-    Step(
-        "conformance-kernels",
-        "conformance: the Triton and Pallas kernel ports, compiled (with their xfails)",
-        _py(
-            "-m conformance --impl conformance.ports.triton_flash "
-            "--impl conformance.ports.pallas_flash --device {device} "
-            "--show-xfails --report {out}/conformance-kernels.json"
-        ),
-        150,
-        group="conformance",
+    *_conformance(
+        "pallas", "the Pallas kernel port, compiled (with its xfails)",
+        "--impl conformance.ports.pallas_flash --show-xfails", 3,
     ),
     Step(
         "bench-smoke",
@@ -291,8 +295,12 @@ def _load(path: Path) -> Any:
         return None
 
 
-def summarize(out: Path, steps: list[StepResult], *, device: str, max_lines: int = 12) -> str:
-    """``summary.md``: one page saying what failed (module docstring)."""
+def summarize(
+    out: Path, steps: list[StepResult], *, device: str, wall_s: float | None = None,
+    max_lines: int = 12,
+) -> str:
+    """``summary.md``: one page saying what failed (module docstring); ``wall_s``: the whole
+    check's seconds (a group's steps run at the same time: their seconds overlap)."""
     versions = _load(out / "versions.json") or {}
     when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     name = versions.get("device_name", device)
@@ -304,7 +312,7 @@ def summarize(out: Path, steps: list[StepResult], *, device: str, max_lines: int
         f"torch {v.get('torch')} (CUDA {cuda.get('torch.version.cuda')}, cuDNN "
         f"{cuda.get('cudnn')}), jax {v.get('jax')}, jaxlib {v.get('jaxlib')}, flax "
         f"{v.get('flax')}; commit {str((versions.get('git') or {}).get('commit'))[:10]}; "
-        f"{sum(s.seconds for s in steps):.0f} s",
+        f"{sum(s.seconds for s in steps) if wall_s is None else wall_s:.0f} s wall",
         "",
         "| step | result | s | notes |",
         "| --- | --- | --- | --- |",
@@ -369,9 +377,11 @@ def _conformance_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, l
     for rep in data:
         c = rep["counts"]
         loaded = " (did not load)" if rep.get("error") else ""
+        made, planned = len(rep["outcomes"]), rep.get("planned")
+        cut = "" if rep.get("complete", True) else f" (cut short: {made} of {planned} runs made)"
         notes.append(
             f"{rep['port'].rsplit('.', 1)[-1]} {c['pass']} pass, {c['fail']} fail, "
-            f"{c['xfail']} xfail, {c['xpass']} xpass{loaded}"
+            f"{c['xfail']} xfail, {c['xpass']} xpass{loaded}{cut}"
         )
         bad = [o for o in rep["outcomes"] if o["status"] in ("fail", "xpass")]
         if rep.get("error"):
@@ -380,7 +390,7 @@ def _conformance_notes(out: Path, s: StepResult, max_lines: int) -> tuple[str, l
             more.append(f"- {rep['port']} {o['status']} `{o['run_id']}`: {o['message'][:200]}")
         if len(bad) > max_lines:
             more.append(f"- ... {len(bad) - max_lines} more in {s.name}.json")
-        if bad and s.name in ("conformance-fused", "conformance-kernels"):  # on CUDA: a kernel's
+        if bad and s.name.startswith(_XFAIL_CANDIDATES):  # on CUDA: a kernel's
             fails = [_xfail_line(o) for o in bad if o["status"] == "fail"]
             xpasses = [f"# XPASS on cuda, narrow its entry: {o['run_id']}" for o in bad
                        if o["status"] == "xpass"]
@@ -426,6 +436,12 @@ def _xfail_line(o: dict) -> str:
     return f"cuda: {o['run_id']:<40} # measured by gpu-check: {reason}"
 
 
+def _whole(name: str) -> str:
+    """A part step's name without its part (``conformance-jax-2of4``: ``conformance-jax``)."""
+    stem, _, part = name.rpartition("-")
+    return stem if stem and "of" in part and part.replace("of", "").isdigit() else name
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         prog="python -m bench.gpu_check", description=__doc__.split("\n")[0]
@@ -440,16 +456,18 @@ def main(argv: list[str] | None = None) -> int:
     stamp = dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     out = (args.out or REPO / "results" / f"gpu-check-{stamp}").resolve()
     out.mkdir(parents=True, exist_ok=True)
-    wanted = [s.strip() for s in args.steps.split(",") if s.strip()]
-    unknown = set(wanted) - {s.name for s in STEPS}
+    wanted = {s.strip() for s in args.steps.split(",") if s.strip()}
+    names = {s.name: {s.name, _whole(s.name)} for s in STEPS}  # a step, or all its parts
+    unknown = wanted - set().union(*names.values())
     if unknown:
-        p.error(f"unknown steps {sorted(unknown)}; steps: {[s.name for s in STEPS]}")
-    steps = tuple(s for s in STEPS if not wanted or s.name in wanted)
+        p.error(f"unknown steps {sorted(unknown)}; steps: {sorted(set().union(*names.values()))}")
+    steps = tuple(s for s in STEPS if not wanted or names[s.name] & wanted)
     print(
         f"gpu-check on {args.device}: {len(steps)} steps, budget {args.budget_s:.0f} s, "
         f"folder {out}",
         flush=True,
     )
+    t0 = time.monotonic()
     _nvidia_smi(out)
     results = run_steps(
         steps,
@@ -460,7 +478,7 @@ def main(argv: list[str] | None = None) -> int:
         small_grid=args.small_grid,
     )
     (out / "steps.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
-    print(summarize(out, results, device=args.device))
+    print(summarize(out, results, device=args.device, wall_s=time.monotonic() - t0))
     print(f"gpu-check: {out / 'summary.md'}")
     return 0 if all(r.status == "passed" for r in results) else 1
 

@@ -23,6 +23,7 @@ from conformance.runner import (
     Outcome,
     Report,
     Xfails,
+    check_part,
     load_port,
     plan_runs,
     run_suite,
@@ -82,6 +83,13 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("-k", dest="pattern", help="only runs whose id matches this glob")
     parser.add_argument(
+        "--part",
+        type=_part,
+        metavar="K/N",
+        help="only the K-th of N interleaved parts of the runs (every N-th, from the K-th): N "
+        "processes given 1/N .. N/N make every run once, each with a share of every family",
+    )
+    parser.add_argument(
         "--shards",
         action="append",
         type=int,
@@ -117,6 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             os.environ["ROSETTA_EXEC_TIMEOUT"] = before
 
 
+def _part(text: str) -> tuple[int, int]:
+    """``--part K/N`` as ``(K, N)``, 1 <= K <= N."""
+    try:
+        k, n = (int(x) for x in text.split("/"))
+        return check_part((k, n))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: want K/N with 1 <= K <= N") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     """Every port of ``args`` through the suite, printed as it goes; 0 when all pass."""
     if args.list:
@@ -143,6 +160,7 @@ def _run(args: argparse.Namespace) -> int:
                 isolate=not args.in_process,
                 on_outcome=progress,
                 shards=args.shards,
+                part=args.part,
             )
         except KeyboardInterrupt:
             print("interrupted: the report holds the runs made so far")
@@ -167,7 +185,7 @@ def _list(args: argparse.Namespace) -> int:
             return 1
         runs = plan_runs(
             port, functions=args.function, fixtures=args.fixtures, pattern=args.pattern,
-            shards=args.shards,
+            shards=args.shards, part=args.part,
         )
         for run in runs:
             entry = port.xfails.lookup(run.id, args.device)

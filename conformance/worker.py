@@ -1,10 +1,10 @@
 """The child process of ``run_suite(..., isolate=True)``: one port, some runs, one line each.
 
 Reads one job (JSON) on stdin: the port's importable name, the device, the functions, extra
-xfails, the fixture folder, a ``-k`` glob, the shard counts and, after a crash, the run ids
-still to do (its environment carries ``XLA_FLAGS`` for the sharded runs' devices). Writes
-JSON lines to its stdout, which only the protocol uses (the port's own prints are sent to
-stderr):
+xfails, the fixture folder, a ``-k`` glob, the shard counts, a ``--part`` and, after a crash,
+the run ids still to do (its environment carries ``XLA_FLAGS`` for the sharded runs' devices).
+Writes JSON lines to its stdout, which only the protocol uses (the port's own prints are sent
+to stderr):
 
 - ``{"plan": [run ids], "port": name, "host_port": bool, "xfails": [...]}`` first;
 - ``{"start": {"run_id", "family", "dtype"}}`` before each run, ``{"outcome": {...}}`` after it;
@@ -47,7 +47,7 @@ def run_job(job: dict, send: Callable[[dict], None]) -> None:
         return
     runs = plan_runs(
         port, functions=job["functions"], fixtures=job["fixtures"], pattern=job["pattern"],
-        shards=job["shards"],
+        shards=job["shards"], part=None if job.get("part") is None else tuple(job["part"]),
     )
     host_port = port.numpy_native and job["device"] != "cpu"
     send({"plan": [r.id for r in runs], "port": port.name, "host_port": host_port,

@@ -60,6 +60,25 @@ def test_placeholders_are_filled_and_other_braces_left_alone():
     assert gpu_check.BUDGET_S <= 8 * 60 - 30
 
 
+def test_each_port_s_conformance_runs_in_parts_that_make_the_whole_plan():
+    """The conformance steps: every port once, its runs in parts 1/n .. n/n, one report each,
+    all in one group (at the same time); ``--steps conformance-jax`` names all of its parts."""
+    parts: dict[str, list[str]] = {}
+    for s in gpu_check.STEPS:
+        if s.group == "conformance":
+            argv = list(s.argv)
+            assert argv[argv.index("--report") + 1] == f"{{out}}/{s.name}.json"
+            assert "--impl" in argv
+            parts.setdefault(gpu_check._whole(s.name), []).append(argv[argv.index("--part") + 1])
+    assert set(parts) == {f"conformance-{n}" for n in ("impl", "jax", "fused", "triton", "pallas")}
+    for whole, got in parts.items():
+        n = len(got)
+        assert got == [f"{k}/{n}" for k in range(1, n + 1)], whole
+    assert 8 <= sum(map(len, parts.values())) <= 16  # a GPU box's cores, not more
+    assert gpu_check._whole("conformance-jax-2of4") == "conformance-jax"
+    assert gpu_check._whole("bench-small") == "bench-small"
+
+
 def _write_fake_run(out: Path) -> list[StepResult]:
     """The files the steps write, with one of every kind of failure in them."""
     (out / "versions.json").write_text(json.dumps({
@@ -82,9 +101,14 @@ def _write_fake_run(out: Path) -> list[StepResult]:
     ]))
     outcome = {"run_id": "sdpa.fully_masked.bool_row.float32", "status": "fail",
                "message": "output max error nan > bound 1e-06"}
-    (out / "conformance-fused.json").write_text(json.dumps([
+    (out / "conformance-fused-1of2.json").write_text(json.dumps([
         {"port": "conformance.ports.torch_fused", "counts": {"pass": 9, "fail": 1, "xfail": 2,
-         "xpass": 0}, "outcomes": [outcome], "error": ""},
+         "xpass": 0}, "outcomes": [outcome], "error": "", "complete": True, "planned": 12},
+    ]))
+    passed = {"run_id": "sdpa.gqa.h6_k2.float32", "status": "pass", "message": ""}
+    (out / "conformance-jax-1of4.json").write_text(json.dumps([
+        {"port": "impl_jax", "counts": {"pass": 2, "fail": 0, "xfail": 0, "xpass": 0},
+         "outcomes": [passed, passed], "error": "", "complete": False, "planned": 480},
     ]))
     (out / "bench-small").mkdir()
     (out / "bench-small" / "results.json").write_text(json.dumps({"records": [
@@ -95,7 +119,8 @@ def _write_fake_run(out: Path) -> list[StepResult]:
         StepResult("versions", "versions", "passed", 3.0),
         StepResult("tf32", "TF32 probe", "passed", 9.0),
         StepResult("gates", "every gate", "failed", 50.0, 1),
-        StepResult("conformance-fused", "fused ports", "failed", 80.0, 1),
+        StepResult("conformance-fused-1of2", "fused ports", "failed", 80.0, 1),
+        StepResult("conformance-jax-1of4", "impl_jax", "timeout", 150.0, None),
         StepResult("bench-smoke", "smoke", "timeout", 90.0, None, tail="Traceback: stuck"),
         StepResult("bench-small", "small grid", "failed", 200.0, 1),
     ]
@@ -110,6 +135,7 @@ def test_the_summary_is_one_page_of_what_failed(tmp_path):
     assert "TF32 where allowed: jax jax.nn.dpa (default)" in text
     assert "1/2 passed" in text and "torch F.sdpa[cudnn]" in text and "max error 1" in text
     assert "`sdpa.fully_masked.bool_row.float32`" in text
+    assert "impl_jax 2 pass, 0 fail, 0 xfail, 0 xpass (cut short: 2 of 480 runs made)" in text
     assert "Traceback: stuck" in text  # a step without files of its own shows its log's end
     assert "error: jax.nn.dpa[cudnn]: XlaRuntimeError" in text
     assert len(text.splitlines()) < 70

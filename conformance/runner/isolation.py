@@ -94,6 +94,7 @@ def _run_isolated(
     start: float,
     shards: tuple[int, ...],
     only: Iterable[str] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> Report:
     only = None if only is None else list(only)  # the run ids to make (None: the whole plan)
     job = {
@@ -105,6 +106,7 @@ def _run_isolated(
         "pattern": pattern,
         "shards": list(shards),
         "only": only,
+        "part": None if part is None else list(part),
     }
     sharded = functions is None or any(f in SHARDED_ALIASES for f in functions)
     env = _child_env(max(shards, default=1) if sharded else 1)
@@ -142,6 +144,7 @@ def _run_isolated(
                     elif "plan" in message:
                         wanted = message["plan"] if only is None else set(only)
                         order = order or [i for i in message["plan"] if i in wanted]
+                        report.planned = len(order)
                         report.port, report.host_port = message["port"], message["host_port"]
                         known = Xfails.from_json(message["xfails"])
                     elif "start" in message:

@@ -91,6 +91,7 @@ class Report:
     error: str = ""  # set when the port could not be loaded at all
     host_port: bool = False  # a NumPy port asked for another device: it ran on the host
     complete: bool = True  # False while the run is going on, or when it was interrupted
+    planned: int | None = None  # the runs of its plan (None: the plan was never made)
 
     @property
     def failures(self) -> list[Outcome]:
@@ -160,6 +161,7 @@ class Report:
             "device": self.device,
             "ok": self.ok,
             "complete": self.complete,
+            "planned": self.planned,
             "error": self.error,
             "seconds": round(self.seconds, 3),
             "counts": self.counts(),

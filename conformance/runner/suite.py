@@ -171,13 +171,28 @@ def plan_runs(
     select: Callable[[Run], bool] | None = None,
     pattern: str | None = None,
     shards: Iterable[int] = DEFAULT_SHARDS,
+    part: tuple[int, int] | None = None,
 ) -> list[Run]:
-    """The runs :func:`run_suite` makes, in order (``--list`` prints their ids)."""
+    """The runs :func:`run_suite` makes, in order (``--list`` prints their ids). ``part=(k,
+    n)`` keeps every n-th of them from the k-th on (1 <= k <= n): the n parts of a plan are
+    disjoint, make the whole plan together, and each holds a share of every family, so n
+    processes given one part each finish at about the same time."""
     runs = runs_for(load_manifest(fixtures), select_functions(port, functions), shards)
     for keep in (select, _matcher(pattern)):
         if keep is not None:
             runs = [r for r in runs if keep(r)]
+    if part is not None:
+        k, n = check_part(part)
+        runs = runs[k - 1 :: n]
     return runs
+
+
+def check_part(part: tuple[int, int]) -> tuple[int, int]:
+    """``part`` as ``(k, n)`` when ``1 <= k <= n``; ValueError otherwise."""
+    k, n = part
+    if not 1 <= k <= n:
+        raise ValueError(f"part {k}/{n}: want 1 <= k <= n")
+    return k, n
 
 
 def run_suite(
@@ -193,11 +208,13 @@ def run_suite(
     on_outcome: Callable[[Report, Outcome], None] | None = None,
     shards: Iterable[int] = DEFAULT_SHARDS,
     only: Iterable[str] | None = None,
+    part: tuple[int, int] | None = None,
 ) -> Report:
     """Run every fixture against ``port`` on ``device`` and return the report.
 
     ``functions`` restricts (or, for optional ones such as ``flash``, demands) the aliases;
-    ``select`` (a predicate) and ``pattern`` (a glob over run ids) filter the runs; ``shards``
+    ``select`` (a predicate) and ``pattern`` (a glob over run ids) filter the runs, ``part``
+    keeps one of n interleaved parts of them (:func:`plan_runs`); ``shards``
     are the shard counts of the sharded aliases; ``only`` (run ids) keeps just those runs, in
     the plan's order (the pytest plugin's selected items). A port that cannot be imported gives
     a report with ``error``. ``on_outcome(report, outcome)`` is called after every run, with the
@@ -217,7 +234,8 @@ def run_suite(
         if xfails is not None and not isinstance(xfails, Xfails):
             extra = Xfails.from_file(xfails)
         return _run_isolated(
-            port, device, functions, extra, fixtures, pattern, on_outcome, start, shards, only
+            port, device, functions, extra, fixtures, pattern, on_outcome, start, shards, only,
+            part,
         )
     try:
         loaded = port if isinstance(port, Port) else load_port(port, xfails=xfails)
@@ -226,13 +244,14 @@ def run_suite(
         return Report(str(name), device, [], error=f"{type(exc).__name__}: {exc}")
     runs = plan_runs(
         loaded, functions=functions, fixtures=fixtures, select=select, pattern=pattern,
-        shards=shards,
+        shards=shards, part=part,
     )
     if only is not None:
         wanted = set(only)
         runs = [r for r in runs if r.id in wanted]
     host_port = loaded.numpy_native and device != "cpu"
-    report = Report(loaded.name, device, [], host_port=host_port, complete=False)
+    report = Report(loaded.name, device, [], host_port=host_port, complete=False,
+                    planned=len(runs))
     for made, run in enumerate(runs, 1):
         report.outcomes.append(check(loaded, run, device))
         if made % RELEASE_EVERY == 0:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import json
 import os
 import subprocess
@@ -314,6 +315,7 @@ def test_a_killed_run_leaves_the_report_it_had(tmp_path) -> None:
     assert [o["run_id"] for o in report["outcomes"]] == [
         "sdpa.gqa.h8_k1.float64", "sdpa.gqa.h8_k1.float32", "sdpa.gqa.h8_k1.float16",
     ]
+    assert report["planned"] == 4  # what it did not reach: bfloat16
 
 
 FLAKY_PORT = """
@@ -463,6 +465,40 @@ def test_list_prints_the_run_ids_and_runs_nothing(capsys) -> None:
     assert main(["--impl", "torch_fused", "--list", "-k", "*softcap.cap2*float32"]) == 0
     listed = capsys.readouterr().out.splitlines()
     assert "sdpa.softcap.cap2_neg_inf_bias.float32  # xfail" in listed
+
+
+def test_the_parts_of_a_plan_make_every_run_once_each_with_every_family(capsys) -> None:
+    """``--part K/N``: N processes, one part each, make the whole plan (the GPU check's
+    conformance runs in parallel); every family of N runs or more is in every part, so the
+    parts take about the same time."""
+    assert main(["--impl", "impl_torch", "--list"]) == 0
+    whole = capsys.readouterr().out.split()
+    parts = []
+    for k in (1, 2, 3):
+        assert main(["--impl", "impl_torch", "--list", "--part", f"{k}/3"]) == 0
+        parts.append(capsys.readouterr().out.split())
+    assert sorted(i for part in parts for i in part) == sorted(whole)
+    assert len(set(whole)) == len(whole) and max(map(len, parts)) - min(map(len, parts)) <= 1
+    families = collections.Counter(".".join(i.split(".")[:2]) for i in whole)  # op.feature
+    big = {f for f, n in families.items() if n >= 9}
+    for part in parts:
+        assert big <= {".".join(i.split(".")[:2]) for i in part}
+    with pytest.raises(SystemExit):
+        main(["--impl", "impl_torch", "--list", "--part", "4/3"])
+    assert "want K/N with 1 <= K <= N" in capsys.readouterr().err
+
+
+def test_a_part_s_report_counts_its_plan(tmp_path) -> None:
+    """The report of a part says how many runs its plan had (``planned``), in the child
+    process and in this one."""
+    report_file = tmp_path / "report.json"
+    args = ["--impl", "impl_numpy", "-k", "sdpa.gqa.*", "--part", "2/2", "--report"]
+    assert main([*args, str(report_file)]) == 0
+    (report,) = json.loads(report_file.read_text())
+    assert report["planned"] == 5 == len(report["outcomes"]) and report["complete"]
+    assert main([*args, str(report_file), "--in-process"]) == 0
+    (report,) = json.loads(report_file.read_text())
+    assert report["planned"] == 5 == len(report["outcomes"])
 
 
 def test_a_failure_locates_the_worst_element_to_full_precision() -> None:
