@@ -272,13 +272,14 @@ def _prepare_contiguous_decode(row: Row, target: Any, w: Workload, fdevice: str)
 
 
 def _prepare_varlen(row: Row, target: Any, w: Workload, fdevice: str) -> Prepared:
-    """The row's varlen function (``varlen_flash_attention``) of the packed batch
-    (:func:`varlen_inputs`), causal, or (call ``varlen_padded``)
+    """The row's varlen function (the project's ``varlen_flash_attention``, a kernel port's
+    ``varlen_attention``) of the packed batch (:func:`varlen_inputs`), causal, or (call
+    ``varlen_padded``)
     ``scaled_dot_product_attention`` of the padded batch, causal and masked."""
     fw, host = FRAMEWORKS[row.framework], varlen_inputs(w)
     if row.call == "varlen":
         args = [_to(fw, host[k], w.dtype, fdevice) for k in ("query", "key", "value")]
-        cu = host["cu_seqlens"]  # on the host: the tiled path schedules its blocks from it
+        cu = _to(fw, host["cu_seqlens"], None, fdevice)  # bound, as the paged step's tables
 
         def packed(query, key, value):  # -> (T, H, E)
             return target(query, key, value, cu, cu, is_causal=w.is_causal)

@@ -360,9 +360,9 @@ def _decode_goals(ref: str) -> tuple[Goal, ...]:
 
 _TDG, _JDG = _decode_goals(_TD), _decode_goals(_JD)  # the decode rows' goals
 _MLA = "mla:MultiHeadLatentAttention"
-# gated on the decode fixtures (decode.mla.* among them); CPU only: no GPU grid lists MLA yet
+# gated on the decode fixtures (decode.mla.* among them)
 _MLA_DECODE = {"workloads": "mla_decode", "variants": ("MLA",), "materializes": False,
-               "gate_op": "decode", "devices": ("cpu",)}
+               "gate_op": "decode"}
 
 
 def _mla_rows(fw: str) -> tuple[Row, Row]:
@@ -377,9 +377,9 @@ def _mla_rows(fw: str) -> tuple[Row, Row]:
     )
 
 
-# gated on the module fixtures (module.mla.* among them); CPU only, as the decode rows
+# gated on the module fixtures (module.mla.* among them)
 _MLA_PREFILL = {"workloads": "mla_prefill", "variants": ("MLA",), "materializes": False,
-                "gate_op": "module", "devices": ("cpu",)}
+                "gate_op": "module"}
 
 
 def _mla_prefill_rows(fw: str) -> tuple[Row, Row]:
@@ -392,18 +392,17 @@ def _mla_prefill_rows(fw: str) -> tuple[Row, Row]:
     )
 
 
-# CPU only (issue 27's goals are stated for the CPU); the paged rows gated on the paged_flash
-# fixtures (paged.*), the contiguous step on the flash ones, varlen on varlen.*, its padded twin
-# on sdpa's
-_PAGED = {"workloads": "paged_decode", "variants": ("GQA",), "materializes": False,
-          "devices": ("cpu",)}
-_VARLEN = {"workloads": "varlen", "variants": ("MHA",), "devices": ("cpu",)}
+# the paged rows gated on the paged_flash fixtures (paged.*), the contiguous step on the flash
+# ones, varlen on varlen.*, its padded twin on sdpa's (issue 27's goals: the CPU's, as all goals)
+_PAGED = {"workloads": "paged_decode", "variants": ("GQA",), "materializes": False}
+_VARLEN = {"workloads": "varlen", "variants": ("MHA",)}
 
 
 def _paged_rows(fw: str) -> tuple[Row, Row, Row, Row]:
     """``fw``'s paged decode step (issue 27: within 1.15x the contiguous step at P = 4096,
     interleaved), the contiguous masked step it is set against, the same paged step with a
-    fixed 128-key block (issue 27: its extra memory independent of P, at P = 1024 and 8192),
+    fixed 128-key block (issue 27: its extra memory independent of P, at P = 1024 and 8192;
+    the CPU's memory column),
     and the fp8 e4m3 cache's step (issue 28) against the bfloat16 cache's, on the bfloat16
     workloads."""
     paged, contiguous = f"{fw} paged decode", f"{fw} contiguous decode"
@@ -414,7 +413,7 @@ def _paged_rows(fw: str) -> tuple[Row, Row, Row, Row]:
             **_PAGED),
         Row(contiguous, f"impl_{fw}.{_FLASH}", "contiguous_decode", gate_op="flash", **_PAGED),
         Row(f"{fw} paged decode 128-key blocks", target, "paged_decode_fixed", ref=paged,
-            gate_op="paged_flash", dtypes=("float32",), **_PAGED),
+            gate_op="paged_flash", dtypes=("float32",), **_PAGED, devices=("cpu",)),
         Row(f"{fw} paged decode fp8", target, "paged_decode_fp8", ref=paged,
             gate_op="paged_flash", dtypes=("bfloat16",), **_PAGED),
     )
@@ -432,6 +431,15 @@ def _kernel_paged_rows(kernel: str, port: str) -> tuple[Row, Row]:
         Row(f"{paged} fp8", target, "paged_decode_fp8", ref=paged, dtypes=("bfloat16",),
             **kernel_rows),
     )
+
+
+def _kernel_varlen_row(kernel: str, port: str) -> Row:
+    """A kernel port's varlen prefill on a GPU box (issue 27: the token-major kernel over the
+    packed rows, one program per query block and head of a sequence), against the same
+    framework's padded batch; gated on the port's own ``varlen`` fixtures."""
+    fw = _KERNEL_FRAMEWORKS[port]
+    return Row(f"{kernel} varlen", f"{port}:varlen_attention", "varlen", ref=f"{fw} varlen padded",
+               devices=_CUDA, gate=port, gate_op="varlen", **_VARLEN)
 
 
 def _varlen_rows(fw: str) -> tuple[Row, Row]:
@@ -495,6 +503,7 @@ ROWS: tuple[Row, ...] = (
     Row("triton flash", _TRITON, "torch_kernel", ref=_TF, devices=_CUDA, gate=_TRITON_PORT, **_TILED),  # noqa: E501
     Row("pallas flash", _PALLAS, "jax_kernel", ref=_JF, devices=_CUDA, gate=_PALLAS_PORT, **_TILED),
     *_kernel_paged_rows("triton", _TRITON_PORT), *_kernel_paged_rows("pallas", _PALLAS_PORT),
+    _kernel_varlen_row("triton", _TRITON_PORT), _kernel_varlen_row("pallas", _PALLAS_PORT),
     Row("torch nn.MHA", "torch.nn:MultiheadAttention", "torch_mha", **_MHA_MOD, **_TILED),
     Row("flax nnx.MHA", "flax.nnx:MultiHeadAttention", "nnx_mha", workloads="module"),
     Row(_TD, _T, "torch_decode", **_DECODE),

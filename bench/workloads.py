@@ -469,9 +469,9 @@ def _paged_decode(P: int, *, dtype: str = "float32") -> Workload:
     return Workload("paged_decode", 8, 8, 2, 1, P + 1, 64, 64, False, dtype)
 
 
-def _varlen(T: int) -> Workload:
+def _varlen(T: int, *, dtype: str = "float32") -> Workload:
     """One causal varlen prefill of 8 sequences, ``T`` tokens in all (H = K = 8, D = 64)."""
-    return Workload("varlen", 8, 8, 8, T, T, 64, 64, True)
+    return Workload("varlen", 8, 8, 8, T, T, 64, 64, True, dtype)
 
 
 #: The workload the performance goals of issue 5 are stated for (CPU, float32, B=1, H=8, D=64,
@@ -558,7 +558,9 @@ def _accel_quick(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_decode(2, 16, 16, p, 128, dtype=dt) for dt in dtypes for p in (4096, 32768)]
     w += [_decode(2, 16, 4, 32768, 128, dtype=lo), _decode(2, 16, 16, 4096, 128)]  # GQA, f32
     w += [_train(2, 16, 16, n, 128, dtype=lo) for n in (1024, 4096)]  # training steps
-    w += [_paged_decode(4096, dtype=lo)]  # the kernel ports' paged decode (bf16 and fp8 pools)
+    w += [_paged_decode(4096, dtype=lo)]  # paged decode (bf16 and fp8 pools), the kernels' too
+    w += [_varlen(8192, dtype=lo)]  # varlen prefill vs padded, the kernels' too
+    w += [_mla_decode(8192), _mla_prefill(2048)]  # MLA absorbed vs naive, prefill vs GQA
     return w
 
 
@@ -581,14 +583,18 @@ def _accel_full(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_decode(2, 16, 16, p, 128) for p in contexts[:3]]  # float32
     for causal in (False, True):
         w += [_train(2, 16, 16, n, 128, causal=causal, dtype=lo) for n in lengths[1:6]]
-    w += [_paged_decode(p, dtype=lo) for p in (4096, 32768)]  # the kernel ports' paged decode
+    w += [_paged_decode(p, dtype=lo) for p in (4096, 32768)]  # paged decode, the kernels' too
+    w += [_varlen(t, dtype=lo) for t in (8192, 32768)]  # varlen prefill, the kernels' too
+    w += [_mla_decode(p) for p in (8192, 65536)] + [_mla_prefill(n) for n in (2048, 8192)]
     return w
 
 
 def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
     """A few minutes on one GPU with every row (``make gpu-check``): each dtype at 1k and 4k,
     causal and not; float32 at 1k; GQA and MQA at 2k; MHA and GQA modules at 1k; MHA and GQA
-    decode at P = 4096; one training step at 1k; the kernel ports' paged decode at P = 4096."""
+    decode at P = 4096; one training step at 1k; paged decode at P = 4096 (the kernel ports'
+    too); varlen prefill of 8192 tokens (the kernel ports' too); MLA decode at P = 8192 and its
+    prefill at 2048 (float32: issue 29's sizes)."""
     w = []
     for dt in dtypes:
         for causal in (False, True):
@@ -599,7 +605,9 @@ def _accel_small(dtypes: tuple[str, ...]) -> list[Workload]:
     w += [_module(2, 16, 16, 1024, 128, dtype=lo), _module(2, 16, 4, 1024, 128, dtype=lo)]
     w += [_decode(2, 16, k, 4096, 128, dtype=lo) for k in (16, 4)]
     w += [_train(2, 16, 16, 1024, 128, dtype=lo)]
-    w += [_paged_decode(4096, dtype=lo)]  # the kernel ports' paged decode (bf16 and fp8 pools)
+    w += [_paged_decode(4096, dtype=lo)]  # paged decode (bf16 and fp8 pools), the kernels' too
+    w += [_varlen(8192, dtype=lo)]  # varlen prefill vs padded, the kernels' too
+    w += [_mla_decode(8192), _mla_prefill(2048)]  # MLA absorbed vs naive, prefill vs GQA
     return w
 
 

@@ -222,19 +222,42 @@ def test_the_kernel_ports_paged_rows_are_planned_for_cuda_only():
         devices = {"torch": "cuda", "jax": "gpu"}
         assert {(n, 4096, "bfloat16", devices[fw]) for n, fw in names.items()} <= mine, size
         assert all(dtype == "bfloat16" for _, _, dtype, _ in mine)
-        # the project's paged rows stay on the CPU
-        assert not [c for c in cases if c.row.name.startswith(("numpy", "torch", "jax"))
-                    and c.workload.op == "paged_decode"]
     cpu = [c for c in build_cases(machine("cpu"), grid("cpu", "full"), ROWS,
                                   resolve_error=lambda r: None) if c.row]
     assert not [c for c in cpu if c.row.name in names]
+
+
+_V3_ROWS = ("paged decode", "contiguous decode", "paged decode fp8", "varlen", "varlen padded",
+            "MLA decode", "MLA naive decode", "MLA prefill", "GQA prefill (MLA size)")
+
+
+def test_every_gpu_grid_times_the_v3_rows_on_the_gpu():
+    """issue 33: a GPU run times what contract v3 added on the GPU, the first run included
+    (``make gpu-check``'s small grid): torch's and JAX's paged, fp8, varlen and MLA rows on the
+    framework's GPU device, the kernel ports' varlen next to them on the bfloat16 varlen
+    workload; NumPy's stay on the host, skipped by its rule where the workload is not float32."""
+    devices = {"torch": "cuda", "jax": "gpu"}
+    for size in ("small", "quick", "full"):
+        cases = [c for c in build_cases(machine("cuda"), grid("cuda", size), ROWS,
+                                        resolve_error=lambda r: None) if c.row]
+        timed = {(c.row.name, c.fdevice) for c in cases if c.skip is None}
+        for fw, device in devices.items():
+            for name in _V3_ROWS:
+                assert (f"{fw} {name}", device) in timed, (size, fw, name)
+        varlen = {(c.row.name, c.workload.dtype, c.fdevice) for c in cases
+                  if c.skip is None and c.workload.op == "varlen"}
+        kernels = {("triton varlen", "bfloat16", "cuda"), ("pallas varlen", "bfloat16", "gpu")}
+        assert kernels <= varlen
+        assert not [c for c in cases if c.row.name.startswith("numpy") and c.skip is None
+                    and c.workload.dtype != "float32"]
 
 
 @pytest.mark.parametrize("kernel", list(_KERNEL_PAGED))
 def test_the_kernel_ports_paged_rows_compute_the_oracle_under_the_cpu_interpreter(kernel):
     """The CUDA-only rows prepared on a CPU (Triton's interpreter on torch tensors, Pallas's on
     JAX arrays): the bf16 step and the fp8 pools' step are the float64 oracle's paged
-    attention, the fp8 one on the pools dequantized by the descales quantize_fp8 made."""
+    attention, the fp8 one on the pools dequantized by the descales quantize_fp8 made; the
+    varlen prefill is the oracle's varlen attention."""
     fw = _KERNEL_PAGED[kernel]
     pytest.importorskip("triton" if fw == "torch" else "jax")
     host = preparers.paged_inputs(_WP)
@@ -252,3 +275,8 @@ def test_the_kernel_ports_paged_rows_compute_the_oracle_under_the_cpu_interprete
     golden = _oracle_paged(host, query, to_np(key_fp8) * k_d[:, None],
                            to_np(value_fp8) * v_d[:, None])
     assert_within_bound(to_np(out), golden, golden, "bfloat16")
+    vhost = preparers.varlen_inputs(_WV)
+    p = preparers.prepare(row_by_name(f"{kernel} varlen"), _WV, "cpu")
+    golden = oracle.varlen_attention(vhost["query"], vhost["key"], vhost["value"],
+                                     vhost["cu_seqlens"], vhost["cu_seqlens"], is_causal=True)
+    assert_within_bound(to_np(p.call()), golden, golden, "float32")

@@ -164,9 +164,11 @@ def test_the_small_cuda_grid_gives_every_row_a_workload():
     from bench.rows import ROWS
 
     small = grid("cuda", "small")
-    # 16, and the kernel ports' paged decode step (8 sequences, P = 4096: milliseconds)
-    assert len(small) <= 17 and len({w.id for w in small}) == len(small)
-    assert {w.op for w in small} == {"attention", "module", "decode", "train", "paged_decode"}
+    # 16, and contract v3's: paged decode (8 sequences, P = 4096: milliseconds), varlen prefill
+    # (8192 tokens), an MLA decode step and an MLA prefill
+    assert len(small) <= 20 and len({w.id for w in small}) == len(small)
+    assert {w.op for w in small} == {"attention", "module", "decode", "train", "paged_decode",
+                                     "varlen", "mla_decode", "mla_prefill"}
     assert {"bfloat16", "float16", "float32"} <= {w.dtype for w in small}
     assert max(w.L * w.S for w in small if w.op == "attention") <= 4096 * 4096
     for row in ROWS:
