@@ -833,7 +833,8 @@ def paged_flash_attention(
             v = _descaled(value_cache[pages], call.v_descale, v_descale, at_n)  # (.., ps, K, E)
             k = k.astype(ct).reshape(-1, K, D).transpose(1, 2, 0)  # (K, D, bk)
             v = v.astype(ct).reshape(-1, K, E)  # (bk, K, E)
-            v = jnp.where(exists[:, None, None], v, 0.0)  # the last page's slots past S, zeroed
+            # the last page's slots past S, zeroed: a mask, as p0 is traced (NumPy, torch: a slice)
+            v = jnp.where(exists[:, None, None], v, 0.0)
             v = v.transpose(1, 0, 2)  # (K, bk, E); no 0*NaN meets a weight
 
             # 1. scores = (query . key) * scale; query head h = k * G + g reads key/value head k.
