@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -276,16 +276,27 @@ def _run_batch(
 
 
 def _nvidia_smi(out: Path) -> str:
+    """``nvidia-smi``'s page, written to ``nvidia-smi.txt``, and the GPUs' compute modes
+    appended (one per GPU, ``Default`` or ``Exclusive_Process``; ``Prohibited`` too)."""
     exe = shutil.which("nvidia-smi")
     if exe is None:
         text = "nvidia-smi: not found on PATH\n"
     else:
-        try:
-            text = subprocess.run([exe], capture_output=True, text=True, timeout=30).stdout
-        except (OSError, subprocess.SubprocessError) as e:
-            text = f"nvidia-smi failed: {e}\n"
+        text = ""
+        for args in ([], ["--query-gpu=compute_mode", "--format=csv,noheader"]):
+            try:
+                text += subprocess.run([exe, *args], capture_output=True, text=True,
+                                       timeout=30).stdout
+            except (OSError, subprocess.SubprocessError) as e:
+                text += f"nvidia-smi failed: {e}\n"
     (out / "nvidia-smi.txt").write_text(text)
     return text
+
+
+def one_process_at_a_time(nvidia_smi: str) -> bool:
+    """Whether a GPU takes one process at a time (compute mode ``Exclusive_Process``): then a
+    group's steps cannot share it and run one after another."""
+    return "Exclusive_Process" in nvidia_smi
 
 
 def _load(path: Path) -> Any:
@@ -297,10 +308,11 @@ def _load(path: Path) -> Any:
 
 def summarize(
     out: Path, steps: list[StepResult], *, device: str, wall_s: float | None = None,
-    max_lines: int = 12,
+    notes: list[str] | None = None, max_lines: int = 12,
 ) -> str:
     """``summary.md``: one page saying what failed (module docstring); ``wall_s``: the whole
-    check's seconds (a group's steps run at the same time: their seconds overlap)."""
+    check's seconds (a group's steps run at the same time: their seconds overlap); ``notes``:
+    lines on how the check ran, under the versions."""
     versions = _load(out / "versions.json") or {}
     when = dt.datetime.now().strftime("%Y-%m-%d %H:%M")
     name = versions.get("device_name", device)
@@ -314,6 +326,7 @@ def summarize(
         f"{v.get('flax')}; commit {str((versions.get('git') or {}).get('commit'))[:10]}; "
         f"{sum(s.seconds for s in steps) if wall_s is None else wall_s:.0f} s wall",
         "",
+        *(f"{note}\n" for note in notes or ()),
         "| step | result | s | notes |",
         "| --- | --- | --- | --- |",
     ]
@@ -468,7 +481,11 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     t0 = time.monotonic()
-    _nvidia_smi(out)
+    notes = []
+    if one_process_at_a_time(_nvidia_smi(out)):
+        steps = tuple(replace(s, group=None) for s in steps)
+        notes.append("The GPU's compute mode is Exclusive_Process: the conformance parts ran one "
+                     "at a time, so the later ones may not have run (nvidia-smi.txt).")
     results = run_steps(
         steps,
         py=args.python,
@@ -478,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
         small_grid=args.small_grid,
     )
     (out / "steps.json").write_text(json.dumps([asdict(r) for r in results], indent=1))
-    print(summarize(out, results, device=args.device, wall_s=time.monotonic() - t0))
+    print(summarize(out, results, device=args.device, wall_s=time.monotonic() - t0, notes=notes))
     print(f"gpu-check: {out / 'summary.md'}")
     return 0 if all(r.status == "passed" for r in results) else 1
 

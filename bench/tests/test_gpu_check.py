@@ -49,6 +49,29 @@ def test_a_group_s_steps_run_at_the_same_time(tmp_path):
     assert time.monotonic() - t0 < 4.0  # together, not one after the other (4.5 s)
 
 
+def test_a_gpu_that_takes_one_process_runs_a_group_one_step_at_a_time(tmp_path, monkeypatch):
+    """In compute mode Exclusive_Process a second process cannot open the GPU: the group's
+    steps then run one after another, and the summary says so; nvidia-smi.txt holds the mode."""
+    smi = tmp_path / "bin" / "nvidia-smi"
+    smi.parent.mkdir()
+    smi.write_text('#!/bin/sh\n[ -n "$1" ] && echo "$MODE" || echo "NVIDIA-SMI page"\n')
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{smi.parent}{os.pathsep}{os.environ['PATH']}")
+    stamp = "import time; print(time.time()); time.sleep(1); print(time.time())"
+    monkeypatch.setattr(gpu_check, "STEPS", (_step("a", stamp, group="g"),
+                                             _step("b", stamp, group="g")))
+    for mode, apart in (("Default", False), ("Exclusive_Process", True)):
+        monkeypatch.setenv("MODE", mode)
+        out = tmp_path / mode
+        assert gpu_check.main(["--device", "cpu", "--out", str(out)]) == 0
+        (_, a1), (b0, _) = ([float(x) for x in (out / f"{n}.log").read_text().split()]
+                            for n in "ab")
+        assert (b0 >= a1) == apart, mode
+        assert mode in (out / "nvidia-smi.txt").read_text()
+        assert ("Exclusive_Process: the conformance parts ran one at a time"
+                in (out / "summary.md").read_text()) == apart
+
+
 def test_placeholders_are_filled_and_other_braces_left_alone():
     fill = {"py": "python3", "device": "cuda", "out": "/r", "small": "small", "budget": "90"}
     assert gpu_check._fill("{out}/tf32.json", fill) == "/r/tf32.json"
