@@ -21,7 +21,7 @@ GPU); a step that crashes or runs out of time is recorded and the next one runs.
   within the step's limit; a part cut short by it says how many of its runs it made;
 - ``bench-smoke/`` and ``bench-small/``: ``make bench``'s smoke grid and the small CUDA grid;
 - one ``<step>.log`` per step, and ``summary.md``: one page of what failed, with candidate
-  ``cuda:`` xfail lines for the fused ports (docs/BENCH.md says how to read it).
+  ``cuda:`` xfail lines for the fused and kernel ports (docs/BENCH.md says how to read it).
 
 Exit status 0 when every step passed, 1 otherwise.
 """
@@ -293,7 +293,7 @@ def _nvidia_smi(out: Path) -> str:
     return text
 
 
-def one_process_at_a_time(nvidia_smi: str) -> bool:
+def _one_process_at_a_time(nvidia_smi: str) -> bool:
     """Whether a GPU takes one process at a time (compute mode ``Exclusive_Process``): then a
     group's steps cannot share it and run one after another."""
     return "Exclusive_Process" in nvidia_smi
@@ -482,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     t0 = time.monotonic()
     notes = []
-    if one_process_at_a_time(_nvidia_smi(out)):
+    if _one_process_at_a_time(_nvidia_smi(out)):
         steps = tuple(replace(s, group=None) for s in steps)
         notes.append("The GPU's compute mode is Exclusive_Process: the conformance parts ran one "
                      "at a time, so the later ones may not have run (nvidia-smi.txt).")
